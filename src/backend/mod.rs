@@ -1,0 +1,283 @@
+//! Inference backends: one small trait, one file per implementation.
+//!
+//! A backend generates *one* sequence from prompt token ids and streams back
+//! the sampled token ids with their logprobs. It never sees text on this path
+//! (token in, token out). Requests for `n > 1` are fanned out by the API layer.
+//!
+//! Owns: wire formats of vLLM / SGLang / the bundled engine. Must not: render
+//! templates, decode text for clients, or know about trajectories.
+
+pub mod sse;
+pub mod vllm;
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use futures::Stream;
+use serde::Serialize;
+
+/// Sampling parameters, already validated by the API layer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct SamplingParams {
+    pub max_tokens: u32,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub seed: Option<u64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    /// Stop strings. Backends may stop on them natively; the gateway also
+    /// checks decoded text, so a backend that ignores them stays correct.
+    pub stop: Vec<String>,
+    /// Extra token ids that end generation (EOS ids are added by the gateway).
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    /// `Some(k)`: return the sampled token's logprob plus the top `k`
+    /// alternatives (`k` may be 0). `None`: no logprobs needed.
+    pub logprobs: Option<u32>,
+}
+
+/// One generation request for one sequence.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    /// Unique id, forwarded as the backend's request id where supported.
+    pub request_id: String,
+    pub prompt_ids: Arc<Vec<u32>>,
+    pub params: SamplingParams,
+    /// Whether the caller wants tokens as they come. Backends may stream
+    /// regardless; the caller always consumes a stream of events.
+    pub stream: bool,
+}
+
+/// The logprob of one sampled token and, when asked, its top alternatives.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TokenLogprob {
+    pub logprob: f32,
+    /// `(token_id, logprob)` of the most likely tokens, most likely first.
+    pub top: Vec<(u32, f32)>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// EOS, a stop token id, or a stop string.
+    Stop,
+    /// Hit max_tokens or the context window.
+    Length,
+    /// Cancelled or aborted by the backend.
+    Abort,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FinishReason::Stop => "stop",
+            FinishReason::Length => "length",
+            FinishReason::Abort => "abort",
+        }
+    }
+}
+
+/// What a backend streams back. `Tokens` may carry one or many tokens;
+/// `logprobs` is empty when none were asked for, else the same length as `ids`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenEvent {
+    Tokens {
+        ids: Vec<u32>,
+        logprobs: Vec<TokenLogprob>,
+    },
+    Done {
+        finish_reason: FinishReason,
+    },
+}
+
+pub type GenStream = Pin<Box<dyn Stream<Item = Result<GenEvent, BackendError>> + Send>>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// Could not reach the backend (connect refused, DNS, TLS, connect timeout).
+    #[error("backend {backend} unreachable: {message}")]
+    Unreachable { backend: String, message: String },
+    /// The backend answered with an error status.
+    #[error("backend {backend} returned HTTP {status}: {message}")]
+    Status {
+        backend: String,
+        status: u16,
+        message: String,
+    },
+    /// The backend answered something we cannot read.
+    #[error("backend {backend} sent an invalid response: {message}")]
+    Protocol { backend: String, message: String },
+    /// No token or no progress within the configured time.
+    #[error("backend {backend} timed out: {message}")]
+    Timeout { backend: String, message: String },
+    /// The backend is alive but refuses more work right now (queue full).
+    #[error("backend {backend} is overloaded: {message}")]
+    Overloaded { backend: String, message: String },
+    /// The request itself is unacceptable to the backend (e.g. too long).
+    #[error("backend {backend} rejected the request: {message}")]
+    Rejected { backend: String, message: String },
+}
+
+impl BackendError {
+    /// True when the request may be retried on another backend (nothing was
+    /// generated for the client yet and the fault is the backend's).
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self, BackendError::Rejected { .. })
+    }
+}
+
+/// Admin operations a backend may support (sleep/wake, weight reload).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AdminOp {
+    Sleep { level: u32 },
+    WakeUp,
+    UpdateWeights { path: String },
+}
+
+#[async_trait::async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// Stable name used in logs, metrics and error messages.
+    fn name(&self) -> &str;
+    /// `vllm`, `sglang` or `engine`.
+    fn kind(&self) -> &'static str;
+    /// Starts generating. Dropping the returned stream cancels the request.
+    async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError>;
+    /// Cheap liveness probe.
+    async fn health(&self) -> Result<(), BackendError>;
+    /// Forwards an admin operation; returns the backend's answer as text.
+    async fn admin(&self, op: &AdminOp) -> Result<String, BackendError>;
+}
+
+pub type DynBackend = Arc<dyn Backend>;
+
+/// A finished generation, collected from a stream.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Generation {
+    pub ids: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish_reason: Option<FinishReason>,
+}
+
+impl Generation {
+    pub fn push(&mut self, ev: GenEvent) {
+        match ev {
+            GenEvent::Tokens { ids, logprobs } => {
+                self.ids.extend(ids);
+                self.logprobs.extend(logprobs);
+            }
+            GenEvent::Done { finish_reason } => self.finish_reason = Some(finish_reason),
+        }
+    }
+}
+
+/// Builds the configured backends.
+pub fn build_backends(config: &crate::config::Config) -> anyhow::Result<Vec<DynBackend>> {
+    let mut out: Vec<DynBackend> = Vec::new();
+    for b in &config.backends {
+        match b.kind {
+            crate::config::BackendKind::Vllm => out.push(Arc::new(vllm::VllmBackend::new(b, &config.router)?)),
+            other => anyhow::bail!("backend kind `{}` is not available in this build", other.as_str()),
+        }
+    }
+    Ok(out)
+}
+
+/// The HTTP client shared by the HTTP backends, with the router's timeouts.
+pub(crate) fn http_client(router: &crate::config::RouterConfig) -> anyhow::Result<reqwest::Client> {
+    Ok(reqwest::Client::builder()
+        .connect_timeout(std::time::Duration::from_millis(router.connect_timeout_ms))
+        .pool_max_idle_per_host(1024)
+        .tcp_nodelay(true)
+        .build()?)
+}
+
+pub(crate) fn map_reqwest(backend: &str, e: reqwest::Error) -> BackendError {
+    if e.is_connect() {
+        BackendError::Unreachable {
+            backend: backend.to_string(),
+            message: e.to_string(),
+        }
+    } else if e.is_timeout() {
+        timeout(backend, &e.to_string())
+    } else if e.is_decode() || e.is_body() {
+        BackendError::Protocol {
+            backend: backend.to_string(),
+            message: e.to_string(),
+        }
+    } else {
+        BackendError::Unreachable {
+            backend: backend.to_string(),
+            message: e.to_string(),
+        }
+    }
+}
+
+pub(crate) fn timeout(backend: &str, message: &str) -> BackendError {
+    BackendError::Timeout {
+        backend: backend.to_string(),
+        message: message.to_string(),
+    }
+}
+
+/// Turns an error status into a `BackendError` carrying the backend's message.
+pub(crate) async fn check_status(
+    backend: &str,
+    resp: reqwest::Response,
+) -> Result<reqwest::Response, BackendError> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let text = resp.text().await.unwrap_or_default();
+    let message = serde_json::from_str::<serde_json::Value>(&text)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .or_else(|| v.get("message"))
+                .or_else(|| v.get("detail"))
+                .and_then(|m| m.as_str().map(str::to_string))
+        })
+        .unwrap_or_else(|| text.chars().take(500).collect());
+    let backend = backend.to_string();
+    Err(match status.as_u16() {
+        429 | 503 => BackendError::Overloaded { backend, message },
+        400 | 413 | 422 => BackendError::Rejected { backend, message },
+        s => BackendError::Status {
+            backend,
+            status: s,
+            message,
+        },
+    })
+}
+
+/// A stream that aborts its producer task when dropped (client disconnect
+/// propagates to the backend connection).
+pub(crate) struct AbortOnDrop<S> {
+    inner: S,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl<S> AbortOnDrop<S> {
+    pub(crate) fn new(inner: S, task: tokio::task::JoinHandle<()>) -> Self {
+        AbortOnDrop { inner, task }
+    }
+}
+
+impl<S> Drop for AbortOnDrop<S> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl<S: Stream + Unpin> Stream for AbortOnDrop<S> {
+    type Item = S::Item;
+    fn poll_next(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        Pin::new(&mut self.inner).poll_next(cx)
+    }
+}

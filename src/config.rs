@@ -1,0 +1,460 @@
+//! Configuration: `config.toml` parsed strictly into typed sections, then
+//! validated once. Everything downstream receives typed values and never
+//! re-checks them.
+//!
+//! Owns: the file format (key names are a user contract, see DESIGN.md) and
+//! validation messages that name the offending key. Must not: open files other
+//! than the config itself, or touch the network.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid config: `{key}` = {value}: {reason}")]
+    Invalid {
+        key: String,
+        value: String,
+        reason: String,
+    },
+}
+
+fn invalid(key: &str, value: impl std::fmt::Debug, reason: &str) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.to_string(),
+        value: format!("{value:?}"),
+        reason: reason.to_string(),
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub server: ServerConfig,
+    #[serde(default)]
+    pub model: ModelConfig,
+    #[serde(default)]
+    pub backends: Vec<BackendConfig>,
+    #[serde(default)]
+    pub engine: EngineConfig,
+    #[serde(default)]
+    pub router: RouterConfig,
+    #[serde(default)]
+    pub store: StoreConfig,
+    #[serde(default)]
+    pub trajectory: TrajectoryConfig,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ServerConfig {
+    pub listen: String,
+    /// When non-empty: required as `Authorization: Bearer` for /admin/* and export.
+    pub admin_token: String,
+    pub max_body_bytes: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            listen: "127.0.0.1:8000".into(),
+            admin_token: String::new(),
+            max_body_bytes: 16 * 1024 * 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Model id served by /v1/models; other ids get 404 model_not_found.
+    pub name: String,
+    /// Directory with tokenizer.json + tokenizer_config.json, or a .gguf file.
+    pub tokenizer: PathBuf,
+    /// Optional chat template override file (Jinja).
+    pub chat_template: PathBuf,
+    pub tool_parser: String,
+    pub reasoning_parser: String,
+    /// Context window in tokens (prompt + completion). 0 = take it from the
+    /// model files when they say, else 32768.
+    pub max_model_len: u32,
+    /// Completion length used when a request names none.
+    pub default_max_tokens: u32,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self {
+            name: "smollm2-135m-instruct".into(),
+            tokenizer: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            chat_template: PathBuf::new(),
+            tool_parser: "hermes".into(),
+            reasoning_parser: String::new(),
+            max_model_len: 0,
+            default_max_tokens: 1024,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    Vllm,
+    Sglang,
+    Engine,
+}
+
+impl BackendKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BackendKind::Vllm => "vllm",
+            BackendKind::Sglang => "sglang",
+            BackendKind::Engine => "engine",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendConfig {
+    /// Base URL, or "engine" for the bundled in-process engine.
+    pub url: String,
+    pub kind: BackendKind,
+    /// Optional stable name (defaults to the URL).
+    #[serde(default)]
+    pub name: String,
+    /// Model id to send to this backend (empty: omitted, the backend uses its
+    /// only served model).
+    #[serde(default)]
+    pub model: String,
+}
+
+impl BackendConfig {
+    pub fn display_name(&self) -> &str {
+        if self.name.is_empty() {
+            &self.url
+        } else {
+            &self.name
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineConfig {
+    pub model: PathBuf,
+    pub device: Device,
+    /// Most sequences decoded together in one batch.
+    pub max_batch: u32,
+    /// KV-cache size in tokens shared by all running sequences (0 = model's
+    /// training context, capped at 8192).
+    pub n_ctx: u32,
+    /// CPU threads for decode (0 = all cores).
+    pub threads: u32,
+    /// Requests waiting for a batch slot before new ones get 503.
+    pub max_queue: u32,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            model: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
+            device: Device::Cpu,
+            max_batch: 16,
+            n_ctx: 0,
+            threads: 0,
+            max_queue: 256,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyKind {
+    LeastRequests,
+    RoundRobin,
+    PrefixAffinity,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouterConfig {
+    pub policy: PolicyKind,
+    pub sticky_capacity: usize,
+    pub health_interval_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub first_token_timeout_ms: u64,
+    pub idle_stream_timeout_ms: u64,
+    /// Attempts for a request that fails before its first token.
+    pub max_attempts: u32,
+    /// Consecutive failures that open a backend's circuit.
+    pub failure_threshold: u32,
+    /// prefix_affinity: prompt tokens hashed to pick the preferred backend.
+    pub affinity_prefix_tokens: usize,
+    /// prefix_affinity: extra in-flight requests tolerated on the preferred
+    /// backend over the least-loaded one.
+    pub affinity_margin: usize,
+}
+
+impl Default for RouterConfig {
+    fn default() -> Self {
+        Self {
+            policy: PolicyKind::LeastRequests,
+            sticky_capacity: 100_000,
+            health_interval_ms: 2000,
+            connect_timeout_ms: 2000,
+            first_token_timeout_ms: 600_000,
+            idle_stream_timeout_ms: 120_000,
+            max_attempts: 3,
+            failure_threshold: 3,
+            affinity_prefix_tokens: 256,
+            affinity_margin: 8,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct StoreConfig {
+    /// `sqlite://path`, or `memory://` (tests only: nothing is durable).
+    pub url: String,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        Self {
+            url: "sqlite://tito-data/spans.db".into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HistoryMode {
+    Exact,
+    Template,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TrajectoryConfig {
+    pub history: HistoryMode,
+    /// Response-token budget per sample (0 = unlimited). Calls are capped to
+    /// what is left; a sample that runs out is marked truncated.
+    pub response_length: u32,
+}
+
+impl Default for TrajectoryConfig {
+    fn default() -> Self {
+        Self {
+            history: HistoryMode::Exact,
+            response_length: 0,
+        }
+    }
+}
+
+impl Config {
+    /// Reads, parses and validates a config file. Relative paths inside it
+    /// are resolved against the current directory, as users expect from a CLI.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|e| match e {
+            ConfigError::Parse { message, .. } => ConfigError::Parse {
+                path: path.to_path_buf(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: PathBuf::from("<string>"),
+            message: e.to_string(),
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.server.listen.parse::<std::net::SocketAddr>().is_err() {
+            return Err(invalid(
+                "server.listen",
+                &self.server.listen,
+                "expected host:port, e.g. 127.0.0.1:8000",
+            ));
+        }
+        if self.server.max_body_bytes < 1024 {
+            return Err(invalid(
+                "server.max_body_bytes",
+                self.server.max_body_bytes,
+                "must be at least 1024",
+            ));
+        }
+        if self.model.name.trim().is_empty() {
+            return Err(invalid("model.name", &self.model.name, "must not be empty"));
+        }
+        if self.model.tokenizer.as_os_str().is_empty() {
+            return Err(invalid(
+                "model.tokenizer",
+                &self.model.tokenizer,
+                "must name a tokenizer directory or a .gguf file",
+            ));
+        }
+        const TOOL_PARSERS: [&str; 5] = ["hermes", "llama3_json", "mistral", "deepseek_v3", "none"];
+        if !TOOL_PARSERS.contains(&self.model.tool_parser.as_str()) {
+            return Err(invalid(
+                "model.tool_parser",
+                &self.model.tool_parser,
+                "expected one of hermes, llama3_json, mistral, deepseek_v3, none",
+            ));
+        }
+        if !["", "think", "none"].contains(&self.model.reasoning_parser.as_str()) {
+            return Err(invalid(
+                "model.reasoning_parser",
+                &self.model.reasoning_parser,
+                "expected \"think\" or empty",
+            ));
+        }
+        if self.model.default_max_tokens == 0 {
+            return Err(invalid("model.default_max_tokens", 0, "must be at least 1"));
+        }
+        if self.backends.is_empty() {
+            return Err(invalid(
+                "backends",
+                "[]",
+                "at least one [[backends]] entry is required",
+            ));
+        }
+        for (i, b) in self.backends.iter().enumerate() {
+            let key = format!("backends[{i}].url");
+            match b.kind {
+                BackendKind::Engine => {
+                    if b.url != "engine" && !is_http_url(&b.url) {
+                        return Err(invalid(
+                            &key,
+                            &b.url,
+                            "kind = \"engine\" takes url = \"engine\" (in-process) or the http URL of a `tito engine` server",
+                        ));
+                    }
+                }
+                _ => {
+                    if !is_http_url(&b.url) {
+                        return Err(invalid(&key, &b.url, "expected an http:// or https:// URL"));
+                    }
+                }
+            }
+            if b.url == "engine" && b.kind != BackendKind::Engine {
+                return Err(invalid(
+                    &format!("backends[{i}].kind"),
+                    b.kind.as_str(),
+                    "url = \"engine\" needs kind = \"engine\"",
+                ));
+            }
+        }
+        let mut names: Vec<&str> = self.backends.iter().map(|b| b.display_name()).collect();
+        names.sort_unstable();
+        if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
+            return Err(invalid("backends", w[0], "backend names/urls must be unique"));
+        }
+        if self.engine.max_batch == 0 || self.engine.max_batch > 512 {
+            return Err(invalid("engine.max_batch", self.engine.max_batch, "must be 1..=512"));
+        }
+        if self.router.sticky_capacity == 0 {
+            return Err(invalid("router.sticky_capacity", 0, "must be at least 1"));
+        }
+        if self.router.health_interval_ms < 10 {
+            return Err(invalid(
+                "router.health_interval_ms",
+                self.router.health_interval_ms,
+                "must be at least 10",
+            ));
+        }
+        if self.router.max_attempts == 0 {
+            return Err(invalid("router.max_attempts", 0, "must be at least 1"));
+        }
+        if !(self.store.url.starts_with("sqlite://") || self.store.url == "memory://") {
+            return Err(invalid(
+                "store.url",
+                &self.store.url,
+                "expected sqlite://PATH or memory://",
+            ));
+        }
+        Ok(())
+    }
+
+    /// True when any backend is the in-process engine.
+    pub fn uses_engine(&self) -> bool {
+        self.backends.iter().any(|b| b.url == "engine")
+    }
+}
+
+fn is_http_url(s: &str) -> bool {
+    (s.starts_with("http://") || s.starts_with("https://")) && s.len() > "http://".len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[model]
+tokenizer = "x"
+[[backends]]
+url = "http://127.0.0.1:8001"
+kind = "vllm"
+"#;
+
+    #[test]
+    fn minimal_config_parses_with_defaults() {
+        let c = Config::from_toml(MINIMAL).expect("valid");
+        assert_eq!(c.server.listen, "127.0.0.1:8000");
+        assert_eq!(c.router.policy, PolicyKind::LeastRequests);
+        assert_eq!(c.trajectory.history, HistoryMode::Exact);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let text = format!("{MINIMAL}\n[router]\npolcy = \"round_robin\"\n");
+        let err = Config::from_toml(&text).expect_err("unknown key");
+        assert!(err.to_string().contains("polcy"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_the_key() {
+        let text = MINIMAL.replace("kind = \"vllm\"", "kind = \"tgi\"");
+        assert!(Config::from_toml(&text).is_err());
+        let text = format!("{MINIMAL}\n[server]\nlisten = \"nope\"\n");
+        let err = Config::from_toml(&text).expect_err("bad listen");
+        assert!(err.to_string().contains("server.listen"), "{err}");
+        let text = MINIMAL.replace("http://127.0.0.1:8001", "127.0.0.1:8001");
+        let err = Config::from_toml(&text).expect_err("bad url");
+        assert!(err.to_string().contains("backends[0].url"), "{err}");
+    }
+
+    #[test]
+    fn repo_default_config_is_valid() {
+        let text = include_str!("../config.toml");
+        let c = Config::from_toml(text).expect("default config.toml must be valid");
+        assert!(c.uses_engine());
+    }
+}

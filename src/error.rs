@@ -1,0 +1,162 @@
+//! The one error type the HTTP layer returns, and the one place errors become
+//! OpenAI-shaped JSON (`{"error": {message, type, param, code}}`) or an SSE
+//! error event. Handlers convert module errors into [`ApiError`] with `?`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
+use crate::backend::BackendError;
+use crate::render::RenderError;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorDetail<'a> {
+    message: &'a str,
+    #[serde(rename = "type")]
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+        }
+    }
+
+    /// 400 invalid_request_error, naming the offending parameter.
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            param: Some(param.to_string()),
+            ..Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    pub fn model_not_found(model: &str) -> Self {
+        ApiError {
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+            ..Self::new(
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                format!("The model `{model}` does not exist."),
+            )
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError {
+            code: Some("not_found"),
+            ..Self::new(StatusCode::NOT_FOUND, "invalid_request_error", message)
+        }
+    }
+
+    pub fn unauthorized() -> Self {
+        ApiError {
+            code: Some("invalid_api_key"),
+            ..Self::new(
+                StatusCode::UNAUTHORIZED,
+                "authentication_error",
+                "missing or wrong `Authorization: Bearer` token",
+            )
+        }
+    }
+
+    pub fn overloaded(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    /// The JSON body, also used as the payload of an SSE error event.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::to_value(ErrorBody {
+            error: ErrorDetail {
+                message: &self.message,
+                kind: self.kind,
+                param: self.param.as_deref(),
+                code: self.code,
+            },
+        })
+        .unwrap_or(serde_json::Value::Null)
+    }
+}
+
+impl std::fmt::Display for ApiError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", self.message, self.status)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status;
+        let mut resp = (status, Json(self.body())).into_response();
+        // Let the logging middleware see the message without re-parsing.
+        resp.extensions_mut().insert(self);
+        resp
+    }
+}
+
+impl From<BackendError> for ApiError {
+    fn from(e: BackendError) -> Self {
+        let status = match &e {
+            BackendError::Unreachable { .. } | BackendError::Protocol { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            BackendError::Status { status, .. } if *status == 400 || *status == 422 => {
+                StatusCode::BAD_REQUEST
+            }
+            BackendError::Status { .. } => StatusCode::BAD_GATEWAY,
+            BackendError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            BackendError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            BackendError::Rejected { .. } => StatusCode::BAD_REQUEST,
+        };
+        let kind = if status == StatusCode::BAD_REQUEST {
+            "invalid_request_error"
+        } else {
+            "backend_error"
+        };
+        ApiError::new(status, kind, e.to_string())
+    }
+}
+
+impl From<RenderError> for ApiError {
+    fn from(e: RenderError) -> Self {
+        match e {
+            RenderError::Template(_) | RenderError::Tokenize(_) => ApiError::bad_request(e.to_string()),
+            _ => ApiError::internal(e.to_string()),
+        }
+    }
+}
