@@ -1,26 +1,269 @@
-//! HTTP layer: routes, shared state, server start-up.
+//! HTTP layer: routes, shared state, server start-up and shutdown.
+//!
+//! Owns: the OpenAI-compatible surface (also under `/t/{trajectory_id}`),
+//! trajectory id resolution, the context-window check. Must not: render
+//! templates or speak backend wire formats itself (see `render`, `backend`).
+
+mod chat;
+mod completions;
+mod detok;
+mod generate;
+mod logprobs;
+pub mod request;
+mod sse;
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use axum::routing::get;
-use axum::Router;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::json;
 
-use crate::backend::DynBackend;
+use crate::backend::{DynBackend, FinishReason, SamplingParams};
 use crate::config::Config;
+use crate::error::ApiError;
 use crate::render::Renderer;
+
+pub use generate::{CallPlan, ChoiceResult};
+
+/// Context window used when neither the config nor the model files say.
+pub const DEFAULT_MAX_MODEL_LEN: u32 = 32768;
 
 /// Shared state, grouped by module.
 #[derive(Clone)]
 pub struct AppState {
     pub config: Arc<Config>,
     pub renderer: Arc<Renderer>,
-    pub backends: Arc<Vec<DynBackend>>,
+    pub backends: Arc<Backends>,
+}
+
+/// The configured backends and a simple round-robin pick.
+pub struct Backends {
+    list: Vec<DynBackend>,
+    next: AtomicUsize,
+}
+
+impl Backends {
+    pub fn new(list: Vec<DynBackend>) -> Self {
+        Backends {
+            list,
+            next: AtomicUsize::new(0),
+        }
+    }
+
+    /// Picks a backend not in `exclude`.
+    pub fn pick(&self, _trajectory_id: &str, exclude: &[usize]) -> Option<(usize, DynBackend)> {
+        let len = self.list.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..len)
+            .map(|k| (start + k) % len)
+            .find(|i| !exclude.contains(i))
+            .and_then(|i| self.list.get(i).map(|b| (i, b.clone())))
+    }
+}
+
+/// What a handler knows about a call besides the plan and the results.
+#[derive(Debug, Clone)]
+pub struct CallRecordInput {
+    pub trajectory_id: String,
+    pub request: serde_json::Value,
+}
+
+/// The `{tid}` of a `/t/{tid}/v1/...` route, if the route has one.
+fn path_tid(params: &axum::extract::RawPathParams) -> Option<String> {
+    params.iter().find(|(k, _)| *k == "tid").map(|(_, v)| v.to_string())
+}
+
+impl AppState {
+    pub fn new(config: Config, renderer: Arc<Renderer>, backends: Vec<DynBackend>) -> AppState {
+        AppState {
+            config: Arc::new(config),
+            renderer,
+            backends: Arc::new(Backends::new(backends)),
+        }
+    }
+
+    /// The context window in tokens.
+    pub fn max_model_len(&self) -> u32 {
+        match self.config.model.max_model_len {
+            0 => self.renderer.max_model_len().unwrap_or(DEFAULT_MAX_MODEL_LEN),
+            n => n,
+        }
+    }
+
+    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.config.model.name => Err(ApiError::model_not_found(m)),
+            _ => Ok(()),
+        }
+    }
+
+    /// Resolves `max_tokens` against the context window and adds EOS ids.
+    fn finalize_params(
+        &self,
+        params: &mut SamplingParams,
+        prompt_len: usize,
+        max_tokens: Option<u32>,
+    ) -> Result<(), ApiError> {
+        let window = self.max_model_len() as usize;
+        if prompt_len >= window {
+            return Err(ApiError::bad_request(format!(
+                "the prompt is {prompt_len} tokens long but this model's context window is {window} tokens"
+            ))
+            .with_code("context_length_exceeded"));
+        }
+        let room = window - prompt_len;
+        params.max_tokens = match max_tokens {
+            Some(m) if m as usize > room => {
+                return Err(ApiError::bad_request(format!(
+                    "this model's context window is {window} tokens, but {} were requested \
+                     ({prompt_len} in the prompt, {m} for the completion)",
+                    prompt_len + m as usize
+                ))
+                .with_code("context_length_exceeded"))
+            }
+            Some(m) => m,
+            None => self.config.model.default_max_tokens.min(room as u32),
+        };
+        if !params.ignore_eos {
+            for id in self.renderer.eos_token_ids() {
+                if !params.stop_token_ids.contains(id) {
+                    params.stop_token_ids.push(*id);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Hands a finished call to the recorder; returns once it is durable.
+    async fn record_call(
+        &self,
+        _input: &CallRecordInput,
+        _plan: &CallPlan,
+        _results: &[ChoiceResult],
+    ) -> Result<(), ApiError> {
+        Ok(())
+    }
+}
+
+pub(crate) fn finish_str(f: Option<FinishReason>) -> &'static str {
+    f.map_or("stop", FinishReason::as_str)
+}
+
+pub(crate) fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+pub(crate) fn new_id(prefix: &str) -> String {
+    let r: u64 = rand::random();
+    format!("{prefix}-{r:016x}")
+}
+
+pub const MAX_TRAJECTORY_ID_LEN: usize = 128;
+
+/// Path prefix, else `X-Trajectory-Id`, else body `trajectory_id`, else new.
+pub fn resolve_trajectory_id(
+    path: Option<String>,
+    headers: &HeaderMap,
+    body: Option<&str>,
+) -> Result<String, ApiError> {
+    let header = match headers.get("x-trajectory-id") {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| ApiError::invalid("X-Trajectory-Id", "X-Trajectory-Id must be ASCII"))?
+                .to_string(),
+        ),
+        None => None,
+    };
+    let (source, id) = match (path, header, body) {
+        (Some(p), _, _) => ("path", p),
+        (None, Some(h), _) => ("X-Trajectory-Id", h),
+        (None, None, Some(b)) => ("trajectory_id", b.to_string()),
+        (None, None, None) => return Ok(new_id("traj")),
+    };
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.:@".contains(c);
+    if id.is_empty() || id.len() > MAX_TRAJECTORY_ID_LEN || !id.chars().all(ok_char) {
+        return Err(ApiError::invalid(
+            source,
+            format!(
+                "invalid trajectory id {id:?} (from {source}): use 1 to {MAX_TRAJECTORY_ID_LEN} \
+                 characters from A-Z a-z 0-9 - _ . : @"
+            ),
+        ));
+    }
+    Ok(id)
+}
+
+fn trajectory_header(tid: &str) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if let Ok(v) = HeaderValue::from_str(tid) {
+        h.insert("x-trajectory-id", v);
+    }
+    h
+}
+
+async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.config.model.name,
+            "object": "model",
+            "created": unix_now(),
+            "owned_by": "tito",
+            "max_model_len": state.max_model_len(),
+        }]
+    }))
+}
+
+async fn health() -> &'static str {
+    "ok"
+}
+
+async fn not_found() -> ApiError {
+    ApiError::not_found("no such route")
+}
+
+/// Maps axum's body-size rejection to an OpenAI-shaped 413.
+async fn limit_errors(
+    State(limit): State<usize>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let resp = next.run(req).await;
+    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE && resp.extensions().get::<ApiError>().is_none() {
+        return ApiError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "invalid_request_error",
+            format!("request body is larger than the limit of {limit} bytes (server.max_body_bytes)"),
+        )
+        .with_code("request_too_large")
+        .into_response();
+    }
+    resp
+}
+
+fn v1_routes() -> Router<AppState> {
+    Router::new()
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/models", get(models))
 }
 
 pub fn build_app(state: AppState) -> Router {
+    let limit = state.config.server.max_body_bytes;
     Router::new()
-        .route("/health", get(|| async { "ok" }))
+        .merge(v1_routes())
+        .nest("/t/{tid}", v1_routes())
+        .route("/health", get(health))
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(limit))
+        .layer(axum::middleware::from_fn_with_state(limit, limit_errors))
         .with_state(state)
 }
 
@@ -31,11 +274,8 @@ pub async fn serve(
     let renderer = Renderer::load(&config.model)?;
     let backends = crate::backend::build_backends(&config)?;
     let listener = tokio::net::TcpListener::bind(&config.server.listen).await?;
-    let state = AppState {
-        config: Arc::new(config),
-        renderer,
-        backends: Arc::new(backends),
-    };
+    tracing::info!(addr = %listener.local_addr()?, model = %config.model.name, "tito listening");
+    let state = AppState::new(config, renderer, backends);
     axum::serve(listener, build_app(state))
         .with_graceful_shutdown(shutdown)
         .await?;

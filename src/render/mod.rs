@@ -8,6 +8,7 @@
 pub mod gguf;
 mod hf;
 mod template;
+pub mod testing;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,0 +1,227 @@
+//! Incremental detokenization with stop strings.
+//!
+//! Sampled ids arrive one at a time; clients get text deltas that never split
+//! a multi-byte character, and text that might be the start of a stop string
+//! is held back until it is resolved. When a stop string completes, the text
+//! is cut before it while the ids keep every sampled token up to and including
+//! the one that completed it (the ids stay exactly what the model sampled).
+
+use std::sync::Arc;
+
+use crate::render::Renderer;
+
+pub struct TextAssembler {
+    renderer: Arc<Renderer>,
+    skip_special: bool,
+    stop: Vec<String>,
+    ids: Vec<u32>,
+    prefix_offset: usize,
+    read_offset: usize,
+    /// All text decoded so far (released + held back).
+    text: String,
+    /// Bytes of `text` already handed out.
+    released: usize,
+    stopped: bool,
+}
+
+impl TextAssembler {
+    pub fn new(renderer: Arc<Renderer>, skip_special: bool, stop: Vec<String>) -> Self {
+        TextAssembler {
+            renderer,
+            skip_special,
+            stop,
+            ids: Vec::new(),
+            prefix_offset: 0,
+            read_offset: 0,
+            text: String::new(),
+            released: 0,
+            stopped: false,
+        }
+    }
+
+    /// True once a stop string was seen; later tokens must not be pushed.
+    pub fn stopped(&self) -> bool {
+        self.stopped
+    }
+
+    /// Adds one sampled id; returns the text that may be released now.
+    pub fn push(&mut self, id: u32) -> String {
+        if self.stopped {
+            return String::new();
+        }
+        self.ids.push(id);
+        let window = &self.ids[self.prefix_offset..];
+        let prefix_len = self.read_offset - self.prefix_offset;
+        let prefix = self.decode(&window[..prefix_len]);
+        let full = self.decode(window);
+        if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.starts_with(&prefix) {
+            if let Some(new) = full.get(prefix.len()..) {
+                self.text.push_str(new);
+                self.prefix_offset = self.read_offset;
+                self.read_offset = self.ids.len();
+            }
+        }
+        self.release()
+    }
+
+    /// Ends the sequence: returns whatever is still held back (a stop-string
+    /// prefix that never completed, or bytes of an unfinished character).
+    pub fn finish(&mut self) -> String {
+        if !self.stopped {
+            // Decode the unread tail as-is, replacement characters included.
+            let window = &self.ids[self.prefix_offset..];
+            let prefix_len = self.read_offset - self.prefix_offset;
+            let prefix = self.decode(&window[..prefix_len]);
+            let full = self.decode(window);
+            if let Some(rest) = full.strip_prefix(prefix.as_str()) {
+                self.text.push_str(rest);
+            }
+            self.read_offset = self.ids.len();
+            self.prefix_offset = self.read_offset;
+            self.check_stop();
+        }
+        let end = self.text.len();
+        let out = self.text.get(self.released..end).unwrap_or_default().to_string();
+        self.released = end;
+        out
+    }
+
+    /// The complete text handed out so far.
+    #[cfg(test)]
+    pub fn text(&self) -> &str {
+        &self.text[..self.released]
+    }
+
+    fn decode(&self, ids: &[u32]) -> String {
+        self.renderer
+            .decode(ids, self.skip_special)
+            .unwrap_or_default()
+    }
+
+    fn check_stop(&mut self) {
+        if self.stop.is_empty() || self.stopped {
+            return;
+        }
+        let longest = self.stop.iter().map(String::len).max().unwrap_or(0);
+        // A stop string can only start in the unreleased part or just before it.
+        let mut from = self.released.saturating_sub(longest);
+        while !self.text.is_char_boundary(from) {
+            from -= 1;
+        }
+        let hay = &self.text[from..];
+        let hit = self
+            .stop
+            .iter()
+            .filter_map(|s| hay.find(s.as_str()))
+            .min();
+        if let Some(pos) = hit {
+            let cut = (from + pos).max(self.released);
+            self.text.truncate(cut);
+            self.stopped = true;
+        }
+    }
+
+    fn release(&mut self) -> String {
+        self.check_stop();
+        let end = if self.stopped {
+            self.text.len()
+        } else {
+            self.text.len() - self.held_back()
+        };
+        if end <= self.released {
+            return String::new();
+        }
+        let out = self.text[self.released..end].to_string();
+        self.released = end;
+        out
+    }
+
+    /// Length of the longest suffix of the text that is a proper prefix of a
+    /// stop string (that text might still become a stop string).
+    fn held_back(&self) -> usize {
+        let unreleased = &self.text[self.released..];
+        let mut best = 0;
+        for s in &self.stop {
+            let max = (s.len() - 1).min(unreleased.len());
+            for k in (best + 1..=max).rev() {
+                let start = unreleased.len() - k;
+                if unreleased.is_char_boundary(start) && s.starts_with(&unreleased[start..]) {
+                    best = k;
+                    break;
+                }
+            }
+        }
+        best
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::testing::{chatml_renderer, IM_END};
+
+    fn run(text: &str, stop: &[&str], extra: &[u32]) -> (Vec<String>, String, bool, usize) {
+        let r = chatml_renderer();
+        let mut ids = r.encode(text).expect("encodes");
+        ids.extend_from_slice(extra);
+        let mut a = TextAssembler::new(r, true, stop.iter().map(|s| s.to_string()).collect());
+        let mut deltas = Vec::new();
+        let mut consumed = 0;
+        for id in ids {
+            consumed += 1;
+            let d = a.push(id);
+            if !d.is_empty() {
+                deltas.push(d);
+            }
+            if a.stopped() {
+                break;
+            }
+        }
+        let tail = a.finish();
+        if !tail.is_empty() {
+            deltas.push(tail);
+        }
+        (deltas, a.text().to_string(), a.stopped(), consumed)
+    }
+
+    #[test]
+    fn never_splits_multibyte_characters() {
+        let text = "añ 日本語 🎉 ok";
+        let (deltas, full, _, _) = run(text, &[], &[]);
+        assert_eq!(full, text);
+        assert_eq!(deltas.concat(), text);
+        assert!(deltas.iter().all(|d| !d.contains('\u{FFFD}')));
+    }
+
+    #[test]
+    fn stop_string_cuts_text_but_keeps_completing_token() {
+        let (_, full, stopped, consumed) = run("Hello STOP more", &["STOP"], &[]);
+        assert!(stopped);
+        assert_eq!(full, "Hello ");
+        // Consumed ids end at the token completing "STOP", not later.
+        let r = chatml_renderer();
+        let upto = r.encode("Hello STOP").expect("encodes").len();
+        assert_eq!(consumed, upto);
+    }
+
+    #[test]
+    fn held_back_prefix_is_released_when_it_does_not_complete() {
+        let (deltas, full, stopped, _) = run("a ST b", &["STOP"], &[]);
+        assert!(!stopped);
+        assert_eq!(full, "a ST b");
+        assert_eq!(deltas.concat(), "a ST b");
+    }
+
+    #[test]
+    fn special_tokens_are_skipped_or_kept() {
+        let (_, full, _, _) = run("hi", &[], &[IM_END]);
+        assert_eq!(full, "hi");
+        let r = chatml_renderer();
+        let mut a = TextAssembler::new(r, false, vec![]);
+        for id in [b'h' as u32, IM_END] {
+            a.push(id);
+        }
+        a.finish();
+        assert_eq!(a.text(), "h<|im_end|>");
+    }
+}

@@ -1,0 +1,212 @@
+//! One LLM call's generation: pick a backend, start the sequence (retrying on
+//! another backend while nothing has been generated), and turn backend events
+//! into per-choice events carrying text deltas, exact ids and logprobs.
+//!
+//! Must not: know about chat vs completions response shapes.
+
+use std::sync::Arc;
+
+use futures::{Stream, StreamExt};
+
+use super::detok::TextAssembler;
+use super::AppState;
+use crate::backend::{BackendError, FinishReason, GenEvent, GenStream, GenerateRequest, TokenLogprob};
+use crate::error::ApiError;
+use crate::render::Renderer;
+
+/// What the client asked to be generated, after validation and rendering.
+#[derive(Debug, Clone)]
+pub struct CallPlan {
+    pub request_id: String,
+    pub trajectory_id: String,
+    pub prompt_ids: Arc<Vec<u32>>,
+    pub params: crate::backend::SamplingParams,
+    pub n: u32,
+    pub skip_special_tokens: bool,
+    pub stream: bool,
+}
+
+/// A delta of one choice.
+#[derive(Debug, Clone, Default)]
+pub struct ChoiceEvent {
+    pub index: u32,
+    pub text: String,
+    pub ids: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish: Option<FinishReason>,
+}
+
+/// A whole choice, collected.
+#[derive(Debug, Clone, Default)]
+pub struct ChoiceResult {
+    pub index: u32,
+    pub text: String,
+    pub ids: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish: Option<FinishReason>,
+    pub backend: String,
+}
+
+/// A started sequence on some backend.
+pub struct Started {
+    pub index: u32,
+    pub backend: String,
+    pub stream: GenStream,
+}
+
+/// Starts choice `index` of the plan. A backend that fails before producing
+/// its first event is left for another, up to `router.max_attempts` tries.
+pub async fn start_choice(state: &AppState, plan: &CallPlan, index: u32) -> Result<Started, ApiError> {
+    let mut params = plan.params.clone();
+    if let Some(seed) = params.seed {
+        params.seed = Some(seed.wrapping_add(u64::from(index)));
+    }
+    let req = GenerateRequest {
+        request_id: format!("{}-{index}", plan.request_id),
+        prompt_ids: plan.prompt_ids.clone(),
+        params,
+        stream: plan.stream,
+    };
+    let attempts = state.config.router.max_attempts.max(1) as usize;
+    let mut tried: Vec<usize> = Vec::new();
+    let mut last_err: Option<BackendError> = None;
+    for _ in 0..attempts {
+        let Some((slot, backend)) = state.backends.pick(&plan.trajectory_id, &tried) else {
+            break;
+        };
+        tried.push(slot);
+        match backend.generate(req.clone()).await {
+            Ok(mut stream) => match stream.next().await {
+                Some(Err(e)) if e.is_retryable() => {
+                    tracing::warn!(backend = backend.name(), error = %e, "backend failed before first token; retrying");
+                    last_err = Some(e);
+                }
+                Some(Err(e)) => return Err(e.into()),
+                Some(Ok(first)) => {
+                    let stream: GenStream = Box::pin(futures::stream::once(async { Ok(first) }).chain(stream));
+                    return Ok(Started {
+                        index,
+                        backend: backend.name().to_string(),
+                        stream,
+                    });
+                }
+                None => {
+                    last_err = Some(BackendError::Protocol {
+                        backend: backend.name().to_string(),
+                        message: "stream ended before any event".into(),
+                    });
+                }
+            },
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(backend = backend.name(), error = %e, "backend failed to start; retrying");
+                last_err = Some(e);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(match last_err {
+        Some(e) => e.into(),
+        None => ApiError::overloaded("no healthy backend is available"),
+    })
+}
+
+/// Turns a started sequence into choice events. Stop strings are applied
+/// here; when one completes, the backend stream is dropped (cancelled).
+pub fn choice_events(
+    renderer: Arc<Renderer>,
+    started: Started,
+    plan: &CallPlan,
+) -> impl Stream<Item = Result<ChoiceEvent, ApiError>> + Send + 'static {
+    let index = started.index;
+    let backend = started.backend.clone();
+    let max_tokens = plan.params.max_tokens as usize;
+    let assembler = TextAssembler::new(renderer, plan.skip_special_tokens, plan.params.stop.clone());
+    let state = (started.stream, assembler, 0usize, false);
+    futures::stream::unfold(state, move |(mut stream, mut asm, mut count, done)| {
+        let backend = backend.clone();
+        async move {
+        if done {
+            return None;
+        }
+        loop {
+            let ev = match stream.next().await {
+                None => {
+                    let err = ApiError::from(BackendError::Protocol {
+                        backend,
+                        message: "stream ended without a finish reason".into(),
+                    });
+                    return Some((Err(err), (stream, asm, count, true)));
+                }
+                Some(Err(e)) => return Some((Err(e.into()), (stream, asm, count, true))),
+                Some(Ok(ev)) => ev,
+            };
+            match ev {
+                GenEvent::Tokens { ids, logprobs } => {
+                    let mut out = ChoiceEvent {
+                        index,
+                        ..Default::default()
+                    };
+                    for (i, id) in ids.iter().enumerate() {
+                        out.text.push_str(&asm.push(*id));
+                        out.ids.push(*id);
+                        if let Some(lp) = logprobs.get(i) {
+                            out.logprobs.push(lp.clone());
+                        }
+                        count += 1;
+                        if asm.stopped() {
+                            out.finish = Some(FinishReason::Stop);
+                            break;
+                        }
+                        if max_tokens > 0 && count >= max_tokens {
+                            // A backend that overshoots max_tokens is cut here.
+                            out.finish = Some(FinishReason::Length);
+                            break;
+                        }
+                    }
+                    if out.finish.is_some() {
+                        out.text.push_str(&asm.finish());
+                        return Some((Ok(out), (stream, asm, count, true)));
+                    }
+                    if !out.ids.is_empty() {
+                        return Some((Ok(out), (stream, asm, count, false)));
+                    }
+                }
+                GenEvent::Done { finish_reason } => {
+                    let out = ChoiceEvent {
+                        index,
+                        text: asm.finish(),
+                        finish: Some(finish_reason),
+                        ..Default::default()
+                    };
+                    return Some((Ok(out), (stream, asm, count, true)));
+                }
+            }
+        }
+        }
+    })
+}
+
+/// Runs every choice of the plan to completion (non-streaming path).
+pub async fn run_all(state: &AppState, plan: &CallPlan) -> Result<Vec<ChoiceResult>, ApiError> {
+    let futs = (0..plan.n).map(|i| async move {
+        let started = start_choice(state, plan, i).await?;
+        let backend = started.backend.clone();
+        let mut events = Box::pin(choice_events(state.renderer.clone(), started, plan));
+        let mut result = ChoiceResult {
+            index: i,
+            backend,
+            ..Default::default()
+        };
+        while let Some(ev) = events.next().await {
+            let ev = ev?;
+            result.text.push_str(&ev.text);
+            result.ids.extend(ev.ids);
+            result.logprobs.extend(ev.logprobs);
+            if ev.finish.is_some() {
+                result.finish = ev.finish;
+            }
+        }
+        Ok::<_, ApiError>(result)
+    });
+    futures::future::try_join_all(futs).await
+}

@@ -1,0 +1,375 @@
+//! OpenAI request bodies: strict on types, lenient on unknown fields.
+//!
+//! Bodies are read as JSON values first (malformed JSON → 400), then
+//! deserialized with the failing field's path in the message, then validated
+//! into [`SamplingParams`]. Nothing here panics on input.
+
+use axum::body::Bytes;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::Value as Json;
+
+use crate::backend::SamplingParams;
+use crate::error::ApiError;
+
+/// Parses a request body into `T`, naming the offending field on error.
+pub fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::bad_request("request body is empty; expected a JSON object"));
+    }
+    let value: Json = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
+    if !value.is_object() {
+        return Err(ApiError::bad_request("request body must be a JSON object"));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." || path.is_empty() {
+            ApiError::bad_request(inner.to_string())
+        } else {
+            ApiError::invalid(&path, format!("invalid `{path}`: {inner}"))
+        }
+    })
+}
+
+/// `stop`: a string or a list of strings.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum StopSpec {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Sampling fields shared by chat and completions (vLLM extensions included).
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct SamplingFields {
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<i32>,
+    pub min_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub presence_penalty: Option<f32>,
+    pub frequency_penalty: Option<f32>,
+    pub repetition_penalty: Option<f32>,
+    pub stop: Option<StopSpec>,
+    pub stop_token_ids: Option<Vec<u32>>,
+    pub ignore_eos: Option<bool>,
+    pub n: Option<u32>,
+}
+
+pub const MAX_N: u32 = 64;
+pub const MAX_STOP_STRINGS: usize = 16;
+pub const MAX_TOP_LOGPROBS: u32 = 20;
+
+impl SamplingFields {
+    /// Validates and converts; `max_tokens` is resolved later against the
+    /// context window, so it is returned separately.
+    pub fn validate(&self, logprobs: Option<u32>) -> Result<(SamplingParams, Option<u32>), ApiError> {
+        fn range(param: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
+            match v {
+                Some(x) if !x.is_finite() || x < lo || x > hi => Err(ApiError::invalid(
+                    param,
+                    format!("`{param}` must be between {lo} and {hi}, got {x}"),
+                )),
+                other => Ok(other),
+            }
+        }
+        let temperature = range("temperature", self.temperature, 0.0, 2.0)?;
+        let top_p = range("top_p", self.top_p, 0.0, 1.0)?;
+        if top_p == Some(0.0) {
+            return Err(ApiError::invalid("top_p", "`top_p` must be in (0, 1], got 0"));
+        }
+        let min_p = range("min_p", self.min_p, 0.0, 1.0)?;
+        let presence_penalty = range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
+        let frequency_penalty = range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
+        let repetition_penalty = range("repetition_penalty", self.repetition_penalty, 0.0, 10.0)?;
+        if repetition_penalty == Some(0.0) {
+            return Err(ApiError::invalid(
+                "repetition_penalty",
+                "`repetition_penalty` must be greater than 0",
+            ));
+        }
+        if let Some(k) = self.top_k {
+            if k == 0 || k < -1 {
+                return Err(ApiError::invalid(
+                    "top_k",
+                    format!("`top_k` must be -1 (disabled) or at least 1, got {k}"),
+                ));
+            }
+        }
+        let seed = match self.seed {
+            Some(s) if s < 0 => {
+                return Err(ApiError::invalid("seed", format!("`seed` must be non-negative, got {s}")))
+            }
+            Some(s) => Some(s as u64),
+            None => None,
+        };
+        let stop = match &self.stop {
+            None => Vec::new(),
+            Some(StopSpec::One(s)) => vec![s.clone()],
+            Some(StopSpec::Many(v)) => v.clone(),
+        };
+        if stop.len() > MAX_STOP_STRINGS {
+            return Err(ApiError::invalid(
+                "stop",
+                format!("at most {MAX_STOP_STRINGS} stop strings are allowed, got {}", stop.len()),
+            ));
+        }
+        if stop.iter().any(String::is_empty) {
+            return Err(ApiError::invalid("stop", "stop strings must not be empty"));
+        }
+        let max_tokens = self.max_completion_tokens.or(self.max_tokens);
+        if max_tokens == Some(0) {
+            let param = if self.max_completion_tokens.is_some() {
+                "max_completion_tokens"
+            } else {
+                "max_tokens"
+            };
+            return Err(ApiError::invalid(param, format!("`{param}` must be at least 1")));
+        }
+        let params = SamplingParams {
+            max_tokens: 0,
+            temperature,
+            top_p,
+            top_k: self.top_k,
+            min_p,
+            seed,
+            presence_penalty,
+            frequency_penalty,
+            repetition_penalty,
+            stop,
+            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+            ignore_eos: self.ignore_eos.unwrap_or(false),
+            logprobs,
+        };
+        Ok((params, max_tokens))
+    }
+
+    pub fn n(&self) -> Result<u32, ApiError> {
+        match self.n.unwrap_or(1) {
+            0 => Err(ApiError::invalid("n", "`n` must be at least 1")),
+            n if n > MAX_N => Err(ApiError::invalid("n", format!("`n` must be at most {MAX_N}, got {n}"))),
+            n => Ok(n),
+        }
+    }
+}
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ChatRequest {
+    pub model: Option<String>,
+    pub messages: Vec<Json>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    pub logprobs: bool,
+    pub top_logprobs: Option<u32>,
+    pub tools: Option<Vec<Json>>,
+    pub tool_choice: Option<Json>,
+    pub parallel_tool_calls: Option<bool>,
+    pub chat_template_kwargs: Option<serde_json::Map<String, Json>>,
+    pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
+    #[serde(default)]
+    pub return_token_ids: bool,
+    pub skip_special_tokens: Option<bool>,
+    pub trajectory_id: Option<String>,
+}
+
+impl ChatRequest {
+    /// Structural checks the type system does not express.
+    pub fn check(&self) -> Result<(), ApiError> {
+        if self.messages.is_empty() {
+            return Err(ApiError::invalid("messages", "`messages` must not be empty"));
+        }
+        for (i, m) in self.messages.iter().enumerate() {
+            let param = format!("messages[{i}]");
+            let obj = m
+                .as_object()
+                .ok_or_else(|| ApiError::invalid(&param, format!("`{param}` must be an object")))?;
+            let role = obj.get("role").and_then(Json::as_str).ok_or_else(|| {
+                ApiError::invalid(&format!("{param}.role"), format!("`{param}.role` must be a string"))
+            })?;
+            if !["system", "developer", "user", "assistant", "tool", "function"].contains(&role) {
+                return Err(ApiError::invalid(
+                    &format!("{param}.role"),
+                    format!("unknown role `{role}` in `{param}`"),
+                ));
+            }
+            match obj.get("content") {
+                None | Some(Json::Null) | Some(Json::String(_)) | Some(Json::Array(_)) => {}
+                Some(_) => {
+                    return Err(ApiError::invalid(
+                        &format!("{param}.content"),
+                        format!("`{param}.content` must be a string, an array of parts, or null"),
+                    ))
+                }
+            }
+        }
+        if let Some(tools) = &self.tools {
+            for (i, t) in tools.iter().enumerate() {
+                if t.pointer("/function/name").and_then(Json::as_str).is_none() {
+                    return Err(ApiError::invalid(
+                        &format!("tools[{i}]"),
+                        format!("`tools[{i}]` must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}"),
+                    ));
+                }
+            }
+        }
+        if self.continue_final_message == Some(true) && self.add_generation_prompt == Some(true) {
+            return Err(ApiError::bad_request(
+                "`continue_final_message` and `add_generation_prompt` cannot both be true",
+            ));
+        }
+        Ok(())
+    }
+
+    /// `Some(k)` when logprobs are asked for.
+    pub fn logprobs_k(&self) -> Result<Option<u32>, ApiError> {
+        match (self.logprobs, self.top_logprobs) {
+            (_, Some(k)) if k > MAX_TOP_LOGPROBS => Err(ApiError::invalid(
+                "top_logprobs",
+                format!("`top_logprobs` must be at most {MAX_TOP_LOGPROBS}, got {k}"),
+            )),
+            (false, Some(k)) if k > 0 => Err(ApiError::invalid(
+                "top_logprobs",
+                "`top_logprobs` requires `logprobs: true`",
+            )),
+            (true, k) => Ok(Some(k.unwrap_or(0))),
+            (false, _) => Ok(None),
+        }
+    }
+}
+
+/// A completions prompt: text, or token ids passed through untouched.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum PromptSpec {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CompletionRequest {
+    pub model: Option<String>,
+    pub prompt: PromptSpec,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+    #[serde(default)]
+    pub stream: bool,
+    pub stream_options: Option<StreamOptions>,
+    /// Legacy completions: an int asks for that many top alternatives.
+    pub logprobs: Option<u32>,
+    #[serde(default)]
+    pub echo: bool,
+    pub suffix: Option<String>,
+    #[serde(default)]
+    pub return_token_ids: bool,
+    pub skip_special_tokens: Option<bool>,
+    pub add_special_tokens: Option<bool>,
+    pub trajectory_id: Option<String>,
+}
+
+impl CompletionRequest {
+    pub fn check(&self) -> Result<(), ApiError> {
+        if self.echo {
+            return Err(ApiError::invalid("echo", "`echo` is not supported"));
+        }
+        if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
+            return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+        }
+        if let Some(k) = self.logprobs {
+            if k > MAX_TOP_LOGPROBS {
+                return Err(ApiError::invalid(
+                    "logprobs",
+                    format!("`logprobs` must be at most {MAX_TOP_LOGPROBS}, got {k}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse<T: DeserializeOwned>(s: &str) -> Result<T, ApiError> {
+        parse_body(&Bytes::from(s.to_string()))
+    }
+
+    #[test]
+    fn malformed_and_wrong_types_name_the_problem() {
+        let e = parse::<ChatRequest>("{\"messages\": [").expect_err("malformed");
+        assert!(e.message.contains("malformed JSON"), "{}", e.message);
+        let e = parse::<ChatRequest>(r#"{"messages": [], "temperature": "hot"}"#).expect_err("type");
+        assert_eq!(e.param.as_deref(), Some("temperature"), "{}", e.message);
+        let e = parse::<ChatRequest>(r#"{"model": "m"}"#).expect_err("missing");
+        assert!(e.message.contains("messages"), "{}", e.message);
+    }
+
+    #[test]
+    fn unknown_fields_are_ignored() {
+        let r: ChatRequest =
+            parse(r#"{"messages": [{"role": "user", "content": "hi"}], "frobnicate": 3}"#).expect("ok");
+        assert!(r.check().is_ok());
+    }
+
+    #[test]
+    fn sampling_ranges_are_checked() {
+        let bad = [
+            r#"{"temperature": 3}"#,
+            r#"{"top_p": 0}"#,
+            r#"{"top_k": 0}"#,
+            r#"{"max_tokens": 0}"#,
+            r#"{"presence_penalty": -5}"#,
+            r#"{"seed": -1}"#,
+            r#"{"stop": [""]}"#,
+        ];
+        for b in bad {
+            let f: SamplingFields = serde_json::from_str(b).expect("parses");
+            assert!(f.validate(None).is_err(), "{b} should be rejected");
+        }
+        let f: SamplingFields =
+            serde_json::from_str(r#"{"temperature": 0.7, "stop": "x", "max_completion_tokens": 5}"#).expect("ok");
+        let (p, max) = f.validate(Some(2)).expect("valid");
+        assert_eq!(p.stop, vec!["x".to_string()]);
+        assert_eq!(max, Some(5));
+        assert_eq!(p.logprobs, Some(2));
+    }
+
+    #[test]
+    fn message_shapes_are_checked() {
+        let r: ChatRequest = parse(r#"{"messages": [{"role": "wizard", "content": "x"}]}"#).expect("parses");
+        assert_eq!(r.check().expect_err("role").param.as_deref(), Some("messages[0].role"));
+        let r: ChatRequest = parse(r#"{"messages": [{"role": "user", "content": 5}]}"#).expect("parses");
+        assert!(r.check().is_err());
+        let r: ChatRequest = parse(r#"{"messages": []}"#).expect("parses");
+        assert!(r.check().is_err());
+    }
+
+    #[test]
+    fn prompt_forms() {
+        let r: CompletionRequest = parse(r#"{"prompt": [1, 2, 3]}"#).expect("ids");
+        assert!(matches!(r.prompt, PromptSpec::Ids(ref v) if v == &[1, 2, 3]));
+        let r: CompletionRequest = parse(r#"{"prompt": "hi"}"#).expect("text");
+        assert!(matches!(r.prompt, PromptSpec::Text(_)));
+        assert!(parse::<CompletionRequest>(r#"{"prompt": [-1]}"#).is_err());
+    }
+}

@@ -1,0 +1,255 @@
+//! Chat completions through the gateway against a mock vLLM backend.
+
+mod common;
+
+use common::mock_vllm::{MockVllm, Scripted};
+use common::{config, sse_events, start_gateway};
+use serde_json::{json, Value};
+use tito::render::testing::IM_END;
+use tito::render::RenderInput;
+
+fn encode(g: &common::Gateway, s: &str) -> Vec<u32> {
+    g.renderer.encode(s).expect("encodes")
+}
+
+#[tokio::test]
+async fn chat_sends_token_ids_and_returns_exact_ids() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let mut answer = encode(&g, "Hello wörld!");
+    answer.push(IM_END);
+    mock.push(Scripted::ids(answer.clone()));
+    let messages = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]);
+    let resp = g
+        .post(
+            "/v1/chat/completions",
+            json!({"model": "test-model", "messages": messages, "return_token_ids": true,
+                   "temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": 7, "max_tokens": 20,
+                   "presence_penalty": 0.1, "frequency_penalty": 0.2, "stop": ["###"]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers().get("x-trajectory-id").is_some());
+    let body: Value = resp.json().await.expect("json");
+    let msgs: Vec<Value> = serde_json::from_value(messages).expect("msgs");
+    let expected_prompt = g
+        .renderer
+        .render_ids(&RenderInput {
+            messages: &msgs,
+            add_generation_prompt: true,
+            ..Default::default()
+        })
+        .expect("renders");
+    assert_eq!(body["prompt_token_ids"], json!(expected_prompt));
+    assert_eq!(body["choices"][0]["token_ids"], json!(answer));
+    assert_eq!(body["choices"][0]["message"]["content"], "Hello wörld!");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    assert_eq!(body["usage"]["prompt_tokens"], expected_prompt.len());
+    assert_eq!(body["usage"]["completion_tokens"], answer.len());
+    // What the backend saw: token ids only, sampling mapped.
+    let sent = mock.last_request();
+    assert_eq!(sent["prompt"], json!(expected_prompt));
+    assert_eq!(sent["return_token_ids"], true);
+    assert_eq!(sent["skip_special_tokens"], false);
+    assert_eq!(sent["temperature"], 0.5);
+    assert!((sent["top_p"].as_f64().expect("top_p") - 0.9).abs() < 1e-6);
+    assert_eq!(sent["top_k"], 40);
+    assert_eq!(sent["seed"], 7);
+    assert_eq!(sent["max_tokens"], 20);
+    assert_eq!(sent["stop"], json!(["###"]));
+    assert_eq!(sent["stop_token_ids"], json!([IM_END]));
+    assert!(sent.get("messages").is_none());
+}
+
+#[tokio::test]
+async fn chat_logprobs_in_openai_shape() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let mut answer = encode(&g, "ok");
+    answer.push(IM_END);
+    mock.push(Scripted {
+        ids: answer.clone(),
+        logprobs: Some(vec![-0.1, -0.2, -0.3]),
+        ..Default::default()
+    });
+    let body: Value = g
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true, "top_logprobs": 2}),
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+    let content = body["choices"][0]["logprobs"]["content"].as_array().expect("content");
+    assert_eq!(content.len(), answer.len());
+    assert_eq!(content[0]["token"], "o");
+    assert!((content[1]["logprob"].as_f64().expect("lp") + 0.2).abs() < 1e-6);
+    assert_eq!(content[0]["top_logprobs"].as_array().expect("top").len(), 2);
+    assert_eq!(content[0]["bytes"], json!([b'o']));
+    assert_eq!(mock.last_request()["logprobs"], 2);
+}
+
+#[tokio::test]
+async fn streaming_matches_non_streaming() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let mut answer = encode(&g, "日本語 and emoji 🎉 done");
+    answer.push(IM_END);
+    mock.state.default.lock().expect("lock").ids = answer.clone();
+    let req = json!({"messages": [{"role": "user", "content": "hi"}], "return_token_ids": true});
+    let plain: Value = g.post("/v1/chat/completions", req.clone()).await.json().await.expect("json");
+
+    let mut sreq = req.clone();
+    sreq["stream"] = json!(true);
+    sreq["stream_options"] = json!({"include_usage": true});
+    let resp = g.post("/v1/chat/completions", sreq).await;
+    assert_eq!(resp.status(), 200);
+    assert!(resp.headers()["content-type"].to_str().expect("ct").starts_with("text/event-stream"));
+    let events = sse_events(resp).await;
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).expect("chunk json"))
+        .collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert_eq!(chunks[0]["prompt_token_ids"], plain["prompt_token_ids"]);
+    let mut ids: Vec<u64> = Vec::new();
+    let mut text = String::new();
+    let mut finish = None;
+    for c in &chunks {
+        assert_eq!(c["object"], "chat.completion.chunk");
+        for ch in c["choices"].as_array().expect("choices") {
+            if let Some(t) = ch["token_ids"].as_array() {
+                ids.extend(t.iter().filter_map(Value::as_u64));
+            }
+            if let Some(s) = ch["delta"]["content"].as_str() {
+                assert!(!s.contains('\u{FFFD}'), "split character in {s:?}");
+                text.push_str(s);
+            }
+            if let Some(f) = ch["finish_reason"].as_str() {
+                finish = Some(f.to_string());
+            }
+        }
+    }
+    assert_eq!(json!(ids), plain["choices"][0]["token_ids"]);
+    assert_eq!(text, plain["choices"][0]["message"]["content"].as_str().expect("content"));
+    assert_eq!(finish.as_deref(), Some("stop"));
+    let usage = &chunks.last().expect("usage chunk")["usage"];
+    assert_eq!(usage["completion_tokens"], answer.len());
+}
+
+#[tokio::test]
+async fn stop_string_trims_text_keeps_ids() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let answer = encode(&g, "one two END three four");
+    mock.push(Scripted::ids(answer.clone()));
+    let body: Value = g
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "count"}], "stop": "END", "return_token_ids": true}),
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(body["choices"][0]["message"]["content"], "one two ");
+    assert_eq!(body["choices"][0]["finish_reason"], "stop");
+    let upto = encode(&g, "one two END").len();
+    assert_eq!(body["choices"][0]["token_ids"], json!(answer[..upto]));
+}
+
+#[tokio::test]
+async fn n_choices_fan_out_with_distinct_seeds() {
+    let mock = MockVllm::start(Scripted::ids(vec![b'a' as u32, IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let body: Value = g
+        .post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "n": 3, "seed": 10}))
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(body["choices"].as_array().expect("choices").len(), 3);
+    let mut seeds: Vec<u64> = mock.requests().iter().filter_map(|r| r["seed"].as_u64()).collect();
+    seeds.sort_unstable();
+    assert_eq!(seeds, vec![10, 11, 12]);
+}
+
+#[tokio::test]
+async fn max_tokens_gives_length_finish() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    mock.push(Scripted::ids(encode(&g, "a long answer that goes on")));
+    let body: Value = g
+        .post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}))
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+    assert_eq!(body["usage"]["completion_tokens"], 3);
+}
+
+#[tokio::test]
+async fn trajectory_id_from_path_header_and_body() {
+    let mock = MockVllm::start(Scripted::ids(vec![b'a' as u32, IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let msg = json!({"messages": [{"role": "user", "content": "x"}], "trajectory_id": "from-body"});
+    let r = g.post("/t/from-path/v1/chat/completions", msg.clone()).await;
+    assert_eq!(r.headers()["x-trajectory-id"], "from-path");
+    let r = g
+        .client
+        .post(g.url("/v1/chat/completions"))
+        .header("X-Trajectory-Id", "from-header")
+        .json(&msg)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.headers()["x-trajectory-id"], "from-header");
+    let r = g.post("/v1/chat/completions", msg).await;
+    assert_eq!(r.headers()["x-trajectory-id"], "from-body");
+    let r = g
+        .post("/t/bad%20id/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}]}))
+        .await;
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn client_disconnect_cancels_backend_request() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    mock.push(Scripted {
+        ids: encode(&g, "never ending story"),
+        hang_after: Some(2),
+        ..Default::default()
+    });
+    let mut resp = g
+        .post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "stream": true}))
+        .await;
+    assert_eq!(resp.status(), 200);
+    // Read until some content arrived, then hang up.
+    let mut seen = String::new();
+    while !seen.contains("\"content\":\"n") {
+        let chunk = resp.chunk().await.expect("read").expect("more data");
+        seen.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    drop(resp);
+    tokio::time::timeout(std::time::Duration::from_secs(10), mock.wait_cancelled())
+        .await
+        .expect("the backend stream was cancelled after the client left");
+}
+
+#[tokio::test]
+async fn models_and_health() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let models: Value = g.client.get(g.url("/v1/models")).send().await.expect("get").json().await.expect("json");
+    assert_eq!(models["data"][0]["id"], "test-model");
+    assert_eq!(models["data"][0]["max_model_len"], 512);
+    let models: Value = g.client.get(g.url("/t/abc/v1/models")).send().await.expect("get").json().await.expect("json");
+    assert_eq!(models["object"], "list");
+    let h = g.client.get(g.url("/health")).send().await.expect("get");
+    assert_eq!(h.status(), 200);
+}

@@ -1,0 +1,245 @@
+//! An in-process mock of vLLM's token-in/token-out `/v1/completions`: it
+//! records every request body and answers from a script of token ids and
+//! logprobs, streaming one token per SSE chunk. A response can hang after k
+//! tokens so tests can observe client-disconnect cancellation.
+
+#![allow(dead_code)]
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tokio::sync::Notify;
+
+#[derive(Clone, Debug, Default)]
+pub struct Scripted {
+    pub ids: Vec<u32>,
+    /// Per-token logprob; defaults to -0.5 - i/100.
+    pub logprobs: Option<Vec<f32>>,
+    pub finish_reason: Option<String>,
+    /// Stream this many tokens, then hang until the client goes away.
+    pub hang_after: Option<usize>,
+    /// Answer with this HTTP error instead.
+    pub error: Option<(u16, String)>,
+}
+
+impl Scripted {
+    pub fn ids(ids: Vec<u32>) -> Self {
+        Scripted {
+            ids,
+            ..Default::default()
+        }
+    }
+}
+
+#[derive(Default)]
+pub struct MockState {
+    pub requests: Mutex<Vec<Value>>,
+    pub script: Mutex<VecDeque<Scripted>>,
+    /// Used when the script is empty.
+    pub default: Mutex<Scripted>,
+    pub cancelled: AtomicUsize,
+    pub cancel_notify: Notify,
+    pub healthy: std::sync::atomic::AtomicBool,
+}
+
+pub struct MockVllm {
+    pub addr: SocketAddr,
+    pub state: Arc<MockState>,
+}
+
+impl MockVllm {
+    pub async fn start(default: Scripted) -> MockVllm {
+        let state = Arc::new(MockState {
+            default: Mutex::new(default),
+            healthy: std::sync::atomic::AtomicBool::new(true),
+            ..Default::default()
+        });
+        let app = Router::new()
+            .route("/v1/completions", post(completions))
+            .route("/health", get(health))
+            .with_state(state.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        MockVllm { addr, state }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn push(&self, s: Scripted) {
+        self.state.script.lock().expect("lock").push_back(s);
+    }
+
+    pub fn requests(&self) -> Vec<Value> {
+        self.state.requests.lock().expect("lock").clone()
+    }
+
+    pub fn last_request(&self) -> Value {
+        self.requests().last().cloned().expect("a request was received")
+    }
+
+    /// Resolves once a streaming response was dropped by its client.
+    pub async fn wait_cancelled(&self) {
+        loop {
+            let notified = self.state.cancel_notify.notified();
+            if self.state.cancelled.load(Ordering::SeqCst) > 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+async fn health(State(s): State<Arc<MockState>>) -> StatusCode {
+    if s.healthy.load(Ordering::SeqCst) {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+struct CancelGuard {
+    state: Arc<MockState>,
+    finished: bool,
+}
+
+impl Drop for CancelGuard {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.state.cancelled.fetch_add(1, Ordering::SeqCst);
+            self.state.cancel_notify.notify_waiters();
+        }
+    }
+}
+
+fn logprobs_json(ids: &[u32], lps: &[f32], k: u64) -> Value {
+    let top: Vec<Value> = ids
+        .iter()
+        .zip(lps)
+        .map(|(id, lp)| {
+            let mut m = serde_json::Map::new();
+            m.insert(format!("token_id:{id}"), json!(lp));
+            for j in 1..k {
+                m.insert(format!("token_id:{}", id + j as u32), json!(lp - j as f32));
+            }
+            Value::Object(m)
+        })
+        .collect();
+    json!({
+        "tokens": ids.iter().map(|i| format!("token_id:{i}")).collect::<Vec<_>>(),
+        "token_logprobs": lps,
+        "top_logprobs": top,
+        "text_offset": vec![0; ids.len()],
+    })
+}
+
+async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -> Response {
+    s.requests.lock().expect("lock").push(body.clone());
+    let script = {
+        let mut q = s.script.lock().expect("lock");
+        q.pop_front().unwrap_or_else(|| s.default.lock().expect("lock").clone())
+    };
+    if let Some((status, message)) = &script.error {
+        let code = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return (code, Json(json!({"error": {"message": message, "type": "mock", "code": status}}))).into_response();
+    }
+    let prompt: Vec<u32> = serde_json::from_value(body["prompt"].clone()).unwrap_or_default();
+    let max_tokens = body["max_tokens"].as_u64().unwrap_or(16) as usize;
+    let stop_ids: Vec<u32> = serde_json::from_value(body["stop_token_ids"].clone()).unwrap_or_default();
+    let mut ids = Vec::new();
+    let mut finish = "length".to_string();
+    for id in &script.ids {
+        if ids.len() >= max_tokens {
+            break;
+        }
+        ids.push(*id);
+        if stop_ids.contains(id) {
+            finish = "stop".into();
+            break;
+        }
+    }
+    if ids.len() < max_tokens && finish != "stop" {
+        finish = script.finish_reason.clone().unwrap_or_else(|| "stop".into());
+    }
+    let lps: Vec<f32> = match &script.logprobs {
+        Some(l) => l.iter().take(ids.len()).copied().collect(),
+        None => (0..ids.len()).map(|i| -0.5 - i as f32 / 100.0).collect(),
+    };
+    let k = body["logprobs"].as_u64();
+    if !body["stream"].as_bool().unwrap_or(false) {
+        let mut choice = json!({"index": 0, "text": "", "finish_reason": finish, "stop_reason": null,
+            "prompt_token_ids": prompt, "token_ids": ids, "logprobs": null});
+        if let Some(k) = k {
+            choice["logprobs"] = logprobs_json(&ids, &lps, k);
+        }
+        return Json(json!({"id": "cmpl-mock", "object": "text_completion", "choices": [choice],
+            "usage": {"prompt_tokens": prompt.len(), "completion_tokens": ids.len()}}))
+        .into_response();
+    }
+    let hang_after = script.hang_after;
+    let guard = CancelGuard {
+        state: s.clone(),
+        finished: false,
+    };
+    let stream = async_stream_events(ids, lps, k, finish, prompt, hang_after, guard);
+    Sse::new(stream).into_response()
+}
+
+fn async_stream_events(
+    ids: Vec<u32>,
+    lps: Vec<f32>,
+    k: Option<u64>,
+    finish: String,
+    prompt: Vec<u32>,
+    hang_after: Option<usize>,
+    guard: CancelGuard,
+) -> impl futures::Stream<Item = Result<Event, Infallible>> {
+    let n = ids.len();
+    let steps = futures::stream::iter(0..=n);
+    steps
+        .then(move |i| {
+            let ids = ids.clone();
+            let lps = lps.clone();
+            let finish = finish.clone();
+            let prompt = prompt.clone();
+            async move {
+                if hang_after == Some(i) {
+                    std::future::pending::<()>().await;
+                }
+                if i == n {
+                    return json!({"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": finish}]});
+                }
+                let mut c = json!({"index": 0, "text": "x", "token_ids": [ids[i]], "finish_reason": null});
+                if i == 0 {
+                    c["prompt_token_ids"] = json!(prompt);
+                }
+                if let Some(k) = k {
+                    c["logprobs"] = logprobs_json(&ids[i..=i], &lps[i..=i], k);
+                }
+                json!({"choices": [c]})
+            }
+        })
+        .map(|v| Ok(Event::default().data(v.to_string())))
+        .chain(futures::stream::once(async { Ok(Event::default().data("[DONE]")) }))
+        .chain(futures::stream::once(async move {
+            let mut g = guard;
+            g.finished = true;
+            drop(g);
+            Ok(Event::default().comment("end"))
+        }))
+}

@@ -1,0 +1,77 @@
+//! Shared test harness: the gateway on port 0 over mock backends.
+
+#![allow(dead_code)]
+
+pub mod mock_vllm;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tito::render::testing::chatml_renderer;
+use tito::render::Renderer;
+use tito::{build_app, AppState, Config};
+
+pub struct Gateway {
+    pub addr: SocketAddr,
+    pub renderer: Arc<Renderer>,
+    pub client: reqwest::Client,
+}
+
+impl Gateway {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub async fn post(&self, path: &str, body: serde_json::Value) -> reqwest::Response {
+        self.client
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .expect("gateway reachable")
+    }
+}
+
+/// Config for the gateway in front of `backend_urls` (vLLM kind), plus `extra` TOML.
+pub fn config(backend_urls: &[String], extra: &str) -> Config {
+    let mut text = String::from("[model]\nname = \"test-model\"\ntokenizer = \"unused\"\nmax_model_len = 512\n");
+    for u in backend_urls {
+        text.push_str(&format!("[[backends]]\nurl = \"{u}\"\nkind = \"vllm\"\n"));
+    }
+    text.push_str(extra);
+    Config::from_toml(&text).expect("test config is valid")
+}
+
+/// Starts the gateway with the built-in ChatML test tokenizer.
+pub async fn start_gateway(config: Config) -> Gateway {
+    start_gateway_with(config, chatml_renderer()).await
+}
+
+pub async fn start_gateway_with(config: Config, renderer: Arc<Renderer>) -> Gateway {
+    let backends = tito::backend::build_backends(&config).expect("backends");
+    let state = AppState::new(config, renderer.clone(), backends);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, build_app(state)).await;
+    });
+    Gateway {
+        addr,
+        renderer,
+        client: reqwest::Client::new(),
+    }
+}
+
+/// Reads an SSE response into its `data:` payloads.
+pub async fn sse_events(resp: reqwest::Response) -> Vec<String> {
+    let text = resp.text().await.expect("body");
+    text.split("\n\n")
+        .filter_map(|ev| {
+            let data: Vec<&str> = ev
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:").map(|d| d.trim_start()))
+                .collect();
+            (!data.is_empty()).then(|| data.join("\n"))
+        })
+        .collect()
+}
