@@ -19,7 +19,8 @@ async fn chat_sends_token_ids_and_returns_exact_ids() {
     let mut answer = encode(&g, "Hello wörld!");
     answer.push(IM_END);
     mock.push(Scripted::ids(answer.clone()));
-    let messages = json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]);
+    let messages =
+        json!([{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]);
     let resp = g
         .post(
             "/v1/chat/completions",
@@ -82,7 +83,9 @@ async fn chat_logprobs_in_openai_shape() {
         .json()
         .await
         .expect("json");
-    let content = body["choices"][0]["logprobs"]["content"].as_array().expect("content");
+    let content = body["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("content");
     assert_eq!(content.len(), answer.len());
     assert_eq!(content[0]["token"], "o");
     assert!((content[1]["logprob"].as_f64().expect("lp") + 0.2).abs() < 1e-6);
@@ -99,14 +102,22 @@ async fn streaming_matches_non_streaming() {
     answer.push(IM_END);
     mock.state.default.lock().expect("lock").ids = answer.clone();
     let req = json!({"messages": [{"role": "user", "content": "hi"}], "return_token_ids": true});
-    let plain: Value = g.post("/v1/chat/completions", req.clone()).await.json().await.expect("json");
+    let plain: Value = g
+        .post("/v1/chat/completions", req.clone())
+        .await
+        .json()
+        .await
+        .expect("json");
 
     let mut sreq = req.clone();
     sreq["stream"] = json!(true);
     sreq["stream_options"] = json!({"include_usage": true});
     let resp = g.post("/v1/chat/completions", sreq).await;
     assert_eq!(resp.status(), 200);
-    assert!(resp.headers()["content-type"].to_str().expect("ct").starts_with("text/event-stream"));
+    assert!(resp.headers()["content-type"]
+        .to_str()
+        .expect("ct")
+        .starts_with("text/event-stream"));
     let events = sse_events(resp).await;
     assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
     let chunks: Vec<Value> = events[..events.len() - 1]
@@ -134,7 +145,12 @@ async fn streaming_matches_non_streaming() {
         }
     }
     assert_eq!(json!(ids), plain["choices"][0]["token_ids"]);
-    assert_eq!(text, plain["choices"][0]["message"]["content"].as_str().expect("content"));
+    assert_eq!(
+        text,
+        plain["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("content")
+    );
     assert_eq!(finish.as_deref(), Some("stop"));
     let usage = &chunks.last().expect("usage chunk")["usage"];
     assert_eq!(usage["completion_tokens"], answer.len());
@@ -166,13 +182,20 @@ async fn n_choices_fan_out_with_distinct_seeds() {
     let mock = MockVllm::start(Scripted::ids(vec![b'a' as u32, IM_END])).await;
     let g = start_gateway(config(&[mock.url()], "")).await;
     let body: Value = g
-        .post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "n": 3, "seed": 10}))
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "n": 3, "seed": 10}),
+        )
         .await
         .json()
         .await
         .expect("json");
     assert_eq!(body["choices"].as_array().expect("choices").len(), 3);
-    let mut seeds: Vec<u64> = mock.requests().iter().filter_map(|r| r["seed"].as_u64()).collect();
+    let mut seeds: Vec<u64> = mock
+        .requests()
+        .iter()
+        .filter_map(|r| r["seed"].as_u64())
+        .collect();
     seeds.sort_unstable();
     assert_eq!(seeds, vec![10, 11, 12]);
 }
@@ -183,7 +206,10 @@ async fn max_tokens_gives_length_finish() {
     let g = start_gateway(config(&[mock.url()], "")).await;
     mock.push(Scripted::ids(encode(&g, "a long answer that goes on")));
     let body: Value = g
-        .post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}))
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "max_tokens": 3}),
+        )
         .await
         .json()
         .await
@@ -197,7 +223,9 @@ async fn trajectory_id_from_path_header_and_body() {
     let mock = MockVllm::start(Scripted::ids(vec![b'a' as u32, IM_END])).await;
     let g = start_gateway(config(&[mock.url()], "")).await;
     let msg = json!({"messages": [{"role": "user", "content": "x"}], "trajectory_id": "from-body"});
-    let r = g.post("/t/from-path/v1/chat/completions", msg.clone()).await;
+    let r = g
+        .post("/t/from-path/v1/chat/completions", msg.clone())
+        .await;
     assert_eq!(r.headers()["x-trajectory-id"], "from-path");
     let r = g
         .client
@@ -211,7 +239,10 @@ async fn trajectory_id_from_path_header_and_body() {
     let r = g.post("/v1/chat/completions", msg).await;
     assert_eq!(r.headers()["x-trajectory-id"], "from-body");
     let r = g
-        .post("/t/bad%20id/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}]}))
+        .post(
+            "/t/bad%20id/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}]}),
+        )
         .await;
     assert_eq!(r.status(), 400);
 }
@@ -226,7 +257,10 @@ async fn client_disconnect_cancels_backend_request() {
         ..Default::default()
     });
     let mut resp = g
-        .post("/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "stream": true}))
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "stream": true}),
+        )
         .await;
     assert_eq!(resp.status(), 200);
     // Read until some content arrived, then hang up.
@@ -245,10 +279,26 @@ async fn client_disconnect_cancels_backend_request() {
 async fn models_and_health() {
     let mock = MockVllm::start(Scripted::default()).await;
     let g = start_gateway(config(&[mock.url()], "")).await;
-    let models: Value = g.client.get(g.url("/v1/models")).send().await.expect("get").json().await.expect("json");
+    let models: Value = g
+        .client
+        .get(g.url("/v1/models"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
     assert_eq!(models["data"][0]["id"], "test-model");
     assert_eq!(models["data"][0]["max_model_len"], 512);
-    let models: Value = g.client.get(g.url("/t/abc/v1/models")).send().await.expect("get").json().await.expect("json");
+    let models: Value = g
+        .client
+        .get(g.url("/t/abc/v1/models"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
     assert_eq!(models["object"], "list");
     let h = g.client.get(g.url("/health")).send().await.expect("get");
     assert_eq!(h.status(), 200);

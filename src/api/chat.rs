@@ -105,7 +105,11 @@ async fn render_prompt(state: &AppState, req: &ChatRequest) -> Result<Vec<u32>, 
 fn body_size_hint(req: &ChatRequest) -> usize {
     req.messages
         .iter()
-        .map(|m| m.get("content").and_then(Json::as_str).map_or(256, str::len))
+        .map(|m| {
+            m.get("content")
+                .and_then(Json::as_str)
+                .map_or(256, str::len)
+        })
         .sum()
 }
 
@@ -129,7 +133,12 @@ fn cut_after_final_message(mut text: String, messages: &[Json]) -> Result<String
     }
 }
 
-fn response_body(state: &AppState, plan: &CallPlan, req: &ChatRequest, results: &[ChoiceResult]) -> Json {
+fn response_body(
+    state: &AppState,
+    plan: &CallPlan,
+    req: &ChatRequest,
+    results: &[ChoiceResult],
+) -> Json {
     let completion_tokens: usize = results.iter().map(|r| r.ids.len()).sum();
     let choices: Vec<Json> = results
         .iter()
@@ -180,19 +189,22 @@ async fn stream(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     // Start every choice before answering, so failures are plain HTTP errors.
-    let started = futures::future::try_join_all((0..plan.n).map(|i| generate::start_choice(&state, &plan, i))).await?;
+    let started = futures::future::try_join_all(
+        (0..plan.n).map(|i| generate::start_choice(&state, &plan, i)),
+    )
+    .await?;
     let id = plan.request_id.clone();
     let created = unix_now();
     let model = state.config.model.name.clone();
     let chunk = {
         let (id, model) = (id.clone(), model.clone());
-        move |choices: Json| {
-            json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices})
-        }
+        move |choices: Json| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices})
     };
     let mut initial = Vec::new();
     for i in 0..plan.n {
-        let mut c = chunk(json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]));
+        let mut c = chunk(
+            json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
+        );
         if i == 0 && req.return_token_ids {
             c["prompt_token_ids"] = json!(*plan.prompt_ids);
         }
@@ -202,7 +214,8 @@ async fn stream(
         .into_iter()
         .map(|s| {
             let backend = s.backend.clone();
-            let events: EventStream = Box::pin(generate::choice_events(state.renderer.clone(), s, &plan));
+            let events: EventStream =
+                Box::pin(generate::choice_events(state.renderer.clone(), s, &plan));
             (events, backend)
         })
         .collect();

@@ -102,12 +102,13 @@ async fn handle(
     let resp_headers = super::trajectory_header(&tid);
     let record = CallRecordInput {
         trajectory_id: tid,
-        request: serde_json::to_value(&req.prompt_json()).unwrap_or(Json::Null),
+        request: req.prompt_json(),
     };
     if req.stream {
         return stream(state, request_id, plans, req, record, resp_headers).await;
     }
-    let all = futures::future::try_join_all(plans.iter().map(|p| generate::run_all(&state, p))).await?;
+    let all =
+        futures::future::try_join_all(plans.iter().map(|p| generate::run_all(&state, p))).await?;
     for (plan, results) in plans.iter().zip(&all) {
         state.record_call(&record, plan, results).await?;
     }
@@ -168,12 +169,16 @@ async fn stream(
     let n = plans.first().map_or(1, |p| p.n);
     let mut choices: Vec<(EventStream, String)> = Vec::new();
     for (pi, plan) in plans.iter().enumerate() {
-        let started = futures::future::try_join_all((0..plan.n).map(|i| generate::start_choice(&state, plan, i))).await?;
+        let started = futures::future::try_join_all(
+            (0..plan.n).map(|i| generate::start_choice(&state, plan, i)),
+        )
+        .await?;
         for mut s in started {
             let backend = s.backend.clone();
             // Global choice index across prompts.
             s.index += pi as u32 * n;
-            let events: EventStream = Box::pin(generate::choice_events(state.renderer.clone(), s, plan));
+            let events: EventStream =
+                Box::pin(generate::choice_events(state.renderer.clone(), s, plan));
             choices.push((events, backend));
         }
     }
@@ -190,8 +195,10 @@ async fn stream(
         // vLLM sends each choice's prompt ids in its first chunk.
         for (pi, p) in prompts.iter().enumerate() {
             for j in 0..n {
-                initial.push(chunk(json!([{"index": pi as u32 * n + j, "text": "", "logprobs": null,
-                    "finish_reason": null, "prompt_token_ids": **p}])));
+                initial.push(chunk(
+                    json!([{"index": pi as u32 * n + j, "text": "", "logprobs": null,
+                    "finish_reason": null, "prompt_token_ids": **p}]),
+                ));
             }
         }
     }
@@ -203,7 +210,8 @@ async fn stream(
         if ev.ids.is_empty() && ev.text.is_empty() {
             return Vec::new();
         }
-        let mut c = json!({"index": ev.index, "text": ev.text, "logprobs": null, "finish_reason": null});
+        let mut c =
+            json!({"index": ev.index, "text": ev.text, "logprobs": null, "finish_reason": null});
         if want_logprobs {
             let off = offsets.get(ev.index as usize).copied().unwrap_or(0);
             c["logprobs"] = completion_logprobs(&renderer, &ev.ids, &ev.logprobs, off);

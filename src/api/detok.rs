@@ -81,7 +81,11 @@ impl TextAssembler {
             self.check_stop();
         }
         let end = self.text.len();
-        let out = self.text.get(self.released..end).unwrap_or_default().to_string();
+        let out = self
+            .text
+            .get(self.released..end)
+            .unwrap_or_default()
+            .to_string();
         self.released = end;
         out
     }
@@ -109,11 +113,7 @@ impl TextAssembler {
             from -= 1;
         }
         let hay = &self.text[from..];
-        let hit = self
-            .stop
-            .iter()
-            .filter_map(|s| hay.find(s.as_str()))
-            .min();
+        let hit = self.stop.iter().filter_map(|s| hay.find(s.as_str())).min();
         if let Some(pos) = hit {
             let cut = (from + pos).max(self.released);
             self.text.truncate(cut);

@@ -10,7 +10,9 @@ use futures::{Stream, StreamExt};
 
 use super::detok::TextAssembler;
 use super::AppState;
-use crate::backend::{BackendError, FinishReason, GenEvent, GenStream, GenerateRequest, TokenLogprob};
+use crate::backend::{
+    BackendError, FinishReason, GenEvent, GenStream, GenerateRequest, TokenLogprob,
+};
 use crate::error::ApiError;
 use crate::render::Renderer;
 
@@ -56,7 +58,11 @@ pub struct Started {
 
 /// Starts choice `index` of the plan. A backend that fails before producing
 /// its first event is left for another, up to `router.max_attempts` tries.
-pub async fn start_choice(state: &AppState, plan: &CallPlan, index: u32) -> Result<Started, ApiError> {
+pub async fn start_choice(
+    state: &AppState,
+    plan: &CallPlan,
+    index: u32,
+) -> Result<Started, ApiError> {
     let mut params = plan.params.clone();
     if let Some(seed) = params.seed {
         params.seed = Some(seed.wrapping_add(u64::from(index)));
@@ -83,7 +89,8 @@ pub async fn start_choice(state: &AppState, plan: &CallPlan, index: u32) -> Resu
                 }
                 Some(Err(e)) => return Err(e.into()),
                 Some(Ok(first)) => {
-                    let stream: GenStream = Box::pin(futures::stream::once(async { Ok(first) }).chain(stream));
+                    let stream: GenStream =
+                        Box::pin(futures::stream::once(async { Ok(first) }).chain(stream));
                     return Ok(Started {
                         index,
                         backend: backend.name().to_string(),
@@ -120,68 +127,69 @@ pub fn choice_events(
     let index = started.index;
     let backend = started.backend.clone();
     let max_tokens = plan.params.max_tokens as usize;
-    let assembler = TextAssembler::new(renderer, plan.skip_special_tokens, plan.params.stop.clone());
+    let assembler =
+        TextAssembler::new(renderer, plan.skip_special_tokens, plan.params.stop.clone());
     let state = (started.stream, assembler, 0usize, false);
     futures::stream::unfold(state, move |(mut stream, mut asm, mut count, done)| {
         let backend = backend.clone();
         async move {
-        if done {
-            return None;
-        }
-        loop {
-            let ev = match stream.next().await {
-                None => {
-                    let err = ApiError::from(BackendError::Protocol {
-                        backend,
-                        message: "stream ended without a finish reason".into(),
-                    });
-                    return Some((Err(err), (stream, asm, count, true)));
-                }
-                Some(Err(e)) => return Some((Err(e.into()), (stream, asm, count, true))),
-                Some(Ok(ev)) => ev,
-            };
-            match ev {
-                GenEvent::Tokens { ids, logprobs } => {
-                    let mut out = ChoiceEvent {
-                        index,
-                        ..Default::default()
-                    };
-                    for (i, id) in ids.iter().enumerate() {
-                        out.text.push_str(&asm.push(*id));
-                        out.ids.push(*id);
-                        if let Some(lp) = logprobs.get(i) {
-                            out.logprobs.push(lp.clone());
+            if done {
+                return None;
+            }
+            loop {
+                let ev = match stream.next().await {
+                    None => {
+                        let err = ApiError::from(BackendError::Protocol {
+                            backend,
+                            message: "stream ended without a finish reason".into(),
+                        });
+                        return Some((Err(err), (stream, asm, count, true)));
+                    }
+                    Some(Err(e)) => return Some((Err(e.into()), (stream, asm, count, true))),
+                    Some(Ok(ev)) => ev,
+                };
+                match ev {
+                    GenEvent::Tokens { ids, logprobs } => {
+                        let mut out = ChoiceEvent {
+                            index,
+                            ..Default::default()
+                        };
+                        for (i, id) in ids.iter().enumerate() {
+                            out.text.push_str(&asm.push(*id));
+                            out.ids.push(*id);
+                            if let Some(lp) = logprobs.get(i) {
+                                out.logprobs.push(lp.clone());
+                            }
+                            count += 1;
+                            if asm.stopped() {
+                                out.finish = Some(FinishReason::Stop);
+                                break;
+                            }
+                            if max_tokens > 0 && count >= max_tokens {
+                                // A backend that overshoots max_tokens is cut here.
+                                out.finish = Some(FinishReason::Length);
+                                break;
+                            }
                         }
-                        count += 1;
-                        if asm.stopped() {
-                            out.finish = Some(FinishReason::Stop);
-                            break;
+                        if out.finish.is_some() {
+                            out.text.push_str(&asm.finish());
+                            return Some((Ok(out), (stream, asm, count, true)));
                         }
-                        if max_tokens > 0 && count >= max_tokens {
-                            // A backend that overshoots max_tokens is cut here.
-                            out.finish = Some(FinishReason::Length);
-                            break;
+                        if !out.ids.is_empty() {
+                            return Some((Ok(out), (stream, asm, count, false)));
                         }
                     }
-                    if out.finish.is_some() {
-                        out.text.push_str(&asm.finish());
+                    GenEvent::Done { finish_reason } => {
+                        let out = ChoiceEvent {
+                            index,
+                            text: asm.finish(),
+                            finish: Some(finish_reason),
+                            ..Default::default()
+                        };
                         return Some((Ok(out), (stream, asm, count, true)));
                     }
-                    if !out.ids.is_empty() {
-                        return Some((Ok(out), (stream, asm, count, false)));
-                    }
-                }
-                GenEvent::Done { finish_reason } => {
-                    let out = ChoiceEvent {
-                        index,
-                        text: asm.finish(),
-                        finish: Some(finish_reason),
-                        ..Default::default()
-                    };
-                    return Some((Ok(out), (stream, asm, count, true)));
                 }
             }
-        }
         }
     })
 }

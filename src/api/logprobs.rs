@@ -23,7 +23,12 @@ pub fn token_bytes(renderer: &Renderer, id: u32) -> Vec<u8> {
     for c in piece.chars() {
         match byte_level_char_to_byte(c) {
             Some(b) => out.push(b),
-            None => return renderer.decode(&[id], false).unwrap_or_default().into_bytes(),
+            None => {
+                return renderer
+                    .decode(&[id], false)
+                    .unwrap_or_default()
+                    .into_bytes()
+            }
         }
     }
     out
@@ -31,7 +36,8 @@ pub fn token_bytes(renderer: &Renderer, id: u32) -> Vec<u8> {
 
 fn byte_level_char_to_byte(c: char) -> Option<u8> {
     let u = c as u32;
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     if printable(u) {
         return Some(u as u8);
     }
@@ -88,7 +94,12 @@ pub fn chat_logprobs(renderer: &Renderer, ids: &[u32], lps: &[TokenLogprob]) -> 
 
 /// `choices[i].logprobs` for legacy completions; `text_offset` counts bytes
 /// from the start of the completion.
-pub fn completion_logprobs(renderer: &Renderer, ids: &[u32], lps: &[TokenLogprob], offset0: usize) -> Json {
+pub fn completion_logprobs(
+    renderer: &Renderer,
+    ids: &[u32],
+    lps: &[TokenLogprob],
+    offset0: usize,
+) -> Json {
     let mut tokens = Vec::new();
     let mut token_logprobs = Vec::new();
     let mut top = Vec::new();

@@ -75,7 +75,10 @@ pub struct CallRecordInput {
 
 /// The `{tid}` of a `/t/{tid}/v1/...` route, if the route has one.
 fn path_tid(params: &axum::extract::RawPathParams) -> Option<String> {
-    params.iter().find(|(k, _)| *k == "tid").map(|(_, v)| v.to_string())
+    params
+        .iter()
+        .find(|(k, _)| *k == "tid")
+        .map(|(_, v)| v.to_string())
 }
 
 impl AppState {
@@ -90,7 +93,10 @@ impl AppState {
     /// The context window in tokens.
     pub fn max_model_len(&self) -> u32 {
         match self.config.model.max_model_len {
-            0 => self.renderer.max_model_len().unwrap_or(DEFAULT_MAX_MODEL_LEN),
+            0 => self
+                .renderer
+                .max_model_len()
+                .unwrap_or(DEFAULT_MAX_MODEL_LEN),
             n => n,
         }
     }
@@ -236,11 +242,15 @@ async fn limit_errors(
     next: axum::middleware::Next,
 ) -> Response {
     let resp = next.run(req).await;
-    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE && resp.extensions().get::<ApiError>().is_none() {
+    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE
+        && resp.extensions().get::<ApiError>().is_none()
+    {
         return ApiError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
             "invalid_request_error",
-            format!("request body is larger than the limit of {limit} bytes (server.max_body_bytes)"),
+            format!(
+                "request body is larger than the limit of {limit} bytes (server.max_body_bytes)"
+            ),
         )
         .with_code("request_too_large")
         .into_response();

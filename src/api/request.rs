@@ -12,16 +12,37 @@ use serde_json::Value as Json;
 use crate::backend::SamplingParams;
 use crate::error::ApiError;
 
-/// Parses a request body into `T`, naming the offending field on error.
-pub fn parse_body<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+/// Request types that carry the shared sampling fields.
+pub trait WithSampling {
+    fn set_sampling(&mut self, sampling: SamplingFields);
+}
+
+/// Parses a request body into `T` plus its sampling fields, naming the
+/// offending field on error. (Sampling fields are read in a second pass over
+/// the same JSON value: `#[serde(flatten)]` would lose the error's path.)
+pub fn parse_body<T: DeserializeOwned + WithSampling>(body: &Bytes) -> Result<T, ApiError> {
+    let value = parse_json(body)?;
+    let mut req: T = from_value(value.clone())?;
+    req.set_sampling(from_value(value)?);
+    Ok(req)
+}
+
+fn parse_json(body: &Bytes) -> Result<Json, ApiError> {
     if body.is_empty() {
-        return Err(ApiError::bad_request("request body is empty; expected a JSON object"));
+        return Err(ApiError::bad_request(
+            "request body is empty; expected a JSON object",
+        ));
     }
     let value: Json = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?;
     if !value.is_object() {
         return Err(ApiError::bad_request("request body must be a JSON object"));
     }
+    Ok(value)
+}
+
+/// Deserializes with the failing field's path in the error.
+pub fn from_value<T: DeserializeOwned>(value: Json) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -74,7 +95,10 @@ pub const MAX_TOP_LOGPROBS: u32 = 20;
 impl SamplingFields {
     /// Validates and converts; `max_tokens` is resolved later against the
     /// context window, so it is returned separately.
-    pub fn validate(&self, logprobs: Option<u32>) -> Result<(SamplingParams, Option<u32>), ApiError> {
+    pub fn validate(
+        &self,
+        logprobs: Option<u32>,
+    ) -> Result<(SamplingParams, Option<u32>), ApiError> {
         fn range(param: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
             match v {
                 Some(x) if !x.is_finite() || x < lo || x > hi => Err(ApiError::invalid(
@@ -87,7 +111,10 @@ impl SamplingFields {
         let temperature = range("temperature", self.temperature, 0.0, 2.0)?;
         let top_p = range("top_p", self.top_p, 0.0, 1.0)?;
         if top_p == Some(0.0) {
-            return Err(ApiError::invalid("top_p", "`top_p` must be in (0, 1], got 0"));
+            return Err(ApiError::invalid(
+                "top_p",
+                "`top_p` must be in (0, 1], got 0",
+            ));
         }
         let min_p = range("min_p", self.min_p, 0.0, 1.0)?;
         let presence_penalty = range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
@@ -109,7 +136,10 @@ impl SamplingFields {
         }
         let seed = match self.seed {
             Some(s) if s < 0 => {
-                return Err(ApiError::invalid("seed", format!("`seed` must be non-negative, got {s}")))
+                return Err(ApiError::invalid(
+                    "seed",
+                    format!("`seed` must be non-negative, got {s}"),
+                ))
             }
             Some(s) => Some(s as u64),
             None => None,
@@ -122,7 +152,10 @@ impl SamplingFields {
         if stop.len() > MAX_STOP_STRINGS {
             return Err(ApiError::invalid(
                 "stop",
-                format!("at most {MAX_STOP_STRINGS} stop strings are allowed, got {}", stop.len()),
+                format!(
+                    "at most {MAX_STOP_STRINGS} stop strings are allowed, got {}",
+                    stop.len()
+                ),
             ));
         }
         if stop.iter().any(String::is_empty) {
@@ -135,7 +168,10 @@ impl SamplingFields {
             } else {
                 "max_tokens"
             };
-            return Err(ApiError::invalid(param, format!("`{param}` must be at least 1")));
+            return Err(ApiError::invalid(
+                param,
+                format!("`{param}` must be at least 1"),
+            ));
         }
         let params = SamplingParams {
             max_tokens: 0,
@@ -158,7 +194,10 @@ impl SamplingFields {
     pub fn n(&self) -> Result<u32, ApiError> {
         match self.n.unwrap_or(1) {
             0 => Err(ApiError::invalid("n", "`n` must be at least 1")),
-            n if n > MAX_N => Err(ApiError::invalid("n", format!("`n` must be at most {MAX_N}, got {n}"))),
+            n if n > MAX_N => Err(ApiError::invalid(
+                "n",
+                format!("`n` must be at most {MAX_N}, got {n}"),
+            )),
             n => Ok(n),
         }
     }
@@ -169,7 +208,7 @@ impl SamplingFields {
 pub struct ChatRequest {
     pub model: Option<String>,
     pub messages: Vec<Json>,
-    #[serde(flatten)]
+    #[serde(skip)]
     pub sampling: SamplingFields,
     #[serde(default)]
     pub stream: bool,
@@ -189,11 +228,26 @@ pub struct ChatRequest {
     pub trajectory_id: Option<String>,
 }
 
+impl WithSampling for ChatRequest {
+    fn set_sampling(&mut self, sampling: SamplingFields) {
+        self.sampling = sampling;
+    }
+}
+
+impl WithSampling for CompletionRequest {
+    fn set_sampling(&mut self, sampling: SamplingFields) {
+        self.sampling = sampling;
+    }
+}
+
 impl ChatRequest {
     /// Structural checks the type system does not express.
     pub fn check(&self) -> Result<(), ApiError> {
         if self.messages.is_empty() {
-            return Err(ApiError::invalid("messages", "`messages` must not be empty"));
+            return Err(ApiError::invalid(
+                "messages",
+                "`messages` must not be empty",
+            ));
         }
         for (i, m) in self.messages.iter().enumerate() {
             let param = format!("messages[{i}]");
@@ -201,9 +255,21 @@ impl ChatRequest {
                 .as_object()
                 .ok_or_else(|| ApiError::invalid(&param, format!("`{param}` must be an object")))?;
             let role = obj.get("role").and_then(Json::as_str).ok_or_else(|| {
-                ApiError::invalid(&format!("{param}.role"), format!("`{param}.role` must be a string"))
+                ApiError::invalid(
+                    &format!("{param}.role"),
+                    format!("`{param}.role` must be a string"),
+                )
             })?;
-            if !["system", "developer", "user", "assistant", "tool", "function"].contains(&role) {
+            if ![
+                "system",
+                "developer",
+                "user",
+                "assistant",
+                "tool",
+                "function",
+            ]
+            .contains(&role)
+            {
                 return Err(ApiError::invalid(
                     &format!("{param}.role"),
                     format!("unknown role `{role}` in `{param}`"),
@@ -269,7 +335,7 @@ pub enum PromptSpec {
 pub struct CompletionRequest {
     pub model: Option<String>,
     pub prompt: PromptSpec,
-    #[serde(flatten)]
+    #[serde(skip)]
     pub sampling: SamplingFields,
     #[serde(default)]
     pub stream: bool,
@@ -310,7 +376,7 @@ impl CompletionRequest {
 mod tests {
     use super::*;
 
-    fn parse<T: DeserializeOwned>(s: &str) -> Result<T, ApiError> {
+    fn parse<T: DeserializeOwned + WithSampling>(s: &str) -> Result<T, ApiError> {
         parse_body(&Bytes::from(s.to_string()))
     }
 
@@ -318,7 +384,8 @@ mod tests {
     fn malformed_and_wrong_types_name_the_problem() {
         let e = parse::<ChatRequest>("{\"messages\": [").expect_err("malformed");
         assert!(e.message.contains("malformed JSON"), "{}", e.message);
-        let e = parse::<ChatRequest>(r#"{"messages": [], "temperature": "hot"}"#).expect_err("type");
+        let e =
+            parse::<ChatRequest>(r#"{"messages": [], "temperature": "hot"}"#).expect_err("type");
         assert_eq!(e.param.as_deref(), Some("temperature"), "{}", e.message);
         let e = parse::<ChatRequest>(r#"{"model": "m"}"#).expect_err("missing");
         assert!(e.message.contains("messages"), "{}", e.message);
@@ -327,7 +394,8 @@ mod tests {
     #[test]
     fn unknown_fields_are_ignored() {
         let r: ChatRequest =
-            parse(r#"{"messages": [{"role": "user", "content": "hi"}], "frobnicate": 3}"#).expect("ok");
+            parse(r#"{"messages": [{"role": "user", "content": "hi"}], "frobnicate": 3}"#)
+                .expect("ok");
         assert!(r.check().is_ok());
     }
 
@@ -346,8 +414,10 @@ mod tests {
             let f: SamplingFields = serde_json::from_str(b).expect("parses");
             assert!(f.validate(None).is_err(), "{b} should be rejected");
         }
-        let f: SamplingFields =
-            serde_json::from_str(r#"{"temperature": 0.7, "stop": "x", "max_completion_tokens": 5}"#).expect("ok");
+        let f: SamplingFields = serde_json::from_str(
+            r#"{"temperature": 0.7, "stop": "x", "max_completion_tokens": 5}"#,
+        )
+        .expect("ok");
         let (p, max) = f.validate(Some(2)).expect("valid");
         assert_eq!(p.stop, vec!["x".to_string()]);
         assert_eq!(max, Some(5));
@@ -356,9 +426,14 @@ mod tests {
 
     #[test]
     fn message_shapes_are_checked() {
-        let r: ChatRequest = parse(r#"{"messages": [{"role": "wizard", "content": "x"}]}"#).expect("parses");
-        assert_eq!(r.check().expect_err("role").param.as_deref(), Some("messages[0].role"));
-        let r: ChatRequest = parse(r#"{"messages": [{"role": "user", "content": 5}]}"#).expect("parses");
+        let r: ChatRequest =
+            parse(r#"{"messages": [{"role": "wizard", "content": "x"}]}"#).expect("parses");
+        assert_eq!(
+            r.check().expect_err("role").param.as_deref(),
+            Some("messages[0].role")
+        );
+        let r: ChatRequest =
+            parse(r#"{"messages": [{"role": "user", "content": 5}]}"#).expect("parses");
         assert!(r.check().is_err());
         let r: ChatRequest = parse(r#"{"messages": []}"#).expect("parses");
         assert!(r.check().is_err());

@@ -27,7 +27,8 @@ pub type EventStream = Pin<Box<dyn Stream<Item = Result<ChoiceEvent, ApiError>> 
 pub type DeltaFormatter = Box<dyn FnMut(&ChoiceEvent) -> Vec<Json> + Send>;
 
 /// Runs once every choice finished: records the call, returns the final chunks.
-pub type Finalizer = Box<dyn FnOnce(Vec<ChoiceResult>) -> BoxFuture<'static, Result<Vec<Json>, ApiError>> + Send>;
+pub type Finalizer =
+    Box<dyn FnOnce(Vec<ChoiceResult>) -> BoxFuture<'static, Result<Vec<Json>, ApiError>> + Send>;
 
 pub struct StreamSpec {
     /// Chunks sent before any generated token (role deltas, prompt ids).

@@ -178,8 +178,13 @@ pub fn build_backends(config: &crate::config::Config) -> anyhow::Result<Vec<DynB
     let mut out: Vec<DynBackend> = Vec::new();
     for b in &config.backends {
         match b.kind {
-            crate::config::BackendKind::Vllm => out.push(Arc::new(vllm::VllmBackend::new(b, &config.router)?)),
-            other => anyhow::bail!("backend kind `{}` is not available in this build", other.as_str()),
+            crate::config::BackendKind::Vllm => {
+                out.push(Arc::new(vllm::VllmBackend::new(b, &config.router)?))
+            }
+            other => anyhow::bail!(
+                "backend kind `{}` is not available in this build",
+                other.as_str()
+            ),
         }
     }
     Ok(out)

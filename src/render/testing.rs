@@ -41,10 +41,8 @@ fn tokenizer_json() -> Json {
     }
     // A few merges so multi-byte tokens exist: "He", "ll", "Hell", "Ġw".
     let merges = [("H", "e"), ("l", "l"), ("He", "ll"), ("Ġ", "w")];
-    let mut next = 256u32;
-    for (a, b) in merges {
-        vocab.insert(format!("{a}{b}"), json!(next));
-        next += 1;
+    for (id, (a, b)) in (256u32..).zip(merges) {
+        vocab.insert(format!("{a}{b}"), json!(id));
     }
     let added = |id: u32, content: &str| {
         json!({"id": id, "content": content, "single_word": false, "lstrip": false,
@@ -70,7 +68,8 @@ fn tokenizer_json() -> Json {
 pub fn chatml_source() -> TokenizerSource {
     let text = tokenizer_json().to_string();
     #[allow(clippy::expect_used)]
-    let tokenizer = Tokenizer::from_bytes(text.as_bytes()).expect("built-in test tokenizer is valid");
+    let tokenizer =
+        Tokenizer::from_bytes(text.as_bytes()).expect("built-in test tokenizer is valid");
     TokenizerSource {
         tokenizer,
         chat_template: Some(CHATML_TEMPLATE.to_string()),
@@ -102,7 +101,10 @@ mod tests {
         assert_eq!(r.token_to_id("<|im_end|>"), Some(IM_END));
         assert_eq!(r.token_to_id("<|im_start|>"), Some(IM_START));
         assert!(ids.contains(&IM_END));
-        assert_eq!(r.decode(&ids, false).expect("decodes"), "Hello wörld <|im_end|>");
+        assert_eq!(
+            r.decode(&ids, false).expect("decodes"),
+            "Hello wörld <|im_end|>"
+        );
         assert_eq!(r.decode(&ids, true).expect("decodes"), "Hello wörld ");
     }
 }

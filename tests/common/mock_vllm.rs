@@ -69,7 +69,9 @@ impl MockVllm {
             .route("/v1/completions", post(completions))
             .route("/health", get(health))
             .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -90,7 +92,10 @@ impl MockVllm {
     }
 
     pub fn last_request(&self) -> Value {
-        self.requests().last().cloned().expect("a request was received")
+        self.requests()
+            .last()
+            .cloned()
+            .expect("a request was received")
     }
 
     /// Resolves once a streaming response was dropped by its client.
@@ -152,15 +157,21 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
     s.requests.lock().expect("lock").push(body.clone());
     let script = {
         let mut q = s.script.lock().expect("lock");
-        q.pop_front().unwrap_or_else(|| s.default.lock().expect("lock").clone())
+        q.pop_front()
+            .unwrap_or_else(|| s.default.lock().expect("lock").clone())
     };
     if let Some((status, message)) = &script.error {
         let code = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        return (code, Json(json!({"error": {"message": message, "type": "mock", "code": status}}))).into_response();
+        return (
+            code,
+            Json(json!({"error": {"message": message, "type": "mock", "code": status}})),
+        )
+            .into_response();
     }
     let prompt: Vec<u32> = serde_json::from_value(body["prompt"].clone()).unwrap_or_default();
     let max_tokens = body["max_tokens"].as_u64().unwrap_or(16) as usize;
-    let stop_ids: Vec<u32> = serde_json::from_value(body["stop_token_ids"].clone()).unwrap_or_default();
+    let stop_ids: Vec<u32> =
+        serde_json::from_value(body["stop_token_ids"].clone()).unwrap_or_default();
     let mut ids = Vec::new();
     let mut finish = "length".to_string();
     for id in &script.ids {
@@ -174,7 +185,10 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
         }
     }
     if ids.len() < max_tokens && finish != "stop" {
-        finish = script.finish_reason.clone().unwrap_or_else(|| "stop".into());
+        finish = script
+            .finish_reason
+            .clone()
+            .unwrap_or_else(|| "stop".into());
     }
     let lps: Vec<f32> = match &script.logprobs {
         Some(l) => l.iter().take(ids.len()).copied().collect(),
@@ -187,8 +201,10 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
         if let Some(k) = k {
             choice["logprobs"] = logprobs_json(&ids, &lps, k);
         }
-        return Json(json!({"id": "cmpl-mock", "object": "text_completion", "choices": [choice],
-            "usage": {"prompt_tokens": prompt.len(), "completion_tokens": ids.len()}}))
+        return Json(
+            json!({"id": "cmpl-mock", "object": "text_completion", "choices": [choice],
+            "usage": {"prompt_tokens": prompt.len(), "completion_tokens": ids.len()}}),
+        )
         .into_response();
     }
     let hang_after = script.hang_after;

@@ -34,7 +34,9 @@ impl Gateway {
 
 /// Config for the gateway in front of `backend_urls` (vLLM kind), plus `extra` TOML.
 pub fn config(backend_urls: &[String], extra: &str) -> Config {
-    let mut text = String::from("[model]\nname = \"test-model\"\ntokenizer = \"unused\"\nmax_model_len = 512\n");
+    let mut text = String::from(
+        "[model]\nname = \"test-model\"\ntokenizer = \"unused\"\nmax_model_len = 512\n",
+    );
     for u in backend_urls {
         text.push_str(&format!("[[backends]]\nurl = \"{u}\"\nkind = \"vllm\"\n"));
     }
@@ -50,7 +52,9 @@ pub async fn start_gateway(config: Config) -> Gateway {
 pub async fn start_gateway_with(config: Config, renderer: Arc<Renderer>) -> Gateway {
     let backends = tito::backend::build_backends(&config).expect("backends");
     let state = AppState::new(config, renderer.clone(), backends);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
         let _ = axum::serve(listener, build_app(state)).await;

@@ -1,0 +1,251 @@
+//! Every bad input gets an OpenAI-shaped error with the right status.
+
+mod common;
+
+use common::mock_vllm::{MockVllm, Scripted};
+use common::{config, start_gateway};
+use serde_json::{json, Value};
+use tito::render::testing::IM_END;
+
+async fn error_of(resp: reqwest::Response) -> (u16, Value) {
+    let status = resp.status().as_u16();
+    let body: Value = resp.json().await.expect("error body is JSON");
+    let err = body["error"].clone();
+    assert!(err["message"].is_string(), "no error.message in {body}");
+    assert!(err["type"].is_string(), "no error.type in {body}");
+    assert!(
+        err.get("param").is_some() && err.get("code").is_some(),
+        "param/code keys in {body}"
+    );
+    (status, err)
+}
+
+async fn raw(g: &common::Gateway, path: &str, body: &'static str) -> reqwest::Response {
+    g.client
+        .post(g.url(path))
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .expect("send")
+}
+
+#[tokio::test]
+async fn bad_requests_are_400_with_reasons() {
+    let mock = MockVllm::start(Scripted::ids(vec![IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let (s, e) = error_of(raw(&g, "/v1/chat/completions", "{\"messages\": [").await).await;
+    assert_eq!(s, 400);
+    assert!(e["message"]
+        .as_str()
+        .expect("msg")
+        .contains("malformed JSON"));
+    let (s, _) = error_of(raw(&g, "/v1/chat/completions", "").await).await;
+    assert_eq!(s, 400);
+    let (s, e) = error_of(
+        g.post("/v1/chat/completions", json!({"model": "test-model"}))
+            .await,
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert!(e["message"].as_str().expect("msg").contains("messages"));
+    let (s, e) = error_of(
+        g.post("/v1/chat/completions", json!({"messages": []}))
+            .await,
+    )
+    .await;
+    assert_eq!((s, e["param"].as_str()), (400, Some("messages")));
+    let (s, e) = error_of(
+        g.post("/v1/chat/completions", json!({"messages": "hi"}))
+            .await,
+    )
+    .await;
+    assert_eq!((s, e["param"].as_str()), (400, Some("messages")));
+    let cases = [
+        ("temperature", json!("hot")),
+        ("temperature", json!(5)),
+        ("top_p", json!(1.5)),
+        ("top_k", json!(0)),
+        ("max_tokens", json!(0)),
+        ("max_tokens", json!(-3)),
+        ("n", json!(0)),
+        ("seed", json!(-1)),
+        ("frequency_penalty", json!(9)),
+        ("top_logprobs", json!(50)),
+    ];
+    for (param, value) in cases {
+        let mut body = json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true});
+        body[param] = value.clone();
+        let (s, e) = error_of(g.post("/v1/chat/completions", body).await).await;
+        assert_eq!(s, 400, "{param}={value}");
+        assert_eq!(e["param"].as_str(), Some(param), "{param}={value}: {e}");
+    }
+    assert!(
+        mock.requests().is_empty(),
+        "no bad request reached the backend"
+    );
+}
+
+#[tokio::test]
+async fn unknown_fields_are_ignored() {
+    let mock = MockVllm::start(Scripted::ids(vec![b'k' as u32, IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let r = g
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x", "name": "bob"}], "user": "u1", "metadata": {"a": 1}, "frobnicate": true}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+}
+
+#[tokio::test]
+async fn unknown_model_is_404_model_not_found() {
+    let mock = MockVllm::start(Scripted::ids(vec![IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let (s, e) = error_of(
+        g.post(
+            "/v1/chat/completions",
+            json!({"model": "gpt-9", "messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(s, 404);
+    assert_eq!(e["code"], "model_not_found");
+    let (s, e) = error_of(
+        g.post("/v1/completions", json!({"model": "gpt-9", "prompt": "x"}))
+            .await,
+    )
+    .await;
+    assert_eq!((s, e["code"].as_str()), (404, Some("model_not_found")));
+}
+
+#[tokio::test]
+async fn prompt_longer_than_context_names_both_numbers() {
+    let mock = MockVllm::start(Scripted::ids(vec![IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let long = "word ".repeat(400);
+    let (s, e) = error_of(
+        g.post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": long}]}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(s, 400);
+    let msg = e["message"].as_str().expect("msg");
+    assert!(msg.contains("512"), "{msg}");
+    let (s, e) = error_of(
+        g.post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 600}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(s, 400);
+    assert!(e["message"].as_str().expect("msg").contains("600"));
+}
+
+#[tokio::test]
+async fn body_over_limit_is_413() {
+    let mock = MockVllm::start(Scripted::ids(vec![IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "[server]\nmax_body_bytes = 2048\n")).await;
+    let big = "x".repeat(4096);
+    let (s, e) = error_of(
+        g.post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": big}]}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(s, 413);
+    assert!(e["message"].as_str().expect("msg").contains("2048"));
+}
+
+#[tokio::test]
+async fn backend_unreachable_is_502_naming_it() {
+    // Bind then drop a listener: nothing listens on that port afterwards.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let url = format!("http://127.0.0.1:{port}");
+    let g = start_gateway(config(std::slice::from_ref(&url), "")).await;
+    let (s, e) = error_of(
+        g.post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(s, 502);
+    assert!(e["message"].as_str().expect("msg").contains(&url), "{e}");
+}
+
+#[tokio::test]
+async fn backend_failure_is_502_and_overload_503() {
+    let mock = MockVllm::start(Scripted::ids(vec![IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "[router]\nmax_attempts = 1\n")).await;
+    mock.push(Scripted {
+        error: Some((500, "kaboom".into())),
+        ..Default::default()
+    });
+    let (s, e) = error_of(
+        g.post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(s, 502);
+    assert!(e["message"].as_str().expect("msg").contains("kaboom"));
+    mock.push(Scripted {
+        error: Some((503, "queue full".into())),
+        ..Default::default()
+    });
+    let (s, _) = error_of(
+        g.post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}]}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(s, 503);
+}
+
+#[tokio::test]
+async fn failure_before_first_token_is_retried_on_another_backend() {
+    let bad = MockVllm::start(Scripted {
+        error: Some((500, "down".into())),
+        ..Default::default()
+    })
+    .await;
+    let good = MockVllm::start(Scripted::ids(vec![b'y' as u32, IM_END])).await;
+    let g = start_gateway(config(&[bad.url(), good.url()], "")).await;
+    for _ in 0..4 {
+        let r = g
+            .post(
+                "/v1/chat/completions",
+                json!({"messages": [{"role": "user", "content": "x"}]}),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+    }
+    assert_eq!(good.requests().len(), 4);
+}
+
+#[tokio::test]
+async fn unknown_route_is_openai_404() {
+    let mock = MockVllm::start(Scripted::ids(vec![IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let r = g.client.get(g.url("/v1/nope")).send().await.expect("send");
+    let (s, _) = error_of(r).await;
+    assert_eq!(s, 404);
+}
