@@ -1,5 +1,8 @@
 //! HTTP layer: routes, shared state, server start-up.
 
+pub mod export;
+pub mod trajectories;
+
 use std::future::Future;
 use std::sync::Arc;
 
