@@ -7,12 +7,18 @@
 //! - [`render`]: chat template + tokenizer; prompt token ids are made here.
 //! - [`backend`]: the `Backend` trait and the vLLM / SGLang / engine clients.
 //! - [`error`]: the one API error type and its OpenAI JSON / SSE shapes.
+//! - [`store`]: the durable span store (trait, memory, SQLite) and sample
+//!   reconstruction from stored calls.
+//! - [`export`]: training rows (trajectory / per_call / verl layouts) written
+//!   as JSONL or Parquet to any `Write`.
 
 pub mod api;
 pub mod backend;
 pub mod config;
 pub mod error;
+pub mod export;
 pub mod render;
+pub mod store;
 
 pub use api::{build_app, serve, AppState};
 pub use config::Config;

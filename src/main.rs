@@ -23,6 +23,32 @@ enum Command {
         #[arg(long, default_value = "config.toml", env = "TITO_CONFIG")]
         config: PathBuf,
     },
+    /// Export trajectories from the span store to a file (offline).
+    Export {
+        #[arg(long, default_value = "config.toml", env = "TITO_CONFIG")]
+        config: PathBuf,
+        /// jsonl | parquet
+        #[arg(long)]
+        format: String,
+        /// trajectory | per_call | verl
+        #[arg(long, default_value = "trajectory")]
+        layout: String,
+        /// active | finished
+        #[arg(long)]
+        status: Option<String>,
+        /// Only trajectories updated at or after this time (unix ms or RFC 3339).
+        #[arg(long)]
+        since: Option<String>,
+        #[arg(long)]
+        prompt_length: Option<usize>,
+        #[arg(long)]
+        response_length: Option<usize>,
+        /// Padding id of the verl layout.
+        #[arg(long, default_value_t = 0)]
+        pad_id: u32,
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 fn init_tracing() {
@@ -37,6 +63,33 @@ async fn main() -> ExitCode {
     init_tracing();
     let result = match cli.command {
         Command::Serve { config } => run_serve(&config).await,
+        Command::Export {
+            config,
+            format,
+            layout,
+            status,
+            since,
+            prompt_length,
+            response_length,
+            pad_id,
+            out,
+        } => {
+            let args = ExportArgs {
+                config,
+                format,
+                layout,
+                status,
+                since,
+                prompt_length,
+                response_length,
+                pad_id,
+                out,
+            };
+            tokio::task::spawn_blocking(move || run_export(args))
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|r| r)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -50,6 +103,83 @@ async fn main() -> ExitCode {
 async fn run_serve(path: &std::path::Path) -> anyhow::Result<()> {
     let config = tito::Config::load(path)?;
     tito::serve(config, shutdown_signal()).await
+}
+
+struct ExportArgs {
+    config: PathBuf,
+    format: String,
+    layout: String,
+    status: Option<String>,
+    since: Option<String>,
+    prompt_length: Option<usize>,
+    response_length: Option<usize>,
+    pad_id: u32,
+    out: PathBuf,
+}
+
+/// `tito export`: reads the store named by `[store] url` (also while a
+/// gateway runs on it: WAL readers do not block the writer) with a progress bar.
+fn run_export(a: ExportArgs) -> anyhow::Result<()> {
+    use anyhow::{anyhow, bail};
+    use tito::export::{ExportOptions, Format, Layout};
+    use tito::store::{TrajectoryFilter, TrajectoryStatus};
+
+    let config = tito::Config::load(&a.config)?;
+    let format = Format::parse(&a.format).ok_or_else(|| anyhow!("--format: expected jsonl or parquet"))?;
+    let layout = Layout::parse(&a.layout)
+        .ok_or_else(|| anyhow!("--layout: expected trajectory, per_call or verl"))?;
+    let mut opts = ExportOptions::new(format, layout);
+    opts.prompt_length = a.prompt_length;
+    opts.response_length = a.response_length;
+    opts.pad_id = a.pad_id;
+    opts.validate()?;
+    let status = match a.status.as_deref() {
+        None => None,
+        Some(s) => Some(
+            TrajectoryStatus::parse(s).ok_or_else(|| anyhow!("--status: expected active or finished"))?,
+        ),
+    };
+    let since = match a.since.as_deref() {
+        None => None,
+        Some(s) => Some(match s.parse::<i64>() {
+            Ok(ms) => ms,
+            Err(_) => chrono::DateTime::parse_from_rfc3339(s)
+                .map_err(|_| anyhow!("--since: expected unix milliseconds or RFC 3339"))?
+                .timestamp_millis(),
+        }),
+    };
+    let filter = TrajectoryFilter { status, since };
+    let url = &config.store.url;
+    if url == "memory://" {
+        bail!("store.url is memory://: nothing persisted to export");
+    }
+    let path = tito::store::sqlite::SqliteUrl::parse(url)?.path;
+    if !path.exists() {
+        bail!("no span store at {} (store.url = {url})", path.display());
+    }
+    let store = tito::store::open(url)?;
+    let total = store.count(&filter)?;
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} trajectories  {msg}  [{elapsed_precise}, eta {eta}]",
+        )?,
+    );
+    let stats = tito::export::to_file(store.as_ref(), &filter, &opts, &a.out, &mut |s| {
+        bar.set_position(s.trajectories);
+        bar.set_message(format!("{} rows, {} tokens", s.rows, s.tokens));
+    })?;
+    bar.finish();
+    eprintln!(
+        "wrote {}: {} trajectories, {} rows, {} tokens; {} skipped (prompt too long), {} truncated",
+        a.out.display(),
+        stats.trajectories,
+        stats.rows,
+        stats.tokens,
+        stats.skipped_long_prompt,
+        stats.truncated_responses
+    );
+    Ok(())
 }
 
 async fn shutdown_signal() {

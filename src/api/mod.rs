@@ -12,6 +12,9 @@ mod logprobs;
 pub mod request;
 mod sse;
 
+pub mod export;
+pub mod trajectories;
+
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

@@ -1,0 +1,227 @@
+//! Trajectory routes: list, show (calls, samples with segments and masks,
+//! drift records), reward, finish. Handlers only: all state they need is
+//! [`StoreState`], pulled from the app state with `FromRef`; they read and
+//! write through [`SpanStore`](crate::store::SpanStore) and never touch the
+//! trajectory module's in-memory cache (the lead's code updates that).
+
+use std::sync::Arc;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRef, Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::error::ApiError;
+use crate::store::{
+    sample_leaves, segments, CallRecord, DynStore, ListQuery, SegmentKind, StoreError,
+    TrajectoryFilter, TrajectoryMeta, TrajectoryStatus,
+};
+
+/// Turns token ids into text for segment display; `None` on failure.
+pub type DecodeFn = Arc<dyn Fn(&[u32]) -> Option<String> + Send + Sync>;
+
+/// What the trajectory and export routes need from the app state.
+#[derive(Clone)]
+pub struct StoreState {
+    pub store: DynStore,
+    /// When set, each segment of `GET /v1/trajectories/{id}` carries `text`.
+    pub decode: Option<DecodeFn>,
+}
+
+/// `GET /v1/trajectories`, `GET /v1/trajectories/{id}`,
+/// `POST /v1/trajectories/{id}/reward`, `POST /v1/trajectories/{id}/finish`.
+pub fn routes<S>() -> Router<S>
+where
+    StoreState: FromRef<S>,
+    S: Clone + Send + Sync + 'static,
+{
+    Router::new()
+        .route("/v1/trajectories", get(list))
+        .route("/v1/trajectories/{id}", get(show))
+        .route("/v1/trajectories/{id}/reward", post(reward))
+        .route("/v1/trajectories/{id}/finish", post(finish))
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match &e {
+            StoreError::NotFound(_) | StoreError::CallNotFound { .. } => {
+                ApiError::not_found(e.to_string())
+            }
+            StoreError::Duplicate { .. } | StoreError::Finished(_) => {
+                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
+                    .with_code("conflict")
+            }
+            StoreError::Invalid(_) => ApiError::bad_request(e.to_string()),
+            _ => ApiError::internal(e.to_string()),
+        }
+    }
+}
+
+/// Parses `since`: unix milliseconds, or an RFC 3339 timestamp.
+pub(crate) fn parse_since(s: &str) -> Result<i64, ApiError> {
+    if let Ok(ms) = s.parse::<i64>() {
+        return Ok(ms);
+    }
+    chrono::DateTime::parse_from_rfc3339(s)
+        .map(|t| t.timestamp_millis())
+        .map_err(|_| ApiError::invalid("since", "expected unix milliseconds or an RFC 3339 time"))
+}
+
+pub(crate) fn parse_status(s: &str) -> Result<TrajectoryStatus, ApiError> {
+    TrajectoryStatus::parse(s)
+        .ok_or_else(|| ApiError::invalid("status", "expected `active` or `finished`"))
+}
+
+pub(crate) fn filter_from(
+    status: Option<&str>,
+    since: Option<&str>,
+) -> Result<TrajectoryFilter, ApiError> {
+    Ok(TrajectoryFilter {
+        status: status.filter(|s| !s.is_empty()).map(parse_status).transpose()?,
+        since: since.filter(|s| !s.is_empty()).map(parse_since).transpose()?,
+    })
+}
+
+#[derive(Deserialize)]
+struct ListParams {
+    status: Option<String>,
+    since: Option<String>,
+    limit: Option<usize>,
+    cursor: Option<String>,
+}
+
+#[derive(Serialize)]
+struct MetaView<'a> {
+    object: &'static str,
+    #[serde(flatten)]
+    meta: &'a TrajectoryMeta,
+}
+
+fn meta_json(meta: &TrajectoryMeta) -> Value {
+    serde_json::to_value(MetaView {
+        object: "trajectory",
+        meta,
+    })
+    .unwrap_or(Value::Null)
+}
+
+async fn list(
+    State(st): State<StoreState>,
+    params: Result<Query<ListParams>, QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Query(p) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let query = ListQuery {
+        filter: filter_from(p.status.as_deref(), p.since.as_deref())?,
+        limit: p.limit.unwrap_or(100),
+        cursor: p.cursor,
+    };
+    let page = st.store.list_trajectories(&query).await?;
+    Ok(Json(json!({
+        "object": "list",
+        "data": page.items.iter().map(meta_json).collect::<Vec<_>>(),
+        "has_more": page.next_cursor.is_some(),
+        "next_cursor": page.next_cursor,
+    })))
+}
+
+#[derive(Serialize)]
+struct SegmentView {
+    kind: SegmentKind,
+    call: u32,
+    ids: Vec<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<String>,
+}
+
+async fn show(
+    State(st): State<StoreState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let traj = st
+        .store
+        .get_trajectory(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("trajectory `{id}` not found")))?;
+    let decode = st.decode.clone();
+    // Sample reconstruction copies every id of the trajectory: off the runtime.
+    let body = tokio::task::spawn_blocking(move || -> Result<Value, ApiError> {
+        let mut samples = Vec::new();
+        for (sample, leaf) in sample_leaves(&traj.calls) {
+            let built = crate::store::build_sample(&traj, sample, leaf)?;
+            let segs: Vec<SegmentView> = segments(&traj.calls, leaf)?
+                .into_iter()
+                .map(|s| SegmentView {
+                    text: decode.as_ref().and_then(|d| d(&s.ids)),
+                    kind: s.kind,
+                    call: s.call,
+                    ids: s.ids,
+                })
+                .collect();
+            samples.push(json!({
+                "sample": built.sample,
+                "calls": built.calls,
+                "segments": segs,
+                "prompt_ids": built.prompt_ids,
+                "response_ids": built.response_ids,
+                "response_mask": built.response_mask,
+                "reward": built.reward,
+                "num_turns": built.num_turns,
+                "finish_reason": built.finish_reason,
+                "truncated": built.truncated,
+            }));
+        }
+        let drift: Vec<Value> = traj
+            .calls
+            .iter()
+            .filter_map(|c: &CallRecord| {
+                c.drift.as_ref().map(|d| {
+                    json!({"call": c.call_index, "position": d.position,
+                           "cause": d.cause, "details": d.details})
+                })
+            })
+            .collect();
+        let mut body = meta_json(&traj.meta);
+        if let Value::Object(map) = &mut body {
+            map.insert("calls".into(), json!(traj.calls));
+            map.insert("samples".into(), Value::Array(samples));
+            map.insert("drift".into(), Value::Array(drift));
+        }
+        Ok(body)
+    })
+    .await
+    .map_err(|e| ApiError::internal(e.to_string()))??;
+    Ok(Json(body))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RewardBody {
+    reward: f64,
+    #[serde(default)]
+    call: Option<u32>,
+}
+
+async fn reward(
+    State(st): State<StoreState>,
+    Path(id): Path<String>,
+    body: Result<Json<RewardBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(b) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    if !b.reward.is_finite() {
+        return Err(ApiError::invalid("reward", "must be a finite number"));
+    }
+    let meta = st.store.set_reward(&id, b.call, b.reward).await?;
+    Ok(Json(meta_json(&meta)))
+}
+
+async fn finish(
+    State(st): State<StoreState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let meta = st.store.finish(&id).await?;
+    Ok(Json(meta_json(&meta)))
+}

@@ -1,0 +1,226 @@
+//! Export of stored trajectories as training rows, to any `std::io::Write`,
+//! incrementally: rows are produced one trajectory at a time and written
+//! (JSONL: at once; Parquet: a row group every N rows or M values), so memory
+//! stays bounded by one trajectory plus one row group, whatever the store
+//! size. The HTTP export streams through the same code.
+//!
+//! Owns layouts ([`rows`]), formats ([`jsonl`], [`parquet`]) and the driver
+//! [`export`]. It reads trajectories from an iterator and must not touch the
+//! store's internals or HTTP.
+
+pub mod jsonl;
+pub mod parquet;
+pub mod rows;
+
+use std::io::Write;
+
+use serde::{Deserialize, Serialize};
+
+pub use rows::{ExportRow, VerlColumns};
+
+use crate::store::{StoreError, Trajectory};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("{0}")]
+    Options(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("export i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("json: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("parquet: {0}")]
+    Parquet(#[from] ::parquet::errors::ParquetError),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Format {
+    Jsonl,
+    Parquet,
+}
+
+impl Format {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "jsonl" => Some(Format::Jsonl),
+            "parquet" => Some(Format::Parquet),
+            _ => None,
+        }
+    }
+
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::Jsonl => "application/x-ndjson",
+            Format::Parquet => "application/vnd.apache.parquet",
+        }
+    }
+
+    pub fn extension(self) -> &'static str {
+        match self {
+            Format::Jsonl => "jsonl",
+            Format::Parquet => "parquet",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Layout {
+    /// One row per sample (root-to-leaf path of calls).
+    Trajectory,
+    /// One row per call: full prompt, sampled ids (mask all 1).
+    PerCall,
+    /// One row per sample, padded for verl; needs both lengths.
+    Verl,
+}
+
+impl Layout {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "trajectory" => Some(Layout::Trajectory),
+            "per_call" => Some(Layout::PerCall),
+            "verl" => Some(Layout::Verl),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportOptions {
+    pub format: Format,
+    pub layout: Layout,
+    /// Rows with longer prompts are skipped (and counted).
+    pub prompt_length: Option<usize>,
+    /// Longer responses are cut on the right and marked `truncated`.
+    pub response_length: Option<usize>,
+    /// Padding id of the verl layout.
+    pub pad_id: u32,
+    /// Parquet: rows per row group at most.
+    pub row_group_rows: usize,
+    /// Parquet: list values (all columns) buffered before a row group is
+    /// flushed, whatever the row count; bounds memory for long samples.
+    pub row_group_values: usize,
+}
+
+impl ExportOptions {
+    pub fn new(format: Format, layout: Layout) -> Self {
+        ExportOptions {
+            format,
+            layout,
+            prompt_length: None,
+            response_length: None,
+            pad_id: 0,
+            row_group_rows: 1024,
+            row_group_values: 4 << 20,
+        }
+    }
+
+    pub fn validate(&self) -> Result<(), ExportError> {
+        if self.layout == Layout::Verl
+            && (self.prompt_length.is_none() || self.response_length.is_none())
+        {
+            return Err(ExportError::Options(
+                "layout=verl needs prompt_length and response_length".into(),
+            ));
+        }
+        if self.prompt_length == Some(0) || self.response_length == Some(0) {
+            return Err(ExportError::Options(
+                "prompt_length and response_length must be positive".into(),
+            ));
+        }
+        if self.row_group_rows == 0 || self.row_group_values == 0 {
+            return Err(ExportError::Options("row group limits must be positive".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Counters of one export run.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ExportStats {
+    pub trajectories: u64,
+    pub rows: u64,
+    /// Prompt + response ids written (padding included in verl).
+    pub tokens: u64,
+    pub skipped_long_prompt: u64,
+    pub truncated_responses: u64,
+}
+
+/// Where rows go.
+pub trait RowSink {
+    fn write_row(&mut self, row: &ExportRow) -> Result<(), ExportError>;
+    /// Flushes buffered rows and writes any footer.
+    fn finish(&mut self) -> Result<(), ExportError>;
+}
+
+/// A sink for `opts.format` writing to `out`.
+pub fn sink<'w, W: Write + Send + 'w>(
+    opts: &ExportOptions,
+    out: W,
+) -> Result<Box<dyn RowSink + 'w>, ExportError> {
+    Ok(match opts.format {
+        Format::Jsonl => Box::new(jsonl::JsonlSink::new(out)),
+        Format::Parquet => Box::new(parquet::ParquetSink::new(out, opts)?),
+    })
+}
+
+/// Writes the rows of every trajectory to `out` in `opts.format`, calling
+/// `progress` after each trajectory. Blocking.
+pub fn export<W: Write + Send>(
+    trajectories: impl Iterator<Item = Result<Trajectory, StoreError>>,
+    opts: &ExportOptions,
+    out: W,
+    progress: &mut dyn FnMut(&ExportStats),
+) -> Result<ExportStats, ExportError> {
+    opts.validate()?;
+    let mut sink = sink(opts, out)?;
+    let mut stats = ExportStats::default();
+    let mut rows = Vec::new();
+    for trajectory in trajectories {
+        let trajectory = trajectory?;
+        rows::rows_of(&trajectory, opts, &mut stats, &mut rows)?;
+        for row in rows.drain(..) {
+            sink.write_row(&row)?;
+        }
+        stats.trajectories += 1;
+        progress(&stats);
+    }
+    sink.finish()?;
+    Ok(stats)
+}
+
+/// Offline export of a store to a file: writes `PATH.partial`, then renames
+/// it to `path` on success, so a failed run never leaves a plausible file.
+/// `progress(done_trajectories, stats)`; the total is
+/// [`SpanStore::count`](crate::store::SpanStore::count) of the same filter.
+pub fn to_file(
+    store: &dyn crate::store::SpanStore,
+    filter: &crate::store::TrajectoryFilter,
+    opts: &ExportOptions,
+    path: &std::path::Path,
+    progress: &mut dyn FnMut(&ExportStats),
+) -> Result<ExportStats, ExportError> {
+    opts.validate()?;
+    let mut partial = path.as_os_str().to_owned();
+    partial.push(".partial");
+    let partial = std::path::PathBuf::from(partial);
+    let file = std::fs::File::create(&partial)?;
+    let result = export(
+        store.scan(filter)?,
+        opts,
+        std::io::BufWriter::with_capacity(1 << 20, file),
+        progress,
+    );
+    match result {
+        Ok(stats) => {
+            std::fs::rename(&partial, path)?;
+            Ok(stats)
+        }
+        Err(e) => {
+            let _ = std::fs::remove_file(&partial);
+            Err(e)
+        }
+    }
+}

@@ -1,0 +1,158 @@
+//! The span store: durable record of every LLM call of every trajectory.
+//!
+//! Owns the [`SpanStore`] trait, its two implementations ([`MemoryStore`] for
+//! tests and `memory://`, [`SqliteStore`] for `sqlite://PATH`), the record
+//! types, and sample reconstruction (`sample`). It must not know about HTTP,
+//! templates or tokenizers: it keeps ids and JSON, and rebuilds sequences.
+//!
+//! # Sync or async
+//!
+//! The request path methods are `async`: an append is a message to the one
+//! writer thread plus an await on its acknowledgement, so a waiting request
+//! holds no thread while its batch commits (a blocking API would park one
+//! blocking-pool thread per in-flight call under load). Reads run on
+//! `spawn_blocking` with a small pool of read connections. The export scan
+//! ([`SpanStore::scan`]) is a plain blocking iterator, because its consumers
+//! (Parquet encoding, the offline `tito export`) are blocking code anyway: call
+//! it from `spawn_blocking` or a plain thread.
+//!
+//! # Durability
+//!
+//! `append_call`, `set_reward` and `finish` return only after the transaction
+//! holding them has committed. See [`sqlite`] for why that survives `kill -9`.
+
+mod memory;
+mod sample;
+pub mod sqlite;
+mod types;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+pub use memory::MemoryStore;
+pub use sample::{
+    build_sample, find_call, full_prompt_ids, path_to, sample_leaves, samples, segments, Sample,
+    Segment, SegmentKind,
+};
+pub use sqlite::SqliteStore;
+pub use types::{
+    now_ms, CallRecord, Drift, ListQuery, Page, Trajectory, TrajectoryFilter, TrajectoryMeta,
+    TrajectoryStatus,
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("trajectory `{0}` not found")]
+    NotFound(String),
+    #[error("call {call} of trajectory `{trajectory}` not found")]
+    CallNotFound { trajectory: String, call: u32 },
+    #[error("call {call} of trajectory `{trajectory}` already exists")]
+    Duplicate { trajectory: String, call: u32 },
+    #[error("trajectory `{0}` is finished and takes no more calls")]
+    Finished(String),
+    #[error("trajectory `{trajectory}`: parent chain of call {call} is broken")]
+    BrokenChain { trajectory: String, call: u32 },
+    #[error("invalid record: {0}")]
+    Invalid(String),
+    #[error("bad store url `{0}`: expected sqlite://PATH or memory://")]
+    BadUrl(String),
+    #[error("store schema: {0}")]
+    Schema(String),
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+    #[error("sqlite: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("store i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("commit failed: {0}")]
+    Commit(String),
+    #[error("store writer is gone")]
+    Closed,
+    #[error("store task failed: {0}")]
+    Task(String),
+}
+
+/// Iterator over whole trajectories, one at a time (constant memory in the
+/// number of trajectories).
+pub type TrajectoryIter = Box<dyn Iterator<Item = Result<Trajectory, StoreError>> + Send>;
+
+pub type DynStore = Arc<dyn SpanStore>;
+
+#[async_trait]
+pub trait SpanStore: Send + Sync + 'static {
+    /// Appends one call; creates the trajectory on its first call. Durable on
+    /// return. Errors: [`StoreError::Duplicate`], [`StoreError::Finished`],
+    /// [`StoreError::Invalid`] (logprobs length, parent not before the call or
+    /// not stored).
+    async fn append_call(&self, call: CallRecord) -> Result<(), StoreError>;
+
+    /// Sets the trajectory reward (`call: None`) or one call's reward.
+    async fn set_reward(
+        &self,
+        trajectory_id: &str,
+        call: Option<u32>,
+        reward: f64,
+    ) -> Result<TrajectoryMeta, StoreError>;
+
+    /// Marks the trajectory finished (idempotent).
+    async fn finish(&self, trajectory_id: &str) -> Result<TrajectoryMeta, StoreError>;
+
+    async fn get_meta(&self, trajectory_id: &str) -> Result<Option<TrajectoryMeta>, StoreError>;
+
+    /// The trajectory with all its calls.
+    async fn get_trajectory(&self, trajectory_id: &str) -> Result<Option<Trajectory>, StoreError>;
+
+    /// The `n` calls with the highest call indices, ascending. For warming a
+    /// cache after a restart without loading a long history twice.
+    async fn latest_calls(
+        &self,
+        trajectory_id: &str,
+        n: usize,
+    ) -> Result<Vec<CallRecord>, StoreError>;
+
+    async fn list_trajectories(&self, query: &ListQuery) -> Result<Page, StoreError>;
+
+    /// Blocking. Number of trajectories matching `filter` (for progress bars).
+    fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError>;
+
+    /// Blocking. Streams matching trajectories in creation order; each one is
+    /// read consistently (its meta and calls in one read transaction).
+    fn scan(&self, filter: &TrajectoryFilter) -> Result<TrajectoryIter, StoreError>;
+}
+
+/// Opens the store named by `[store] url`: `memory://` or `sqlite://PATH`
+/// (parent directories are created). See [`SqliteStore::open`] for URL options.
+pub fn open(url: &str) -> Result<DynStore, StoreError> {
+    if url == "memory://" {
+        return Ok(Arc::new(MemoryStore::new()));
+    }
+    if url.starts_with("sqlite://") {
+        return Ok(Arc::new(SqliteStore::open(url)?));
+    }
+    Err(StoreError::BadUrl(url.to_string()))
+}
+
+/// Checks a call before it is queued: cheap structural invariants.
+pub(crate) fn validate_call(call: &CallRecord) -> Result<(), StoreError> {
+    if call.trajectory_id.is_empty() {
+        return Err(StoreError::Invalid("empty trajectory id".into()));
+    }
+    if call.logprobs.len() != call.sampled_ids.len() {
+        return Err(StoreError::Invalid(format!(
+            "call {}: {} logprobs for {} sampled ids",
+            call.call_index,
+            call.logprobs.len(),
+            call.sampled_ids.len()
+        )));
+    }
+    if let Some(p) = call.parent_call {
+        if p >= call.call_index {
+            return Err(StoreError::Invalid(format!(
+                "call {}: parent {p} must come before it",
+                call.call_index
+            )));
+        }
+    }
+    Ok(())
+}

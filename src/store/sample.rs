@@ -1,0 +1,222 @@
+//! Reconstruction of token sequences from stored calls: a call's full prompt,
+//! and the samples of a trajectory (root-to-leaf paths over `parent_call`
+//! links) with their response ids, masks and logprobs.
+//!
+//! Pure functions over `&[CallRecord]` sorted by `call_index`; no I/O, no
+//! decoding (segment text is the API layer's business).
+
+use serde::Serialize;
+
+use super::types::{CallRecord, Trajectory};
+use super::StoreError;
+
+/// What a run of tokens in a sample is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SegmentKind {
+    /// The root call's full prompt.
+    Prompt,
+    /// Ids the model sampled (mask 1).
+    Sampled,
+    /// Ids appended by tito between calls: tool results, user turns,
+    /// template glue (mask 0).
+    Observation,
+}
+
+/// A run of ids of one kind, from one call.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Segment {
+    pub kind: SegmentKind,
+    pub call: u32,
+    pub ids: Vec<u32>,
+}
+
+/// One training sample: the exact tokens of one root-to-leaf path.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sample {
+    pub trajectory_id: String,
+    pub sample: u32,
+    /// Call indices on the path, root first.
+    pub calls: Vec<u32>,
+    pub prompt_ids: Vec<u32>,
+    pub response_ids: Vec<u32>,
+    pub response_mask: Vec<u8>,
+    pub response_logprobs: Vec<f32>,
+    pub reward: Option<f64>,
+    pub num_turns: u32,
+    pub weight_version: Option<String>,
+    pub tokenizer_sha256: String,
+    pub template_sha256: String,
+    pub finish_reason: String,
+    pub truncated: bool,
+}
+
+/// Finds a call by index in calls sorted by `call_index`.
+pub fn find_call(calls: &[CallRecord], call_index: u32) -> Option<&CallRecord> {
+    calls
+        .binary_search_by_key(&call_index, |c| c.call_index)
+        .ok()
+        .and_then(|i| calls.get(i))
+}
+
+/// Call indices from the root to `call_index` (inclusive), root first.
+pub fn path_to(calls: &[CallRecord], call_index: u32) -> Result<Vec<u32>, StoreError> {
+    let mut path = Vec::new();
+    let mut cur = Some(call_index);
+    while let Some(idx) = cur {
+        let call = find_call(calls, idx).ok_or_else(|| broken(calls, idx))?;
+        path.push(idx);
+        cur = match call.parent_call {
+            // Parents are strictly smaller (checked on append), so this ends.
+            Some(p) if p < idx => Some(p),
+            Some(_) => return Err(broken(calls, idx)),
+            None => None,
+        };
+    }
+    path.reverse();
+    Ok(path)
+}
+
+fn broken(calls: &[CallRecord], idx: u32) -> StoreError {
+    let trajectory = calls
+        .first()
+        .map(|c| c.trajectory_id.clone())
+        .unwrap_or_default();
+    StoreError::BrokenChain {
+        trajectory,
+        call: idx,
+    }
+}
+
+/// The full prompt ids of a call: the root's prompt, then for every later call
+/// on the path the previous call's sampled ids and this call's delta.
+pub fn full_prompt_ids(calls: &[CallRecord], call_index: u32) -> Result<Vec<u32>, StoreError> {
+    let path = path_to(calls, call_index)?;
+    let mut ids = Vec::new();
+    let mut prev: Option<&CallRecord> = None;
+    for idx in path {
+        let call = find_call(calls, idx).ok_or_else(|| broken(calls, idx))?;
+        if let Some(p) = prev {
+            ids.extend_from_slice(&p.sampled_ids);
+        }
+        ids.extend_from_slice(&call.prompt_delta_ids);
+        prev = Some(call);
+    }
+    Ok(ids)
+}
+
+/// `(sample_index, last call_index)` for every sample of the trajectory,
+/// ordered by sample index. The last call of a sample is its highest
+/// `call_index`.
+pub fn sample_leaves(calls: &[CallRecord]) -> Vec<(u32, u32)> {
+    let mut leaves = std::collections::BTreeMap::<u32, u32>::new();
+    for c in calls {
+        let leaf = leaves.entry(c.sample_index).or_insert(c.call_index);
+        *leaf = (*leaf).max(c.call_index);
+    }
+    leaves.into_iter().collect()
+}
+
+/// The segments of the path ending at `leaf`: the root prompt, then sampled /
+/// observation runs. Empty runs are left out.
+pub fn segments(calls: &[CallRecord], leaf: u32) -> Result<Vec<Segment>, StoreError> {
+    let path = path_to(calls, leaf)?;
+    let mut out = Vec::with_capacity(path.len() * 2);
+    for (i, idx) in path.iter().enumerate() {
+        let call = find_call(calls, *idx).ok_or_else(|| broken(calls, *idx))?;
+        let kind = if i == 0 {
+            SegmentKind::Prompt
+        } else {
+            SegmentKind::Observation
+        };
+        if !call.prompt_delta_ids.is_empty() {
+            out.push(Segment {
+                kind,
+                call: *idx,
+                ids: call.prompt_delta_ids.clone(),
+            });
+        }
+        if !call.sampled_ids.is_empty() {
+            out.push(Segment {
+                kind: SegmentKind::Sampled,
+                call: *idx,
+                ids: call.sampled_ids.clone(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Builds the sample whose path ends at call `leaf`.
+pub fn build_sample(
+    trajectory: &Trajectory,
+    sample: u32,
+    leaf: u32,
+) -> Result<Sample, StoreError> {
+    let calls = &trajectory.calls;
+    let path = path_to(calls, leaf)?;
+    let mut prompt_ids = Vec::new();
+    let mut response_ids = Vec::new();
+    let mut response_mask = Vec::new();
+    let mut response_logprobs = Vec::new();
+    let mut truncated = false;
+    let mut last: Option<&CallRecord> = None;
+    for (i, idx) in path.iter().enumerate() {
+        let call = find_call(calls, *idx).ok_or_else(|| broken(calls, *idx))?;
+        if i == 0 {
+            prompt_ids.extend_from_slice(&call.prompt_delta_ids);
+        } else {
+            response_ids.extend_from_slice(&call.prompt_delta_ids);
+            response_mask.resize(response_ids.len(), 0);
+            response_logprobs.resize(response_ids.len(), 0.0);
+        }
+        response_ids.extend_from_slice(&call.sampled_ids);
+        response_mask.resize(response_ids.len(), 1);
+        response_logprobs.extend_from_slice(&call.logprobs);
+        // Defensive: logprobs are checked on append, keep alignment anyway.
+        response_logprobs.resize(response_ids.len(), 0.0);
+        truncated |= call.truncated;
+        last = Some(call);
+    }
+    let last = last.ok_or_else(|| broken(calls, leaf))?;
+    Ok(Sample {
+        trajectory_id: trajectory.meta.id.clone(),
+        sample,
+        num_turns: path.len() as u32,
+        calls: path,
+        prompt_ids,
+        response_ids,
+        response_mask,
+        response_logprobs,
+        reward: last.reward.or(trajectory.meta.reward),
+        weight_version: last.weight_version.clone(),
+        tokenizer_sha256: last.tokenizer_sha256.clone(),
+        template_sha256: last.template_sha256.clone(),
+        finish_reason: last.finish_reason.clone(),
+        truncated,
+    })
+}
+
+/// All samples of a trajectory, ordered by sample index.
+pub fn samples(trajectory: &Trajectory) -> Result<Vec<Sample>, StoreError> {
+    sample_leaves(&trajectory.calls)
+        .into_iter()
+        .map(|(s, leaf)| build_sample(trajectory, s, leaf))
+        .collect()
+}
+
+impl Trajectory {
+    pub fn call(&self, call_index: u32) -> Option<&CallRecord> {
+        find_call(&self.calls, call_index)
+    }
+
+    /// See [`full_prompt_ids`].
+    pub fn full_prompt_ids(&self, call_index: u32) -> Result<Vec<u32>, StoreError> {
+        full_prompt_ids(&self.calls, call_index)
+    }
+
+    /// See [`samples`].
+    pub fn samples(&self) -> Result<Vec<Sample>, StoreError> {
+        samples(self)
+    }
+}

@@ -1,0 +1,351 @@
+//! The SQLite [`SpanStore`] (`sqlite://PATH[?synchronous=full|normal]`).
+//!
+//! One writer thread owns the only writing connection and does group commit
+//! (see [`writer`]); reads use a small pool of `query_only` connections on
+//! `spawn_blocking`. The database runs in WAL mode, so readers (and an offline
+//! `tito export` in another process) never block the writer.
+//!
+//! # Why an acknowledged call survives `kill -9`
+//!
+//! An append is acknowledged after `COMMIT` returned. In WAL mode, `COMMIT`
+//! has appended the transaction's pages and a commit frame to the `-wal` file
+//! with `write(2)` before it returns; a killed process loses nothing that the
+//! kernel already holds, and on the next open SQLite recovers the WAL and
+//! replays every frame up to the last commit frame. So `synchronous=NORMAL`
+//! would already survive `kill -9`. The default here is `synchronous=FULL`,
+//! which also `fsync`s the WAL at every commit, so acknowledged calls survive
+//! power loss and kernel crashes as well; group commit pays that `fsync` once
+//! per batch, not once per call. `?synchronous=normal` trades that last
+//! guarantee for speed on slow disks.
+
+mod rows;
+pub mod schema;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rusqlite::{Connection, OpenFlags};
+use tokio::sync::{mpsc, oneshot};
+
+use super::types::{clamp_limit, parse_cursor};
+use super::{
+    validate_call, CallRecord, ListQuery, Page, SpanStore, StoreError, Trajectory,
+    TrajectoryFilter, TrajectoryIter, TrajectoryMeta,
+};
+use writer::{Job, Op};
+
+pub use schema::SCHEMA_VERSION;
+
+/// Jobs that may wait for the writer before `append_call` awaits capacity.
+const QUEUE: usize = 16 * 1024;
+/// Idle read connections kept for reuse.
+const MAX_IDLE_READERS: usize = 8;
+/// Trajectory metas fetched per scan round trip.
+const SCAN_PAGE: usize = 256;
+
+/// `synchronous` pragma of the writing connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Synchronous {
+    /// fsync the WAL at every commit: durable against power loss.
+    Full,
+    /// no fsync at commit: durable against process crashes only.
+    Normal,
+}
+
+/// A parsed `sqlite://` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqliteUrl {
+    pub path: PathBuf,
+    pub synchronous: Synchronous,
+}
+
+impl SqliteUrl {
+    pub fn parse(url: &str) -> Result<Self, StoreError> {
+        let bad = || StoreError::BadUrl(url.to_string());
+        let rest = url.strip_prefix("sqlite://").ok_or_else(bad)?;
+        let (path, query) = match rest.split_once('?') {
+            Some((p, q)) => (p, Some(q)),
+            None => (rest, None),
+        };
+        if path.is_empty() {
+            return Err(bad());
+        }
+        let mut synchronous = Synchronous::Full;
+        for pair in query.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+            synchronous = match pair {
+                "synchronous=full" => Synchronous::Full,
+                "synchronous=normal" => Synchronous::Normal,
+                _ => return Err(bad()),
+            };
+        }
+        Ok(SqliteUrl {
+            path: PathBuf::from(path),
+            synchronous,
+        })
+    }
+}
+
+struct Readers {
+    path: PathBuf,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl Readers {
+    fn open_one(&self) -> Result<Connection, StoreError> {
+        let conn = Connection::open_with_flags(
+            &self.path,
+            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        conn.pragma_update(None, "query_only", true)?;
+        Ok(conn)
+    }
+
+    fn take(&self) -> Result<Connection, StoreError> {
+        let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match pooled {
+            Some(c) => Ok(c),
+            None => self.open_one(),
+        }
+    }
+
+    fn give(&self, conn: Connection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE_READERS {
+            idle.push(conn);
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let conn = self.take()?;
+        let out = f(&conn);
+        // A connection that failed mid-transaction is not reused.
+        if out.is_ok() {
+            self.give(conn);
+        }
+        out
+    }
+}
+
+pub struct SqliteStore {
+    jobs: Option<mpsc::Sender<Job>>,
+    writer: Option<JoinHandle<()>>,
+    readers: Arc<Readers>,
+}
+
+impl SqliteStore {
+    /// Opens (creating it and its parent directories if needed) and migrates
+    /// the database, then starts the writer thread.
+    pub fn open(url: &str) -> Result<Self, StoreError> {
+        let url = SqliteUrl::parse(url)?;
+        Self::open_path(&url.path, url.synchronous)
+    }
+
+    pub fn open_path(path: &Path, synchronous: Synchronous) -> Result<Self, StoreError> {
+        if let Some(dir) = path.parent() {
+            if !dir.as_os_str().is_empty() {
+                std::fs::create_dir_all(dir)?;
+            }
+        }
+        let mut conn = Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(10))?;
+        let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Schema(format!(
+                "could not switch to WAL mode (got `{mode}`)"
+            )));
+        }
+        let sync = match synchronous {
+            Synchronous::Full => "FULL",
+            Synchronous::Normal => "NORMAL",
+        };
+        conn.pragma_update(None, "synchronous", sync)?;
+        schema::migrate(&mut conn)?;
+
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let writer = std::thread::Builder::new()
+            .name("tito-store-writer".into())
+            .spawn(move || writer::run(conn, rx))?;
+        Ok(SqliteStore {
+            jobs: Some(tx),
+            writer: Some(writer),
+            readers: Arc::new(Readers {
+                path: path.to_path_buf(),
+                idle: Mutex::new(Vec::new()),
+            }),
+        })
+    }
+
+    async fn submit(&self, op: Op) -> writer::Outcome {
+        let jobs = self.jobs.as_ref().ok_or(StoreError::Closed)?;
+        let (ack, done) = oneshot::channel();
+        jobs.send(Job { op, ack })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        done.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let readers = self.readers.clone();
+        tokio::task::spawn_blocking(move || readers.with(f))
+            .await
+            .map_err(|e| StoreError::Task(e.to_string()))?
+    }
+}
+
+impl Drop for SqliteStore {
+    /// Closes the queue and waits for the writer to commit what is queued.
+    fn drop(&mut self) {
+        self.jobs.take();
+        if let Some(handle) = self.writer.take() {
+            let _ = handle.join();
+        }
+    }
+}
+
+fn need_meta(outcome: Option<TrajectoryMeta>) -> Result<TrajectoryMeta, StoreError> {
+    outcome.ok_or_else(|| StoreError::Task("writer returned no trajectory".into()))
+}
+
+#[async_trait]
+impl SpanStore for SqliteStore {
+    async fn append_call(&self, call: CallRecord) -> Result<(), StoreError> {
+        validate_call(&call)?;
+        self.submit(Op::Append(Box::new(call))).await.map(|_| ())
+    }
+
+    async fn set_reward(
+        &self,
+        trajectory_id: &str,
+        call: Option<u32>,
+        reward: f64,
+    ) -> Result<TrajectoryMeta, StoreError> {
+        let op = Op::Reward {
+            trajectory: trajectory_id.to_string(),
+            call,
+            reward,
+        };
+        need_meta(self.submit(op).await?)
+    }
+
+    async fn finish(&self, trajectory_id: &str) -> Result<TrajectoryMeta, StoreError> {
+        let op = Op::Finish {
+            trajectory: trajectory_id.to_string(),
+        };
+        need_meta(self.submit(op).await?)
+    }
+
+    async fn get_meta(&self, trajectory_id: &str) -> Result<Option<TrajectoryMeta>, StoreError> {
+        let id = trajectory_id.to_string();
+        self.read(move |c| Ok(rows::meta_by_id(c, &id)?.map(|(_, m)| m)))
+            .await
+    }
+
+    async fn get_trajectory(&self, trajectory_id: &str) -> Result<Option<Trajectory>, StoreError> {
+        let id = trajectory_id.to_string();
+        self.read(move |c| rows::load_by_id(c, &id)).await
+    }
+
+    async fn latest_calls(
+        &self,
+        trajectory_id: &str,
+        n: usize,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        let id = trajectory_id.to_string();
+        self.read(move |c| {
+            let (seq, _) =
+                rows::meta_by_id(c, &id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
+            rows::calls_of(c, seq, &id, Some(n))
+        })
+        .await
+    }
+
+    async fn list_trajectories(&self, query: &ListQuery) -> Result<Page, StoreError> {
+        let after = i64::try_from(parse_cursor(query.cursor.as_deref())?)
+            .map_err(|_| StoreError::Invalid("bad cursor".into()))?;
+        let limit = clamp_limit(query.limit);
+        let filter = query.filter.clone();
+        self.read(move |c| {
+            // One extra row tells whether another page exists.
+            let mut rows = rows::page(c, &filter, after, limit + 1)?;
+            let more = rows.len() > limit;
+            rows.truncate(limit);
+            let next_cursor = if more {
+                rows.last().map(|(seq, _)| seq.to_string())
+            } else {
+                None
+            };
+            Ok(Page {
+                items: rows.into_iter().map(|(_, m)| m).collect(),
+                next_cursor,
+            })
+        })
+        .await
+    }
+
+    fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError> {
+        self.readers.with(|c| rows::count(c, filter))
+    }
+
+    fn scan(&self, filter: &TrajectoryFilter) -> Result<TrajectoryIter, StoreError> {
+        let conn = self.readers.take()?;
+        Ok(Box::new(Scan {
+            conn,
+            filter: filter.clone(),
+            after: 0,
+            pending: std::collections::VecDeque::new(),
+            done: false,
+        }))
+    }
+}
+
+/// Keyset-paginated scan owning its read connection.
+struct Scan {
+    conn: Connection,
+    filter: TrajectoryFilter,
+    after: i64,
+    pending: std::collections::VecDeque<i64>,
+    done: bool,
+}
+
+impl Iterator for Scan {
+    type Item = Result<Trajectory, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.done {
+                return None;
+            }
+            if self.pending.is_empty() {
+                match rows::page(&self.conn, &self.filter, self.after, SCAN_PAGE) {
+                    Ok(page) if page.is_empty() => {
+                        self.done = true;
+                        return None;
+                    }
+                    Ok(page) => self.pending.extend(page.into_iter().map(|(seq, _)| seq)),
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(e));
+                    }
+                }
+            }
+            let seq = self.pending.pop_front()?;
+            self.after = seq;
+            match rows::load_by_seq(&self.conn, seq) {
+                Ok(Some(t)) => return Some(Ok(t)),
+                Ok(None) => continue,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,233 @@
+//! Row <-> record mapping for the SQLite store: the little-endian BLOB codec
+//! for ids and logprobs, and the SELECTs every reader shares. No writes here.
+
+use rusqlite::types::Type;
+use rusqlite::{params, Connection, OptionalExtension, Row};
+
+use crate::store::{
+    CallRecord, Drift, StoreError, Trajectory, TrajectoryFilter, TrajectoryMeta, TrajectoryStatus,
+};
+
+pub(crate) fn ids_to_blob(ids: &[u32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(ids.len() * 4);
+    for id in ids {
+        out.extend_from_slice(&id.to_le_bytes());
+    }
+    out
+}
+
+pub(crate) fn f32s_to_blob(xs: &[f32]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(xs.len() * 4);
+    for x in xs {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out
+}
+
+fn blob_words(blob: &[u8], col: usize) -> rusqlite::Result<impl Iterator<Item = [u8; 4]> + '_> {
+    if blob.len() % 4 != 0 {
+        return Err(rusqlite::Error::FromSqlConversionFailure(
+            col,
+            Type::Blob,
+            format!("blob of {} bytes is not a multiple of 4", blob.len()).into(),
+        ));
+    }
+    Ok(blob
+        .chunks_exact(4)
+        .map(|c| [c[0], c[1], c[2], c[3]]))
+}
+
+fn ids_col(row: &Row<'_>, col: usize) -> rusqlite::Result<Vec<u32>> {
+    let blob = row.get_ref(col)?.as_blob()?;
+    Ok(blob_words(blob, col)?.map(u32::from_le_bytes).collect())
+}
+
+fn f32s_col(row: &Row<'_>, col: usize) -> rusqlite::Result<Vec<f32>> {
+    let blob = row.get_ref(col)?.as_blob()?;
+    Ok(blob_words(blob, col)?.map(f32::from_le_bytes).collect())
+}
+
+fn json_col<T: serde::de::DeserializeOwned>(row: &Row<'_>, col: usize) -> rusqlite::Result<T> {
+    let text = row.get_ref(col)?.as_str()?;
+    serde_json::from_str(text)
+        .map_err(|e| rusqlite::Error::FromSqlConversionFailure(col, Type::Text, Box::new(e)))
+}
+
+pub(crate) fn status_code(s: TrajectoryStatus) -> i64 {
+    match s {
+        TrajectoryStatus::Active => 0,
+        TrajectoryStatus::Finished => 1,
+    }
+}
+
+fn status_from(code: i64) -> TrajectoryStatus {
+    if code == 1 {
+        TrajectoryStatus::Finished
+    } else {
+        TrajectoryStatus::Active
+    }
+}
+
+pub(crate) const META_COLS: &str =
+    "seq, id, status, created_at, updated_at, reward, num_calls, next_call_index, next_sample_index";
+
+/// Maps a row selected with [`META_COLS`] to `(seq, meta)`.
+pub(crate) fn meta_from_row(row: &Row<'_>) -> rusqlite::Result<(i64, TrajectoryMeta)> {
+    Ok((
+        row.get(0)?,
+        TrajectoryMeta {
+            id: row.get(1)?,
+            status: status_from(row.get(2)?),
+            created_at: row.get(3)?,
+            updated_at: row.get(4)?,
+            reward: row.get(5)?,
+            num_calls: row.get(6)?,
+            next_call_index: row.get(7)?,
+            next_sample_index: row.get(8)?,
+        },
+    ))
+}
+
+pub(crate) const CALL_COLS: &str = "call_index, sample_index, parent_call, backend, started_at, \
+     finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, response, \
+     drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, template_sha256, reward, \
+     truncated";
+
+fn call_from_row(row: &Row<'_>, trajectory_id: &str) -> rusqlite::Result<CallRecord> {
+    let drift: Option<String> = row.get(12)?;
+    let drift = match drift {
+        Some(text) => Some(serde_json::from_str::<Drift>(&text).map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(12, Type::Text, Box::new(e))
+        })?),
+        None => None,
+    };
+    Ok(CallRecord {
+        trajectory_id: trajectory_id.to_string(),
+        call_index: row.get(0)?,
+        sample_index: row.get(1)?,
+        parent_call: row.get(2)?,
+        backend: row.get(3)?,
+        started_at: row.get(4)?,
+        finished_at: row.get(5)?,
+        prompt_delta_ids: ids_col(row, 6)?,
+        sampled_ids: ids_col(row, 7)?,
+        logprobs: f32s_col(row, 8)?,
+        finish_reason: row.get(9)?,
+        request: json_col(row, 10)?,
+        response: json_col(row, 11)?,
+        drift,
+        parse_outcome: row.get(13)?,
+        moved_from: row.get(14)?,
+        weight_version: row.get(15)?,
+        tokenizer_sha256: row.get(16)?,
+        template_sha256: row.get(17)?,
+        reward: row.get(18)?,
+        truncated: row.get(19)?,
+    })
+}
+
+pub(crate) fn meta_by_id(
+    conn: &Connection,
+    id: &str,
+) -> Result<Option<(i64, TrajectoryMeta)>, StoreError> {
+    let sql = format!("SELECT {META_COLS} FROM trajectories WHERE id = ?1");
+    Ok(conn
+        .prepare_cached(&sql)?
+        .query_row(params![id], meta_from_row)
+        .optional()?)
+}
+
+fn meta_by_seq(conn: &Connection, seq: i64) -> Result<Option<TrajectoryMeta>, StoreError> {
+    let sql = format!("SELECT {META_COLS} FROM trajectories WHERE seq = ?1");
+    Ok(conn
+        .prepare_cached(&sql)?
+        .query_row(params![seq], meta_from_row)
+        .optional()?
+        .map(|(_, m)| m))
+}
+
+/// All calls of a trajectory, ascending, or the last `limit` of them.
+pub(crate) fn calls_of(
+    conn: &Connection,
+    seq: i64,
+    trajectory_id: &str,
+    limit: Option<usize>,
+) -> Result<Vec<CallRecord>, StoreError> {
+    let mut calls = match limit {
+        None => {
+            let sql =
+                format!("SELECT {CALL_COLS} FROM calls WHERE traj = ?1 ORDER BY call_index");
+            let mut stmt = conn.prepare_cached(&sql)?;
+            let rows = stmt.query_map(params![seq], |r| call_from_row(r, trajectory_id))?;
+            rows.collect::<Result<Vec<_>, _>>()?
+        }
+        Some(n) => {
+            let sql = format!(
+                "SELECT {CALL_COLS} FROM calls WHERE traj = ?1 ORDER BY call_index DESC LIMIT ?2"
+            );
+            let mut stmt = conn.prepare_cached(&sql)?;
+            let n = i64::try_from(n).unwrap_or(i64::MAX);
+            let rows = stmt.query_map(params![seq, n], |r| call_from_row(r, trajectory_id))?;
+            let mut v = rows.collect::<Result<Vec<_>, _>>()?;
+            v.reverse();
+            v
+        }
+    };
+    calls.shrink_to_fit();
+    Ok(calls)
+}
+
+/// Reads one trajectory (meta + calls) in one read transaction.
+pub(crate) fn load_by_seq(conn: &Connection, seq: i64) -> Result<Option<Trajectory>, StoreError> {
+    conn.execute_batch("BEGIN")?;
+    let result = (|| {
+        let Some(meta) = meta_by_seq(conn, seq)? else {
+            return Ok(None);
+        };
+        let calls = calls_of(conn, seq, &meta.id, None)?;
+        Ok(Some(Trajectory { meta, calls }))
+    })();
+    conn.execute_batch("COMMIT")?;
+    result
+}
+
+pub(crate) fn load_by_id(conn: &Connection, id: &str) -> Result<Option<Trajectory>, StoreError> {
+    match meta_by_id(conn, id)? {
+        Some((seq, _)) => load_by_seq(conn, seq),
+        None => Ok(None),
+    }
+}
+
+/// `WHERE` clause shared by listing, counting and scanning; parameters are
+/// `?1` = seq after, `?2` = status code or NULL, `?3` = since or NULL.
+pub(crate) const FILTER_SQL: &str =
+    "seq > ?1 AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR updated_at >= ?3)";
+
+pub(crate) fn filter_params(filter: &TrajectoryFilter) -> (Option<i64>, Option<i64>) {
+    (filter.status.map(status_code), filter.since)
+}
+
+/// Up to `limit` `(seq, meta)` matching `filter` after `after`, in seq order.
+pub(crate) fn page(
+    conn: &Connection,
+    filter: &TrajectoryFilter,
+    after: i64,
+    limit: usize,
+) -> Result<Vec<(i64, TrajectoryMeta)>, StoreError> {
+    let sql =
+        format!("SELECT {META_COLS} FROM trajectories WHERE {FILTER_SQL} ORDER BY seq LIMIT ?4");
+    let (status, since) = filter_params(filter);
+    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(params![after, status, since, limit], meta_from_row)?;
+    Ok(rows.collect::<Result<Vec<_>, _>>()?)
+}
+
+pub(crate) fn count(conn: &Connection, filter: &TrajectoryFilter) -> Result<u64, StoreError> {
+    let sql = format!("SELECT COUNT(*) FROM trajectories WHERE {FILTER_SQL}");
+    let (status, since) = filter_params(filter);
+    let n: i64 = conn
+        .prepare_cached(&sql)?
+        .query_row(params![0i64, status, since], |r| r.get(0))?;
+    Ok(u64::try_from(n).unwrap_or(0))
+}

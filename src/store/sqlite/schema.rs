@@ -1,0 +1,89 @@
+//! SQLite schema and its migrations. The version lives in `PRAGMA
+//! user_version`; each migration runs in its own transaction together with the
+//! version bump, so a crash leaves the database at an old or the new version,
+//! never in between. Only append to [`MIGRATIONS`]; never edit a shipped one.
+
+use rusqlite::Connection;
+
+use crate::store::StoreError;
+
+/// Migration `i` (0-based) takes the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[
+    // 1: trajectories and calls. Token ids and logprobs are little-endian
+    // u32 / f32 BLOBs; JSON columns are TEXT.
+    r#"
+    CREATE TABLE trajectories (
+        seq INTEGER PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        status INTEGER NOT NULL,
+        created_at INTEGER NOT NULL,
+        updated_at INTEGER NOT NULL,
+        reward REAL,
+        num_calls INTEGER NOT NULL,
+        next_call_index INTEGER NOT NULL,
+        next_sample_index INTEGER NOT NULL
+    );
+    CREATE TABLE calls (
+        traj INTEGER NOT NULL REFERENCES trajectories(seq),
+        call_index INTEGER NOT NULL,
+        sample_index INTEGER NOT NULL,
+        parent_call INTEGER,
+        backend TEXT NOT NULL,
+        started_at INTEGER NOT NULL,
+        finished_at INTEGER NOT NULL,
+        prompt_delta_ids BLOB NOT NULL,
+        sampled_ids BLOB NOT NULL,
+        logprobs BLOB NOT NULL,
+        finish_reason TEXT NOT NULL,
+        request TEXT NOT NULL,
+        response TEXT NOT NULL,
+        drift TEXT,
+        parse_outcome TEXT,
+        moved_from TEXT,
+        weight_version TEXT,
+        tokenizer_sha256 TEXT NOT NULL,
+        template_sha256 TEXT NOT NULL,
+        reward REAL,
+        truncated INTEGER NOT NULL,
+        PRIMARY KEY (traj, call_index)
+    );
+    "#,
+    // 2: "finished since T" (the usual export filter) without a table scan.
+    r#"
+    CREATE INDEX trajectories_status_updated ON trajectories(status, updated_at);
+    "#,
+];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+pub fn user_version(conn: &Connection) -> Result<u32, StoreError> {
+    Ok(conn.query_row("PRAGMA user_version", [], |r| r.get::<_, u32>(0))?)
+}
+
+/// Brings the database to [`SCHEMA_VERSION`]; refuses a newer one.
+pub fn migrate(conn: &mut Connection) -> Result<u32, StoreError> {
+    migrate_to(conn, SCHEMA_VERSION)
+}
+
+/// Applies migrations up to `target` (tests build old databases with it).
+#[doc(hidden)]
+pub fn migrate_to(conn: &mut Connection, target: u32) -> Result<u32, StoreError> {
+    let current = user_version(conn)?;
+    if current > SCHEMA_VERSION {
+        return Err(StoreError::Schema(format!(
+            "database is at schema version {current}, this tito knows up to {SCHEMA_VERSION}; \
+             upgrade tito"
+        )));
+    }
+    for version in current..target.min(SCHEMA_VERSION) {
+        let sql = MIGRATIONS
+            .get(version as usize)
+            .ok_or_else(|| StoreError::Schema(format!("no migration from {version}")))?;
+        let tx = conn.transaction()?;
+        tx.execute_batch(sql)?;
+        tx.pragma_update(None, "user_version", version + 1)?;
+        tx.commit()?;
+    }
+    user_version(conn)
+}

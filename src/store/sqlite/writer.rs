@@ -1,0 +1,258 @@
+//! The one writer thread of a SQLite store, doing group commit: it waits for
+//! a job, drains whatever else is queued (up to [`MAX_BATCH`]), applies the
+//! whole batch in one transaction (each job under its own savepoint, so one
+//! bad record fails alone), commits once, and only then acknowledges every
+//! job. Under load many appends share one fsync; idle, a lone append commits
+//! at once (no timer, no added latency).
+
+use rusqlite::{params, Connection, ErrorCode};
+use tokio::sync::{mpsc, oneshot};
+
+use super::rows::{f32s_to_blob, ids_to_blob, meta_by_id, status_code};
+use crate::store::{now_ms, CallRecord, StoreError, TrajectoryMeta, TrajectoryStatus};
+
+/// Most jobs committed in one transaction.
+pub(crate) const MAX_BATCH: usize = 1024;
+
+pub(crate) enum Op {
+    Append(Box<CallRecord>),
+    Reward {
+        trajectory: String,
+        call: Option<u32>,
+        reward: f64,
+    },
+    Finish {
+        trajectory: String,
+    },
+}
+
+/// What a job returns: appends return nothing, the rest the updated meta.
+pub(crate) type Outcome = Result<Option<TrajectoryMeta>, StoreError>;
+
+pub(crate) struct Job {
+    pub op: Op,
+    pub ack: oneshot::Sender<Outcome>,
+}
+
+/// Runs until every sender is dropped and the queue is drained.
+pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Job>) {
+    let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = rx.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let outcomes = commit_batch(&mut conn, &batch);
+        for (job, outcome) in batch.drain(..).zip(outcomes) {
+            // The caller may have gone away (request cancelled): the write
+            // is committed regardless, nothing to do.
+            let _ = job.ack.send(outcome);
+        }
+    }
+}
+
+fn commit_batch(conn: &mut Connection, batch: &[Job]) -> Vec<Outcome> {
+    let failed = |e: &StoreError| -> Vec<Outcome> {
+        batch
+            .iter()
+            .map(|_| Err(StoreError::Commit(e.to_string())))
+            .collect()
+    };
+    let mut tx = match conn.transaction() {
+        Ok(tx) => tx,
+        Err(e) => return failed(&e.into()),
+    };
+    let now = now_ms();
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for job in batch {
+        let outcome = match tx.savepoint() {
+            Ok(sp) => {
+                let r = apply(&sp, &job.op, now);
+                if r.is_ok() {
+                    match sp.commit() {
+                        Ok(()) => r,
+                        Err(e) => Err(e.into()),
+                    }
+                } else {
+                    // Dropping the savepoint rolls this job back (rusqlite's
+                    // default drop behaviour for savepoints).
+                    drop(sp);
+                    r
+                }
+            }
+            Err(e) => Err(e.into()),
+        };
+        outcomes.push(outcome);
+    }
+    match tx.commit() {
+        Ok(()) => outcomes,
+        Err(e) => failed(&e.into()),
+    }
+}
+
+fn apply(conn: &Connection, op: &Op, now: i64) -> Outcome {
+    match op {
+        Op::Append(call) => append(conn, call, now).map(|()| None),
+        Op::Reward {
+            trajectory,
+            call,
+            reward,
+        } => set_reward(conn, trajectory, *call, *reward, now).map(Some),
+        Op::Finish { trajectory } => finish(conn, trajectory, now).map(Some),
+    }
+}
+
+fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreError> {
+    let id = &call.trajectory_id;
+    let seq = match meta_by_id(conn, id)? {
+        Some((_, meta)) if meta.status == TrajectoryStatus::Finished => {
+            return Err(StoreError::Finished(id.clone()))
+        }
+        Some((seq, _)) => seq,
+        None => {
+            if call.parent_call.is_some() {
+                return Err(missing_parent(call));
+            }
+            conn.prepare_cached(
+                "INSERT INTO trajectories (id, status, created_at, updated_at, reward, num_calls, \
+                 next_call_index, next_sample_index) VALUES (?1, 0, ?2, ?2, NULL, 0, 0, 0)",
+            )?
+            .execute(params![id, now])?;
+            conn.last_insert_rowid()
+        }
+    };
+    if let Some(parent) = call.parent_call {
+        let exists = conn
+            .prepare_cached("SELECT 1 FROM calls WHERE traj = ?1 AND call_index = ?2")?
+            .exists(params![seq, parent])?;
+        if !exists {
+            return Err(missing_parent(call));
+        }
+    }
+    let drift = match &call.drift {
+        Some(d) => Some(serde_json::to_string(d).map_err(|e| StoreError::Invalid(e.to_string()))?),
+        None => None,
+    };
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO calls (traj, call_index, sample_index, parent_call, backend, started_at, \
+             finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
+             response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
+             template_sha256, reward, truncated) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
+             ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
+        )?
+        .execute(params![
+            seq,
+            call.call_index,
+            call.sample_index,
+            call.parent_call,
+            call.backend,
+            call.started_at,
+            call.finished_at,
+            ids_to_blob(&call.prompt_delta_ids),
+            ids_to_blob(&call.sampled_ids),
+            f32s_to_blob(&call.logprobs),
+            call.finish_reason,
+            call.request.to_string(),
+            call.response.to_string(),
+            drift,
+            call.parse_outcome,
+            call.moved_from,
+            call.weight_version,
+            call.tokenizer_sha256,
+            call.template_sha256,
+            call.reward,
+            call.truncated,
+        ]);
+    match inserted {
+        Ok(_) => {}
+        Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == ErrorCode::ConstraintViolation => {
+            return Err(StoreError::Duplicate {
+                trajectory: id.clone(),
+                call: call.call_index,
+            })
+        }
+        Err(e) => return Err(e.into()),
+    }
+    conn.prepare_cached(
+        "UPDATE trajectories SET updated_at = max(updated_at, ?2), num_calls = num_calls + 1, \
+         next_call_index = max(next_call_index, ?3), \
+         next_sample_index = max(next_sample_index, ?4) WHERE seq = ?1",
+    )?
+    .execute(params![
+        seq,
+        now,
+        i64::from(call.call_index) + 1,
+        i64::from(call.sample_index) + 1
+    ])?;
+    Ok(())
+}
+
+fn existing(conn: &Connection, id: &str) -> Result<i64, StoreError> {
+    meta_by_id(conn, id)?
+        .map(|(seq, _)| seq)
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))
+}
+
+fn reread(conn: &Connection, id: &str) -> Result<TrajectoryMeta, StoreError> {
+    meta_by_id(conn, id)?
+        .map(|(_, m)| m)
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))
+}
+
+fn set_reward(
+    conn: &Connection,
+    id: &str,
+    call: Option<u32>,
+    reward: f64,
+    now: i64,
+) -> Result<TrajectoryMeta, StoreError> {
+    let seq = existing(conn, id)?;
+    match call {
+        None => {
+            conn.prepare_cached("UPDATE trajectories SET reward = ?2 WHERE seq = ?1")?
+                .execute(params![seq, reward])?;
+        }
+        Some(idx) => {
+            let n = conn
+                .prepare_cached("UPDATE calls SET reward = ?3 WHERE traj = ?1 AND call_index = ?2")?
+                .execute(params![seq, idx, reward])?;
+            if n == 0 {
+                return Err(StoreError::CallNotFound {
+                    trajectory: id.to_string(),
+                    call: idx,
+                });
+            }
+        }
+    }
+    touch(conn, seq, now)?;
+    reread(conn, id)
+}
+
+fn finish(conn: &Connection, id: &str, now: i64) -> Result<TrajectoryMeta, StoreError> {
+    let seq = existing(conn, id)?;
+    let finished = status_code(TrajectoryStatus::Finished);
+    let n = conn
+        .prepare_cached("UPDATE trajectories SET status = ?2 WHERE seq = ?1 AND status != ?2")?
+        .execute(params![seq, finished])?;
+    if n > 0 {
+        touch(conn, seq, now)?;
+    }
+    reread(conn, id)
+}
+
+fn touch(conn: &Connection, seq: i64, now: i64) -> Result<(), StoreError> {
+    conn.prepare_cached("UPDATE trajectories SET updated_at = max(updated_at, ?2) WHERE seq = ?1")?
+        .execute(params![seq, now])?;
+    Ok(())
+}
+
+fn missing_parent(call: &CallRecord) -> StoreError {
+    StoreError::Invalid(format!(
+        "call {} of `{}`: parent {:?} is not stored",
+        call.call_index, call.trajectory_id, call.parent_call
+    ))
+}

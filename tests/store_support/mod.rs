@@ -1,0 +1,60 @@
+//! Builders shared by the store and export tests.
+#![allow(dead_code)]
+
+use serde_json::json;
+use tito::store::CallRecord;
+
+/// A call with deterministic logprobs (`-(k+1)/100` for the k-th sampled id).
+pub fn call(
+    traj: &str,
+    index: u32,
+    sample: u32,
+    parent: Option<u32>,
+    delta: Vec<u32>,
+    sampled: Vec<u32>,
+) -> CallRecord {
+    let logprobs = (0..sampled.len()).map(|k| -((k + 1) as f32) / 100.0).collect();
+    CallRecord {
+        trajectory_id: traj.to_string(),
+        call_index: index,
+        sample_index: sample,
+        parent_call: parent,
+        backend: "http://127.0.0.1:8001".into(),
+        started_at: 1_700_000_000_000 + i64::from(index),
+        finished_at: 1_700_000_000_500 + i64::from(index),
+        prompt_delta_ids: delta,
+        sampled_ids: sampled,
+        logprobs,
+        finish_reason: "stop".into(),
+        request: json!({"messages": [{"role": "user", "content": format!("turn {index}")}], "temperature": 1.0}),
+        response: json!({"role": "assistant", "content": "ok"}),
+        drift: None,
+        parse_outcome: Some("ok".into()),
+        moved_from: None,
+        weight_version: Some(format!("step-{index}")),
+        tokenizer_sha256: "tok-sha".into(),
+        template_sha256: "tpl-sha".into(),
+        reward: None,
+        truncated: false,
+    }
+}
+
+/// Ids `base..base+n`.
+pub fn ids(base: u32, n: u32) -> Vec<u32> {
+    (base..base + n).collect()
+}
+
+/// A branching trajectory:
+/// sample 0: c0 (root) -> c1 -> c2
+/// sample 1: c0 -> c1 -> c3 (branches from c1) -> c4
+/// sample 2: c5 (a fresh root, e.g. the client edited history)
+pub fn branching(traj: &str) -> Vec<CallRecord> {
+    vec![
+        call(traj, 0, 0, None, ids(100, 5), ids(200, 3)),
+        call(traj, 1, 0, Some(0), ids(300, 2), ids(400, 4)),
+        call(traj, 2, 0, Some(1), ids(500, 2), ids(600, 2)),
+        call(traj, 3, 1, Some(1), ids(700, 3), ids(800, 5)),
+        call(traj, 4, 1, Some(3), ids(900, 1), ids(1000, 2)),
+        call(traj, 5, 2, None, ids(1100, 6), ids(1200, 3)),
+    ]
+}
