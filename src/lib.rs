@@ -19,6 +19,7 @@ pub mod error;
 pub mod export;
 pub mod render;
 pub mod store;
+pub mod trajectory;
 
 pub use api::{build_app, serve, AppState};
 pub use config::Config;

@@ -15,9 +15,10 @@ use super::generate::{self, CallPlan, ChoiceResult};
 use super::logprobs::chat_logprobs;
 use super::request::{parse_body, ChatRequest};
 use super::sse::{sse_response, EventStream, StreamSpec};
-use super::{finish_str, new_id, unix_now, AppState, CallRecordInput};
+use super::{finish_str, new_id, unix_now, AppState};
 use crate::error::ApiError;
 use crate::render::RenderInput;
+use crate::trajectory::{CallContext, ChatInput, Prepared};
 
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -46,29 +47,56 @@ async fn handle(
     let (mut params, max_tokens) = req.sampling.validate(logprobs_k)?;
     let n = req.sampling.n()?;
 
-    let prompt_ids = render_prompt(&state, &req).await?;
-    state.finalize_params(&mut params, prompt_ids.len(), max_tokens)?;
+    let started_at = crate::store::now_ms();
+    let prepared = prepare(&state, &tid, &req).await?;
+    state.check_budget(&prepared)?;
+    state.finalize_params(&mut params, &prepared, max_tokens)?;
     let plan = CallPlan {
         request_id: new_id("chatcmpl"),
         trajectory_id: tid.clone(),
-        prompt_ids: Arc::new(prompt_ids),
+        prompt_ids: prepared.prompt_ids.clone(),
         params,
         n,
         skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
         stream: req.stream,
     };
     let resp_headers = super::trajectory_header(&tid);
-    let record = CallRecordInput {
+    let ctx = CallContext {
         trajectory_id: tid,
-        request: serde_json::to_value(&req.messages).unwrap_or(Json::Null),
+        request: serde_json::from_slice(&body).unwrap_or(Json::Null),
+        messages: Some(Arc::new(req.messages.clone())),
+        started_at,
+        weight_version: None,
     };
     if req.stream {
-        return stream(state, plan, req, record, resp_headers).await;
+        return stream(state, plan, req, ctx, prepared, resp_headers).await;
     }
     let results = generate::run_all(&state, &plan).await?;
-    state.record_call(&record, &plan, &results).await?;
+    state
+        .record_call(&ctx, &prepared, &results, served_message)
+        .await?;
     let body = response_body(&state, &plan, &req, &results);
     Ok((resp_headers, axum::Json(body)).into_response())
+}
+
+/// The assistant message returned to the client for a choice.
+fn served_message(r: &ChoiceResult) -> Json {
+    json!({"role": "assistant", "content": r.text})
+}
+
+/// Builds the prompt from the trajectory's history (exact or template mode).
+async fn prepare(state: &AppState, tid: &str, req: &ChatRequest) -> Result<Prepared, ApiError> {
+    if req.continue_final_message.unwrap_or(false) {
+        let ids = render_prompt(state, req).await?;
+        return Ok(state.trajectories.prepare_root(ids)?);
+    }
+    let input = ChatInput {
+        messages: &req.messages,
+        tools: req.tools.as_deref(),
+        kwargs: req.chat_template_kwargs.as_ref(),
+        add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+    };
+    Ok(state.trajectories.prepare_chat(tid, input).await?)
 }
 
 /// Renders the conversation to prompt ids, off the async runtime when the
@@ -185,7 +213,8 @@ async fn stream(
     state: AppState,
     plan: CallPlan,
     req: ChatRequest,
-    record: CallRecordInput,
+    ctx: CallContext,
+    prepared: Prepared,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     // Start every choice before answering, so failures are plain HTTP errors.
@@ -239,7 +268,9 @@ async fn stream(
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let finalize = Box::new(move |results: Vec<ChoiceResult>| {
         async move {
-            state.record_call(&record, &plan, &results).await?;
+            state
+                .record_call(&ctx, &prepared, &results, served_message)
+                .await?;
             let mut out: Vec<Json> = results
                 .iter()
                 .map(|r| {

@@ -16,8 +16,9 @@ use super::generate::{self, CallPlan, ChoiceResult};
 use super::logprobs::completion_logprobs;
 use super::request::{parse_body, CompletionRequest, PromptSpec};
 use super::sse::{sse_response, EventStream, StreamSpec};
-use super::{finish_str, new_id, unix_now, AppState, CallRecordInput};
+use super::{finish_str, new_id, unix_now, AppState};
 use crate::error::ApiError;
+use crate::trajectory::{CallContext, Prepared};
 
 pub async fn completions(
     State(state): State<AppState>,
@@ -85,32 +86,51 @@ async fn handle(
     let (params, max_tokens) = req.sampling.validate(req.logprobs)?;
     let n = req.sampling.n()?;
     let request_id = new_id("cmpl");
+    let started_at = crate::store::now_ms();
     let mut plans = Vec::new();
+    let mut prepared_all = Vec::new();
     for (i, ids) in prompt_ids(&state, &req)?.into_iter().enumerate() {
+        let prepared = state.trajectories.prepare_completion(&tid, ids).await?;
+        state.check_budget(&prepared)?;
         let mut params = params.clone();
-        state.finalize_params(&mut params, ids.len(), max_tokens)?;
+        state.finalize_params(&mut params, &prepared, max_tokens)?;
         plans.push(CallPlan {
             request_id: format!("{request_id}-{i}"),
             trajectory_id: tid.clone(),
-            prompt_ids: Arc::new(ids),
+            prompt_ids: prepared.prompt_ids.clone(),
             params,
             n,
             skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
             stream: req.stream,
         });
+        prepared_all.push(prepared);
     }
     let resp_headers = super::trajectory_header(&tid);
-    let record = CallRecordInput {
+    let ctx = CallContext {
         trajectory_id: tid,
-        request: req.prompt_json(),
+        request: serde_json::from_slice(&body).unwrap_or(Json::Null),
+        messages: None,
+        started_at,
+        weight_version: None,
     };
     if req.stream {
-        return stream(state, request_id, plans, req, record, resp_headers).await;
+        return stream(
+            state,
+            request_id,
+            plans,
+            prepared_all,
+            req,
+            ctx,
+            resp_headers,
+        )
+        .await;
     }
     let all =
         futures::future::try_join_all(plans.iter().map(|p| generate::run_all(&state, p))).await?;
-    for (plan, results) in plans.iter().zip(&all) {
-        state.record_call(&record, plan, results).await?;
+    for (prepared, results) in prepared_all.iter().zip(&all) {
+        state
+            .record_call(&ctx, prepared, results, served_text)
+            .await?;
     }
     let mut choices = Vec::new();
     let mut completion_tokens = 0;
@@ -147,23 +167,18 @@ async fn handle(
     Ok((resp_headers, axum::Json(body)).into_response())
 }
 
-impl CompletionRequest {
-    fn prompt_json(&self) -> Json {
-        match &self.prompt {
-            PromptSpec::Text(t) => json!(t),
-            PromptSpec::Ids(ids) => json!(ids),
-            PromptSpec::Texts(ts) => json!(ts),
-            PromptSpec::IdLists(ls) => json!(ls),
-        }
-    }
+/// What is recorded as the served output of a completion choice.
+fn served_text(r: &ChoiceResult) -> Json {
+    json!({"text": r.text})
 }
 
 async fn stream(
     state: AppState,
     request_id: String,
     plans: Vec<CallPlan>,
+    prepared_all: Vec<Prepared>,
     req: CompletionRequest,
-    record: CallRecordInput,
+    ctx: CallContext,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let n = plans.first().map_or(1, |p| p.n);
@@ -227,7 +242,7 @@ async fn stream(
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let finalize = Box::new(move |results: Vec<ChoiceResult>| {
         async move {
-            for (pi, plan) in plans.iter().enumerate() {
+            for (pi, prepared) in prepared_all.iter().enumerate() {
                 let mine: Vec<ChoiceResult> = results
                     .iter()
                     .filter(|r| r.index / n == pi as u32)
@@ -236,7 +251,9 @@ async fn stream(
                         ..r.clone()
                     })
                     .collect();
-                state.record_call(&record, plan, &mine).await?;
+                state
+                    .record_call(&ctx, prepared, &mine, served_text)
+                    .await?;
             }
             let mut out: Vec<Json> = results
                 .iter()

@@ -7,19 +7,18 @@
 mod chat;
 mod completions;
 mod detok;
+pub mod export;
 mod generate;
 mod logprobs;
 pub mod request;
 mod sse;
-
-pub mod export;
 pub mod trajectories;
 
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, FromRef, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -30,8 +29,11 @@ use crate::backend::{DynBackend, FinishReason, SamplingParams};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::render::Renderer;
+use crate::store::DynStore;
+use crate::trajectory::{CallContext, ChoiceOutcome, Prepared, Trajectories, TrajectoryError};
 
 pub use generate::{CallPlan, ChoiceResult};
+pub use trajectories::StoreState;
 
 /// Context window used when neither the config nor the model files say.
 pub const DEFAULT_MAX_MODEL_LEN: u32 = 32768;
@@ -42,6 +44,14 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub renderer: Arc<Renderer>,
     pub backends: Arc<Backends>,
+    pub trajectories: Arc<Trajectories>,
+    pub store: StoreState,
+}
+
+impl FromRef<AppState> for StoreState {
+    fn from_ref(state: &AppState) -> StoreState {
+        state.store.clone()
+    }
 }
 
 /// The configured backends and a simple round-robin pick.
@@ -69,13 +79,6 @@ impl Backends {
     }
 }
 
-/// What a handler knows about a call besides the plan and the results.
-#[derive(Debug, Clone)]
-pub struct CallRecordInput {
-    pub trajectory_id: String,
-    pub request: serde_json::Value,
-}
-
 /// The `{tid}` of a `/t/{tid}/v1/...` route, if the route has one.
 fn path_tid(params: &axum::extract::RawPathParams) -> Option<String> {
     params
@@ -85,11 +88,29 @@ fn path_tid(params: &axum::extract::RawPathParams) -> Option<String> {
 }
 
 impl AppState {
-    pub fn new(config: Config, renderer: Arc<Renderer>, backends: Vec<DynBackend>) -> AppState {
+    pub fn new(
+        config: Config,
+        renderer: Arc<Renderer>,
+        backends: Vec<DynBackend>,
+        store: DynStore,
+    ) -> AppState {
+        let trajectories = Arc::new(Trajectories::new(
+            store.clone(),
+            renderer.clone(),
+            config.trajectory.clone(),
+        ));
+        let dec = renderer.clone();
+        let decode: trajectories::DecodeFn =
+            Arc::new(move |ids: &[u32]| dec.decode(ids, false).ok());
         AppState {
             config: Arc::new(config),
             renderer,
             backends: Arc::new(Backends::new(backends)),
+            trajectories,
+            store: StoreState {
+                store,
+                decode: Some(decode),
+            },
         }
     }
 
@@ -111,13 +132,29 @@ impl AppState {
         }
     }
 
-    /// Resolves `max_tokens` against the context window and adds EOS ids.
+    /// Refuses a call whose sample has no response budget left.
+    fn check_budget(&self, prepared: &Prepared) -> Result<(), ApiError> {
+        if !prepared.truncated {
+            return Ok(());
+        }
+        let limit = self.config.trajectory.response_length;
+        Err(ApiError::bad_request(format!(
+            "this trajectory's sample already holds {} response tokens, its budget is {limit} \
+             (trajectory.response_length); start a new trajectory",
+            prepared.response_used
+        ))
+        .with_code("response_budget_exhausted"))
+    }
+
+    /// Resolves `max_tokens` against the context window and the sample's
+    /// response budget, and adds EOS ids.
     fn finalize_params(
         &self,
         params: &mut SamplingParams,
-        prompt_len: usize,
+        prepared: &Prepared,
         max_tokens: Option<u32>,
     ) -> Result<(), ApiError> {
+        let prompt_len = prepared.prompt_ids.len();
         let window = self.max_model_len() as usize;
         if prompt_len >= window {
             return Err(ApiError::bad_request(format!(
@@ -138,6 +175,9 @@ impl AppState {
             Some(m) => m,
             None => self.config.model.default_max_tokens.min(room as u32),
         };
+        if let Some(left) = prepared.budget_left(self.config.trajectory.response_length) {
+            params.max_tokens = params.max_tokens.min(left.max(1));
+        }
         if !params.ignore_eos {
             for id in self.renderer.eos_token_ids() {
                 if !params.stop_token_ids.contains(id) {
@@ -148,14 +188,40 @@ impl AppState {
         Ok(())
     }
 
-    /// Hands a finished call to the recorder; returns once it is durable.
+    /// Hands a finished call to the span store; returns once it is durable.
     async fn record_call(
         &self,
-        _input: &CallRecordInput,
-        _plan: &CallPlan,
-        _results: &[ChoiceResult],
-    ) -> Result<(), ApiError> {
-        Ok(())
+        ctx: &CallContext,
+        prepared: &Prepared,
+        results: &[ChoiceResult],
+        served: impl Fn(&ChoiceResult) -> serde_json::Value,
+    ) -> Result<Vec<u32>, ApiError> {
+        let outcomes: Vec<ChoiceOutcome> = results
+            .iter()
+            .map(|r| ChoiceOutcome {
+                sampled_ids: r.ids.clone(),
+                logprobs: r.logprobs.clone(),
+                finish_reason: r.finish,
+                served: served(r),
+                backend: r.backend.clone(),
+                moved_from: None,
+                parse_outcome: None,
+            })
+            .collect();
+        Ok(self.trajectories.commit(ctx, prepared, &outcomes).await?)
+    }
+}
+
+impl From<TrajectoryError> for ApiError {
+    fn from(e: TrajectoryError) -> Self {
+        match e {
+            TrajectoryError::Finished(_) => {
+                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
+                    .with_code("conflict")
+            }
+            TrajectoryError::Render(r) => r.into(),
+            TrajectoryError::Store(s) => ApiError::internal(format!("span store: {s}")),
+        }
     }
 }
 
@@ -273,6 +339,8 @@ pub fn build_app(state: AppState) -> Router {
     Router::new()
         .merge(v1_routes())
         .nest("/t/{tid}", v1_routes())
+        .merge(trajectories::routes())
+        .merge(export::routes())
         .route("/health", get(health))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(limit))
@@ -286,9 +354,10 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let renderer = Renderer::load(&config.model)?;
     let backends = crate::backend::build_backends(&config)?;
+    let store = crate::store::open(&config.store.url)?;
     let listener = tokio::net::TcpListener::bind(&config.server.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, model = %config.model.name, "tito listening");
-    let state = AppState::new(config, renderer, backends);
+    let state = AppState::new(config, renderer, backends, store);
     axum::serve(listener, build_app(state))
         .with_graceful_shutdown(shutdown)
         .await?;

@@ -59,8 +59,16 @@ fn columns(layout: Layout) -> Vec<Column> {
     let list_i32 = || Buf::ListI32(Vec::new(), Vec::new(), Vec::new());
     let list_f32 = || Buf::ListF32(Vec::new(), Vec::new(), Vec::new());
     let mut cols = vec![
-        col("trajectory_id", |r| Cell::Str(&r.trajectory_id), Buf::Str(Vec::new())),
-        col("sample", |r| Cell::I32(r.sample as i32), Buf::I32(Vec::new())),
+        col(
+            "trajectory_id",
+            |r| Cell::Str(&r.trajectory_id),
+            Buf::Str(Vec::new()),
+        ),
+        col(
+            "sample",
+            |r| Cell::I32(r.sample as i32),
+            Buf::I32(Vec::new()),
+        ),
     ];
     if layout == Layout::PerCall {
         cols.push(col(
@@ -72,7 +80,11 @@ fn columns(layout: Layout) -> Vec<Column> {
     cols.extend([
         col("prompt_ids", |r| Cell::Ids(&r.prompt_ids), list_i32()),
         col("response_ids", |r| Cell::Ids(&r.response_ids), list_i32()),
-        col("response_mask", |r| Cell::Mask(&r.response_mask), list_i32()),
+        col(
+            "response_mask",
+            |r| Cell::Mask(&r.response_mask),
+            list_i32(),
+        ),
         col(
             "response_logprobs",
             |r| Cell::Floats(&r.response_logprobs),
@@ -83,7 +95,11 @@ fn columns(layout: Layout) -> Vec<Column> {
             |r| Cell::OptF64(r.reward),
             Buf::OptF64(Vec::new(), Vec::new()),
         ),
-        col("num_turns", |r| Cell::I32(r.num_turns as i32), Buf::I32(Vec::new())),
+        col(
+            "num_turns",
+            |r| Cell::I32(r.num_turns as i32),
+            Buf::I32(Vec::new()),
+        ),
         col(
             "weight_version",
             |r| Cell::OptStr(r.weight_version.as_deref()),
@@ -104,7 +120,11 @@ fn columns(layout: Layout) -> Vec<Column> {
             |r| Cell::Str(&r.finish_reason),
             Buf::Str(Vec::new()),
         ),
-        col("truncated", |r| Cell::Bool(r.truncated), Buf::Bool(Vec::new())),
+        col(
+            "truncated",
+            |r| Cell::Bool(r.truncated),
+            Buf::Bool(Vec::new()),
+        ),
     ]);
     if layout == Layout::Verl {
         cols.extend([
@@ -160,7 +180,13 @@ fn schema_text(cols: &[Column]) -> String {
 
 /// Appends one list to (values, def, rep): an empty list is one level pair
 /// with no value; otherwise one pair per element (rep 0 starts the row).
-fn push_list<T: Copy, U>(vals: &mut Vec<U>, def: &mut Vec<i16>, rep: &mut Vec<i16>, xs: &[T], f: impl Fn(T) -> U) -> usize {
+fn push_list<T: Copy, U>(
+    vals: &mut Vec<U>,
+    def: &mut Vec<i16>,
+    rep: &mut Vec<i16>,
+    xs: &[T],
+    f: impl Fn(T) -> U,
+) -> usize {
     if xs.is_empty() {
         def.push(0);
         rep.push(0);
@@ -281,9 +307,9 @@ impl<W: Write + Send> ParquetSink<W> {
         let writer = self.writer.as_mut().ok_or_else(closed)?;
         let mut group = writer.next_row_group()?;
         for col in &mut self.cols {
-            let mut cw = group
-                .next_column()?
-                .ok_or_else(|| ExportError::Options(format!("no column writer for `{}`", col.name)))?;
+            let mut cw = group.next_column()?.ok_or_else(|| {
+                ExportError::Options(format!("no column writer for `{}`", col.name))
+            })?;
             col.write(cw.untyped())?;
             cw.close()?;
         }

@@ -41,6 +41,9 @@ pub fn config(backend_urls: &[String], extra: &str) -> Config {
         text.push_str(&format!("[[backends]]\nurl = \"{u}\"\nkind = \"vllm\"\n"));
     }
     text.push_str(extra);
+    if !extra.contains("[store]") {
+        text.push_str("\n[store]\nurl = \"memory://\"\n");
+    }
     Config::from_toml(&text).expect("test config is valid")
 }
 
@@ -51,7 +54,8 @@ pub async fn start_gateway(config: Config) -> Gateway {
 
 pub async fn start_gateway_with(config: Config, renderer: Arc<Renderer>) -> Gateway {
     let backends = tito::backend::build_backends(&config).expect("backends");
-    let state = AppState::new(config, renderer.clone(), backends);
+    let store = tito::store::open(&config.store.url).expect("store opens");
+    let state = AppState::new(config, renderer.clone(), backends, store);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

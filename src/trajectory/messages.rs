@@ -1,0 +1,206 @@
+//! Message identity: normalizing chat messages so a client's re-serialized
+//! history can be matched against what tito saw and served, without relying
+//! on byte equality (SDKs re-order keys, drop nulls, re-encode tool-call
+//! arguments, strip reasoning).
+
+use std::hash::{Hash, Hasher};
+
+use serde_json::Value as Json;
+
+/// The text of a message's content (string, or the text parts of an array).
+pub fn content_text(m: &Json) -> String {
+    match m.get("content") {
+        Some(Json::String(s)) => s.clone(),
+        Some(Json::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Json::as_str))
+            .collect::<Vec<_>>()
+            .join(""),
+        _ => String::new(),
+    }
+}
+
+/// Removes `<think>...</think>` blocks (and an unterminated leading one).
+pub fn strip_reasoning(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut rest = s;
+    loop {
+        match rest.find("<think>") {
+            Some(start) => {
+                out.push_str(&rest[..start]);
+                match rest[start..].find("</think>") {
+                    Some(end) => rest = &rest[start + end + "</think>".len()..],
+                    None => return out,
+                }
+            }
+            None => {
+                // A reply may start inside reasoning whose `<think>` was in the prompt.
+                if let Some(end) = rest.find("</think>") {
+                    if out.is_empty() {
+                        rest = &rest[end + "</think>".len()..];
+                        continue;
+                    }
+                }
+                out.push_str(rest);
+                return out;
+            }
+        }
+    }
+}
+
+/// Tool-call arguments as a JSON value, whether sent as a string or object.
+fn arguments_value(call: &Json) -> Json {
+    match call.pointer("/function/arguments") {
+        Some(Json::String(s)) => {
+            serde_json::from_str(s).unwrap_or_else(|_| Json::String(s.clone()))
+        }
+        Some(v) => v.clone(),
+        None => Json::Null,
+    }
+}
+
+/// Identity of a tool call: name and parsed arguments (ids are compared
+/// separately because some clients drop them).
+pub fn tool_call_key(call: &Json) -> (String, Json) {
+    let name = call
+        .pointer("/function/name")
+        .and_then(Json::as_str)
+        .unwrap_or_default()
+        .to_string();
+    (name, arguments_value(call))
+}
+
+fn tool_calls(m: &Json) -> &[Json] {
+    m.get("tool_calls")
+        .and_then(Json::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// A canonical form of a message for hashing: role, trimmed content, tool
+/// call names + parsed arguments, tool_call_id, name.
+pub fn normalize(m: &Json) -> Json {
+    let mut out = serde_json::Map::new();
+    let role = m.get("role").and_then(Json::as_str).unwrap_or_default();
+    out.insert("role".into(), Json::String(role.to_string()));
+    let text = content_text(m);
+    let text = if role == "assistant" {
+        strip_reasoning(&text)
+    } else {
+        text
+    };
+    out.insert("content".into(), Json::String(text.trim().to_string()));
+    let calls: Vec<Json> = tool_calls(m)
+        .iter()
+        .map(|c| {
+            let (name, args) = tool_call_key(c);
+            serde_json::json!([name, args])
+        })
+        .collect();
+    if !calls.is_empty() {
+        out.insert("tool_calls".into(), Json::Array(calls));
+    }
+    for key in ["tool_call_id", "name"] {
+        if let Some(Json::String(v)) = m.get(key) {
+            out.insert(key.into(), Json::String(v.clone()));
+        }
+    }
+    Json::Object(out)
+}
+
+/// Hashes of every prefix of `messages`: `out[i]` covers `messages[..i]`.
+pub fn prefix_hashes(messages: &[Json]) -> Vec<u64> {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut out = Vec::with_capacity(messages.len() + 1);
+    out.push(h.finish());
+    for m in messages {
+        normalize(m).to_string().hash(&mut h);
+        out.push(h.finish());
+    }
+    out
+}
+
+/// Whether the client's echo of an assistant message is the one tito served.
+/// Tool calls match by id when both have ids, else by name + arguments;
+/// content matches after stripping reasoning and surrounding whitespace.
+pub fn is_served_message(echo: &Json, served: &Json) -> bool {
+    if echo.get("role").and_then(Json::as_str) != Some("assistant") {
+        return false;
+    }
+    let (a, b) = (tool_calls(echo), tool_calls(served));
+    if a.len() != b.len() {
+        return false;
+    }
+    for (x, y) in a.iter().zip(b) {
+        let ids = (
+            x.get("id").and_then(Json::as_str),
+            y.get("id").and_then(Json::as_str),
+        );
+        let same = match ids {
+            (Some(i), Some(j)) => i == j,
+            _ => tool_call_key(x) == tool_call_key(y),
+        };
+        if !same {
+            return false;
+        }
+    }
+    let echo_text = strip_reasoning(&content_text(echo));
+    let served_text = strip_reasoning(&content_text(served));
+    echo_text.trim() == served_text.trim()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn reasoning_is_stripped() {
+        assert_eq!(
+            strip_reasoning("<think>hmm</think>\n\nAnswer"),
+            "\n\nAnswer"
+        );
+        assert_eq!(strip_reasoning("hmm</think>Answer"), "Answer");
+        assert_eq!(strip_reasoning("plain"), "plain");
+    }
+
+    #[test]
+    fn reserialized_tool_calls_still_match() {
+        let served = json!({"role": "assistant", "content": "",
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": "{\"a\":1,  \"b\": 2}"}}]});
+        let echo = json!({"content": null, "role": "assistant",
+            "tool_calls": [{"type": "function", "id": "call_1", "function": {"arguments": "{\"b\": 2, \"a\": 1}", "name": "add"}}]});
+        assert!(is_served_message(&echo, &served));
+        let no_ids = json!({"role": "assistant",
+            "tool_calls": [{"function": {"name": "add", "arguments": {"a": 1, "b": 2}}}]});
+        assert!(is_served_message(&no_ids, &served));
+        let edited = json!({"role": "assistant", "content": "",
+            "tool_calls": [{"function": {"name": "add", "arguments": "{\"a\": 5}"}}]});
+        assert!(!is_served_message(&edited, &served));
+    }
+
+    #[test]
+    fn content_matches_modulo_reasoning_and_whitespace() {
+        let served = json!({"role": "assistant", "content": "<think>x</think>\n\nHi there "});
+        assert!(is_served_message(
+            &json!({"role": "assistant", "content": "Hi there"}),
+            &served
+        ));
+        assert!(!is_served_message(
+            &json!({"role": "assistant", "content": "Hi there!"}),
+            &served
+        ));
+        assert!(!is_served_message(
+            &json!({"role": "user", "content": "Hi there"}),
+            &served
+        ));
+    }
+
+    #[test]
+    fn prefix_hashes_ignore_key_order_and_nulls() {
+        let a = vec![json!({"role": "user", "content": "hi", "name": null})];
+        let b = vec![json!({"content": "hi", "role": "user"})];
+        assert_eq!(prefix_hashes(&a), prefix_hashes(&b));
+        let c = vec![json!({"role": "user", "content": "hi!"})];
+        assert_ne!(prefix_hashes(&a)[1], prefix_hashes(&c)[1]);
+    }
+}

@@ -1,0 +1,444 @@
+//! Trajectories: exact multi-turn token history.
+//!
+//! Owns: deciding which earlier call a new call continues, building its exact
+//! prompt (earlier prompt + sampled ids verbatim + the template's rendering of
+//! the new messages), drift diagnosis against a fresh render, the per-sample
+//! response budget, and handing finished calls to the span store. Keeps a hot
+//! in-memory view of active trajectories, rebuilt from the store on a miss
+//! (after a restart). Must not: talk to backends or shape HTTP responses.
+
+mod drift;
+pub mod messages;
+mod prepare;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use serde_json::Value as Json;
+
+pub use drift::{diagnose, first_difference, SegRange, Served, CAUSES};
+pub use prepare::{ChatInput, Prepared};
+
+use crate::backend::{FinishReason, TokenLogprob};
+use crate::config::{HistoryMode, TrajectoryConfig};
+use crate::render::Renderer;
+use crate::store::{now_ms, CallRecord, DynStore, SegmentKind, StoreError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TrajectoryError {
+    #[error("trajectory `{0}` is finished and takes no more calls")]
+    Finished(String),
+    #[error("{0}")]
+    Render(#[from] crate::render::RenderError),
+    #[error("span store: {0}")]
+    Store(#[from] StoreError),
+}
+
+/// A served call as the hot view keeps it.
+#[derive(Debug)]
+pub struct HotCall {
+    pub call_index: u32,
+    pub sample_index: u32,
+    /// Request messages (None for /v1/completions calls).
+    pub messages: Option<Arc<Vec<Json>>>,
+    /// Hash of the normalized `messages`.
+    pub messages_hash: u64,
+    /// The assistant message tito returned.
+    pub served: Json,
+    pub prompt_ids: Arc<Vec<u32>>,
+    pub sampled_ids: Arc<Vec<u32>>,
+    /// The decoded text of `prompt_ids` (special tokens kept).
+    pub prompt_text: Arc<String>,
+    /// Token ranges of `prompt_ids`.
+    pub segments: Arc<Vec<SegRange>>,
+    /// Response tokens of its sample up to and including this call's sample.
+    pub response_used: usize,
+    /// First position (in `prompt_ids + sampled_ids`) of a sampled token that
+    /// a fresh tokenization would not reproduce.
+    pub noncanonical_at: Option<usize>,
+    pub truncated: bool,
+}
+
+impl HotCall {
+    fn full_len(&self) -> usize {
+        self.prompt_ids.len() + self.sampled_ids.len()
+    }
+}
+
+#[derive(Default)]
+struct TrajState {
+    loaded: bool,
+    finished: bool,
+    calls: Vec<Arc<HotCall>>,
+    next_call: u32,
+    next_sample: u32,
+    /// Calls that already have a continuation in their own sample.
+    continued: HashSet<u32>,
+    served: HashMap<u32, Served>,
+}
+
+/// One generated choice of a call, ready to record.
+#[derive(Debug, Clone)]
+pub struct ChoiceOutcome {
+    pub sampled_ids: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish_reason: Option<FinishReason>,
+    /// The message returned to the client (chat) or `{"text": ...}`.
+    pub served: Json,
+    pub backend: String,
+    pub moved_from: Option<String>,
+    pub parse_outcome: Option<String>,
+}
+
+/// Everything about a call besides its choices.
+#[derive(Debug, Clone)]
+pub struct CallContext {
+    pub trajectory_id: String,
+    pub request: Json,
+    pub messages: Option<Arc<Vec<Json>>>,
+    pub started_at: i64,
+    pub weight_version: Option<String>,
+}
+
+pub struct Trajectories {
+    store: DynStore,
+    renderer: Arc<Renderer>,
+    config: TrajectoryConfig,
+    end_of_turn: Vec<(u32, String)>,
+    hot: Mutex<HotMap>,
+}
+
+#[derive(Default)]
+struct HotMap {
+    map: HashMap<String, Arc<tokio::sync::Mutex<TrajState>>>,
+    order: VecDeque<String>,
+}
+
+/// Trajectories kept in memory; older ones are reloaded from the store on use.
+const HOT_CAPACITY: usize = 20_000;
+
+impl Trajectories {
+    pub fn new(store: DynStore, renderer: Arc<Renderer>, config: TrajectoryConfig) -> Self {
+        let end_of_turn = end_of_turn_tokens(&renderer);
+        Trajectories {
+            store,
+            renderer,
+            config,
+            end_of_turn,
+            hot: Mutex::new(HotMap::default()),
+        }
+    }
+
+    pub fn store(&self) -> &DynStore {
+        &self.store
+    }
+
+    pub fn mode(&self) -> HistoryMode {
+        self.config.history
+    }
+
+    /// Ids of the end-of-turn tokens (EOS and friends) found in the vocabulary.
+    pub fn end_of_turn_ids(&self) -> Vec<u32> {
+        self.end_of_turn.iter().map(|(id, _)| *id).collect()
+    }
+
+    fn state(&self, tid: &str) -> Arc<tokio::sync::Mutex<TrajState>> {
+        let mut hot = self.hot.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = hot.map.get(tid) {
+            return s.clone();
+        }
+        let s = Arc::new(tokio::sync::Mutex::new(TrajState::default()));
+        hot.map.insert(tid.to_string(), s.clone());
+        hot.order.push_back(tid.to_string());
+        while hot.map.len() > HOT_CAPACITY {
+            let Some(old) = hot.order.pop_front() else {
+                break;
+            };
+            hot.map.remove(&old);
+        }
+        s
+    }
+
+    /// Drops a trajectory from the hot view (e.g. when it is finished).
+    pub fn forget(&self, tid: &str) {
+        let mut hot = self.hot.lock().unwrap_or_else(|e| e.into_inner());
+        hot.map.remove(tid);
+    }
+
+    /// Makes sure the hot view of `tid` reflects the store, then returns it.
+    async fn loaded(
+        &self,
+        tid: &str,
+    ) -> Result<Arc<tokio::sync::Mutex<TrajState>>, TrajectoryError> {
+        let state = self.state(tid);
+        {
+            let mut st = state.lock().await;
+            if !st.loaded {
+                if let Some(t) = self.store.get_trajectory(tid).await? {
+                    self.rebuild(&mut st, t)?;
+                }
+                st.loaded = true;
+            }
+            if st.finished {
+                return Err(TrajectoryError::Finished(tid.to_string()));
+            }
+        }
+        Ok(state)
+    }
+
+    /// Rebuilds the hot view from stored calls (after a restart or eviction).
+    fn rebuild(
+        &self,
+        st: &mut TrajState,
+        t: crate::store::Trajectory,
+    ) -> Result<(), TrajectoryError> {
+        st.finished = t.meta.status == crate::store::TrajectoryStatus::Finished;
+        st.next_call = t.meta.next_call_index;
+        st.next_sample = t.meta.next_sample_index;
+        let mut by_index: HashMap<u32, Arc<HotCall>> = HashMap::new();
+        for rec in &t.calls {
+            let parent = rec.parent_call.and_then(|p| by_index.get(&p).cloned());
+            let messages = rec
+                .request
+                .get("messages")
+                .and_then(Json::as_array)
+                .map(|m| Arc::new(m.clone()));
+            let (prompt_ids, segments, used) = match &parent {
+                Some(p) => {
+                    let mut ids = Vec::with_capacity(p.full_len() + rec.prompt_delta_ids.len());
+                    ids.extend_from_slice(&p.prompt_ids);
+                    ids.extend_from_slice(&p.sampled_ids);
+                    ids.extend_from_slice(&rec.prompt_delta_ids);
+                    let segs = extend_segments(p, rec.prompt_delta_ids.len());
+                    (ids, segs, p.response_used + rec.prompt_delta_ids.len())
+                }
+                None => {
+                    let segs = vec![SegRange {
+                        kind: SegmentKind::Prompt,
+                        call: rec.call_index,
+                        start: 0,
+                        end: rec.prompt_delta_ids.len(),
+                    }];
+                    (rec.prompt_delta_ids.clone(), segs, 0)
+                }
+            };
+            if let Some(p) = &parent {
+                if p.sample_index == rec.sample_index {
+                    st.continued.insert(p.call_index);
+                }
+            }
+            let prompt_text = self.renderer.decode(&prompt_ids, false)?;
+            let noncanonical = parent.as_ref().and_then(|p| p.noncanonical_at);
+            let own = self
+                .noncanonical_offset(&rec.sampled_ids)
+                .map(|o| o + prompt_ids.len());
+            let call = Arc::new(HotCall {
+                call_index: rec.call_index,
+                sample_index: rec.sample_index,
+                messages_hash: messages.as_ref().map_or(0, |m| last_hash(m)),
+                messages,
+                served: rec.response.clone(),
+                response_used: used + rec.sampled_ids.len(),
+                prompt_ids: Arc::new(prompt_ids),
+                sampled_ids: Arc::new(rec.sampled_ids.clone()),
+                prompt_text: Arc::new(prompt_text),
+                segments: Arc::new(segments),
+                noncanonical_at: noncanonical.or(own),
+                truncated: rec.truncated,
+            });
+            st.served.insert(
+                rec.call_index,
+                self.served_info(&call.served, &rec.sampled_ids),
+            );
+            by_index.insert(rec.call_index, call.clone());
+            st.calls.push(call);
+        }
+        Ok(())
+    }
+
+    fn served_info(&self, served: &Json, sampled: &[u32]) -> Served {
+        let text = self.renderer.decode(sampled, false).unwrap_or_default();
+        Served {
+            reasoning: text.contains("<think>")
+                || text.contains("</think>")
+                || served
+                    .get("reasoning_content")
+                    .is_some_and(|r| !r.is_null()),
+            tool_calls: served
+                .get("tool_calls")
+                .and_then(Json::as_array)
+                .is_some_and(|a| !a.is_empty()),
+        }
+    }
+
+    /// Offset of the first sampled id a fresh tokenization of its text would
+    /// not reproduce (None when the ids are canonical).
+    fn noncanonical_offset(&self, sampled: &[u32]) -> Option<usize> {
+        let text = self.renderer.decode(sampled, false).ok()?;
+        let again = self.renderer.encode(&text).ok()?;
+        first_difference(sampled, &again)
+    }
+
+    /// Records a finished call (one record per choice); returns once durable.
+    /// Choice 0 continues the parent's sample unless another call already did
+    /// (then it branches into a new sample), further choices always branch.
+    pub async fn commit(
+        &self,
+        ctx: &CallContext,
+        prepared: &Prepared,
+        choices: &[ChoiceOutcome],
+    ) -> Result<Vec<u32>, TrajectoryError> {
+        let state = self.state(&ctx.trajectory_id);
+        let mut st = state.lock().await;
+        if st.finished {
+            return Err(TrajectoryError::Finished(ctx.trajectory_id.clone()));
+        }
+        let finished_at = now_ms();
+        let mut indices = Vec::with_capacity(choices.len());
+        for (i, choice) in choices.iter().enumerate() {
+            let call_index = st.next_call;
+            let parent = prepared.parent.as_ref();
+            let sample_index = match parent {
+                Some(p) if i == 0 && !st.continued.contains(&p.call_index) => {
+                    st.continued.insert(p.call_index);
+                    p.sample_index
+                }
+                _ => st.next_sample,
+            };
+            let budget_hit = self.config.response_length > 0
+                && prepared.response_used + choice.sampled_ids.len()
+                    >= self.config.response_length as usize
+                && choice.finish_reason != Some(FinishReason::Stop);
+            let truncated = prepared.truncated || budget_hit || parent.is_some_and(|p| p.truncated);
+            let record = CallRecord {
+                trajectory_id: ctx.trajectory_id.clone(),
+                call_index,
+                sample_index,
+                parent_call: parent.map(|p| p.call_index),
+                backend: choice.backend.clone(),
+                started_at: ctx.started_at,
+                finished_at,
+                prompt_delta_ids: prepared.prompt_ids[prepared.delta_start..].to_vec(),
+                sampled_ids: choice.sampled_ids.clone(),
+                logprobs: choice
+                    .logprobs
+                    .iter()
+                    .map(|l| l.logprob)
+                    .chain(std::iter::repeat(0.0))
+                    .take(choice.sampled_ids.len())
+                    .collect(),
+                finish_reason: choice
+                    .finish_reason
+                    .map_or("stop", FinishReason::as_str)
+                    .to_string(),
+                request: ctx.request.clone(),
+                response: choice.served.clone(),
+                drift: prepared.drift.clone(),
+                parse_outcome: choice.parse_outcome.clone(),
+                moved_from: choice.moved_from.clone(),
+                weight_version: ctx.weight_version.clone(),
+                tokenizer_sha256: self.renderer.tokenizer_sha256().to_string(),
+                template_sha256: self.renderer.template_sha256().to_string(),
+                reward: None,
+                truncated,
+            };
+            match self.store.append_call(record).await {
+                Ok(()) => {}
+                Err(StoreError::Finished(t)) => {
+                    st.finished = true;
+                    return Err(TrajectoryError::Finished(t));
+                }
+                Err(e) => return Err(e.into()),
+            }
+            st.next_call += 1;
+            if sample_index == st.next_sample {
+                st.next_sample += 1;
+            }
+            let own = self
+                .noncanonical_offset(&choice.sampled_ids)
+                .map(|o| o + prepared.prompt_ids.len());
+            let call = Arc::new(HotCall {
+                call_index,
+                sample_index,
+                messages: ctx.messages.clone(),
+                messages_hash: ctx.messages.as_ref().map_or(0, |m| last_hash(m)),
+                served: choice.served.clone(),
+                prompt_ids: prepared.prompt_ids.clone(),
+                sampled_ids: Arc::new(choice.sampled_ids.clone()),
+                prompt_text: prepared.prompt_text.clone(),
+                segments: prepared.segments.clone(),
+                response_used: prepared.response_used + choice.sampled_ids.len(),
+                noncanonical_at: prepared.noncanonical_at.or(own),
+                truncated,
+            });
+            st.served.insert(
+                call_index,
+                self.served_info(&call.served, &choice.sampled_ids),
+            );
+            st.calls.push(call);
+            indices.push(call_index);
+        }
+        Ok(indices)
+    }
+}
+
+fn last_hash(messages: &[Json]) -> u64 {
+    messages::prefix_hashes(messages)
+        .last()
+        .copied()
+        .unwrap_or(0)
+}
+
+/// The parent's segments, its sampled ids, then `delta` observation ids.
+fn extend_segments(parent: &HotCall, delta: usize) -> Vec<SegRange> {
+    let mut segs = parent.segments.as_ref().clone();
+    let a = parent.prompt_ids.len();
+    let b = a + parent.sampled_ids.len();
+    segs.push(SegRange {
+        kind: SegmentKind::Sampled,
+        call: parent.call_index,
+        start: a,
+        end: b,
+    });
+    if delta > 0 {
+        segs.push(SegRange {
+            kind: SegmentKind::Observation,
+            call: parent.call_index,
+            start: b,
+            end: b + delta,
+        });
+    }
+    segs
+}
+
+/// End-of-turn tokens: the tokenizer's EOS ids plus well-known turn
+/// terminators present in the vocabulary.
+fn end_of_turn_tokens(renderer: &Renderer) -> Vec<(u32, String)> {
+    let mut out: Vec<(u32, String)> = Vec::new();
+    let mut add = |id: u32, text: String| {
+        if !out.iter().any(|(i, _)| *i == id) {
+            out.push((id, text));
+        }
+    };
+    for id in renderer.eos_token_ids() {
+        if let Some(t) = renderer.id_to_token(*id) {
+            add(*id, t);
+        }
+    }
+    for t in [
+        "<|im_end|>",
+        "<|eot_id|>",
+        "<|eom_id|>",
+        "<end_of_turn>",
+        "<｜end▁of▁sentence｜>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "</s>",
+    ] {
+        if let Some(id) = renderer.token_to_id(t) {
+            add(id, t.to_string());
+        }
+    }
+    out
+}

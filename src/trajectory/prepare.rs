@@ -1,0 +1,302 @@
+//! Building a call's prompt ids from the trajectory's history.
+//!
+//! Exact mode: find the earlier call whose messages, followed by the
+//! assistant message tito served, are a prefix of the new messages; then the
+//! prompt is that call's prompt ids + its sampled ids verbatim + the tokens
+//! of the template's rendering of the new messages. That rendering is taken
+//! from a render of the conversation where the served message's content is a
+//! sentinel: everything after the first end-of-turn text that follows the
+//! sentinel. When the model stopped without emitting end-of-turn (length,
+//! stop string), the end-of-turn text is prepended as glue.
+//!
+//! Drift is diagnosed by comparing texts first (cheap); only when the fresh
+//! render's text differs from the exact prompt's text is the whole fresh
+//! render tokenized to find the first differing token.
+
+use std::sync::Arc;
+
+use serde_json::{json, Value as Json};
+
+use super::drift::{diagnose, first_difference, SegRange, Served};
+use super::messages::{is_served_message, prefix_hashes};
+use super::{extend_segments, HotCall, Trajectories, TrajectoryError};
+use crate::config::HistoryMode;
+use crate::render::RenderInput;
+use crate::store::{Drift, SegmentKind};
+
+/// What a chat call renders.
+#[derive(Debug, Clone, Copy)]
+pub struct ChatInput<'a> {
+    pub messages: &'a [Json],
+    pub tools: Option<&'a [Json]>,
+    pub kwargs: Option<&'a serde_json::Map<String, Json>>,
+    pub add_generation_prompt: bool,
+}
+
+/// A call's prompt and lineage, before generation.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub prompt_ids: Arc<Vec<u32>>,
+    pub prompt_text: Arc<String>,
+    /// `prompt_ids[delta_start..]` is what this call adds to its parent.
+    pub delta_start: usize,
+    pub parent: Option<Arc<HotCall>>,
+    pub segments: Arc<Vec<SegRange>>,
+    pub drift: Option<Drift>,
+    /// Response tokens of the sample before this call generates.
+    pub response_used: usize,
+    pub noncanonical_at: Option<usize>,
+    /// The sample's response budget is already spent.
+    pub truncated: bool,
+}
+
+impl Prepared {
+    /// Tokens this call may still generate under `response_length` (0 = no budget).
+    pub fn budget_left(&self, response_length: u32) -> Option<u32> {
+        (response_length > 0)
+            .then(|| (response_length as usize).saturating_sub(self.response_used) as u32)
+    }
+}
+
+const SENTINEL: &str = "\u{2063}tito-sentinel-5f0c2a\u{2063}";
+
+impl Trajectories {
+    /// Prepares a chat call of trajectory `tid`.
+    pub async fn prepare_chat(
+        &self,
+        tid: &str,
+        input: ChatInput<'_>,
+    ) -> Result<Prepared, TrajectoryError> {
+        let state = self.loaded(tid).await?;
+        let (calls, served) = {
+            let st = state.lock().await;
+            (st.calls.clone(), st.served.clone())
+        };
+        let served = |c: u32| served.get(&c).copied().unwrap_or_default();
+        self.prepare_chat_sync(&calls, &served, input)
+    }
+
+    fn prepare_chat_sync(
+        &self,
+        calls: &[Arc<HotCall>],
+        served: &dyn Fn(u32) -> Served,
+        input: ChatInput<'_>,
+    ) -> Result<Prepared, TrajectoryError> {
+        let messages = input.messages;
+        let hashes = prefix_hashes(messages);
+        let mut best: Option<(&Arc<HotCall>, usize)> = None;
+        let mut edited: Option<&Arc<HotCall>> = None;
+        for c in calls.iter().rev() {
+            let Some(m) = &c.messages else { continue };
+            let k = m.len();
+            if k + 1 >= messages.len() || hashes.get(k) != Some(&c.messages_hash) {
+                continue;
+            }
+            if is_served_message(&messages[k], &c.served) {
+                if best.is_none_or(|(_, bk)| bk < k) {
+                    best = Some((c, k));
+                }
+            } else if edited.is_none() {
+                edited = Some(c);
+            }
+        }
+        let render_input = RenderInput {
+            messages,
+            tools: input.tools,
+            add_generation_prompt: input.add_generation_prompt,
+            kwargs: input.kwargs,
+        };
+        let fresh_text = self.renderer.render(&render_input)?;
+        let continuation = match best {
+            Some((c, k)) => self.continuation_text(c, k, input)?.map(|t| (c, t)),
+            None => None,
+        };
+        let Some((parent, delta_text)) = continuation else {
+            // A new sample: the first call, a new conversation, or an edit.
+            let ids = self.renderer.encode(&fresh_text)?;
+            let drift = edited.and_then(|c| {
+                let mut before = c.prompt_ids.as_ref().clone();
+                before.extend_from_slice(&c.sampled_ids);
+                first_difference(&before, &ids).map(|p| Drift {
+                    position: p as u32,
+                    cause: "client_edit".into(),
+                    details: json!({"edited_call": c.call_index,
+                        "reason": "the history does not continue any served call; new sample started"}),
+                })
+            });
+            return Ok(self.root(ids, fresh_text, drift));
+        };
+        let delta_ids = self.renderer.encode(&delta_text)?;
+        let mut exact = Vec::with_capacity(parent.full_len() + delta_ids.len());
+        exact.extend_from_slice(&parent.prompt_ids);
+        exact.extend_from_slice(&parent.sampled_ids);
+        exact.extend_from_slice(&delta_ids);
+        let mut exact_text =
+            String::with_capacity(parent.prompt_text.len() + delta_text.len() + 256);
+        exact_text.push_str(&parent.prompt_text);
+        exact_text.push_str(&self.renderer.decode(&parent.sampled_ids, false)?);
+        exact_text.push_str(&delta_text);
+        let segments = extend_segments(parent, delta_ids.len());
+        let eot = self.end_of_turn_ids();
+        let (fresh_ids, drift) = if fresh_text == exact_text {
+            let drift = parent.noncanonical_at.map(|p| Drift {
+                position: p as u32,
+                cause: "bpe_retokenization".into(),
+                details: json!({"note": "same text, but a fresh tokenization splits the sampled tokens differently",
+                    "exact_ids": exact.get(p..(p + 8).min(exact.len())).unwrap_or_default()}),
+            });
+            (None, drift)
+        } else {
+            let fresh = self.renderer.encode(&fresh_text)?;
+            let drift = diagnose(&self.renderer, &exact, &fresh, &segments, served, &eot);
+            (Some(fresh), drift)
+        };
+        let response_used = parent.response_used + delta_ids.len();
+        let mut prepared = Prepared {
+            delta_start: parent.full_len(),
+            truncated: self.config.response_length > 0
+                && response_used >= self.config.response_length as usize,
+            prompt_ids: Arc::new(exact),
+            prompt_text: Arc::new(exact_text),
+            parent: Some(parent.clone()),
+            segments: Arc::new(segments),
+            drift,
+            response_used,
+            noncanonical_at: parent.noncanonical_at,
+        };
+        if self.config.history == HistoryMode::Template {
+            let fresh = match fresh_ids {
+                Some(f) => f,
+                None => self.renderer.encode(&fresh_text)?,
+            };
+            let full = parent.full_len();
+            let extends = fresh.len() > full
+                && fresh[..parent.prompt_ids.len()] == parent.prompt_ids[..]
+                && fresh[parent.prompt_ids.len()..full] == parent.sampled_ids[..];
+            if !extends {
+                let drift = prepared.drift.take();
+                return Ok(self.root(fresh, fresh_text, drift));
+            }
+            let delta = fresh.len() - full;
+            prepared.segments = Arc::new(extend_segments(parent, delta));
+            prepared.response_used = parent.response_used + delta;
+            prepared.prompt_ids = Arc::new(fresh);
+            prepared.prompt_text = Arc::new(fresh_text);
+        }
+        Ok(prepared)
+    }
+
+    /// A call that starts a new sample from given prompt ids.
+    pub fn prepare_root(&self, ids: Vec<u32>) -> Result<Prepared, TrajectoryError> {
+        let text = self.renderer.decode(&ids, false)?;
+        Ok(self.root(ids, text, None))
+    }
+
+    fn root(&self, ids: Vec<u32>, text: String, drift: Option<Drift>) -> Prepared {
+        let segments = vec![SegRange {
+            kind: SegmentKind::Prompt,
+            call: 0,
+            start: 0,
+            end: ids.len(),
+        }];
+        Prepared {
+            prompt_ids: Arc::new(ids),
+            prompt_text: Arc::new(text),
+            delta_start: 0,
+            parent: None,
+            segments: Arc::new(segments),
+            drift,
+            response_used: 0,
+            noncanonical_at: None,
+            truncated: false,
+        }
+    }
+
+    /// The text the template puts after the served message of `parent`
+    /// (which sits at index `k` of the new messages): glue + new messages.
+    /// None when the template gives no end-of-turn after the message.
+    fn continuation_text(
+        &self,
+        parent: &HotCall,
+        k: usize,
+        input: ChatInput<'_>,
+    ) -> Result<Option<String>, TrajectoryError> {
+        let Some(history) = &parent.messages else {
+            return Ok(None);
+        };
+        let mut sentinel = json!({"role": "assistant", "content": SENTINEL});
+        if let Some(calls) = parent.served.get("tool_calls").filter(|c| !c.is_null()) {
+            sentinel["tool_calls"] = calls.clone();
+        }
+        let mut msgs: Vec<Json> = Vec::with_capacity(input.messages.len());
+        msgs.extend(history.iter().cloned());
+        msgs.push(sentinel);
+        msgs.extend(input.messages[k + 1..].iter().cloned());
+        let text = self.renderer.render(&RenderInput {
+            messages: &msgs,
+            tools: input.tools,
+            add_generation_prompt: input.add_generation_prompt,
+            kwargs: input.kwargs,
+        })?;
+        let Some(pos) = text.find(SENTINEL).map(|p| p + SENTINEL.len()) else {
+            return Ok(None);
+        };
+        let after = &text[pos..];
+        let Some((at, eot_text)) = self
+            .end_of_turn
+            .iter()
+            .filter_map(|(_, t)| after.find(t.as_str()).map(|i| (i, t)))
+            .min_by_key(|(i, _)| *i)
+        else {
+            return Ok(None);
+        };
+        let suffix = &after[at + eot_text.len()..];
+        let ended = parent
+            .sampled_ids
+            .last()
+            .is_some_and(|id| self.end_of_turn.iter().any(|(e, _)| e == id));
+        let mut out = String::with_capacity(eot_text.len() + suffix.len());
+        if !ended {
+            out.push_str(eot_text);
+        }
+        out.push_str(suffix);
+        Ok(Some(out))
+    }
+
+    /// Prepares a `/v1/completions` call: a token-id prompt continues an
+    /// earlier call when it starts with that call's prompt + sampled ids.
+    pub async fn prepare_completion(
+        &self,
+        tid: &str,
+        prompt: Vec<u32>,
+    ) -> Result<Prepared, TrajectoryError> {
+        let state = self.loaded(tid).await?;
+        let calls = state.lock().await.calls.clone();
+        let parent = calls
+            .iter()
+            .filter(|c| {
+                c.full_len() < prompt.len()
+                    && prompt[..c.prompt_ids.len()] == c.prompt_ids[..]
+                    && prompt[c.prompt_ids.len()..c.full_len()] == c.sampled_ids[..]
+            })
+            .max_by_key(|c| (c.full_len(), c.call_index));
+        let text = self.renderer.decode(&prompt, false)?;
+        let Some(parent) = parent else {
+            return Ok(self.root(prompt, text, None));
+        };
+        let delta = prompt.len() - parent.full_len();
+        let response_used = parent.response_used + delta;
+        Ok(Prepared {
+            delta_start: parent.full_len(),
+            truncated: self.config.response_length > 0
+                && response_used >= self.config.response_length as usize,
+            segments: Arc::new(extend_segments(parent, delta)),
+            prompt_ids: Arc::new(prompt),
+            prompt_text: Arc::new(text),
+            parent: Some(parent.clone()),
+            drift: None,
+            response_used,
+            noncanonical_at: parent.noncanonical_at,
+        })
+    }
+}
