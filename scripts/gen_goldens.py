@@ -1,0 +1,354 @@
+#!/usr/bin/env python3
+"""Writes golden chat-template fixtures from Python transformers.
+
+For every tokenizer fetched by scripts/fetch-tokenizers.sh into
+.cache/tokenizers/<name>/, renders a set of conversations with
+`AutoTokenizer.from_pretrained(dir).apply_chat_template(..., tokenize=True)`
+and writes tests/fixtures/goldens/<name>.json: a list of cases
+{name, messages, tools, add_generation_prompt, chat_template_kwargs,
+reference, text, ids}. tests/render_goldens.rs checks that tito's renderer
+gives exactly these ids.
+
+`reference` says what produced the golden: "transformers" (apply_chat_template)
+or "jinja2" for the few cases transformers cannot express: transformers 5.x
+drops message keys whose value is None before rendering, and the DeepSeek V3
+template renders tool calls only when content is None. Those cases are rendered
+with plain jinja2 configured exactly as transformers configures it, then
+tokenized with `encode(text, add_special_tokens=False)` as transformers does.
+
+Run: scripts/setup-python.sh && scripts/fetch-tokenizers.sh &&
+     .venv/bin/python scripts/gen_goldens.py
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import jinja2  # noqa: E402
+from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
+from transformers import AutoTokenizer  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = ROOT / ".cache" / "tokenizers"
+OUT = ROOT / "tests" / "fixtures" / "goldens"
+
+
+def sys_(text):
+    return {"role": "system", "content": text}
+
+
+def user(text):
+    return {"role": "user", "content": text}
+
+
+def asst(text, **extra):
+    return {"role": "assistant", "content": text, **extra}
+
+
+def tool(text, **extra):
+    return {"role": "tool", "content": text, **extra}
+
+
+def call(name, arguments, call_id):
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def case(name, messages, tools=None, add_generation_prompt=True, kwargs=None, reference="transformers"):
+    return {
+        "name": name,
+        "messages": messages,
+        "tools": tools,
+        "add_generation_prompt": add_generation_prompt,
+        "chat_template_kwargs": kwargs,
+        "reference": reference,
+    }
+
+
+# Texts that stress the tokenizer rather than the template.
+UNICODE = "你好，世界！日本語のテキスト。Ελληνικά, café naïve Ångström, emoji 👋🏽🎉🇫🇷 and ZWJ 👩‍💻."
+CODE = (
+    "Fix this:\n```python\ndef fib(n):\n    if n < 2:\n        return n\n"
+    "    return fib(n - 1) + fib(n - 2)\n\nprint([fib(i) for i in range(10)])\n```\n"
+    "and `x = {'a': 1}`; <div class=\"x\">&amp;</div>"
+)
+WHITESPACE = "  leading spaces\ttab\t\tdouble tab\n\n\n\nmany newlines     five spaces \r\n CRLF  \n   "
+DIGITS = "Numbers: 1 12 123 1234 12345 1234567890, 3.14159, -42, 1e-7, 2026-11-22T17:37:04Z, 0x1F, 1,000,000."
+SPECIAL_TEXT = "Literal markers typed by a user: <|im_start|> <|im_end|> <|eot_id|> <start_of_turn> </think>"
+
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the current weather in a city. Température en °C.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name, e.g. 東京"},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7, "default": 1},
+            },
+            "required": ["city"],
+        },
+    },
+}
+SEARCH_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "search",
+        "description": "Search the web.\nReturns \"snippets\" with a \\score.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "query": {"type": "string"},
+                "limit": {"type": "number", "default": 2.5},
+                "filters": {"type": "array", "items": {"type": "string"}},
+            },
+            "required": ["query"],
+        },
+    },
+}
+TOOLS = [WEATHER_TOOL, SEARCH_TOOL]
+
+
+def qwen3_cases():
+    conv = [sys_("You are a helpful assistant."), user("What is 2+2?"), asst("2+2 = 4."), user("And 3+3?")]
+    tool_turn = [
+        user("Weather in Paris and Tokyo?"),
+        asst(
+            "",
+            tool_calls=[
+                call("get_weather", {"city": "Paris", "unit": "celsius"}, "c1"),
+                call("get_weather", '{"city": "東京"}', "c2"),
+            ],
+        ),
+        tool('{"temp": 21.5, "sky": "clear"}', tool_call_id="c1"),
+        tool('{"temp": 18, "sky": "rain 🌧"}', tool_call_id="c2"),
+    ]
+    return [
+        case("user_only", [user("Hello!")]),
+        case("system_user", [sys_("You are terse."), user("Hi.")]),
+        case("multi_turn", conv),
+        case("no_generation_prompt", conv + [asst("6.")], add_generation_prompt=False),
+        case("enable_thinking_false", [user("Quick answer: capital of France?")], kwargs={"enable_thinking": False}),
+        case("enable_thinking_true", [user("Think about it: 17*23?")], kwargs={"enable_thinking": True}),
+        case(
+            "reasoning_content_in_history",
+            [
+                user("17*23?"),
+                asst("391", reasoning_content="17*23 = 17*20 + 17*3 = 340 + 51 = 391."),
+                user("And 18*23?"),
+            ],
+        ),
+        case(
+            "think_tags_in_history",
+            [user("Hi"), asst("<think>\nThe user greets.\n</think>\n\nHello there!"), user("Bye")],
+        ),
+        case(
+            "think_tags_last_assistant",
+            [user("Hi"), asst("<think>\nGreeting back.\n</think>\n\nHello!")],
+            add_generation_prompt=False,
+        ),
+        case(
+            "reasoning_after_last_query",
+            [
+                user("Weather in Paris?"),
+                asst(
+                    "",
+                    reasoning_content="I should call the tool.",
+                    tool_calls=[call("get_weather", {"city": "Paris"}, "c1")],
+                ),
+                tool("sunny"),
+            ],
+            tools=TOOLS,
+        ),
+        case("tools_no_system", [user("What's the weather in Berlin?")], tools=TOOLS),
+        case("tools_with_system", [sys_("Use tools when useful."), user("Search for rust jinja.")], tools=TOOLS),
+        case("tool_calls_and_results", tool_turn, tools=TOOLS),
+        case(
+            "tool_calls_then_answer",
+            tool_turn + [asst("Paris: 21.5°C clear; Tokyo: 18°C rain.")],
+            tools=TOOLS,
+            add_generation_prompt=False,
+        ),
+        case(
+            "tool_call_with_content",
+            [
+                user("Search please"),
+                asst(
+                    "Let me search.",
+                    tool_calls=[
+                        call("search", {"query": "naïve «quotes» \"and\" \\slashes\n", "limit": 3, "w": 0.1,
+                                        "tiny": 1e-7, "big": 1e21, "nested": {"a": [1, 2.0, None, True]}}, "s1")
+                    ],
+                ),
+                tool("<tool_response>not really</tool_response>"),
+                user("<tool_response>\nfake\n</tool_response>"),
+            ],
+            tools=[SEARCH_TOOL],
+        ),
+        case("unicode", [user(UNICODE)]),
+        case("code_block", [user(CODE), asst("```python\nprint('ok')\n```"), user("thanks")]),
+        case("whitespace_runs", [user(WHITESPACE)]),
+        case("digits", [user(DIGITS)]),
+        case("special_token_text", [user(SPECIAL_TEXT)]),
+        case("empty_user", [user("")]),
+    ]
+
+
+def llama3_1_cases():
+    conv = [sys_("You are a pirate."), user("Hello"), asst("Ahoy!"), user("Where is the treasure?")]
+    return [
+        case("user_only", [user("Hello!")]),
+        case("system_user", [sys_("Be brief."), user("Hi.")]),
+        case("multi_turn", conv),
+        case("no_generation_prompt", conv + [asst("Buried, matey.")], add_generation_prompt=False),
+        case("trimmed_content", [user("   padded on both sides \n\n"), asst("\n ok \t")], add_generation_prompt=False),
+        case("unicode", [user(UNICODE)]),
+        case("code_block", [user(CODE)]),
+        case("whitespace_runs", [user(WHITESPACE)]),
+        case("digits", [user(DIGITS)]),
+        case("special_token_text", [user(SPECIAL_TEXT)]),
+    ]
+
+
+def deepseek_v3_cases():
+    conv = [sys_("You are DeepSeek."), user("Hello"), asst("Hi! How can I help?"), user("Tell me a joke.")]
+    return [
+        case("user_only", [user("Hello!")]),
+        case("two_system_prompts", [sys_("First rule."), sys_("Second rule."), user("Go.")]),
+        case("multi_turn", conv),
+        case("no_generation_prompt", conv + [asst("Why did the GPU cross the road?")], add_generation_prompt=False),
+        case("unicode", [user(UNICODE)]),
+        case("cjk_long", [user("深度求索是一家人工智能公司。東京タワーは高い。ひらがなとカタカナ。")]),
+        case("code_block", [user(CODE)]),
+        case("whitespace_runs", [user(WHITESPACE)]),
+        case("digits", [user(DIGITS)]),
+        case(
+            "tool_call_single",
+            [
+                user("Weather in Paris?"),
+                asst(None, tool_calls=[call("get_weather", '{"city": "Paris"}', "c1")]),
+                tool('{"temp": 21}'),
+                asst("It is 21°C in Paris."),
+            ],
+            tools=TOOLS,
+            add_generation_prompt=False,
+            reference="jinja2",
+        ),
+        case(
+            "tool_calls_two_then_results",
+            [
+                user("Weather in Paris and Tokyo?"),
+                asst(
+                    None,
+                    tool_calls=[
+                        call("get_weather", '{"city": "Paris"}', "c1"),
+                        call("get_weather", '{"city": "東京"}', "c2"),
+                    ],
+                ),
+                tool('{"temp": 21}'),
+                tool('{"temp": 18}'),
+            ],
+            tools=TOOLS,
+            reference="jinja2",
+        ),
+    ]
+
+
+def gemma3_cases():
+    conv = [sys_("You are Gemma."), user("Hello"), asst("Hi there!"), user("What is 1+1?")]
+    return [
+        case("user_only", [user("Hello!")]),
+        case("system_user", [sys_("Answer in French."), user("Good morning.")]),
+        case("multi_turn", conv),
+        case("no_generation_prompt", conv + [asst("2")], add_generation_prompt=False),
+        case(
+            "content_parts",
+            [
+                {"role": "system", "content": [{"type": "text", "text": "System as parts."}]},
+                {"role": "user", "content": [{"type": "text", "text": "  part one "}, {"type": "text", "text": "part two"}]},
+            ],
+        ),
+        case("unicode", [user(UNICODE)]),
+        case("code_block", [user(CODE), asst("Here:\n```python\nprint(1)\n```"), user("ok")]),
+        case("whitespace_runs", [user(WHITESPACE)]),
+        case("digits", [user(DIGITS)]),
+        case("special_token_text", [user(SPECIAL_TEXT)]),
+    ]
+
+
+CASES = {
+    "qwen3": qwen3_cases,
+    "llama3_1": llama3_1_cases,
+    "deepseek_v3": deepseek_v3_cases,
+    "gemma3": gemma3_cases,
+}
+
+
+def hf_jinja_env():
+    """A jinja2 environment configured as transformers configures its own."""
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = tojson
+    env.globals["raise_exception"] = raise_exception
+    return env
+
+
+def render_jinja2(tok, c):
+    template = hf_jinja_env().from_string(tok.chat_template)
+    variables = {**tok.special_tokens_map, **(c["chat_template_kwargs"] or {})}
+    return template.render(
+        messages=c["messages"],
+        tools=c["tools"],
+        add_generation_prompt=c["add_generation_prompt"],
+        **variables,
+    )
+
+
+def golden(tok, c):
+    kwargs = c["chat_template_kwargs"] or {}
+    if c["reference"] == "jinja2":
+        text = render_jinja2(tok, c)
+        ids = tok.encode(text, add_special_tokens=False)
+        return text, list(ids)
+    common = dict(tools=c["tools"], add_generation_prompt=c["add_generation_prompt"], **kwargs)
+    text = tok.apply_chat_template(c["messages"], tokenize=False, **common)
+    out = tok.apply_chat_template(c["messages"], tokenize=True, **common)
+    ids = out["input_ids"] if hasattr(out, "keys") else out
+    ids = [int(i) for i in ids]
+    # transformers tokenizes the rendered text with add_special_tokens=False;
+    # check that this is still what it does, so the golden text and ids agree.
+    plain = list(tok.encode(text, add_special_tokens=False))
+    if plain != ids:
+        raise SystemExit(f"{c['name']}: apply_chat_template ids differ from encode(text); investigate")
+    return text, ids
+
+
+def main():
+    missing = [n for n in CASES if not (CACHE / n / "tokenizer.json").exists()]
+    if missing:
+        sys.exit(f"tokenizers missing in {CACHE}: {missing}; run scripts/fetch-tokenizers.sh")
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, make in CASES.items():
+        tok = AutoTokenizer.from_pretrained(str(CACHE / name))
+        cases = make()
+        for c in cases:
+            c["text"], c["ids"] = golden(tok, c)
+        path = OUT / f"{name}.json"
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(cases, f, ensure_ascii=False, indent=1)
+            f.write("\n")
+        print(f"{path.relative_to(ROOT)}: {len(cases)} cases")
+
+
+if __name__ == "__main__":
+    main()
