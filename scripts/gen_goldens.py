@@ -303,6 +303,86 @@ def hf_jinja_env():
     return env
 
 
+# Small templates exercising the Jinja features HF chat templates rely on,
+# rendered by jinja2 configured as transformers configures it. Checked by the
+# unit tests in src/render/ (no tokenizer needed). "error": true means jinja2
+# raised, and tito must fail too.
+MSGS = [sys_("S"), user("U1"), asst("A1"), user("U2")]
+SNIPPETS = [
+    ("loop_controls", "{% for m in messages %}{% if loop.index0 == 1 %}{% continue %}{% endif %}{{ m.role }};"
+     "{% if loop.index == 3 %}{% break %}{% endif %}{% endfor %}", {"messages": MSGS}),
+    ("loop_vars", "{% for m in messages %}{{ loop.index }}/{{ loop.length }}/{{ loop.revindex0 }}"
+     "{{ '^' if loop.first }}{{ '$' if loop.last }}{% if not loop.first %}<{{ loop.previtem.role }}{% endif %}"
+     "{% if not loop.last %}>{{ loop.nextitem.role }}{% endif %} {% endfor %}", {"messages": MSGS}),
+    ("namespace", "{% set ns = namespace(n=0, last='') %}{% for m in messages %}{% if m.role == 'user' %}"
+     "{% set ns.n = ns.n + 1 %}{% set ns.last = m.content %}{% endif %}{% endfor %}{{ ns.n }} {{ ns.last }}",
+     {"messages": MSGS}),
+    ("is_tests", "{% for x in [s, d, l, n, f, b, none] %}{{ x is string }},{{ x is mapping }},{{ x is sequence }},"
+     "{{ x is iterable }},{{ x is number }},{{ x is boolean }},{{ x is none }},{{ x is defined }};{% endfor %}"
+     "{{ missing is defined }},{{ missing is none }},{{ d.nokey is defined }}",
+     {"s": "str", "d": {"a": 1}, "l": [1, 2], "n": 3, "f": 1.5, "b": True}),
+    ("dict_methods", "{% for k, v in d.items() %}{{ k }}={{ v }};{% endfor %}|{{ d.get('a') }}|{{ d.get('zz', 'dflt') }}"
+     "|{{ d.get('zz') }}|{{ d.keys() | list | join(',') }}|{{ d.values() | list | length }}|{{ 'a' in d }}",
+     {"d": {"b": "x", "a": 1, "c": [1]}}),
+    ("dictsort_and_items_filter", "{% for k, v in d | dictsort %}{{ k }}:{{ v }} {% endfor %}{% for k, v in d | items %}"
+     "{{ k }} {% endfor %}", {"d": {"b": 2, "a": 1}}),
+    ("string_methods", "{{ s.strip() }}|{{ s.lstrip() }}|{{ s.rstrip() }}|{{ s.strip(' x') }}|{{ s.split() | join('+') }}"
+     "|{{ s.split('x', 1) | join('+') }}|{{ s.upper() }}|{{ s.lower() }}|{{ s.title() }}|{{ t.capitalize() }}"
+     "|{{ s.replace('x', 'Y') }}|{{ s.startswith('  x') }}|{{ s.endswith('x  ') }}|{{ s.find('b') }}|{{ s.count('x') }}"
+     "|{{ ','.join(['p', 'q']) }}|{{ t.splitlines() | length }}",
+     {"s": "  xa b cx  ", "t": "hello world\nline two"}),
+    ("print_python_values", "{{ none }}|{{ true }}|{{ false }}|{{ l }}|{{ d }}|{{ f }}|{{ g }}|{{ h }}|{{ 3 / 2 }}|{{ 4 / 2 }}"
+     "|{{ 7 // 2 }}|{{ 7 % 3 }}|{{ 2 ** 10 }}|{{ 'a' ~ 1 ~ none }}|{{ 'ab' * 2 }}|{{ n | string }}|{{ e }}",
+     {"l": ["a", 1, 2.5, None, True, {"k": "v'q"}], "d": {"x": [1]}, "f": 2.0, "g": 1e-7, "h": 123456789012345678.0,
+      "n": 5, "e": "it's"}),
+    ("tojson_variants", "{{ v | tojson }}\n{{ v | tojson(indent=2) }}\n{{ v | tojson(indent=4, sort_keys=true) }}\n"
+     "{{ v | tojson(separators=(',', ':')) }}\n{{ 'x<y & \\'z\\' \u00e9 \U0001F600' | tojson }}",
+     {"v": {"b": [1, 2.5, None, {}], "a": "é\n\"", "e": [], "f": 1e-7, "g": 1e22, "h": -0.0, "i": 0.1}}),
+    ("slicing_and_filters", "{{ messages[1:] | map(attribute='role') | join(',') }}|{{ messages[-1].content }}"
+     "|{{ messages[::-1] | map(attribute='content') | join(',') }}|{{ (messages | first).role }}"
+     "|{{ (messages | last).role }}|{{ messages | selectattr('role', 'equalto', 'user') | list | length }}"
+     "|{{ messages | rejectattr('role', 'equalto', 'user') | map(attribute='role') | join(',') }}"
+     "|{{ messages | length }}|{{ [3, 1, 2] | sort | join }}|{{ 'abc' | reverse }}|{{ [1, 2] + [3] }}",
+     {"messages": MSGS}),
+    ("whitespace_control", "{% for m in messages %}\n  {%- if m.role == 'user' %}\n    [{{ m.content }}]\n  {% endif %}\n"
+     "{% endfor %}\n{{- ' end' }}\n", {"messages": MSGS}),
+    ("trim_and_lstrip_blocks", "<ul>\n    {% for m in messages %}\n        <li>{{ m.role }}</li>\n    {% endfor %}\n</ul>\n",
+     {"messages": MSGS[:2]}),
+    ("macros", "{% macro render(m, prefix='>') %}{{ prefix }}{{ m.role | upper }}{% endmacro %}"
+     "{% for m in messages %}{{ render(m) }}{{ render(m, prefix='#') }}{% endfor %}", {"messages": MSGS[:2]}),
+    ("in_and_comparisons", "{{ '</think>' in s }}|{{ 'x' not in s }}|{{ 1 < 2 < 3 }}|{{ s == 'a</think>b' }}"
+     "|{{ [1, 2] == [1, 2] }}|{{ none == none }}|{{ (1 if s else 2) }}|{{ s.split('</think>')[-1].lstrip('b') }}",
+     {"s": "a</think>b"}),
+    ("default_and_undefined", "{{ missing | default('d') }}|{{ none | default('d') }}|{{ none | default('d', true) }}"
+     "|{{ '' | default('e', true) }}|{{ missing }}|{% if not missing %}falsy{% endif %}|{{ m.content | default('c') }}",
+     {"m": {"role": "user"}}),
+    ("set_block_and_filters", "{% set x %}inner {{ 1 + 1 }}{% endset %}[{{ x }}]{{ x | length }}|{{ 'a-b' | replace('-', '_') }}"
+     "|{{ ' pad ' | trim }}|{{ 'Hi' | lower }}|{{ 3.7 | int }}|{{ '4' | int + 1 }}|{{ 2 | float }}|{{ -3 | abs }}"
+     "|{{ [1, 5, 3] | max }}|{{ [1, 5, 3] | min }}|{{ [1, 2] | sum }}|{{ 'abc' | list | join('.') }}", {}),
+    ("raise_exception", "{% if messages | length > 2 %}{{ raise_exception('too many messages') }}{% endif %}ok",
+     {"messages": MSGS}),
+    ("format_filter", "{{ '%s-%d' | format('a', 3) }}|{{ '%05.2f' | format(3.14159) }}", {}),
+    ("mapping_content_parts", "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}"
+     "{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %};{% endfor %}",
+     {"messages": [user("plain"), {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "part"}]}]}),
+]
+
+
+def snippet_goldens():
+    env = hf_jinja_env()
+    out = []
+    for name, template, context in SNIPPETS:
+        entry = {"name": name, "template": template, "context": context}
+        try:
+            entry["output"] = env.from_string(template).render(**context)
+            entry["error"] = False
+        except Exception as e:  # the template raised: tito must raise too
+            entry["output"] = f"{type(e).__name__}: {e}"
+            entry["error"] = True
+        out.append(entry)
+    return out
+
+
 def render_jinja2(tok, c):
     template = hf_jinja_env().from_string(tok.chat_template)
     variables = {**tok.special_tokens_map, **(c["chat_template_kwargs"] or {})}
@@ -333,21 +413,25 @@ def golden(tok, c):
     return text, ids
 
 
+def write_json(path, value):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(value, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"{path.relative_to(ROOT)}: {len(value)} cases")
+
+
 def main():
+    OUT.mkdir(parents=True, exist_ok=True)
+    write_json(OUT / "jinja_snippets.json", snippet_goldens())
     missing = [n for n in CASES if not (CACHE / n / "tokenizer.json").exists()]
     if missing:
         sys.exit(f"tokenizers missing in {CACHE}: {missing}; run scripts/fetch-tokenizers.sh")
-    OUT.mkdir(parents=True, exist_ok=True)
     for name, make in CASES.items():
         tok = AutoTokenizer.from_pretrained(str(CACHE / name))
         cases = make()
         for c in cases:
             c["text"], c["ids"] = golden(tok, c)
-        path = OUT / f"{name}.json"
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(cases, f, ensure_ascii=False, indent=1)
-            f.write("\n")
-        print(f"{path.relative_to(ROOT)}: {len(cases)} cases")
+        write_json(OUT / f"{name}.json", cases)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@
 
 pub mod gguf;
 mod hf;
+mod pyfmt;
 mod template;
 
 use std::path::Path;
