@@ -365,6 +365,17 @@ SNIPPETS = [
     ("mapping_content_parts", "{% for m in messages %}{% if m.content is string %}{{ m.content }}{% else %}"
      "{% for p in m.content %}{% if p.type == 'text' %}{{ p.text }}{% endif %}{% endfor %}{% endif %};{% endfor %}",
      {"messages": [user("plain"), {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "part"}]}]}),
+    # None and missing keys: what a template may do with them, and what fails.
+    ("none_concat_fails", "{{ 'a' + m.content }}", {"m": {"content": None}}),
+    ("none_contains_fails", "{{ 'x' in m.content }}", {"m": {"content": None}}),
+    ("undefined_concat_fails", "{{ 'a' + m.content }}", {"m": {}}),
+    ("undefined_attribute_of_undefined_fails", "{{ m.content.text }}", {"m": {}}),
+    ("undefined_lenient_uses", "{{ 'x' in m.content }}|{% for t in m.tool_calls %}t{% endfor %}|{{ m.content | length }}"
+     "|{{ m.content | trim }}|{{ m.content is none }}|{{ m.content is string }}|{% if m.content %}y{% else %}n{% endif %}",
+     {"m": {}}),
+    ("none_values", "{{ m.content is none }}|{{ m.content is defined }}|{{ m.content }}|{% if m.content %}y{% else %}n{% endif %}"
+     "|{{ m.content | default('d') }}", {"m": {"content": None}}),
+    ("dict_global_and_tuple", "{% set d = dict(a=1, b='x') %}{{ d.a }}{{ d['b'] }}|{% for a, b in [(1, 2), (3, 4)] %}{{ a + b }}{% endfor %}", {}),
 ]
 
 

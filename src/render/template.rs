@@ -29,6 +29,8 @@ pub(crate) fn build_env(source: String) -> Result<Environment<'static>, RenderEr
     env.add_function("strftime_now", strftime_now);
     env.add_filter("tojson", tojson);
     env.add_filter("string", string_filter);
+    env.add_filter("length", length_filter);
+    env.add_filter("count", length_filter);
     env.add_test("sequence", is_sequence);
     env.add_test("iterable", is_iterable);
     env.add_test("number", is_number);
@@ -57,6 +59,14 @@ fn string_filter(value: Value) -> Value {
         None if value.is_undefined() => Value::from(""),
         None => Value::from(value.to_string()),
     }
+}
+
+/// jinja2's `length`: `len()`, and an undefined value has length 0.
+fn length_filter(value: Value) -> Result<usize, Error> {
+    if value.is_undefined() {
+        return Ok(0);
+    }
+    minijinja::filters::length(&value)
 }
 
 /// jinja2: anything with a length and item access (str, list, dict).
