@@ -375,6 +375,9 @@ SNIPPETS = [
      {"m": {}}),
     ("none_values", "{{ m.content is none }}|{{ m.content is defined }}|{{ m.content }}|{% if m.content %}y{% else %}n{% endif %}"
      "|{{ m.content | default('d') }}", {"m": {"content": None}}),
+    ("more_string_methods", "{{ s.rsplit(',', 1) }}|{{ s.rsplit(',') }}|{{ w.rsplit(none, 1) }}|{{ w.rsplit() }}"
+     "|{{ w.rsplit(none, 0) }}|{{ s.removeprefix('a,') }}|{{ s.removesuffix(',d') }}|{{ s.removeprefix('zz') }}",
+     {"s": "a,b,c,d", "w": "  one two\tthree  four  "}),
     ("dict_global_and_tuple", "{% set d = dict(a=1, b='x') %}{{ d.a }}{{ d['b'] }}|{% for a, b in [(1, 2), (3, 4)] %}{{ a + b }}{% endfor %}", {}),
 ]
 

@@ -8,7 +8,7 @@
 //! Owns: template compilation and the helpers templates call. Must not:
 //! tokenize, or know about HTTP.
 
-use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::value::{from_args, Kwargs, Value, ValueKind};
 use minijinja::{Environment, Error, ErrorKind, Output, State};
 
 use super::pyfmt::{py_str, write_py_json, JsonStyle};
@@ -23,7 +23,7 @@ pub(crate) fn build_env(source: String) -> Result<Environment<'static>, RenderEr
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_keep_trailing_newline(false);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_unknown_method_callback(py_method);
     env.set_formatter(py_formatter);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
@@ -37,6 +37,68 @@ pub(crate) fn build_env(source: String) -> Result<Environment<'static>, RenderEr
     env.add_template_owned(TEMPLATE_NAME, source)
         .map_err(|e| RenderError::TemplateCompile(format_error(&e)))?;
     Ok(env)
+}
+
+/// Python methods on values: minijinja-contrib's `pycompat` set, plus the
+/// string methods it lacks that chat templates use (`rsplit`,
+/// `removeprefix`, `removesuffix`).
+fn py_method(state: &State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
+    if let Some(s) = value.as_str() {
+        match method {
+            "removeprefix" | "removesuffix" => {
+                let (affix,): (&str,) = from_args(args)?;
+                let out = if method == "removeprefix" {
+                    s.strip_prefix(affix)
+                } else {
+                    s.strip_suffix(affix)
+                };
+                return Ok(Value::from(out.unwrap_or(s)));
+            }
+            "rsplit" => {
+                let (sep, maxsplit): (Option<&str>, Option<i64>) = from_args(args)?;
+                let maxsplit = maxsplit.and_then(|n| usize::try_from(n).ok());
+                return Ok(Value::from(py_rsplit(s, sep, maxsplit)));
+            }
+            _ => {}
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// Python's `str.rsplit(sep, maxsplit)`; `maxsplit` `None` means no limit.
+fn py_rsplit(s: &str, sep: Option<&str>, maxsplit: Option<usize>) -> Vec<String> {
+    let limit = maxsplit.unwrap_or(usize::MAX);
+    let mut parts: Vec<String> = match sep {
+        Some(sep) if !sep.is_empty() => s
+            .rsplitn(limit.saturating_add(1), sep)
+            .map(str::to_string)
+            .collect(),
+        _ => {
+            // Whitespace runs separate; the unsplit rest keeps its leading space.
+            let mut parts = Vec::new();
+            let mut rest = s.trim_end();
+            while !rest.is_empty() {
+                if parts.len() == limit {
+                    parts.push(rest.to_string());
+                    break;
+                }
+                match rest.rfind(char::is_whitespace) {
+                    Some(at) => {
+                        let ws_len = rest[at..].chars().next().map_or(1, char::len_utf8);
+                        parts.push(rest[at + ws_len..].to_string());
+                        rest = rest[..at].trim_end();
+                    }
+                    None => {
+                        parts.push(rest.to_string());
+                        break;
+                    }
+                }
+            }
+            parts
+        }
+    };
+    parts.reverse();
+    parts
 }
 
 /// Prints values as jinja2 does, i.e. with Python's `str()`.
