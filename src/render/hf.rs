@@ -16,6 +16,51 @@ fn load_err(path: &Path, message: impl ToString) -> RenderError {
     }
 }
 
+/// The tokenizer source plus the template variables transformers derives from
+/// `tokenizer_config.json` beyond BOS/EOS/PAD/UNK (see [`special_token_vars`]).
+pub(super) fn load_dir_with_vars(
+    dir: &Path,
+) -> Result<(TokenizerSource, serde_json::Map<String, Json>), RenderError> {
+    let source = load_dir(dir)?;
+    let cfg_path = dir.join("tokenizer_config.json");
+    let vars = match std::fs::read_to_string(&cfg_path) {
+        Ok(text) => {
+            special_token_vars(&serde_json::from_str(&text).map_err(|e| load_err(&cfg_path, e))?)
+        }
+        Err(_) => serde_json::Map::new(),
+    };
+    Ok((source, vars))
+}
+
+/// transformers passes its `special_tokens_map` to every template: the
+/// standard special-token attributes that are set, plus the named entries of
+/// `extra_special_tokens` (e.g. Gemma 3's `boi_token`, `image_token`).
+pub(super) fn special_token_vars(config: &Json) -> serde_json::Map<String, Json> {
+    const NAMES: [&str; 7] = [
+        "bos_token",
+        "eos_token",
+        "unk_token",
+        "sep_token",
+        "pad_token",
+        "cls_token",
+        "mask_token",
+    ];
+    let mut vars = serde_json::Map::new();
+    for name in NAMES {
+        if let Some(token) = special_token(config.get(name)) {
+            vars.insert(name.into(), Json::String(token));
+        }
+    }
+    if let Some(Json::Object(extra)) = config.get("extra_special_tokens") {
+        for (name, value) in extra {
+            if let Some(token) = special_token(Some(value)) {
+                vars.insert(name.clone(), Json::String(token));
+            }
+        }
+    }
+    vars
+}
+
 pub(super) fn load_dir(dir: &Path) -> Result<TokenizerSource, RenderError> {
     let tok_path = dir.join("tokenizer.json");
     let bytes = std::fs::read(&tok_path).map_err(|e| load_err(&tok_path, e))?;

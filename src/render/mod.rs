@@ -7,6 +7,7 @@
 
 pub mod gguf;
 mod hf;
+mod pyfmt;
 mod template;
 pub mod testing;
 
@@ -69,11 +70,13 @@ pub struct Renderer {
     bos_token: Option<String>,
     eos_token: Option<String>,
     pad_token: Option<String>,
-    unk_token: Option<String>,
     eos_token_ids: Vec<u32>,
     max_model_len: Option<u32>,
     tokenizer_sha256: String,
     template_sha256: String,
+    /// Variables every render sees first (transformers' `special_tokens_map`:
+    /// `bos_token`, `eos_token`, ... and named extra special tokens).
+    template_vars: serde_json::Map<String, Json>,
 }
 
 impl Renderer {
@@ -81,17 +84,19 @@ impl Renderer {
     /// (override file first, else the tokenizer's own).
     pub fn load(model: &ModelConfig) -> Result<Arc<Renderer>, RenderError> {
         let path = model.tokenizer.as_path();
-        let source = if path.extension().is_some_and(|e| e == "gguf") {
-            gguf::load_tokenizer(path)?
+        let (source, extra_vars) = if path.extension().is_some_and(|e| e == "gguf") {
+            (gguf::load_tokenizer(path)?, serde_json::Map::new())
         } else {
-            hf::load_dir(path)?
+            hf::load_dir_with_vars(path)?
         };
         let override_template = if model.chat_template.as_os_str().is_empty() {
             None
         } else {
             Some(read_template(&model.chat_template)?)
         };
-        Ok(Arc::new(Renderer::new(source, override_template)?))
+        let mut renderer = Renderer::new(source, override_template)?;
+        renderer.template_vars.extend(extra_vars);
+        Ok(Arc::new(renderer))
     }
 
     /// Builds a renderer from a loaded tokenizer source; `template` overrides
@@ -102,50 +107,59 @@ impl Renderer {
             .ok_or(RenderError::NoTemplate)?;
         let template_sha256 = sha256_hex(template.as_bytes());
         let env = template::build_env(template)?;
+        let mut template_vars = serde_json::Map::new();
+        for (name, value) in [
+            ("bos_token", &source.bos_token),
+            ("eos_token", &source.eos_token),
+            ("pad_token", &source.pad_token),
+            ("unk_token", &source.unk_token),
+        ] {
+            if let Some(v) = value {
+                template_vars.insert(name.into(), Json::String(v.clone()));
+            }
+        }
         Ok(Renderer {
             tokenizer: source.tokenizer,
             env,
             bos_token: source.bos_token,
             eos_token: source.eos_token,
             pad_token: source.pad_token,
-            unk_token: source.unk_token,
             eos_token_ids: source.eos_token_ids,
             max_model_len: source.max_model_len,
             tokenizer_sha256: source.sha256,
             template_sha256,
+            template_vars,
         })
     }
 
-    /// Renders the chat template to text.
+    /// Renders the chat template to text, with the variables transformers'
+    /// `apply_chat_template` gives a template: the special tokens, then
+    /// `chat_template_kwargs` (which may override them), then `messages`,
+    /// `tools` and `documents` (`none` when absent) and
+    /// `add_generation_prompt`. Messages get transformers' reasoning aliases
+    /// (see [`alias_reasoning_fields`]); `null` values are kept, as plain
+    /// jinja2 keeps them (transformers 5.x drops them, which hides e.g.
+    /// DeepSeek V3 tool calls).
     pub fn render(&self, input: &RenderInput<'_>) -> Result<String, RenderError> {
         let tmpl = self
             .env
             .get_template(template::TEMPLATE_NAME)
             .map_err(|e| RenderError::Template(template::format_error(&e)))?;
-        let mut ctx = serde_json::Map::new();
+        let mut ctx = self.template_vars.clone();
         if let Some(kwargs) = input.kwargs {
             for (k, v) in kwargs {
                 ctx.insert(k.clone(), v.clone());
             }
         }
-        ctx.insert("messages".into(), Json::Array(input.messages.to_vec()));
-        if let Some(tools) = input.tools {
-            ctx.insert("tools".into(), Json::Array(tools.to_vec()));
-        }
+        let messages = input.messages.iter().map(alias_reasoning_fields).collect();
+        ctx.insert("messages".into(), Json::Array(messages));
+        let tools = input.tools.map(|t| Json::Array(t.to_vec()));
+        ctx.insert("tools".into(), tools.unwrap_or(Json::Null));
+        ctx.insert("documents".into(), Json::Null);
         ctx.insert(
             "add_generation_prompt".into(),
             Json::Bool(input.add_generation_prompt),
         );
-        for (name, value) in [
-            ("bos_token", &self.bos_token),
-            ("eos_token", &self.eos_token),
-            ("pad_token", &self.pad_token),
-            ("unk_token", &self.unk_token),
-        ] {
-            if let Some(v) = value {
-                ctx.insert(name.into(), Json::String(v.clone()));
-            }
-        }
         tmpl.render(minijinja::Value::from_serialize(&ctx))
             .map_err(|e| RenderError::Template(template::format_error(&e)))
     }
@@ -199,6 +213,10 @@ impl Renderer {
         self.bos_token.as_deref()
     }
 
+    pub fn pad_token(&self) -> Option<&str> {
+        self.pad_token.as_deref()
+    }
+
     pub fn max_model_len(&self) -> Option<u32> {
         self.max_model_len
     }
@@ -214,6 +232,32 @@ impl Renderer {
     pub fn vocab_size(&self) -> u32 {
         self.tokenizer.get_vocab_size(true) as u32
     }
+}
+
+/// Message keys that carry reasoning text, in transformers' order of preference.
+const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning"];
+
+/// transformers 5.x fills `reasoning_content` (and `thinking`, for gpt-oss
+/// templates) from whichever reasoning field a message has, so a template
+/// reading either name sees the reasoning. Key order follows Python's
+/// `{"thinking": r, **message, "reasoning_content": r}`.
+pub fn alias_reasoning_fields(message: &Json) -> Json {
+    let Json::Object(map) = message else {
+        return message.clone();
+    };
+    let reasoning = REASONING_FIELDS
+        .iter()
+        .find_map(|k| map.get(*k).filter(|v| !v.is_null()));
+    let Some(reasoning) = reasoning else {
+        return message.clone();
+    };
+    let mut out = serde_json::Map::new();
+    out.insert("thinking".into(), reasoning.clone());
+    for (k, v) in map {
+        out.insert(k.clone(), v.clone());
+    }
+    out.insert("reasoning_content".into(), reasoning.clone());
+    Json::Object(out)
 }
 
 fn read_template(path: &Path) -> Result<String, RenderError> {
@@ -238,3 +282,6 @@ fn read_template(path: &Path) -> Result<String, RenderError> {
 pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,10 +1,17 @@
 //! The chat-template environment: minijinja configured the way Hugging Face
-//! renders templates (`trim_blocks`, `lstrip_blocks`, loop controls), plus the
-//! Python-compatible helpers HF templates call.
+//! transformers configures jinja2 (`trim_blocks`, `lstrip_blocks`, loop
+//! controls, `raise_exception`, `strftime_now`, Python-style `tojson`), plus
+//! what minijinja does differently from jinja2 by default: Python's text form
+//! of printed values (`None`, `True`, `['a']`, `1e-07`), Python string and
+//! dict methods, and jinja2's `sequence` / `iterable` / `number` tests.
+//!
+//! Owns: template compilation and the helpers templates call. Must not:
+//! tokenize, or know about HTTP.
 
-use minijinja::value::{Kwargs, Value};
-use minijinja::{Environment, Error, ErrorKind};
+use minijinja::value::{from_args, Kwargs, Value, ValueKind};
+use minijinja::{Environment, Error, ErrorKind, Output, State};
 
+use super::pyfmt::{py_str, write_py_json, JsonStyle};
 use super::RenderError;
 
 pub(crate) const TEMPLATE_NAME: &str = "chat";
@@ -16,13 +23,134 @@ pub(crate) fn build_env(source: String) -> Result<Environment<'static>, RenderEr
     env.set_trim_blocks(true);
     env.set_lstrip_blocks(true);
     env.set_keep_trailing_newline(false);
-    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.set_unknown_method_callback(py_method);
+    env.set_formatter(py_formatter);
     env.add_function("raise_exception", raise_exception);
     env.add_function("strftime_now", strftime_now);
     env.add_filter("tojson", tojson);
+    env.add_filter("string", string_filter);
+    env.add_filter("length", length_filter);
+    env.add_filter("count", length_filter);
+    env.add_test("sequence", is_sequence);
+    env.add_test("iterable", is_iterable);
+    env.add_test("number", is_number);
     env.add_template_owned(TEMPLATE_NAME, source)
         .map_err(|e| RenderError::TemplateCompile(format_error(&e)))?;
     Ok(env)
+}
+
+/// Python methods on values: minijinja-contrib's `pycompat` set, plus the
+/// string methods it lacks that chat templates use (`rsplit`,
+/// `removeprefix`, `removesuffix`).
+fn py_method(state: &State, value: &Value, method: &str, args: &[Value]) -> Result<Value, Error> {
+    if let Some(s) = value.as_str() {
+        match method {
+            "removeprefix" | "removesuffix" => {
+                let (affix,): (&str,) = from_args(args)?;
+                let out = if method == "removeprefix" {
+                    s.strip_prefix(affix)
+                } else {
+                    s.strip_suffix(affix)
+                };
+                return Ok(Value::from(out.unwrap_or(s)));
+            }
+            "rsplit" => {
+                let (sep, maxsplit): (Option<&str>, Option<i64>) = from_args(args)?;
+                let maxsplit = maxsplit.and_then(|n| usize::try_from(n).ok());
+                return Ok(Value::from(py_rsplit(s, sep, maxsplit)));
+            }
+            _ => {}
+        }
+    }
+    minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+}
+
+/// Python's `str.rsplit(sep, maxsplit)`; `maxsplit` `None` means no limit.
+fn py_rsplit(s: &str, sep: Option<&str>, maxsplit: Option<usize>) -> Vec<String> {
+    let limit = maxsplit.unwrap_or(usize::MAX);
+    let mut parts: Vec<String> = match sep {
+        Some(sep) if !sep.is_empty() => s
+            .rsplitn(limit.saturating_add(1), sep)
+            .map(str::to_string)
+            .collect(),
+        _ => {
+            // Whitespace runs separate; the unsplit rest keeps its leading space.
+            let mut parts = Vec::new();
+            let mut rest = s.trim_end();
+            while !rest.is_empty() {
+                if parts.len() == limit {
+                    parts.push(rest.to_string());
+                    break;
+                }
+                match rest.rfind(char::is_whitespace) {
+                    Some(at) => {
+                        let ws_len = rest[at..].chars().next().map_or(1, char::len_utf8);
+                        parts.push(rest[at + ws_len..].to_string());
+                        rest = rest[..at].trim_end();
+                    }
+                    None => {
+                        parts.push(rest.to_string());
+                        break;
+                    }
+                }
+            }
+            parts
+        }
+    };
+    parts.reverse();
+    parts
+}
+
+/// Prints values as jinja2 does, i.e. with Python's `str()`.
+fn py_formatter(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
+    if value.is_safe() {
+        return minijinja::escape_formatter(out, state, value);
+    }
+    match py_str(value) {
+        Some(text) => out
+            .write_str(&text)
+            .map_err(|e| Error::new(ErrorKind::WriteFailure, e.to_string())),
+        None => minijinja::escape_formatter(out, state, value),
+    }
+}
+
+/// jinja2's `string` filter is Python's `str()`.
+fn string_filter(value: Value) -> Value {
+    match py_str(&value) {
+        Some(text) => Value::from(text),
+        None if value.is_undefined() => Value::from(""),
+        None => Value::from(value.to_string()),
+    }
+}
+
+/// jinja2's `length`: `len()`, and an undefined value has length 0.
+fn length_filter(value: Value) -> Result<usize, Error> {
+    if value.is_undefined() {
+        return Ok(0);
+    }
+    minijinja::filters::length(&value)
+}
+
+/// jinja2: anything with a length and item access (str, list, dict).
+fn is_sequence(value: Value) -> bool {
+    matches!(
+        value.kind(),
+        ValueKind::Seq
+            | ValueKind::Map
+            | ValueKind::String
+            | ValueKind::Bytes
+            | ValueKind::Undefined
+    )
+}
+
+/// jinja2: anything Python can iterate; `None` cannot.
+fn is_iterable(value: Value) -> bool {
+    !value.is_none() && value.try_iter().is_ok()
+}
+
+/// jinja2: Python numbers, and `bool` is an `int` in Python.
+fn is_number(value: Value) -> bool {
+    matches!(value.kind(), ValueKind::Number | ValueKind::Bool)
 }
 
 fn raise_exception(message: String) -> Result<Value, Error> {
@@ -33,13 +161,14 @@ fn strftime_now(format: String) -> String {
     chrono::Local::now().format(&format).to_string()
 }
 
-/// Python's `json.dumps(value, ensure_ascii=False, indent=..., sort_keys=...)`
-/// as transformers exposes it: `", "` and `": "` separators without indent,
-/// no HTML escaping (minijinja's built-in `tojson` escapes `<`, `>`, `&`, `'`).
+/// transformers' `tojson`: Python's `json.dumps(value, ensure_ascii=False,
+/// indent=..., separators=..., sort_keys=...)`, without the HTML escaping of
+/// minijinja's built-in `tojson`.
 fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     let indent: Option<Value> = kwargs.get("indent")?;
     let sort_keys: Option<bool> = kwargs.get("sort_keys")?;
     let separators: Option<Value> = kwargs.get("separators")?;
+    let ensure_ascii: Option<bool> = kwargs.get("ensure_ascii")?;
     kwargs.assert_all_used()?;
     let json = serde_json::to_value(&value)
         .map_err(|e| Error::new(ErrorKind::InvalidOperation, e.to_string()))?;
@@ -70,8 +199,14 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
             (item.to_string(), ": ".to_string())
         }
     };
+    let style = JsonStyle {
+        indent,
+        item_sep: &item_sep,
+        key_sep: &key_sep,
+        ensure_ascii: ensure_ascii.unwrap_or(false),
+    };
     let mut out = String::new();
-    write_py_json(&json, indent, 0, &item_sep, &key_sep, &mut out);
+    write_py_json(&json, &style, 0, &mut out);
     Ok(Value::from_safe_string(out))
 }
 
@@ -94,106 +229,6 @@ fn sort_json_keys(v: serde_json::Value) -> serde_json::Value {
     }
 }
 
-/// Writes JSON the way Python's `json.dumps(..., ensure_ascii=False)` does.
-pub(crate) fn write_py_json(
-    v: &serde_json::Value,
-    indent: Option<usize>,
-    depth: usize,
-    item_sep: &str,
-    key_sep: &str,
-    out: &mut String,
-) {
-    use serde_json::Value as J;
-    let newline = |out: &mut String, depth: usize| {
-        if let Some(n) = indent {
-            out.push('\n');
-            out.push_str(&" ".repeat(n * depth));
-        }
-    };
-    match v {
-        J::Null => out.push_str("null"),
-        J::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
-        J::Number(n) => {
-            if let Some(f) = n.as_f64().filter(|_| n.is_f64()) {
-                out.push_str(&py_float(f));
-            } else {
-                out.push_str(&n.to_string());
-            }
-        }
-        J::String(s) => write_py_str(s, out),
-        J::Array(items) => {
-            if items.is_empty() {
-                out.push_str("[]");
-                return;
-            }
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, depth + 1);
-                write_py_json(item, indent, depth + 1, item_sep, key_sep, out);
-            }
-            newline(out, depth);
-            out.push(']');
-        }
-        J::Object(map) => {
-            if map.is_empty() {
-                out.push_str("{}");
-                return;
-            }
-            out.push('{');
-            for (i, (k, item)) in map.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(item_sep);
-                }
-                newline(out, depth + 1);
-                write_py_str(k, out);
-                out.push_str(key_sep);
-                write_py_json(item, indent, depth + 1, item_sep, key_sep, out);
-            }
-            newline(out, depth);
-            out.push('}');
-        }
-    }
-}
-
-fn py_float(f: f64) -> String {
-    if f.is_finite() && f == f.trunc() && f.abs() < 1e16 {
-        format!("{f:.1}")
-    } else if f.is_nan() {
-        "NaN".into()
-    } else if f.is_infinite() {
-        if f > 0.0 { "Infinity" } else { "-Infinity" }.into()
-    } else {
-        // Rust's shortest round-trip repr matches Python's repr for normal ranges.
-        let s = format!("{f}");
-        if s.contains('e') || s.contains('.') {
-            s
-        } else {
-            format!("{s}.0")
-        }
-    }
-}
-
-fn write_py_str(s: &str, out: &mut String) {
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{08}' => out.push_str("\\b"),
-            '\u{0c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-}
-
 pub(crate) fn format_error(e: &Error) -> String {
     let mut msg = e.to_string();
     let mut src = std::error::Error::source(e);
@@ -203,4 +238,39 @@ pub(crate) fn format_error(e: &Error) -> String {
         src = inner.source();
     }
     msg
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Jinja snippets rendered by Python jinja2 configured as transformers
+    /// configures it (scripts/gen_goldens.py); tito must print the same text.
+    #[test]
+    fn jinja_snippets_match_python_jinja2() {
+        let fixture = include_str!("../../tests/fixtures/goldens/jinja_snippets.json");
+        let cases: Vec<serde_json::Value> =
+            serde_json::from_str(fixture).expect("snippet fixture parses");
+        assert!(cases.len() >= 10, "snippet fixture has too few cases");
+        let mut failures = Vec::new();
+        for case in &cases {
+            let name = case["name"].as_str().unwrap_or("?");
+            let source = case["template"].as_str().unwrap_or_default().to_string();
+            let want = case["output"].as_str().unwrap_or_default();
+            let want_error = case["error"].as_bool().unwrap_or(false);
+            let got = build_env(source).and_then(|env| {
+                env.get_template(TEMPLATE_NAME)
+                    .and_then(|t| t.render(Value::from_serialize(&case["context"])))
+                    .map_err(|e| RenderError::Template(format_error(&e)))
+            });
+            match (got, want_error) {
+                (Ok(got), false) if got == want => {}
+                (Err(_), true) => {}
+                (got, _) => {
+                    failures.push(format!("{name}:\n  tito:   {got:?}\n  python: {want:?}"))
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
 }

@@ -1,0 +1,128 @@
+//! Render + tokenize throughput with the real Qwen3 tokenizer and template:
+//! conversations of about 1k, 8k and 32k tokens, built programmatically.
+//!
+//! Needs `.cache/tokenizers/qwen3` (scripts/fetch-tokenizers.sh); without it
+//! the bench says so and exits successfully (benches are not tests).
+//!
+//! Run: cargo bench --bench render -- --warm-up-time 1 --measurement-time 3
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use criterion::{black_box, BenchmarkId, Criterion, Throughput};
+use serde_json::{json, Value as Json};
+use tito::config::ModelConfig;
+use tito::render::{RenderInput, Renderer};
+
+const SIZES: [usize; 3] = [1_000, 8_000, 32_000];
+
+/// Turn texts that mix prose, code, digits, unicode and tool traffic, so the
+/// tokenizer sees what agent conversations look like.
+fn turn_text(i: usize) -> String {
+    match i % 4 {
+        0 => format!(
+            "Step {i}: please read the file src/module_{i}.rs and explain what the function \
+             `process_batch` does, in particular how it handles errors and retries when the \
+             upstream service returns HTTP 503. Also list edge cases you would test."
+        ),
+        1 => format!(
+            "Here is the code:\n```rust\nfn process_batch(items: &[Item]) -> Result<usize, Error> {{\n    \
+             let mut done = 0;\n    for (n, item) in items.iter().enumerate() {{\n        \
+             if n % {m} == 0 {{ retry(item, 3)?; }}\n        done += item.weight * {i};\n    }}\n    \
+             Ok(done)\n}}\n```\nThe loop retries every {m}th item up to 3 times.",
+            m = i % 7 + 2
+        ),
+        2 => format!(
+            "Résumé {i}: 数据处理完成，共 {} 条记录；错误率 {:.3}%. Ünïcödé ✓ 🚀 — next: batch #{}.",
+            i * 1_237,
+            (i as f64) * 0.137,
+            i + 1
+        ),
+        _ => format!(
+            "{{\"status\": \"ok\", \"rows\": [{}], \"elapsed_ms\": {}, \"note\": \"see   spaced    output\"}}",
+            (0..8).map(|k| (k * i).to_string()).collect::<Vec<_>>().join(", "),
+            i * 31 % 997
+        ),
+    }
+}
+
+/// A conversation whose rendered prompt is at least `target` tokens.
+fn conversation(renderer: &Renderer, target: usize) -> Vec<Json> {
+    let mut messages =
+        vec![json!({"role": "system", "content": "You are a careful coding agent."})];
+    let mut i = 0;
+    loop {
+        let role = if i % 2 == 0 { "user" } else { "assistant" };
+        messages.push(json!({"role": role, "content": turn_text(i)}));
+        i += 1;
+        if role == "user" {
+            let input = RenderInput {
+                messages: &messages,
+                add_generation_prompt: true,
+                ..RenderInput::default()
+            };
+            let n = renderer
+                .render_ids(&input)
+                .map(|ids| ids.len())
+                .unwrap_or(0);
+            if n >= target {
+                return messages;
+            }
+        }
+    }
+}
+
+fn load() -> Option<Arc<Renderer>> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/tokenizers/qwen3");
+    if !dir.join("tokenizer.json").is_file() {
+        eprintln!(
+            "render bench skipped: {} is missing; run scripts/fetch-tokenizers.sh",
+            dir.display()
+        );
+        return None;
+    }
+    let model = ModelConfig {
+        tokenizer: dir,
+        ..ModelConfig::default()
+    };
+    match Renderer::load(&model) {
+        Ok(r) => Some(r),
+        Err(e) => {
+            eprintln!("render bench skipped: {e}");
+            None
+        }
+    }
+}
+
+fn bench_render(c: &mut Criterion, renderer: &Renderer) {
+    let mut group = c.benchmark_group("qwen3");
+    for target in SIZES {
+        let messages = conversation(renderer, target);
+        let input = RenderInput {
+            messages: &messages,
+            add_generation_prompt: true,
+            ..RenderInput::default()
+        };
+        let tokens = renderer.render_ids(&input).map(|v| v.len()).unwrap_or(0);
+        group.throughput(Throughput::Elements(tokens as u64));
+        let label = format!("{}k_{}tok", target / 1000, tokens);
+        group.bench_with_input(BenchmarkId::new("render", &label), &input, |b, input| {
+            b.iter(|| renderer.render(black_box(input)))
+        });
+        group.bench_with_input(
+            BenchmarkId::new("render_tokenize", &label),
+            &input,
+            |b, input| b.iter(|| renderer.render_ids(black_box(input))),
+        );
+    }
+    group.finish();
+}
+
+fn main() {
+    let Some(renderer) = load() else {
+        return;
+    };
+    let mut criterion = Criterion::default().configure_from_args();
+    bench_render(&mut criterion, &renderer);
+    criterion.final_summary();
+}

@@ -1,0 +1,184 @@
+//! Golden test: tito's chat-template rendering + tokenization must give
+//! exactly the token ids Python transformers gives, for real tokenizers.
+//!
+//! Fixtures: tests/fixtures/goldens/<name>.json, written by
+//! scripts/gen_goldens.py from the tokenizers that scripts/fetch-tokenizers.sh
+//! puts in .cache/tokenizers/<name>/.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value as Json;
+use tito::config::ModelConfig;
+use tito::render::{RenderInput, Renderer};
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    messages: Vec<Json>,
+    tools: Option<Vec<Json>>,
+    add_generation_prompt: bool,
+    chat_template_kwargs: Option<serde_json::Map<String, Json>>,
+    reference: String,
+    text: String,
+    ids: Vec<u32>,
+}
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn load_renderer(name: &str) -> std::sync::Arc<Renderer> {
+    let dir = root().join(".cache/tokenizers").join(name);
+    assert!(
+        dir.join("tokenizer.json").is_file(),
+        "tokenizer {name} missing at {}: run scripts/fetch-tokenizers.sh",
+        dir.display()
+    );
+    let model = ModelConfig {
+        tokenizer: dir,
+        ..ModelConfig::default()
+    };
+    Renderer::load(&model).expect("renderer loads from the fetched tokenizer")
+}
+
+fn load_cases(name: &str) -> Vec<Case> {
+    let path = root()
+        .join("tests/fixtures/goldens")
+        .join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).expect("golden fixture is committed");
+    serde_json::from_str(&text).expect("golden fixture parses")
+}
+
+/// Up to 60 chars either side of byte offset `at`, on char boundaries.
+fn around(s: &str, at: usize) -> String {
+    let mut lo = at.saturating_sub(60).min(s.len());
+    while !s.is_char_boundary(lo) {
+        lo -= 1;
+    }
+    let mut hi = (at + 60).min(s.len());
+    while !s.is_char_boundary(hi) {
+        hi += 1;
+    }
+    format!("{:?}", &s[lo..hi])
+}
+
+fn first_diff<T: PartialEq>(a: &[T], b: &[T]) -> usize {
+    a.iter()
+        .zip(b)
+        .position(|(x, y)| x != y)
+        .unwrap_or(a.len().min(b.len()))
+}
+
+/// Renders one case; `None` when it matches, else a description of the drift.
+fn check(renderer: &Renderer, case: &Case) -> Option<String> {
+    let input = RenderInput {
+        messages: &case.messages,
+        tools: case.tools.as_deref(),
+        add_generation_prompt: case.add_generation_prompt,
+        kwargs: case.chat_template_kwargs.as_ref(),
+    };
+    let text = match renderer.render(&input) {
+        Ok(t) => t,
+        Err(e) => return Some(format!("render failed: {e}")),
+    };
+    let ids = match renderer.encode(&text) {
+        Ok(ids) => ids,
+        Err(e) => return Some(format!("encode failed: {e}")),
+    };
+    // The public one-step path must agree with render + encode.
+    match renderer.render_ids(&input) {
+        Ok(one_step) if one_step == ids => {}
+        Ok(_) => return Some("render_ids differs from encode(render)".into()),
+        Err(e) => return Some(format!("render_ids failed: {e}")),
+    }
+    if ids == case.ids {
+        return None;
+    }
+    let mut msg = String::new();
+    if text != case.text {
+        let at = first_diff(text.as_bytes(), case.text.as_bytes());
+        msg.push_str(&format!(
+            "text differs at byte {at}:\n    tito:   {}\n    golden: {}\n",
+            around(&text, at),
+            around(&case.text, at)
+        ));
+    }
+    let at = first_diff(&ids, &case.ids);
+    let window = |v: &[u32]| v[at.saturating_sub(3)..(at + 5).min(v.len())].to_vec();
+    msg.push_str(&format!(
+        "ids differ at position {at} (len tito {} vs golden {}): tito {:?} golden {:?}",
+        ids.len(),
+        case.ids.len(),
+        window(&ids),
+        window(&case.ids)
+    ));
+    Some(msg)
+}
+
+fn run_goldens(name: &str) {
+    let renderer = load_renderer(name);
+    let cases = load_cases(name);
+    assert!(!cases.is_empty(), "no golden cases for {name}");
+    let failures: Vec<String> = cases
+        .iter()
+        .filter_map(|c| {
+            check(&renderer, c).map(|m| format!("[{name}/{} ({})] {m}", c.name, c.reference))
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {} golden cases drift:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn qwen3_matches_transformers() {
+    run_goldens("qwen3");
+}
+
+#[test]
+fn llama3_1_matches_transformers() {
+    run_goldens("llama3_1");
+}
+
+#[test]
+fn deepseek_v3_matches_transformers() {
+    run_goldens("deepseek_v3");
+}
+
+#[test]
+fn gemma3_matches_transformers() {
+    run_goldens("gemma3");
+}
+
+#[test]
+fn every_fixture_file_has_a_test() {
+    let dir = root().join("tests/fixtures/goldens");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .expect("golden fixture dir exists")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter_map(|p| {
+            Path::new(&p)
+                .file_stem()
+                .map(|s| s.to_string_lossy().into_owned())
+        })
+        .collect();
+    names.sort();
+    // jinja_snippets.json needs no tokenizer: the render unit tests check it.
+    assert_eq!(
+        names,
+        [
+            "deepseek_v3",
+            "gemma3",
+            "jinja_snippets",
+            "llama3_1",
+            "qwen3"
+        ]
+    );
+}
