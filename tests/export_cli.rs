@@ -1,0 +1,82 @@
+//! `tito export` end to end: a SQLite store written by the library, a config
+//! pointing at it, the real binary producing JSONL and verl Parquet files.
+
+mod store_support;
+
+use std::path::Path;
+use std::process::Command;
+
+use store_support::branching;
+
+fn write_config(dir: &Path, db: &Path) -> std::path::PathBuf {
+    let path = dir.join("config.toml");
+    let text = format!(
+        "[model]\ntokenizer = \"unused\"\n\n[[backends]]\nurl = \"http://127.0.0.1:9\"\nkind = \"vllm\"\n\n\
+         [store]\nurl = \"sqlite://{}\"\n",
+        db.display()
+    );
+    std::fs::write(&path, text).expect("write config");
+    path
+}
+
+async fn populate(db: &Path) {
+    let store = tito::store::open(&format!("sqlite://{}", db.display())).expect("open");
+    for i in 0..5 {
+        let id = format!("t-{i}");
+        for c in branching(&id) {
+            store.append_call(c).await.expect("append");
+        }
+        if i != 4 {
+            store.set_reward(&id, None, f64::from(i)).await.expect("reward");
+            store.finish(&id).await.expect("finish");
+        }
+    }
+}
+
+fn tito(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tito"))
+        .args(args)
+        .output()
+        .expect("run tito")
+}
+
+#[tokio::test]
+async fn cli_exports_jsonl_and_verl_parquet() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("data/spans.db");
+    populate(&db).await;
+    let config = write_config(dir.path(), &db);
+    let config = config.to_str().expect("utf8 path");
+
+    let out = dir.path().join("out.jsonl");
+    let o = tito(&[
+        "export", "--config", config, "--format", "jsonl", "--layout", "trajectory",
+        "--status", "finished", "--out", out.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = std::fs::read_to_string(&out).expect("jsonl written");
+    assert_eq!(text.lines().count(), 12, "4 finished trajectories x 3 samples");
+    assert!(String::from_utf8_lossy(&o.stderr).contains("4 trajectories, 12 rows"));
+    assert!(!dir.path().join("out.jsonl.partial").exists());
+
+    let pq = dir.path().join("out.parquet");
+    let o = tito(&[
+        "export", "--config", config, "--format", "parquet", "--layout", "verl",
+        "--prompt-length", "8", "--response-length", "32", "--out", pq.to_str().expect("utf8"),
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    use parquet::file::reader::FileReader;
+    let reader = parquet::file::reader::SerializedFileReader::try_from(pq.as_path()).expect("parquet");
+    assert_eq!(reader.metadata().file_metadata().num_rows(), 15);
+
+    // verl without lengths, and a missing store, fail with a message.
+    let o = tito(&["export", "--config", config, "--format", "parquet", "--layout", "verl", "--out", "x"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("prompt_length"));
+    let other_dir = dir.path().join("other");
+    std::fs::create_dir_all(&other_dir).expect("mkdir");
+    let other = write_config(&other_dir, &dir.path().join("missing.db"));
+    let o = tito(&["export", "--config", other.to_str().expect("utf8"), "--format", "jsonl", "--out", "x"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no span store"));
+}

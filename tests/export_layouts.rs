@@ -1,0 +1,315 @@
+//! Export of each layout in both formats: JSONL parsed back, Parquet read back
+//! with the parquet crate, both compared; verl padding, masks, positions and
+//! rm_scores; length limits; row groups; export straight from a store scan.
+
+mod store_support;
+
+use std::sync::Arc;
+
+use parquet::file::reader::{FileReader, SerializedFileReader};
+use parquet::record::Field;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use store_support::branching;
+use tito::export::{export, ExportOptions, ExportStats, Format, Layout};
+use tito::store::{MemoryStore, SpanStore, StoreError, Trajectory, TrajectoryFilter, TrajectoryStatus};
+
+#[derive(Debug, Deserialize, PartialEq)]
+struct Row {
+    trajectory_id: String,
+    sample: u32,
+    call: Option<u32>,
+    prompt_ids: Vec<u32>,
+    response_ids: Vec<u32>,
+    response_mask: Vec<u8>,
+    response_logprobs: Vec<f32>,
+    reward: Option<f64>,
+    num_turns: u32,
+    weight_version: Option<String>,
+    tokenizer_sha256: String,
+    template_sha256: String,
+    finish_reason: String,
+    truncated: bool,
+    input_ids: Option<Vec<u32>>,
+    attention_mask: Option<Vec<u8>>,
+    position_ids: Option<Vec<u32>>,
+    rm_scores: Option<Vec<f32>>,
+}
+
+async fn store_with(trajs: &[(&str, bool, Option<f64>)]) -> Arc<MemoryStore> {
+    let store = Arc::new(MemoryStore::new());
+    for (id, finish, reward) in trajs {
+        for c in branching(id) {
+            store.append_call(c).await.expect("append");
+        }
+        if let Some(r) = reward {
+            store.set_reward(id, None, *r).await.expect("reward");
+        }
+        if *finish {
+            store.finish(id).await.expect("finish");
+        }
+    }
+    store
+}
+
+fn run(store: &MemoryStore, opts: &ExportOptions) -> (Vec<u8>, ExportStats) {
+    let mut out = Vec::new();
+    let it = store.scan(&TrajectoryFilter::default()).expect("scan");
+    let stats = export(it, opts, &mut out, &mut |_| {}).expect("export");
+    (out, stats)
+}
+
+fn parse_jsonl(bytes: &[u8]) -> Vec<Row> {
+    std::str::from_utf8(bytes)
+        .expect("utf8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("row parses"))
+        .collect()
+}
+
+fn field_json(f: &Field) -> Value {
+    match f {
+        Field::Null => Value::Null,
+        Field::Bool(b) => json!(b),
+        Field::Int(i) => json!(i),
+        Field::Long(i) => json!(i),
+        Field::Float(x) => json!(f64::from(*x)),
+        Field::Double(x) => json!(x),
+        Field::Str(s) => json!(s),
+        Field::ListInternal(list) => Value::Array(list.elements().iter().map(field_json).collect()),
+        other => panic!("unexpected parquet field {other:?}"),
+    }
+}
+
+/// Rows and the number of row groups of a Parquet file.
+fn parse_parquet(bytes: Vec<u8>) -> (Vec<Row>, usize) {
+    let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).expect("parquet opens");
+    let groups = reader.metadata().num_row_groups();
+    let rows = reader
+        .get_row_iter(None)
+        .expect("row iter")
+        .map(|row| {
+            let row = row.expect("row");
+            let obj: serde_json::Map<String, Value> = row
+                .get_column_iter()
+                .map(|(name, f)| (name.clone(), field_json(f)))
+                .collect();
+            serde_json::from_value(Value::Object(obj)).expect("row shape")
+        })
+        .collect();
+    (rows, groups)
+}
+
+/// Exports in both formats and checks they carry identical rows.
+fn both(store: &MemoryStore, layout: Layout, tweak: impl Fn(&mut ExportOptions)) -> (Vec<Row>, ExportStats) {
+    let mut jl = ExportOptions::new(Format::Jsonl, layout);
+    tweak(&mut jl);
+    let mut pq = jl.clone();
+    pq.format = Format::Parquet;
+    pq.row_group_rows = 2;
+    let (jbytes, jstats) = run(store, &jl);
+    let (pbytes, pstats) = run(store, &pq);
+    assert_eq!(jstats, pstats);
+    let jrows = parse_jsonl(&jbytes);
+    let (prows, groups) = parse_parquet(pbytes);
+    assert_eq!(jrows, prows, "JSONL and Parquet rows differ");
+    assert_eq!(groups, jrows.len().div_ceil(2), "a row group every 2 rows");
+    (jrows, jstats)
+}
+
+#[tokio::test]
+async fn trajectory_layout_matches_samples() {
+    let store = store_with(&[("a", true, Some(1.0)), ("b", false, None)]).await;
+    let (rows, stats) = both(&store, Layout::Trajectory, |_| {});
+    assert_eq!(stats.trajectories, 2);
+    assert_eq!(rows.len(), 6);
+    let t: Trajectory = store.get_trajectory("a").await.expect("get").expect("stored");
+    for (row, s) in rows.iter().zip(t.samples().expect("samples")) {
+        assert_eq!(row.trajectory_id, "a");
+        assert_eq!(row.sample, s.sample);
+        assert_eq!(row.call, None);
+        assert_eq!(row.prompt_ids, s.prompt_ids);
+        assert_eq!(row.response_ids, s.response_ids);
+        assert_eq!(row.response_mask, s.response_mask);
+        assert_eq!(row.response_logprobs, s.response_logprobs);
+        assert_eq!(row.reward, Some(1.0));
+        assert_eq!(row.num_turns, s.num_turns);
+        assert_eq!(row.weight_version, s.weight_version);
+        assert_eq!(row.tokenizer_sha256, "tok-sha");
+        assert_eq!(row.template_sha256, "tpl-sha");
+        assert_eq!(row.finish_reason, "stop");
+        assert!(!row.truncated);
+        assert!(row.input_ids.is_none() && row.rm_scores.is_none());
+    }
+    assert!(rows[3..].iter().all(|r| r.trajectory_id == "b" && r.reward.is_none()));
+}
+
+#[tokio::test]
+async fn jsonl_lines_have_the_design_columns() {
+    let store = store_with(&[("a", true, Some(1.0))]).await;
+    let (bytes, _) = run(&store, &ExportOptions::new(Format::Jsonl, Layout::Trajectory));
+    let first: Value = serde_json::from_slice(
+        bytes.split(|b| *b == b'\n').next().expect("a line"),
+    )
+    .expect("json");
+    let keys: Vec<&str> = first.as_object().expect("object").keys().map(String::as_str).collect();
+    assert_eq!(
+        keys,
+        [
+            "trajectory_id", "sample", "prompt_ids", "response_ids", "response_mask",
+            "response_logprobs", "reward", "num_turns", "weight_version", "tokenizer_sha256",
+            "template_sha256", "finish_reason", "truncated"
+        ]
+    );
+}
+
+#[tokio::test]
+async fn per_call_layout_has_full_prompts_and_all_ones_masks() {
+    let store = store_with(&[("a", true, Some(1.0))]).await;
+    store.set_reward("a", Some(4), 0.25).await.expect("call reward");
+    let (rows, _) = both(&store, Layout::PerCall, |_| {});
+    assert_eq!(rows.len(), 6);
+    let t = store.get_trajectory("a").await.expect("get").expect("stored");
+    for (row, c) in rows.iter().zip(&t.calls) {
+        assert_eq!(row.call, Some(c.call_index));
+        assert_eq!(row.sample, c.sample_index);
+        assert_eq!(row.prompt_ids, t.full_prompt_ids(c.call_index).expect("prompt"));
+        assert_eq!(row.response_ids, c.sampled_ids);
+        assert_eq!(row.response_mask, vec![1; c.sampled_ids.len()]);
+        assert_eq!(row.response_logprobs, c.logprobs);
+    }
+    assert_eq!(rows[4].num_turns, 4, "call 4 is 4 calls deep");
+    assert_eq!(rows[4].reward, Some(0.25));
+    assert_eq!(rows[3].reward, Some(1.0));
+}
+
+#[tokio::test]
+async fn verl_layout_pads_masks_and_places_rm_scores() {
+    let store = store_with(&[("a", true, Some(2.0))]).await;
+    let (p, r) = (8usize, 30usize);
+    let (rows, stats) = both(&store, Layout::Verl, |o| {
+        o.prompt_length = Some(p);
+        o.response_length = Some(r);
+        o.pad_id = 7;
+    });
+    let samples = store
+        .get_trajectory("a")
+        .await
+        .expect("get")
+        .expect("stored")
+        .samples()
+        .expect("samples");
+    assert_eq!(rows.len(), 3);
+    assert_eq!(stats.skipped_long_prompt, 0);
+    for (row, s) in rows.iter().zip(&samples) {
+        let n = s.prompt_ids.len();
+        let m = s.response_ids.len().min(r);
+        assert_eq!(row.prompt_ids.len(), p);
+        assert_eq!(&row.prompt_ids[..p - n], &vec![7; p - n][..], "left padding");
+        assert_eq!(&row.prompt_ids[p - n..], &s.prompt_ids[..]);
+        assert_eq!(row.response_ids.len(), r);
+        assert_eq!(&row.response_ids[..m], &s.response_ids[..m]);
+        assert!(row.response_ids[m..].iter().all(|&x| x == 7), "right padding");
+        assert_eq!(&row.response_mask[..m], &s.response_mask[..m]);
+        assert!(row.response_mask[m..].iter().all(|&x| x == 0));
+        assert_eq!(row.response_logprobs.len(), r);
+        let attn = row.attention_mask.as_ref().expect("attention_mask");
+        let expected_attn: Vec<u8> = [vec![0; p - n], vec![1; n + m], vec![0; r - m]].concat();
+        assert_eq!(attn, &expected_attn);
+        let pos = row.position_ids.as_ref().expect("position_ids");
+        let mut expected_pos = vec![0u32; p - n];
+        expected_pos.extend(0..(n + m) as u32);
+        expected_pos.extend(vec![(n + m - 1) as u32; r - m]);
+        assert_eq!(pos, &expected_pos, "cumsum(attention_mask) - 1, clipped at 0");
+        let input = row.input_ids.as_ref().expect("input_ids");
+        assert_eq!(input, &[row.prompt_ids.clone(), row.response_ids.clone()].concat());
+        let rm = row.rm_scores.as_ref().expect("rm_scores");
+        assert_eq!(rm.len(), r);
+        for (i, x) in rm.iter().enumerate() {
+            assert_eq!(*x, if i == m - 1 { 2.0 } else { 0.0 }, "rm_scores[{i}]");
+        }
+        assert_eq!(row.truncated, s.response_ids.len() > r);
+    }
+    // Sample 1 has 20 response ids, samples 0 and 2 have 13 and 3: r = 16 cuts sample 1.
+    let (cut, stats) = both(&store, Layout::Verl, |o| {
+        o.prompt_length = Some(p);
+        o.response_length = Some(16);
+    });
+    assert_eq!(stats.truncated_responses, 1);
+    assert!(cut[1].truncated && !cut[0].truncated);
+    let rm = cut[1].rm_scores.as_ref().expect("rm_scores");
+    assert_eq!(rm[15], 2.0, "reward on the last kept token");
+    assert_eq!(cut[1].response_mask.len(), 16);
+    // Sample 2 has a 6-id prompt, the others 5: prompt_length 5 skips it.
+    let (kept, stats) = both(&store, Layout::Verl, |o| {
+        o.prompt_length = Some(5);
+        o.response_length = Some(r);
+    });
+    assert_eq!(stats.skipped_long_prompt, 1);
+    assert_eq!(kept.iter().map(|r| r.sample).collect::<Vec<_>>(), vec![0, 1]);
+}
+
+#[tokio::test]
+async fn verl_needs_both_lengths() {
+    let store = store_with(&[("a", true, None)]).await;
+    let mut out = Vec::new();
+    let opts = ExportOptions::new(Format::Parquet, Layout::Verl);
+    let it = store.scan(&TrajectoryFilter::default()).expect("scan");
+    assert!(export(it, &opts, &mut out, &mut |_| {}).is_err());
+}
+
+#[tokio::test]
+async fn export_from_sqlite_scan_with_status_filter() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/spans.db", dir.path().display());
+    let store = tito::store::open(&url).expect("open");
+    for i in 0..40u32 {
+        let id = format!("t-{i}");
+        for c in branching(&id) {
+            store.append_call(c).await.expect("append");
+        }
+        if i % 2 == 0 {
+            store.finish(&id).await.expect("finish");
+        }
+    }
+    let filter = TrajectoryFilter {
+        status: Some(TrajectoryStatus::Finished),
+        since: None,
+    };
+    let mut opts = ExportOptions::new(Format::Parquet, Layout::Trajectory);
+    opts.row_group_values = 100;
+    let mut out = Vec::new();
+    let mut progress = Vec::new();
+    let stats = export(store.scan(&filter).expect("scan"), &opts, &mut out, &mut |s| {
+        progress.push(s.trajectories)
+    })
+    .expect("export");
+    assert_eq!(stats.trajectories, 20);
+    assert_eq!(stats.rows, 60);
+    assert_eq!(progress, (1..=20).collect::<Vec<u64>>());
+    let (rows, groups) = parse_parquet(out);
+    assert_eq!(rows.len(), 60);
+    assert!(groups > 10, "value limit flushes row groups early ({groups})");
+    assert!(rows.iter().all(|r| r.trajectory_id.trim_start_matches("t-").parse::<u32>().expect("id") % 2 == 0));
+}
+
+#[tokio::test]
+async fn empty_export_is_a_valid_file() {
+    let store = MemoryStore::new();
+    let (bytes, stats) = run(&store, &ExportOptions::new(Format::Parquet, Layout::Trajectory));
+    assert_eq!(stats.rows, 0);
+    let (rows, groups) = parse_parquet(bytes);
+    assert!(rows.is_empty());
+    assert_eq!(groups, 0);
+}
+
+#[tokio::test]
+async fn a_store_error_mid_scan_fails_the_export() {
+    let t = store_with(&[("a", true, None)]).await;
+    let good = t.get_trajectory("a").await.expect("get").expect("stored");
+    let items: Vec<Result<Trajectory, StoreError>> =
+        vec![Ok(good), Err(StoreError::Corrupt("bad blob".into()))];
+    let mut out = Vec::new();
+    let opts = ExportOptions::new(Format::Jsonl, Layout::Trajectory);
+    assert!(export(items.into_iter(), &opts, &mut out, &mut |_| {}).is_err());
+}

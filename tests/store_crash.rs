@@ -1,0 +1,127 @@
+//! Crash test: a child process (this test binary, re-invoked on the ignored
+//! `crash_child` entry) appends calls from many concurrent tasks and prints
+//! each call once `append_call` has returned; the parent SIGKILLs it mid-way,
+//! reopens the store and checks that every acknowledged call is there, intact,
+//! and that the database passes `PRAGMA integrity_check`.
+
+mod store_support;
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Command, Stdio};
+
+use store_support::{call, ids};
+use tito::store::TrajectoryFilter;
+
+const DB_ENV: &str = "TITO_CRASH_CHILD_DB";
+const WORKERS: u32 = 16;
+
+/// Deterministic content of call `i` of worker `w`, checked after the crash.
+fn record(w: u32, i: u32) -> tito::store::CallRecord {
+    call(
+        &format!("w-{w}"),
+        i,
+        0,
+        i.checked_sub(1),
+        ids(w * 100_000 + i * 10, 8),
+        ids(w * 100_000 + i * 10 + 5000, 16),
+    )
+}
+
+/// The child: appends forever (until killed) and acknowledges on stdout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "helper process of crash_kill9_keeps_every_acknowledged_call"]
+async fn crash_child() {
+    // An entry point, not a test: without the variable (e.g. under
+    // `--include-ignored`) there is nothing to do.
+    let Ok(path) = std::env::var(DB_ENV) else {
+        return;
+    };
+    let store = tito::store::open(&format!("sqlite://{path}")).expect("child opens store");
+    let mut tasks = Vec::new();
+    for w in 0..WORKERS {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..1_000_000u32 {
+                store.append_call(record(w, i)).await.expect("append");
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "ACK {w} {i} END").expect("stdout");
+                out.flush().expect("flush");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+}
+
+#[tokio::test]
+async fn crash_kill9_keeps_every_acknowledged_call() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("spans.db");
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut child = Command::new(exe)
+        .args(["--exact", "crash_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .env(DB_ENV, &db)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let mut acked = BTreeSet::new();
+    // Read acknowledgements until enough calls are in, then kill -9.
+    while acked.len() < 600 {
+        let line = lines
+            .next()
+            .expect("child ended before being killed")
+            .expect("read line");
+        if let Some((w, i)) = parse_ack(&line) {
+            acked.insert((w, i));
+        }
+    }
+    child.kill().expect("SIGKILL child");
+    // Lines already in the pipe were printed after their commit: they count.
+    for line in lines.map_while(Result::ok) {
+        if let Some((w, i)) = parse_ack(&line) {
+            acked.insert((w, i));
+        }
+    }
+    let status = child.wait().expect("reap child");
+    assert!(!status.success(), "child was killed, not finished");
+
+    let conn = rusqlite::Connection::open(&db).expect("raw open");
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .expect("integrity_check");
+    assert_eq!(check, "ok");
+    drop(conn);
+
+    let store = tito::store::open(&format!("sqlite://{}", db.display())).expect("reopen");
+    let mut stored = BTreeSet::new();
+    for t in store.scan(&TrajectoryFilter::default()).expect("scan") {
+        let t = t.expect("trajectory reads");
+        let w: u32 = t.meta.id.trim_start_matches("w-").parse().expect("worker id");
+        for c in &t.calls {
+            assert_eq!(c, &record(w, c.call_index), "call content intact");
+            stored.insert((w, c.call_index));
+        }
+        // Per worker, calls are appended in order: stored calls are a prefix.
+        let n = t.calls.len() as u32;
+        assert_eq!(t.calls.last().map(|c| c.call_index + 1), Some(n));
+        assert!(t.samples().is_ok());
+    }
+    let missing: Vec<_> = acked.difference(&stored).collect();
+    assert!(missing.is_empty(), "acknowledged but lost: {missing:?}");
+    assert!(stored.len() >= acked.len());
+}
+
+fn parse_ack(line: &str) -> Option<(u32, u32)> {
+    let mut parts = line.split(' ');
+    if parts.next()? != "ACK" {
+        return None;
+    }
+    let w = parts.next()?.parse().ok()?;
+    let i = parts.next()?.parse().ok()?;
+    (parts.next()? == "END").then_some((w, i))
+}

@@ -1,0 +1,342 @@
+//! Span store behaviour, run against both implementations: roundtrip,
+//! validation errors, rewards, finish, pagination, latest calls; plus the
+//! SQLite specifics (reopen, migrations, compact BLOBs, concurrent appends).
+
+mod store_support;
+
+use std::sync::Arc;
+
+use store_support::{branching, call, ids};
+use tito::store::sqlite::schema::{self, SCHEMA_VERSION};
+use tito::store::{
+    DynStore, ListQuery, MemoryStore, SqliteStore, StoreError, TrajectoryFilter, TrajectoryStatus,
+};
+
+fn stores(dir: &tempfile::TempDir) -> Vec<(&'static str, DynStore)> {
+    let url = format!("sqlite://{}/nested/dir/spans.db", dir.path().display());
+    vec![
+        ("memory", Arc::new(MemoryStore::new()) as DynStore),
+        ("sqlite", tito::store::open(&url).expect("open sqlite store")),
+    ]
+}
+
+#[tokio::test]
+async fn roundtrip_keeps_every_field() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, store) in stores(&dir) {
+        let mut calls = branching("t-1");
+        calls[2].drift = Some(tito::store::Drift {
+            position: 7,
+            cause: "bpe_retokenization".into(),
+            details: serde_json::json!({"expected": [1, 2], "actual": [3]}),
+        });
+        calls[3].moved_from = Some("http://127.0.0.1:8002".into());
+        calls[3].truncated = true;
+        calls[4].weight_version = None;
+        calls[5].logprobs = vec![f32::MIN_POSITIVE, -0.0, -1e-30];
+        for c in &calls {
+            store.append_call(c.clone()).await.expect("append");
+        }
+        let t = store
+            .get_trajectory("t-1")
+            .await
+            .expect("get")
+            .expect("stored");
+        assert_eq!(t.calls, calls, "{name}");
+        assert_eq!(t.meta.status, TrajectoryStatus::Active, "{name}");
+        assert_eq!(t.meta.num_calls, 6, "{name}");
+        assert_eq!(t.meta.next_call_index, 6, "{name}");
+        assert_eq!(t.meta.next_sample_index, 3, "{name}");
+        assert!(store.get_trajectory("nope").await.expect("get").is_none());
+        assert!(store.get_meta("nope").await.expect("meta").is_none());
+
+        let latest = store.latest_calls("t-1", 2).await.expect("latest");
+        assert_eq!(latest, calls[4..].to_vec(), "{name}");
+        assert_eq!(
+            t.full_prompt_ids(4).expect("prompt"),
+            [ids(100, 5), ids(200, 3), ids(300, 2), ids(400, 4), ids(700, 3), ids(800, 5), ids(900, 1)]
+                .concat(),
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn appends_are_validated() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, store) in stores(&dir) {
+        store
+            .append_call(call("t", 0, 0, None, ids(1, 2), ids(3, 2)))
+            .await
+            .expect("first");
+        let dup = store
+            .append_call(call("t", 0, 0, None, ids(1, 2), ids(3, 2)))
+            .await;
+        assert!(matches!(dup, Err(StoreError::Duplicate { call: 0, .. })), "{name}: {dup:?}");
+        let missing = store
+            .append_call(call("t", 2, 0, Some(1), vec![], ids(3, 2)))
+            .await;
+        assert!(matches!(missing, Err(StoreError::Invalid(_))), "{name}: {missing:?}");
+        let orphan = store
+            .append_call(call("new", 1, 0, Some(0), vec![], ids(3, 2)))
+            .await;
+        assert!(matches!(orphan, Err(StoreError::Invalid(_))), "{name}: {orphan:?}");
+        assert!(store.get_meta("new").await.expect("meta").is_none(), "{name}");
+        let mut bad = call("t", 1, 0, Some(0), vec![], ids(3, 2));
+        bad.logprobs.pop();
+        assert!(matches!(store.append_call(bad).await, Err(StoreError::Invalid(_))));
+        let forward = call("t", 1, 0, Some(1), vec![], ids(3, 2));
+        assert!(matches!(store.append_call(forward).await, Err(StoreError::Invalid(_))));
+        // A failed append leaves the trajectory as it was.
+        let meta = store.get_meta("t").await.expect("meta").expect("stored");
+        assert_eq!(meta.num_calls, 1, "{name}");
+    }
+}
+
+#[tokio::test]
+async fn reward_and_finish() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, store) in stores(&dir) {
+        for c in branching("t") {
+            store.append_call(c).await.expect("append");
+        }
+        let m = store.set_reward("t", None, 1.0).await.expect("reward");
+        assert_eq!(m.reward, Some(1.0), "{name}");
+        store.set_reward("t", Some(2), 0.25).await.expect("call reward");
+        assert!(matches!(
+            store.set_reward("t", Some(99), 0.5).await,
+            Err(StoreError::CallNotFound { call: 99, .. })
+        ));
+        assert!(matches!(
+            store.set_reward("nope", None, 0.5).await,
+            Err(StoreError::NotFound(_))
+        ));
+        assert!(matches!(store.finish("nope").await, Err(StoreError::NotFound(_))));
+        let m = store.finish("t").await.expect("finish");
+        assert_eq!(m.status, TrajectoryStatus::Finished, "{name}");
+        let again = store.finish("t").await.expect("finish twice");
+        assert_eq!(again.status, TrajectoryStatus::Finished);
+        let late = store
+            .append_call(call("t", 6, 0, Some(2), vec![], ids(1, 1)))
+            .await;
+        assert!(matches!(late, Err(StoreError::Finished(_))), "{name}: {late:?}");
+        // Rewards are still accepted after finish.
+        store.set_reward("t", None, 0.5).await.expect("late reward");
+
+        let t = store.get_trajectory("t").await.expect("get").expect("stored");
+        let samples = t.samples().expect("samples");
+        assert_eq!(samples[0].reward, Some(0.25), "{name}: call reward wins");
+        assert_eq!(samples[1].reward, Some(0.5), "{name}: trajectory reward");
+    }
+}
+
+#[tokio::test]
+async fn pagination_and_filters() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, store) in stores(&dir) {
+        for i in 0..25u32 {
+            let id = format!("t-{i:02}");
+            store
+                .append_call(call(&id, 0, 0, None, ids(i, 3), ids(i, 2)))
+                .await
+                .expect("append");
+            if i % 3 == 0 {
+                store.finish(&id).await.expect("finish");
+            }
+        }
+        let mut seen = Vec::new();
+        let mut cursor = None;
+        let mut pages = 0;
+        loop {
+            let page = store
+                .list_trajectories(&ListQuery {
+                    filter: TrajectoryFilter::default(),
+                    limit: 10,
+                    cursor: cursor.clone(),
+                })
+                .await
+                .expect("page");
+            pages += 1;
+            seen.extend(page.items.iter().map(|m| m.id.clone()));
+            match page.next_cursor {
+                Some(c) => cursor = Some(c),
+                None => break,
+            }
+        }
+        assert_eq!(pages, 3, "{name}");
+        let expected: Vec<String> = (0..25).map(|i| format!("t-{i:02}")).collect();
+        assert_eq!(seen, expected, "{name}: creation order, no gaps or repeats");
+
+        let finished = TrajectoryFilter {
+            status: Some(TrajectoryStatus::Finished),
+            since: None,
+        };
+        let page = store
+            .list_trajectories(&ListQuery {
+                filter: finished.clone(),
+                limit: 100,
+                cursor: None,
+            })
+            .await
+            .expect("finished page");
+        assert_eq!(page.items.len(), 9, "{name}");
+        assert!(page.next_cursor.is_none());
+        assert_eq!(store.count(&finished).expect("count"), 9, "{name}");
+        let scanned: Vec<String> = store
+            .scan(&finished)
+            .expect("scan")
+            .map(|t| t.expect("trajectory").meta.id)
+            .collect();
+        assert_eq!(scanned, page.items.iter().map(|m| m.id.clone()).collect::<Vec<_>>());
+
+        let future = TrajectoryFilter {
+            status: None,
+            since: Some(tito::store::now_ms() + 60_000),
+        };
+        assert_eq!(store.count(&future).expect("count"), 0, "{name}");
+        let past = TrajectoryFilter {
+            status: None,
+            since: Some(0),
+        };
+        assert_eq!(store.count(&past).expect("count"), 25, "{name}");
+        let bad = store
+            .list_trajectories(&ListQuery {
+                filter: TrajectoryFilter::default(),
+                limit: 10,
+                cursor: Some("x".into()),
+            })
+            .await;
+        assert!(matches!(bad, Err(StoreError::Invalid(_))), "{name}");
+    }
+}
+
+#[tokio::test]
+async fn sqlite_reopen_after_drop_keeps_everything() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/spans.db", dir.path().display());
+    let calls = branching("t-1");
+    {
+        let store = SqliteStore::open(&url).expect("open");
+        for c in &calls {
+            tito::store::SpanStore::append_call(&store, c.clone())
+                .await
+                .expect("append");
+        }
+        tito::store::SpanStore::finish(&store, "t-1").await.expect("finish");
+    }
+    let store = tito::store::open(&url).expect("reopen");
+    let t = store.get_trajectory("t-1").await.expect("get").expect("stored");
+    assert_eq!(t.calls, calls);
+    assert_eq!(t.meta.status, TrajectoryStatus::Finished);
+}
+
+#[tokio::test]
+async fn sqlite_migrates_an_old_database_and_refuses_a_newer_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("old.db");
+    {
+        let mut conn = rusqlite::Connection::open(&path).expect("open raw");
+        assert_eq!(schema::migrate_to(&mut conn, 1).expect("v1"), 1);
+        conn.execute(
+            "INSERT INTO trajectories (id, status, created_at, updated_at, reward, num_calls, \
+             next_call_index, next_sample_index) VALUES ('old', 1, 5, 6, 0.5, 0, 0, 0)",
+            [],
+        )
+        .expect("insert v1 row");
+    }
+    let url = format!("sqlite://{}", path.display());
+    let store = tito::store::open(&url).expect("open migrates");
+    let meta = store.get_meta("old").await.expect("meta").expect("kept");
+    assert_eq!(meta.reward, Some(0.5));
+    assert_eq!(meta.status, TrajectoryStatus::Finished);
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).expect("open raw");
+    assert_eq!(schema::user_version(&conn).expect("version"), SCHEMA_VERSION);
+    let index: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = \
+             'trajectories_status_updated'",
+            [],
+            |r| r.get(0),
+        )
+        .expect("index query");
+    assert_eq!(index, 1, "migration 2 applied");
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .expect("journal mode");
+    assert_eq!(mode, "wal");
+    conn.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .expect("bump");
+    drop(conn);
+    match tito::store::open(&url) {
+        Err(StoreError::Schema(msg)) => assert!(msg.contains("newer") || msg.contains("upgrade")),
+        Err(e) => panic!("wrong error {e}"),
+        Ok(_) => panic!("opened a database from a newer schema"),
+    }
+}
+
+#[tokio::test]
+async fn sqlite_stores_ids_as_little_endian_blobs() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("spans.db");
+    let url = format!("sqlite://{}", path.display());
+    {
+        let store = tito::store::open(&url).expect("open");
+        let c = call("t", 0, 0, None, vec![1, 0x0102_0304], vec![7, 8, 9]);
+        store.append_call(c).await.expect("append");
+    }
+    let conn = rusqlite::Connection::open(&path).expect("open raw");
+    let (prompt, sampled, logprobs): (Vec<u8>, Vec<u8>, Vec<u8>) = conn
+        .query_row(
+            "SELECT prompt_delta_ids, sampled_ids, logprobs FROM calls",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .expect("row");
+    assert_eq!(prompt, vec![1, 0, 0, 0, 4, 3, 2, 1]);
+    assert_eq!(sampled.len(), 12);
+    assert_eq!(logprobs.len(), 12);
+    assert_eq!(&logprobs[0..4], &(-0.01f32).to_le_bytes());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sqlite_concurrent_appends_all_land() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!(
+        "sqlite://{}/spans.db?synchronous=normal",
+        dir.path().display()
+    );
+    let store = tito::store::open(&url).expect("open");
+    let mut tasks = Vec::new();
+    for w in 0..16u32 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = format!("w-{w}");
+            for i in 0..40u32 {
+                let parent = i.checked_sub(1);
+                let c = call(&id, i, 0, parent, ids(i, 4), ids(w * 1000 + i, 6));
+                store.append_call(c).await.expect("append");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+    let all = TrajectoryFilter::default();
+    assert_eq!(store.count(&all).expect("count"), 16);
+    for t in store.scan(&all).expect("scan") {
+        let t = t.expect("trajectory");
+        assert_eq!(t.calls.len(), 40, "{}", t.meta.id);
+        assert_eq!(t.samples().expect("samples")[0].num_turns, 40);
+    }
+}
+
+#[test]
+fn bad_urls_are_rejected() {
+    for url in ["postgres://x", "sqlite://", "sqlite://a.db?synchronous=off"] {
+        assert!(
+            matches!(tito::store::open(url), Err(StoreError::BadUrl(_))),
+            "{url}"
+        );
+    }
+}
