@@ -60,6 +60,10 @@ pub struct MockVllm {
 
 impl MockVllm {
     pub async fn start(default: Scripted) -> MockVllm {
+        Self::start_on("127.0.0.1:0", default).await
+    }
+
+    pub async fn start_on(addr: &str, default: Scripted) -> MockVllm {
         let state = Arc::new(MockState {
             default: Mutex::new(default),
             healthy: std::sync::atomic::AtomicBool::new(true),
@@ -67,11 +71,10 @@ impl MockVllm {
         });
         let app = Router::new()
             .route("/v1/completions", post(completions))
+            .route("/v1/chat/completions", post(chat_text))
             .route("/health", get(health))
             .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {
             let _ = axum::serve(listener, app).await;
@@ -108,6 +111,28 @@ impl MockVllm {
             notified.await;
         }
     }
+}
+
+/// Text chat completions, for gateways that forward text (benchmark peers).
+async fn chat_text(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -> Response {
+    let n = s.default.lock().expect("lock").ids.len();
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    let content = "ok";
+    if stream {
+        let chunks = vec![
+            json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"role": "assistant", "content": content}, "finish_reason": null}]}),
+            json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}),
+        ];
+        let events = chunks
+            .into_iter()
+            .map(|c| Ok::<_, Infallible>(Event::default().data(c.to_string())))
+            .chain(std::iter::once(Ok(Event::default().data("[DONE]"))));
+        return Sse::new(futures::stream::iter(events)).into_response();
+    }
+    Json(json!({"id": "chatcmpl-mock", "object": "chat.completion", "created": 0, "model": body["model"],
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": n, "total_tokens": n + 1}}))
+    .into_response()
 }
 
 async fn health(State(s): State<Arc<MockState>>) -> StatusCode {

@@ -1,0 +1,70 @@
+"""Starts real processes for the Python tests: the mock backend example and
+the `tito serve` binary (built with cargo if needed), each on a port chosen
+by the OS, and reads the bound address from their output."""
+
+import os
+import pathlib
+import re
+import subprocess
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+TARGET = pathlib.Path(os.environ.get("CARGO_TARGET_DIR", ROOT / "target"))
+
+
+def build():
+    subprocess.run(
+        ["cargo", "build", "--quiet", "--bin", "tito", "--example", "mock_backend"],
+        cwd=ROOT,
+        check=True,
+    )
+
+
+def _start(cmd, pattern, env=None):
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        m = re.search(pattern, line)
+        if m:
+            return proc, m.group(1)
+    proc.wait()
+    raise RuntimeError(f"{cmd[0]} exited before printing its address:\n{''.join(seen)}")
+
+
+def start_mock(reply_ids):
+    exe = TARGET / "debug" / "examples" / "mock_backend"
+    return _start([str(exe), "--reply-ids", ",".join(map(str, reply_ids))], r"listening on (\S+)")
+
+
+def start_tito(tokenizer_dir, backend_url, model="test-model"):
+    tmp = tempfile.mkdtemp(prefix="tito-test-")
+    cfg = pathlib.Path(tmp) / "config.toml"
+    cfg.write_text(
+        f"""
+[server]
+listen = "127.0.0.1:0"
+[model]
+name = "{model}"
+tokenizer = "{tokenizer_dir}"
+[[backends]]
+url = "{backend_url}"
+kind = "vllm"
+[store]
+url = "sqlite://{tmp}/spans.db"
+"""
+    )
+    exe = TARGET / "debug" / "tito"
+    # ANSI colours off so the address can be read from the log line.
+    return _start(
+        [str(exe), "serve", "--config", str(cfg)],
+        r"tito listening addr=(\S+)",
+        env={"RUST_LOG": "info", "NO_COLOR": "1"},
+    )
