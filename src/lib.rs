@@ -6,6 +6,8 @@
 //!   async function per request.
 //! - [`render`]: chat template + tokenizer; prompt token ids are made here.
 //! - [`backend`]: the `Backend` trait and the vLLM / SGLang / engine clients.
+//! - [`router`]: which backend serves a call: policies, sticky pins, health,
+//!   admission control for sleep / wake.
 //! - [`error`]: the one API error type and its OpenAI JSON / SSE shapes.
 
 pub mod api;
@@ -13,6 +15,7 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod render;
+pub mod router;
 
 pub use api::{build_app, serve, AppState};
 pub use config::Config;

@@ -7,6 +7,7 @@
 //! Owns: wire formats of vLLM / SGLang / the bundled engine. Must not: render
 //! templates, decode text for clients, or know about trajectories.
 
+pub mod sglang;
 pub mod sse;
 pub mod vllm;
 
@@ -179,6 +180,9 @@ pub fn build_backends(config: &crate::config::Config) -> anyhow::Result<Vec<DynB
     for b in &config.backends {
         match b.kind {
             crate::config::BackendKind::Vllm => out.push(Arc::new(vllm::VllmBackend::new(b, &config.router)?)),
+            crate::config::BackendKind::Sglang => {
+                out.push(Arc::new(sglang::SglangBackend::new(b, &config.router)?))
+            }
             other => anyhow::bail!("backend kind `{}` is not available in this build", other.as_str()),
         }
     }
