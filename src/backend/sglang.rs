@@ -9,9 +9,10 @@
 //!
 //! Checked against (November 2026):
 //! - docs.sglang.io "Sampling Parameters" (`/generate` arguments `input_ids`,
-//!   `rid`, `return_logprob`, `top_logprobs_num`, `stream`; sampling
-//!   parameters `max_new_tokens`, `stop`, `stop_token_ids`, `min_p`,
-//!   `ignore_eos`, `skip_special_tokens`, `no_stop_trim`) and SGLang's
+//!   `rid`, `return_logprob`, `top_logprobs_num`, `logprob_start_len`,
+//!   `stream`; sampling parameters `max_new_tokens`, `stop`,
+//!   `stop_token_ids`, `min_p`, `ignore_eos`, `skip_special_tokens`,
+//!   `no_stop_trim`) and SGLang's
 //!   `sampling_params.py`, where the per-request seed is `sampling_seed`.
 //! - SGLang `http_server.py`: a stream is SSE `data: {json}` events ended by
 //!   `data: [DONE]`; a failure inside a stream is sent as
@@ -111,6 +112,8 @@ impl SglangBackend {
         if let (Some(k), Some(obj)) = (p.logprobs, body.as_object_mut()) {
             obj.insert("return_logprob".into(), json!(true));
             obj.insert("top_logprobs_num".into(), json!(k));
+            // Output tokens only: no prompt logprobs computed or sent.
+            obj.insert("logprob_start_len".into(), json!(-1));
         }
         body
     }

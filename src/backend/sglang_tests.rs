@@ -205,7 +205,8 @@ fn request_body_matches_sglang_native_api() {
             "stream": true,
             "rid": "req-1",
             "return_logprob": true,
-            "top_logprobs_num": 2
+            "top_logprobs_num": 2,
+            "logprob_start_len": -1
         })
     );
     let plain = b.request_body(&request(false, None));

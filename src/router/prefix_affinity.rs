@@ -56,17 +56,16 @@ impl RoutingPolicy for PrefixAffinity {
     }
 }
 
-/// FNV-1a over the ids' little-endian bytes: stable across runs, builds and
-/// machines (std's hasher makes no such promise).
+/// FNV-1a over whole ids (one step per id, not per byte), then mixed:
+/// stable across runs, builds and machines (std's hasher promises none of
+/// that).
 fn prefix_hash(ids: &[u32]) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for id in ids {
-        for b in id.to_le_bytes() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0000_0100_0000_01b3);
-        }
+    for &id in ids {
+        h ^= u64::from(id);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    h
+    mix(h)
 }
 
 /// splitmix64 finalizer: spreads nearby inputs over the whole range.
