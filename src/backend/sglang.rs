@@ -285,8 +285,10 @@ impl StreamState {
                 .output_token_logprobs
                 .ok_or_else(|| protocol(backend, "logprobs were asked for but not returned"))?;
             // The logprob lists follow the same convention as `output_ids`;
-            // accept them either whole or already sliced to the new part.
-            let lp_skip = if lps.len() == ids.len() {
+            // accept them either whole (indexed by position in the output,
+            // never shorter than `output_ids`) or already sliced to the new
+            // part. The token-id check below catches any misreading.
+            let lp_skip = if lps.len() >= ids.len() {
                 skip
             } else if lps.len() == new_ids.len() {
                 0
@@ -308,8 +310,8 @@ impl StreamState {
                         format!("logprob entry is for token {lp_id}, output has {id}"),
                     ));
                 }
-                let top_at = if tops.len() == lps.len() {
-                    lp_skip + i
+                let top_at = if tops.len() >= ids.len() {
+                    skip + i
                 } else if tops.len() == new_ids.len() {
                     i
                 } else {

@@ -358,3 +358,23 @@ fn finish_reason_shapes() {
     assert_eq!(finish_reason(Some(&Json::Null)), None);
     assert_eq!(finish_reason(None), None);
 }
+
+#[test]
+fn misaligned_logprobs_are_a_protocol_error() {
+    let mut st = StreamState::default();
+    let ev: GenerateOut = serde_json::from_value(json!({
+        "output_ids": [11, 12],
+        "meta_info": {"completion_tokens": 2, "finish_reason": null,
+                      "output_token_logprobs": [[-0.1, 11, null], [-0.2, 99, null]]}
+    }))
+    .unwrap();
+    let e = st.on_event("sg", ev, true).unwrap_err();
+    assert!(matches!(e, BackendError::Protocol { .. }), "{e}");
+    let mut st = StreamState::default();
+    let ev: GenerateOut = serde_json::from_value(json!({
+        "output_ids": [11, 12],
+        "meta_info": {"completion_tokens": 2, "output_token_logprobs": [[-0.1, 11, null]]}
+    }))
+    .unwrap();
+    assert!(st.on_event("sg", ev, true).is_err(), "too few logprobs");
+}
