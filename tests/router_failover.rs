@@ -254,10 +254,29 @@ async fn admin_fan_out_reports_each_backend_and_tracks_sleep() {
     let sleeping: Vec<bool> = router.snapshot().iter().map(|s| s.sleeping).collect();
     assert_eq!(sleeping, [true, true, false]);
 
-    // Sleeping backends are not probed.
+    // Sleeping backends are not probed, and get no calls: if admission is
+    // resumed while some failed to wake, traffic goes to the awake ones.
     router.probe_once().await;
     let probes: Vec<usize> = mocks.iter().map(|m| m.health_calls()).collect();
     assert_eq!(probes, [0, 0, 1]);
+    for t in 0..3 {
+        assert_eq!(
+            router
+                .route(&format!("t{t}"), &[1], &[])
+                .unwrap()
+                .name
+                .as_ref(),
+            "b2"
+        );
+    }
+    assert!(matches!(
+        router.route("x", &[1], &[BackendId(2)]),
+        Err(RouteError::NoHealthyBackend {
+            sleeping: 2,
+            excluded: 1,
+            open: 0
+        })
+    ));
 
     mocks[2]
         .fail_admin
@@ -265,6 +284,12 @@ async fn admin_fan_out_reports_each_backend_and_tracks_sleep() {
     let results = router.broadcast_admin(&AdminOp::WakeUp).await;
     assert!(results.iter().all(|(_, r)| r.is_ok()));
     assert!(router.snapshot().iter().all(|s| !s.sleeping));
+    // Awake again: pins stay where they are, new work spreads again.
+    assert!(router.route("t0", &[1], &[]).unwrap().sticky);
+    assert_ne!(
+        router.route("fresh", &[1], &[]).unwrap().name.as_ref(),
+        "b2"
+    );
     let weights = AdminOp::UpdateWeights {
         path: "/ckpt/7".into(),
     };

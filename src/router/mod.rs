@@ -46,8 +46,15 @@ impl std::fmt::Display for BackendId {
 pub enum RouteError {
     #[error("no inference backends are configured")]
     NoBackends,
-    #[error("no healthy backend available ({open} with an open circuit, {excluded} already failed this call)")]
-    NoHealthyBackend { open: usize, excluded: usize },
+    #[error(
+        "no healthy backend available ({open} with an open circuit, {sleeping} asleep, \
+         {excluded} already failed this call)"
+    )]
+    NoHealthyBackend {
+        open: usize,
+        sleeping: usize,
+        excluded: usize,
+    },
     #[error("admission is paused (backends are asleep or reloading weights)")]
     Paused,
     #[error("waited {0:?} for admission; backends are still paused")]
@@ -273,10 +280,11 @@ impl Router {
     /// as in flight there until the returned [`Route`] is dropped.
     ///
     /// A pinned trajectory stays on its backend unless that backend is in
-    /// `exclude`, has an open circuit, or was removed; then it moves (the
-    /// route says from where) and the pin follows. New trajectories go where
-    /// the policy says, among backends with a closed circuit (half-open ones
-    /// only when no closed one is left). `exclude` lists backends that already
+    /// `exclude`, has an open circuit, is asleep (its wake-up failed), or was
+    /// removed; then it moves (the route says from where) and the pin
+    /// follows. New trajectories go where the policy says, among awake
+    /// backends with a closed circuit (half-open ones only when no closed one
+    /// is left). `exclude` lists backends that already
     /// failed this call; a non-empty list counts as a retry.
     pub fn route(
         &self,
@@ -297,7 +305,10 @@ impl Router {
         let mut moved_from = None;
         if let Some(pin) = g.sticky.lookup(trajectory_id) {
             let usable = g.slots.iter().find(|s| {
-                s.id == pin.id && !exclude.contains(&s.id) && s.health.state() != CircuitState::Open
+                s.id == pin.id
+                    && !exclude.contains(&s.id)
+                    && !s.is_sleeping()
+                    && s.health.state() != CircuitState::Open
             });
             if let Some(slot) = usable {
                 let slot = slot.clone();
@@ -310,7 +321,7 @@ impl Router {
             g.slots
                 .iter()
                 .zip(&states)
-                .filter(|(s, st)| **st == want && !exclude.contains(&s.id))
+                .filter(|(s, st)| **st == want && !exclude.contains(&s.id) && !s.is_sleeping())
                 .map(|(s, _)| s.clone())
                 .collect()
         };
@@ -320,8 +331,13 @@ impl Router {
         }
         if pool.is_empty() {
             let open = states.iter().filter(|s| **s == CircuitState::Open).count();
+            let sleeping = g.slots.iter().filter(|s| s.is_sleeping()).count();
             let excluded = g.slots.iter().filter(|s| exclude.contains(&s.id)).count();
-            return Err(RouteError::NoHealthyBackend { open, excluded });
+            return Err(RouteError::NoHealthyBackend {
+                open,
+                sleeping,
+                excluded,
+            });
         }
         let candidates: Vec<Candidate> = pool
             .iter()
