@@ -306,3 +306,38 @@ async fn backends_are_added_and_removed_at_runtime() {
         Err(RouteError::NoBackends)
     ));
 }
+
+#[tokio::test]
+async fn router_from_config_builds_vllm_and_sglang_backends() {
+    let text = r#"
+[model]
+tokenizer = "models/tok"
+
+[[backends]]
+url = "http://127.0.0.1:8001"
+kind = "vllm"
+
+[[backends]]
+url = "http://127.0.0.1:8002/"
+kind = "sglang"
+name = "sg-1"
+
+[router]
+policy = "prefix_affinity"
+"#;
+    let config = tito::Config::from_toml(text).unwrap();
+    let router = tito::router::Router::from_config(&config).unwrap();
+    assert_eq!(router.policy_name(), "prefix_affinity");
+    let snap = router.snapshot();
+    let got: Vec<(&str, &str, &str)> = snap
+        .iter()
+        .map(|s| (s.name.as_str(), s.kind.as_str(), s.url.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("http://127.0.0.1:8001", "vllm", "http://127.0.0.1:8001"),
+            ("sg-1", "sglang", "http://127.0.0.1:8002/"),
+        ]
+    );
+}
