@@ -6,6 +6,8 @@
 //!   async function per request.
 //! - [`render`]: chat template + tokenizer; prompt token ids are made here.
 //! - [`backend`]: the `Backend` trait and the vLLM / SGLang / engine clients.
+//! - [`router`]: which backend serves a call: policies, sticky pins, health,
+//!   admission control for sleep / wake.
 //! - [`error`]: the one API error type and its OpenAI JSON / SSE shapes.
 //! - [`store`]: the durable span store (trait, memory, SQLite) and sample
 //!   reconstruction from stored calls.
@@ -18,6 +20,7 @@ pub mod config;
 pub mod error;
 pub mod export;
 pub mod render;
+pub mod router;
 pub mod store;
 pub mod trajectory;
 

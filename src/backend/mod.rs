@@ -7,6 +7,7 @@
 //! Owns: wire formats of vLLM / SGLang / the bundled engine. Must not: render
 //! templates, decode text for clients, or know about trajectories.
 
+pub mod sglang;
 pub mod sse;
 pub mod vllm;
 
@@ -173,21 +174,28 @@ impl Generation {
     }
 }
 
+/// Builds one HTTP backend client (vLLM or SGLang).
+pub fn build_backend(
+    b: &crate::config::BackendConfig,
+    router: &crate::config::RouterConfig,
+) -> anyhow::Result<DynBackend> {
+    Ok(match b.kind {
+        crate::config::BackendKind::Vllm => Arc::new(vllm::VllmBackend::new(b, router)?),
+        crate::config::BackendKind::Sglang => Arc::new(sglang::SglangBackend::new(b, router)?),
+        other => anyhow::bail!(
+            "backend kind `{}` is not available in this build",
+            other.as_str()
+        ),
+    })
+}
+
 /// Builds the configured backends.
 pub fn build_backends(config: &crate::config::Config) -> anyhow::Result<Vec<DynBackend>> {
-    let mut out: Vec<DynBackend> = Vec::new();
-    for b in &config.backends {
-        match b.kind {
-            crate::config::BackendKind::Vllm => {
-                out.push(Arc::new(vllm::VllmBackend::new(b, &config.router)?))
-            }
-            other => anyhow::bail!(
-                "backend kind `{}` is not available in this build",
-                other.as_str()
-            ),
-        }
-    }
-    Ok(out)
+    config
+        .backends
+        .iter()
+        .map(|b| build_backend(b, &config.router))
+        .collect()
 }
 
 /// The HTTP client shared by the HTTP backends, with the router's timeouts.

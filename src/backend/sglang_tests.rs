@@ -1,0 +1,380 @@
+//! Tests of the SGLang client against an in-process mock of SGLang's native
+//! API (axum on port 0): request shape, non-streaming, cumulative and
+//! incremental streams, error statuses, in-stream errors, unreachable server,
+//! and the admin endpoints.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::{Arc, Mutex};
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json as AxJson, Router};
+use futures::StreamExt;
+use serde_json::{json, Value as Json};
+
+use super::*;
+use crate::backend::{Generation, SamplingParams};
+
+/// What the mock answers on `/generate`.
+#[derive(Clone, Copy)]
+enum Mode {
+    Whole,
+    Cumulative,
+    Incremental,
+    /// Incremental without `completion_tokens`, with a repeated token.
+    IncrementalNoTotal,
+    Status(u16),
+    StreamError,
+    NoFinish,
+}
+
+#[derive(Clone)]
+struct Mock {
+    mode: Mode,
+    calls: Arc<Mutex<Vec<(String, Json)>>>,
+}
+
+/// The sampled sequence every mock answer describes.
+const IDS: [u32; 4] = [11, 12, 12, 13];
+
+fn lp_entry(id: u32) -> Json {
+    json!([-(id as f64) / 100.0, id, null])
+}
+
+fn top_entry(id: u32) -> Json {
+    json!([[-(id as f64) / 100.0, id, null], [-5.0, 999, null]])
+}
+
+/// A `/generate` output object covering `ids[from..to]` (cumulative: from 0).
+fn out(from: usize, to: usize, total: Option<usize>, finished: bool) -> Json {
+    let ids = &IDS[from..to];
+    let mut meta = json!({
+        "finish_reason": if finished { json!({"type": "length", "length": 4}) } else { Json::Null },
+        "prompt_tokens": 3,
+        "output_token_logprobs": ids.iter().map(|&i| lp_entry(i)).collect::<Vec<_>>(),
+        "output_top_logprobs": ids.iter().map(|&i| top_entry(i)).collect::<Vec<_>>(),
+    });
+    if let Some(t) = total {
+        meta["completion_tokens"] = json!(t);
+    }
+    json!({"text": "", "output_ids": ids, "meta_info": meta})
+}
+
+fn sse(events: Vec<Json>) -> Response {
+    let mut body = String::new();
+    for e in events {
+        body.push_str(&format!("data: {e}\n\n"));
+    }
+    body.push_str("data: [DONE]\n\n");
+    ([("content-type", "text/event-stream")], body).into_response()
+}
+
+async fn generate(State(m): State<Mock>, AxJson(body): AxJson<Json>) -> Response {
+    m.calls
+        .lock()
+        .unwrap()
+        .push(("/generate".into(), body.clone()));
+    let stream = body["stream"].as_bool().unwrap_or(false);
+    match m.mode {
+        Mode::Status(s) => (
+            StatusCode::from_u16(s).unwrap(),
+            AxJson(json!({"error": {"message": format!("mock status {s}")}})),
+        )
+            .into_response(),
+        _ if !stream => AxJson(out(0, 4, Some(4), true)).into_response(),
+        Mode::Whole => AxJson(out(0, 4, Some(4), true)).into_response(),
+        Mode::Cumulative => sse(vec![
+            out(0, 1, Some(1), false),
+            out(0, 3, Some(3), false),
+            out(0, 3, Some(3), false), // no progress: nothing new to emit
+            out(0, 4, Some(4), true),
+        ]),
+        Mode::Incremental => sse(vec![
+            out(0, 1, Some(1), false),
+            out(1, 2, Some(2), false),
+            out(2, 3, Some(3), false),
+            out(3, 4, Some(4), true),
+        ]),
+        // [11,12] then [12] then [13]: the second chunk repeats a token and
+        // does not extend [11,12], so it must read as incremental.
+        Mode::IncrementalNoTotal => sse(vec![
+            out(0, 2, None, false),
+            out(2, 3, None, false),
+            out(3, 4, None, true),
+        ]),
+        Mode::StreamError => sse(vec![json!({"error": {"message": "input too long"}})]),
+        Mode::NoFinish => sse(vec![out(0, 2, Some(2), false)]),
+    }
+}
+
+async fn admin(
+    State(m): State<Mock>,
+    uri: axum::http::Uri,
+    AxJson(body): AxJson<Json>,
+) -> Response {
+    m.calls.lock().unwrap().push((uri.path().to_string(), body));
+    if uri.path() == "/update_weights_from_disk" {
+        return AxJson(json!({"success": true, "message": "ok"})).into_response();
+    }
+    StatusCode::OK.into_response()
+}
+
+async fn start(mode: Mode) -> (SglangBackend, Mock) {
+    let mock = Mock {
+        mode,
+        calls: Arc::default(),
+    };
+    let app = Router::new()
+        .route("/generate", post(generate))
+        .route("/health", get(|| async { "ok" }))
+        .route("/release_memory_occupation", post(admin))
+        .route("/resume_memory_occupation", post(admin))
+        .route("/update_weights_from_disk", post(admin))
+        .with_state(mock.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (backend_at(&format!("http://{addr}")), mock)
+}
+
+fn backend_at(url: &str) -> SglangBackend {
+    let cfg = BackendConfig {
+        url: url.to_string(),
+        kind: crate::config::BackendKind::Sglang,
+        name: "sg".into(),
+        model: String::new(),
+    };
+    SglangBackend::new(&cfg, &RouterConfig::default()).unwrap()
+}
+
+fn request(stream: bool, logprobs: Option<u32>) -> GenerateRequest {
+    GenerateRequest {
+        request_id: "req-1".into(),
+        prompt_ids: Arc::new(vec![1, 2, 3]),
+        params: SamplingParams {
+            max_tokens: 4,
+            temperature: Some(0.5),
+            top_k: Some(20),
+            seed: Some(7),
+            stop: vec!["</s>".into()],
+            stop_token_ids: vec![2],
+            logprobs,
+            ..Default::default()
+        },
+        stream,
+    }
+}
+
+async fn collect(b: &SglangBackend, req: GenerateRequest) -> Result<Generation, BackendError> {
+    let mut s = b.generate(req).await?;
+    let mut g = Generation::default();
+    while let Some(ev) = s.next().await {
+        g.push(ev?);
+    }
+    Ok(g)
+}
+
+fn expected_logprobs() -> Vec<TokenLogprob> {
+    IDS.iter()
+        .map(|&i| TokenLogprob {
+            logprob: -(i as f32) / 100.0,
+            top: vec![(i, -(i as f32) / 100.0), (999, -5.0)],
+        })
+        .collect()
+}
+
+#[test]
+fn request_body_matches_sglang_native_api() {
+    let b = backend_at("http://127.0.0.1:1/");
+    let body = b.request_body(&request(true, Some(2)));
+    assert_eq!(
+        body,
+        json!({
+            "input_ids": [1, 2, 3],
+            "sampling_params": {
+                "max_new_tokens": 4, "temperature": 0.5, "top_k": 20, "sampling_seed": 7,
+                "stop": ["</s>"], "stop_token_ids": [2],
+                "skip_special_tokens": false, "spaces_between_special_tokens": false,
+                "no_stop_trim": true
+            },
+            "stream": true,
+            "rid": "req-1",
+            "return_logprob": true,
+            "top_logprobs_num": 2,
+            "logprob_start_len": -1
+        })
+    );
+    let plain = b.request_body(&request(false, None));
+    assert!(plain.get("return_logprob").is_none());
+    assert_eq!(plain["stream"], json!(false));
+}
+
+#[tokio::test]
+async fn non_streaming_reads_ids_logprobs_and_finish() {
+    let (b, mock) = start(Mode::Whole).await;
+    let g = collect(&b, request(false, Some(1))).await.unwrap();
+    assert_eq!(g.ids, IDS);
+    assert_eq!(g.logprobs, expected_logprobs());
+    assert_eq!(g.finish_reason, Some(FinishReason::Length));
+    let calls = mock.calls.lock().unwrap();
+    assert_eq!(calls[0].0, "/generate");
+    assert_eq!(calls[0].1["input_ids"], json!([1, 2, 3]));
+}
+
+#[tokio::test]
+async fn cumulative_stream_emits_each_token_once() {
+    let (b, _) = start(Mode::Cumulative).await;
+    let mut s = b.generate(request(true, Some(1))).await.unwrap();
+    let mut chunks = Vec::new();
+    let mut g = Generation::default();
+    while let Some(ev) = s.next().await {
+        let ev = ev.unwrap();
+        if let GenEvent::Tokens { ids, .. } = &ev {
+            chunks.push(ids.clone());
+        }
+        g.push(ev);
+    }
+    assert_eq!(chunks, vec![vec![11], vec![12, 12], vec![13]]);
+    assert_eq!(g.ids, IDS);
+    assert_eq!(g.logprobs, expected_logprobs());
+    assert_eq!(g.finish_reason, Some(FinishReason::Length));
+}
+
+#[tokio::test]
+async fn incremental_stream_emits_each_token_once() {
+    let (b, _) = start(Mode::Incremental).await;
+    let g = collect(&b, request(true, Some(1))).await.unwrap();
+    assert_eq!(g.ids, IDS);
+    assert_eq!(g.logprobs, expected_logprobs());
+    assert_eq!(g.finish_reason, Some(FinishReason::Length));
+}
+
+#[tokio::test]
+async fn incremental_stream_without_totals_keeps_repeated_tokens() {
+    let (b, _) = start(Mode::IncrementalNoTotal).await;
+    let g = collect(&b, request(true, None)).await.unwrap();
+    assert_eq!(g.ids, IDS);
+    assert!(g.logprobs.is_empty());
+}
+
+#[tokio::test]
+async fn error_statuses_map_to_backend_errors() {
+    let (b, _) = start(Mode::Status(400)).await;
+    let e = collect(&b, request(false, None)).await.unwrap_err();
+    assert!(matches!(&e, BackendError::Rejected { message, .. } if message == "mock status 400"));
+    assert!(!e.is_retryable());
+    let (b, _) = start(Mode::Status(503)).await;
+    let e = collect(&b, request(true, None)).await.unwrap_err();
+    assert!(matches!(e, BackendError::Overloaded { .. }));
+    let (b, _) = start(Mode::Status(500)).await;
+    let e = collect(&b, request(true, None)).await.unwrap_err();
+    assert!(matches!(e, BackendError::Status { status: 500, .. }));
+}
+
+#[tokio::test]
+async fn in_stream_errors_and_missing_finish_are_errors() {
+    let (b, _) = start(Mode::StreamError).await;
+    let e = collect(&b, request(true, None)).await.unwrap_err();
+    assert!(matches!(&e, BackendError::Rejected { message, .. } if message == "input too long"));
+    let (b, _) = start(Mode::NoFinish).await;
+    let e = collect(&b, request(true, None)).await.unwrap_err();
+    assert!(matches!(e, BackendError::Protocol { .. }));
+}
+
+#[tokio::test]
+async fn unreachable_server_is_unreachable() {
+    // Bind then drop a listener: nothing listens on that port any more.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let b = backend_at(&format!("http://{addr}"));
+    let e = collect(&b, request(true, None)).await.unwrap_err();
+    assert!(matches!(e, BackendError::Unreachable { .. }), "{e}");
+    assert!(e.is_retryable());
+    assert!(matches!(
+        b.health().await,
+        Err(BackendError::Unreachable { .. })
+    ));
+}
+
+#[tokio::test]
+async fn health_and_admin_use_sglang_endpoints() {
+    let (b, mock) = start(Mode::Whole).await;
+    b.health().await.unwrap();
+    b.admin(&AdminOp::Sleep { level: 1 }).await.unwrap();
+    b.admin(&AdminOp::WakeUp).await.unwrap();
+    b.admin(&AdminOp::UpdateWeights {
+        path: "/ckpt/step-3".into(),
+    })
+    .await
+    .unwrap();
+    let calls = mock.calls.lock().unwrap().clone();
+    assert_eq!(
+        calls,
+        vec![
+            ("/release_memory_occupation".to_string(), json!({})),
+            ("/resume_memory_occupation".to_string(), json!({})),
+            (
+                "/update_weights_from_disk".to_string(),
+                json!({"model_path": "/ckpt/step-3"})
+            ),
+        ]
+    );
+}
+
+#[test]
+fn stream_state_prefers_completion_tokens() {
+    // Incremental chunk [11] after [11]: the prefix alone would read it as
+    // "cumulative, nothing new"; completion_tokens = 2 says it is new.
+    let mut st = StreamState {
+        emitted: vec![11],
+        ..Default::default()
+    };
+    assert_eq!(st.already_emitted(&[11], Some(2)), 0);
+    assert_eq!(st.cumulative, Some(false));
+    let mut st = StreamState {
+        emitted: vec![11],
+        ..Default::default()
+    };
+    assert_eq!(st.already_emitted(&[11, 11], Some(2)), 1);
+    assert_eq!(st.cumulative, Some(true));
+}
+
+#[test]
+fn finish_reason_shapes() {
+    assert_eq!(
+        finish_reason(Some(&json!({"type": "stop", "matched": 2}))),
+        Some(FinishReason::Stop)
+    );
+    assert_eq!(
+        finish_reason(Some(&json!({"type": "abort", "message": "x"}))),
+        Some(FinishReason::Abort)
+    );
+    assert_eq!(finish_reason(Some(&Json::Null)), None);
+    assert_eq!(finish_reason(None), None);
+}
+
+#[test]
+fn misaligned_logprobs_are_a_protocol_error() {
+    let mut st = StreamState::default();
+    let ev: GenerateOut = serde_json::from_value(json!({
+        "output_ids": [11, 12],
+        "meta_info": {"completion_tokens": 2, "finish_reason": null,
+                      "output_token_logprobs": [[-0.1, 11, null], [-0.2, 99, null]]}
+    }))
+    .unwrap();
+    let e = st.on_event("sg", ev, true).unwrap_err();
+    assert!(matches!(e, BackendError::Protocol { .. }), "{e}");
+    let mut st = StreamState::default();
+    let ev: GenerateOut = serde_json::from_value(json!({
+        "output_ids": [11, 12],
+        "meta_info": {"completion_tokens": 2, "output_token_logprobs": [[-0.1, 11, null]]}
+    }))
+    .unwrap();
+    assert!(st.on_event("sg", ev, true).is_err(), "too few logprobs");
+}

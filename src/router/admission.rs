@@ -1,0 +1,133 @@
+//! Admission control and in-flight accounting, for sleep / wake and weight
+//! reloads: pause admission (new calls wait, bounded), drain (wait until no
+//! call is in flight), resume. The in-flight guard lives here too: it counts
+//! a call on its backend and router-wide, and wakes `drain` at zero.
+//!
+//! Owns: the paused flag's waiters and the in-flight counts. Must not: talk
+//! to backends (the caller forwards sleep / wake with `broadcast_admin`).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use super::{BackendId, Route, RouteError, Router, Slot};
+
+/// Router-wide in-flight count.
+#[derive(Default)]
+pub(crate) struct Load {
+    in_flight: AtomicUsize,
+    idle: Notify,
+}
+
+/// Counts one call as in flight on its backend until dropped.
+pub struct InFlight {
+    slot: Arc<Slot>,
+    load: Arc<Load>,
+}
+
+impl InFlight {
+    pub(crate) fn new(slot: Arc<Slot>, load: Arc<Load>) -> Self {
+        slot.in_flight.fetch_add(1, Ordering::SeqCst);
+        load.in_flight.fetch_add(1, Ordering::SeqCst);
+        InFlight { slot, load }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if self.load.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.load.idle.notify_waiters();
+        }
+    }
+}
+
+impl Router {
+    /// Stops admitting: `route` answers `Paused` and `wait_admitted` waits
+    /// until `resume_admission`. Calls already routed keep running.
+    pub fn pause_admission(&self) {
+        // Under the router lock, so no `route` call straddles the change:
+        // each one either counted its call before (and `drain` waits for
+        // it) or sees the pause.
+        self.lock().paused = true;
+        self.admission.send_replace(true);
+        tracing::info!("router admission paused");
+    }
+
+    pub fn resume_admission(&self) {
+        self.lock().paused = false;
+        self.admission.send_replace(false);
+        tracing::info!("router admission resumed");
+    }
+
+    pub fn is_admission_paused(&self) -> bool {
+        self.lock().paused
+    }
+
+    /// Returns at once when admitting; else waits up to `timeout` for
+    /// `resume_admission`.
+    pub async fn wait_admitted(&self, timeout: Duration) -> Result<(), RouteError> {
+        let mut rx = self.admission.subscribe();
+        let admitted = tokio::time::timeout(timeout, rx.wait_for(|paused| !*paused))
+            .await
+            .map(|r| r.is_ok());
+        match admitted {
+            Ok(true) => Ok(()),
+            // Timed out (or, impossibly, the sender in `self` was dropped).
+            _ => Err(RouteError::AdmissionTimeout(timeout)),
+        }
+    }
+
+    /// `route`, waiting (up to `admission_timeout` in all) while admission is
+    /// paused. This is what the request path should call.
+    pub async fn route_admitted(
+        &self,
+        trajectory_id: &str,
+        prompt_ids: &[u32],
+        exclude: &[BackendId],
+        admission_timeout: Duration,
+    ) -> Result<Route, RouteError> {
+        let deadline = tokio::time::Instant::now() + admission_timeout;
+        loop {
+            match self.route(trajectory_id, prompt_ids, exclude) {
+                Err(RouteError::Paused) => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    self.wait_admitted(left)
+                        .await
+                        .map_err(|_| RouteError::AdmissionTimeout(admission_timeout))?;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Calls in flight on all backends.
+    pub fn in_flight(&self) -> usize {
+        self.load.in_flight.load(Ordering::SeqCst)
+    }
+
+    /// Waits until no call is in flight, up to `timeout`. Pause admission
+    /// first, or new calls may keep it busy.
+    pub async fn drain(&self, timeout: Duration) -> Result<(), RouteError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let idle = self.load.idle.notified();
+            tokio::pin!(idle);
+            // Register before reading the count, so a drop to zero in
+            // between still wakes us.
+            idle.as_mut().enable();
+            let n = self.in_flight();
+            if n == 0 {
+                return Ok(());
+            }
+            if tokio::time::timeout_at(deadline, idle).await.is_err() {
+                return Err(RouteError::DrainTimeout {
+                    waited: timeout,
+                    in_flight: self.in_flight(),
+                });
+            }
+        }
+    }
+}
