@@ -76,6 +76,11 @@ CODE = (
 )
 WHITESPACE = "  leading spaces\ttab\t\tdouble tab\n\n\n\nmany newlines     five spaces \r\n CRLF  \n   "
 DIGITS = "Numbers: 1 12 123 1234 12345 1234567890, 3.14159, -42, 1e-7, 2026-11-22T17:37:04Z, 0x1F, 1,000,000."
+SCRIPTS = (
+    "Combining: e\u0301 a\u0308 (NFC changes these); NBSP:\u00a0x; ideographic space:\u3000y; "
+    "zero-width:\u200bz; full-width: ＡＢＣ１２３; Arabic: مرحبا بالعالم; Hebrew: שלום; "
+    "Devanagari: नमस्ते; Thai: สวัสดี; Korean: 안녕하세요; math: ∑∫√∞ ≤ ≥; form feed:\f; CR only:\rend"
+)
 SPECIAL_TEXT = "Literal markers typed by a user: <|im_start|> <|im_end|> <|eot_id|> <start_of_turn> </think>"
 
 WEATHER_TOOL = {
@@ -192,9 +197,25 @@ def qwen3_cases():
         case("unicode", [user(UNICODE)]),
         case("code_block", [user(CODE), asst("```python\nprint('ok')\n```"), user("thanks")]),
         case("whitespace_runs", [user(WHITESPACE)]),
+        case("scripts_and_normalization", [user(SCRIPTS)]),
         case("digits", [user(DIGITS)]),
         case("special_token_text", [user(SPECIAL_TEXT)]),
         case("empty_user", [user("")]),
+        case(
+            "system_mid_conversation",
+            [sys_("First."), user("Hi"), asst("Hello"), sys_("Now answer in German."), user("How are you?")],
+        ),
+        case(
+            "long_agent_loop",
+            [sys_("You are an agent.")]
+            + [m for i in range(8) for m in (
+                user(f"Task {i}: list files in dir_{i}") if i == 0 else tool(f"file_{i}.txt\nfile_{i}b.md"),
+                asst("", tool_calls=[call("search", {"query": f"dir_{i}", "limit": i}, f"t{i}")]),
+            )]
+            + [tool("done"), asst("All listed."), user("Thanks! Summarize.")],
+            tools=TOOLS,
+            kwargs={"enable_thinking": False},
+        ),
     ]
 
 
@@ -209,6 +230,7 @@ def llama3_1_cases():
         case("unicode", [user(UNICODE)]),
         case("code_block", [user(CODE)]),
         case("whitespace_runs", [user(WHITESPACE)]),
+        case("scripts_and_normalization", [user(SCRIPTS)]),
         case("digits", [user(DIGITS)]),
         case("special_token_text", [user(SPECIAL_TEXT)]),
     ]
@@ -225,6 +247,7 @@ def deepseek_v3_cases():
         case("cjk_long", [user("深度求索是一家人工智能公司。東京タワーは高い。ひらがなとカタカナ。")]),
         case("code_block", [user(CODE)]),
         case("whitespace_runs", [user(WHITESPACE)]),
+        case("scripts_and_normalization", [user(SCRIPTS)]),
         case("digits", [user(DIGITS)]),
         case(
             "tool_call_single",
@@ -275,6 +298,7 @@ def gemma3_cases():
         case("unicode", [user(UNICODE)]),
         case("code_block", [user(CODE), asst("Here:\n```python\nprint(1)\n```"), user("ok")]),
         case("whitespace_runs", [user(WHITESPACE)]),
+        case("scripts_and_normalization", [user(SCRIPTS)]),
         case("digits", [user(DIGITS)]),
         case("special_token_text", [user(SPECIAL_TEXT)]),
     ]
