@@ -13,7 +13,7 @@ gives exactly these ids.
 or "jinja2" for the few cases transformers cannot express: transformers 5.x
 drops message keys whose value is None before rendering, and the DeepSeek V3
 template renders tool calls only when content is None. Those cases are rendered
-with plain jinja2 configured exactly as transformers configures it, then
+with transformers' own jinja2 environment but without that None-dropping, then
 tokenized with `encode(text, add_special_tokens=False)` as transformers does.
 
 Run: scripts/setup-python.sh && scripts/fetch-tokenizers.sh &&
@@ -27,9 +27,8 @@ from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import jinja2  # noqa: E402
-from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
+from transformers.utils.chat_template_utils import _compile_jinja_template  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "tokenizers"
@@ -312,23 +311,13 @@ CASES = {
 }
 
 
-def hf_jinja_env():
-    """A jinja2 environment configured as transformers configures its own."""
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    return env
+def compile_like_transformers(template):
+    """The template compiled in transformers' own jinja2 environment."""
+    return _compile_jinja_template(template)
 
 
 # Small templates exercising the Jinja features HF chat templates rely on,
-# rendered by jinja2 configured as transformers configures it. Checked by the
+# rendered by jinja2 in transformers' own template environment. Checked by the
 # unit tests in src/render/ (no tokenizer needed). "error": true means jinja2
 # raised, and tito must fail too.
 MSGS = [sys_("S"), user("U1"), asst("A1"), user("U2")]
@@ -402,17 +391,19 @@ SNIPPETS = [
     ("more_string_methods", "{{ s.rsplit(',', 1) }}|{{ s.rsplit(',') }}|{{ w.rsplit(none, 1) }}|{{ w.rsplit() }}"
      "|{{ w.rsplit(none, 0) }}|{{ s.removeprefix('a,') }}|{{ s.removesuffix(',d') }}|{{ s.removeprefix('zz') }}",
      {"s": "a,b,c,d", "w": "  one two\tthree  four  "}),
+    ("generation_tags", "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}<{{ m.content }}>"
+     "{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n{%- generation -%}  x  {%- endgeneration %}\n{% endfor %}",
+     {"messages": MSGS[1:3]}),
     ("dict_global_and_tuple", "{% set d = dict(a=1, b='x') %}{{ d.a }}{{ d['b'] }}|{% for a, b in [(1, 2), (3, 4)] %}{{ a + b }}{% endfor %}", {}),
 ]
 
 
 def snippet_goldens():
-    env = hf_jinja_env()
     out = []
     for name, template, context in SNIPPETS:
         entry = {"name": name, "template": template, "context": context}
         try:
-            entry["output"] = env.from_string(template).render(**context)
+            entry["output"] = compile_like_transformers(template).render(**context)
             entry["error"] = False
         except Exception as e:  # the template raised: tito must raise too
             entry["output"] = f"{type(e).__name__}: {e}"
@@ -422,7 +413,7 @@ def snippet_goldens():
 
 
 def render_jinja2(tok, c):
-    template = hf_jinja_env().from_string(tok.chat_template)
+    template = compile_like_transformers(tok.chat_template)
     variables = {**tok.special_tokens_map, **(c["chat_template_kwargs"] or {})}
     return template.render(
         messages=c["messages"],
