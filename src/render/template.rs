@@ -221,8 +221,18 @@ fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
 }
 
-fn strftime_now(format: String) -> String {
-    chrono::Local::now().format(&format).to_string()
+/// transformers' `strftime_now`: local time, `strftime` format. A format
+/// chrono cannot write is a template error (never a panic).
+fn strftime_now(format: String) -> Result<String, Error> {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    write!(out, "{}", chrono::Local::now().format(&format)).map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: unsupported format {format:?}"),
+        )
+    })?;
+    Ok(out)
 }
 
 /// transformers' `tojson`: Python's `json.dumps(value, ensure_ascii=False,
@@ -307,6 +317,14 @@ pub(crate) fn format_error(e: &Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strftime_now_formats_local_time_and_rejects_bad_formats() {
+        let year = chrono::Local::now().format("%Y").to_string();
+        let got = strftime_now("%d %b %Y".into()).expect("valid format");
+        assert!(got.ends_with(&year) && got.len() == 11, "{got}");
+        assert!(strftime_now("%Q".into()).is_err());
+    }
 
     #[test]
     fn generation_tags_become_plain_blocks() {
