@@ -9,6 +9,10 @@ and writes tests/fixtures/goldens/<name>.json: a list of cases
 reference, text, ids}. tests/render_goldens.rs checks that tito's renderer
 gives exactly these ids.
 
+tests/fixtures/goldens/encode/<name>.json holds plain-text encodings
+(`encode(text)` with and without the tokenizer's special tokens), as used for
+`/v1/completions` string prompts.
+
 `reference` says what produced the golden: "transformers" (apply_chat_template)
 or "jinja2" for the few cases transformers cannot express: transformers 5.x
 drops message keys whose value is None before rendering, and the DeepSeek V3
@@ -449,6 +453,32 @@ def write_json(path, value):
     print(f"{path.relative_to(ROOT)}: {len(value)} cases")
 
 
+# Plain texts tokenized as a completions prompt: `encode(text)` with the
+# tokenizer's default special tokens, and with `add_special_tokens=False`.
+ENCODE_TEXTS = [
+    "Hello world",
+    " leading space and trailing space ",
+    UNICODE,
+    CODE,
+    WHITESPACE,
+    DIGITS,
+    SCRIPTS,
+    SPECIAL_TEXT,
+    "",
+]
+
+
+def encode_goldens(tok):
+    return [
+        {
+            "text": text,
+            "ids": list(tok.encode(text)),
+            "ids_no_special": list(tok.encode(text, add_special_tokens=False)),
+        }
+        for text in ENCODE_TEXTS
+    ]
+
+
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     write_json(OUT / "jinja_snippets.json", snippet_goldens())
@@ -461,6 +491,8 @@ def main():
         for c in cases:
             c["text"], c["ids"] = golden(tok, c)
         write_json(OUT / f"{name}.json", cases)
+        (OUT / "encode").mkdir(exist_ok=True)
+        write_json(OUT / "encode" / f"{name}.json", encode_goldens(tok))
 
 
 if __name__ == "__main__":
