@@ -6,7 +6,8 @@ For every tokenizer fetched by scripts/fetch-tokenizers.sh into
 `AutoTokenizer.from_pretrained(dir).apply_chat_template(..., tokenize=True)`
 and writes tests/fixtures/goldens/<name>.json: a list of cases
 {name, messages, tools, add_generation_prompt, chat_template_kwargs,
-reference, text, ids}. tests/render_goldens.rs checks that tito's renderer
+reference, expect_error, text, ids}; for `expect_error` cases transformers
+fails (text holds its error, ids are empty) and tito must fail too. tests/render_goldens.rs checks that tito's renderer
 gives exactly these ids.
 
 tests/fixtures/goldens/encode/<name>.json holds plain-text encodings
@@ -59,7 +60,8 @@ def call(name, arguments, call_id):
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def case(name, messages, tools=None, add_generation_prompt=True, kwargs=None, reference="transformers"):
+def case(name, messages, tools=None, add_generation_prompt=True, kwargs=None, reference="transformers",
+         expect_error=False):
     return {
         "name": name,
         "messages": messages,
@@ -67,6 +69,7 @@ def case(name, messages, tools=None, add_generation_prompt=True, kwargs=None, re
         "add_generation_prompt": add_generation_prompt,
         "chat_template_kwargs": kwargs,
         "reference": reference,
+        "expect_error": expect_error,
     }
 
 
@@ -204,6 +207,14 @@ def qwen3_cases():
         case("digits", [user(DIGITS)]),
         case("special_token_text", [user(SPECIAL_TEXT)]),
         case("empty_user", [user("")]),
+        # OpenAI clients send content null with tool calls; transformers drops the
+        # key and this template then fails (plain jinja2 fails on None as well).
+        case(
+            "tool_call_content_null_fails",
+            [user("Hi"), asst(None, tool_calls=[call("search", {"query": "x"}, "c1")])],
+            tools=TOOLS,
+            expect_error=True,
+        ),
         case(
             "system_mid_conversation",
             [sys_("First."), user("Hi"), asst("Hello"), sys_("Now answer in German."), user("How are you?")],
@@ -304,6 +315,7 @@ def gemma3_cases():
         case("scripts_and_normalization", [user(SCRIPTS)]),
         case("digits", [user(DIGITS)]),
         case("special_token_text", [user(SPECIAL_TEXT)]),
+        case("roles_must_alternate", [user("one"), user("two")], expect_error=True),
     ]
 
 
@@ -429,6 +441,13 @@ def render_jinja2(tok, c):
 
 def golden(tok, c):
     kwargs = c["chat_template_kwargs"] or {}
+    if c["expect_error"]:
+        try:
+            tok.apply_chat_template(c["messages"], tools=c["tools"], tokenize=False,
+                                    add_generation_prompt=c["add_generation_prompt"], **kwargs)
+        except Exception as e:  # the golden is the failure itself
+            return f"error: {type(e).__name__}: {e}", []
+        raise SystemExit(f"{c['name']}: expected transformers to fail, it rendered")
     if c["reference"] == "jinja2":
         text = render_jinja2(tok, c)
         ids = tok.encode(text, add_special_tokens=False)

@@ -21,6 +21,8 @@ struct Case {
     add_generation_prompt: bool,
     chat_template_kwargs: Option<serde_json::Map<String, Json>>,
     reference: String,
+    /// transformers fails on this case (`text` holds its error): tito must fail.
+    expect_error: bool,
     text: String,
     ids: Vec<u32>,
 }
@@ -98,6 +100,19 @@ fn check(renderer: &Renderer, case: &Case) -> Option<String> {
         add_generation_prompt: case.add_generation_prompt,
         kwargs: case.chat_template_kwargs.as_ref(),
     };
+    if case.expect_error {
+        // A template's own raise_exception message must come through verbatim.
+        let raised = case.text.strip_prefix("error: TemplateError: ");
+        return match renderer.render(&input) {
+            Err(tito::render::RenderError::Template(m)) if raised.is_none_or(|r| m.contains(r)) => {
+                None
+            }
+            other => Some(format!(
+                "transformers fails ({}), tito gave {other:?}",
+                case.text
+            )),
+        };
+    }
     let text = match renderer.render(&input) {
         Ok(t) => t,
         Err(e) => return Some(format!("render failed: {e}")),
