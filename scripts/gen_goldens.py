@@ -6,14 +6,19 @@ For every tokenizer fetched by scripts/fetch-tokenizers.sh into
 `AutoTokenizer.from_pretrained(dir).apply_chat_template(..., tokenize=True)`
 and writes tests/fixtures/goldens/<name>.json: a list of cases
 {name, messages, tools, add_generation_prompt, chat_template_kwargs,
-reference, text, ids}. tests/render_goldens.rs checks that tito's renderer
+reference, expect_error, text, ids}; for `expect_error` cases transformers
+fails (text holds its error, ids are empty) and tito must fail too. tests/render_goldens.rs checks that tito's renderer
 gives exactly these ids.
+
+tests/fixtures/goldens/encode/<name>.json holds plain-text encodings
+(`encode(text)` with and without the tokenizer's special tokens), as used for
+`/v1/completions` string prompts.
 
 `reference` says what produced the golden: "transformers" (apply_chat_template)
 or "jinja2" for the few cases transformers cannot express: transformers 5.x
 drops message keys whose value is None before rendering, and the DeepSeek V3
 template renders tool calls only when content is None. Those cases are rendered
-with plain jinja2 configured exactly as transformers configures it, then
+with transformers' own jinja2 environment but without that None-dropping, then
 tokenized with `encode(text, add_special_tokens=False)` as transformers does.
 
 Run: scripts/setup-python.sh && scripts/fetch-tokenizers.sh &&
@@ -27,9 +32,8 @@ from pathlib import Path
 
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-import jinja2  # noqa: E402
-from jinja2.sandbox import ImmutableSandboxedEnvironment  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
+from transformers.utils.chat_template_utils import _compile_jinja_template  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / ".cache" / "tokenizers"
@@ -56,7 +60,8 @@ def call(name, arguments, call_id):
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
-def case(name, messages, tools=None, add_generation_prompt=True, kwargs=None, reference="transformers"):
+def case(name, messages, tools=None, add_generation_prompt=True, kwargs=None, reference="transformers",
+         expect_error=False):
     return {
         "name": name,
         "messages": messages,
@@ -64,6 +69,7 @@ def case(name, messages, tools=None, add_generation_prompt=True, kwargs=None, re
         "add_generation_prompt": add_generation_prompt,
         "chat_template_kwargs": kwargs,
         "reference": reference,
+        "expect_error": expect_error,
     }
 
 
@@ -76,6 +82,11 @@ CODE = (
 )
 WHITESPACE = "  leading spaces\ttab\t\tdouble tab\n\n\n\nmany newlines     five spaces \r\n CRLF  \n   "
 DIGITS = "Numbers: 1 12 123 1234 12345 1234567890, 3.14159, -42, 1e-7, 2026-11-22T17:37:04Z, 0x1F, 1,000,000."
+SCRIPTS = (
+    "Combining: e\u0301 a\u0308 (NFC changes these); NBSP:\u00a0x; ideographic space:\u3000y; "
+    "zero-width:\u200bz; full-width: ＡＢＣ１２３; Arabic: مرحبا بالعالم; Hebrew: שלום; "
+    "Devanagari: नमस्ते; Thai: สวัสดี; Korean: 안녕하세요; math: ∑∫√∞ ≤ ≥; form feed:\f; CR only:\rend"
+)
 SPECIAL_TEXT = "Literal markers typed by a user: <|im_start|> <|im_end|> <|eot_id|> <start_of_turn> </think>"
 
 WEATHER_TOOL = {
@@ -192,9 +203,33 @@ def qwen3_cases():
         case("unicode", [user(UNICODE)]),
         case("code_block", [user(CODE), asst("```python\nprint('ok')\n```"), user("thanks")]),
         case("whitespace_runs", [user(WHITESPACE)]),
+        case("scripts_and_normalization", [user(SCRIPTS)]),
         case("digits", [user(DIGITS)]),
         case("special_token_text", [user(SPECIAL_TEXT)]),
         case("empty_user", [user("")]),
+        # OpenAI clients send content null with tool calls; transformers drops the
+        # key and this template then fails (plain jinja2 fails on None as well).
+        case(
+            "tool_call_content_null_fails",
+            [user("Hi"), asst(None, tool_calls=[call("search", {"query": "x"}, "c1")])],
+            tools=TOOLS,
+            expect_error=True,
+        ),
+        case(
+            "system_mid_conversation",
+            [sys_("First."), user("Hi"), asst("Hello"), sys_("Now answer in German."), user("How are you?")],
+        ),
+        case(
+            "long_agent_loop",
+            [sys_("You are an agent.")]
+            + [m for i in range(8) for m in (
+                user(f"Task {i}: list files in dir_{i}") if i == 0 else tool(f"file_{i}.txt\nfile_{i}b.md"),
+                asst("", tool_calls=[call("search", {"query": f"dir_{i}", "limit": i}, f"t{i}")]),
+            )]
+            + [tool("done"), asst("All listed."), user("Thanks! Summarize.")],
+            tools=TOOLS,
+            kwargs={"enable_thinking": False},
+        ),
     ]
 
 
@@ -209,6 +244,7 @@ def llama3_1_cases():
         case("unicode", [user(UNICODE)]),
         case("code_block", [user(CODE)]),
         case("whitespace_runs", [user(WHITESPACE)]),
+        case("scripts_and_normalization", [user(SCRIPTS)]),
         case("digits", [user(DIGITS)]),
         case("special_token_text", [user(SPECIAL_TEXT)]),
     ]
@@ -225,6 +261,7 @@ def deepseek_v3_cases():
         case("cjk_long", [user("深度求索是一家人工智能公司。東京タワーは高い。ひらがなとカタカナ。")]),
         case("code_block", [user(CODE)]),
         case("whitespace_runs", [user(WHITESPACE)]),
+        case("scripts_and_normalization", [user(SCRIPTS)]),
         case("digits", [user(DIGITS)]),
         case(
             "tool_call_single",
@@ -275,8 +312,10 @@ def gemma3_cases():
         case("unicode", [user(UNICODE)]),
         case("code_block", [user(CODE), asst("Here:\n```python\nprint(1)\n```"), user("ok")]),
         case("whitespace_runs", [user(WHITESPACE)]),
+        case("scripts_and_normalization", [user(SCRIPTS)]),
         case("digits", [user(DIGITS)]),
         case("special_token_text", [user(SPECIAL_TEXT)]),
+        case("roles_must_alternate", [user("one"), user("two")], expect_error=True),
     ]
 
 
@@ -288,23 +327,13 @@ CASES = {
 }
 
 
-def hf_jinja_env():
-    """A jinja2 environment configured as transformers configures its own."""
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    return env
+def compile_like_transformers(template):
+    """The template compiled in transformers' own jinja2 environment."""
+    return _compile_jinja_template(template)
 
 
 # Small templates exercising the Jinja features HF chat templates rely on,
-# rendered by jinja2 configured as transformers configures it. Checked by the
+# rendered by jinja2 in transformers' own template environment. Checked by the
 # unit tests in src/render/ (no tokenizer needed). "error": true means jinja2
 # raised, and tito must fail too.
 MSGS = [sys_("S"), user("U1"), asst("A1"), user("U2")]
@@ -378,17 +407,19 @@ SNIPPETS = [
     ("more_string_methods", "{{ s.rsplit(',', 1) }}|{{ s.rsplit(',') }}|{{ w.rsplit(none, 1) }}|{{ w.rsplit() }}"
      "|{{ w.rsplit(none, 0) }}|{{ s.removeprefix('a,') }}|{{ s.removesuffix(',d') }}|{{ s.removeprefix('zz') }}",
      {"s": "a,b,c,d", "w": "  one two\tthree  four  "}),
+    ("generation_tags", "{% for m in messages %}{% if m.role == 'assistant' %}{% generation %}<{{ m.content }}>"
+     "{% endgeneration %}{% else %}{{ m.content }}{% endif %}\n{%- generation -%}  x  {%- endgeneration %}\n{% endfor %}",
+     {"messages": MSGS[1:3]}),
     ("dict_global_and_tuple", "{% set d = dict(a=1, b='x') %}{{ d.a }}{{ d['b'] }}|{% for a, b in [(1, 2), (3, 4)] %}{{ a + b }}{% endfor %}", {}),
 ]
 
 
 def snippet_goldens():
-    env = hf_jinja_env()
     out = []
     for name, template, context in SNIPPETS:
         entry = {"name": name, "template": template, "context": context}
         try:
-            entry["output"] = env.from_string(template).render(**context)
+            entry["output"] = compile_like_transformers(template).render(**context)
             entry["error"] = False
         except Exception as e:  # the template raised: tito must raise too
             entry["output"] = f"{type(e).__name__}: {e}"
@@ -398,7 +429,7 @@ def snippet_goldens():
 
 
 def render_jinja2(tok, c):
-    template = hf_jinja_env().from_string(tok.chat_template)
+    template = compile_like_transformers(tok.chat_template)
     variables = {**tok.special_tokens_map, **(c["chat_template_kwargs"] or {})}
     return template.render(
         messages=c["messages"],
@@ -410,6 +441,13 @@ def render_jinja2(tok, c):
 
 def golden(tok, c):
     kwargs = c["chat_template_kwargs"] or {}
+    if c["expect_error"]:
+        try:
+            tok.apply_chat_template(c["messages"], tools=c["tools"], tokenize=False,
+                                    add_generation_prompt=c["add_generation_prompt"], **kwargs)
+        except Exception as e:  # the golden is the failure itself
+            return f"error: {type(e).__name__}: {e}", []
+        raise SystemExit(f"{c['name']}: expected transformers to fail, it rendered")
     if c["reference"] == "jinja2":
         text = render_jinja2(tok, c)
         ids = tok.encode(text, add_special_tokens=False)
@@ -434,6 +472,32 @@ def write_json(path, value):
     print(f"{path.relative_to(ROOT)}: {len(value)} cases")
 
 
+# Plain texts tokenized as a completions prompt: `encode(text)` with the
+# tokenizer's default special tokens, and with `add_special_tokens=False`.
+ENCODE_TEXTS = [
+    "Hello world",
+    " leading space and trailing space ",
+    UNICODE,
+    CODE,
+    WHITESPACE,
+    DIGITS,
+    SCRIPTS,
+    SPECIAL_TEXT,
+    "",
+]
+
+
+def encode_goldens(tok):
+    return [
+        {
+            "text": text,
+            "ids": list(tok.encode(text)),
+            "ids_no_special": list(tok.encode(text, add_special_tokens=False)),
+        }
+        for text in ENCODE_TEXTS
+    ]
+
+
 def main():
     OUT.mkdir(parents=True, exist_ok=True)
     write_json(OUT / "jinja_snippets.json", snippet_goldens())
@@ -446,6 +510,8 @@ def main():
         for c in cases:
             c["text"], c["ids"] = golden(tok, c)
         write_json(OUT / f"{name}.json", cases)
+        (OUT / "encode").mkdir(exist_ok=True)
+        write_json(OUT / "encode" / f"{name}.json", encode_goldens(tok))
 
 
 if __name__ == "__main__":

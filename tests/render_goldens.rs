@@ -1,7 +1,8 @@
 //! Golden test: tito's chat-template rendering + tokenization must give
 //! exactly the token ids Python transformers gives, for real tokenizers.
 //!
-//! Fixtures: tests/fixtures/goldens/<name>.json, written by
+//! Fixtures: tests/fixtures/goldens/<name>.json (chat cases) and
+//! tests/fixtures/goldens/encode/<name>.json (plain-text encodings), written by
 //! scripts/gen_goldens.py from the tokenizers that scripts/fetch-tokenizers.sh
 //! puts in .cache/tokenizers/<name>/.
 
@@ -20,8 +21,19 @@ struct Case {
     add_generation_prompt: bool,
     chat_template_kwargs: Option<serde_json::Map<String, Json>>,
     reference: String,
+    /// transformers fails on this case (`text` holds its error): tito must fail.
+    expect_error: bool,
     text: String,
     ids: Vec<u32>,
+}
+
+/// A plain text as transformers encodes it, with and without the
+/// tokenizer's own special tokens.
+#[derive(Deserialize)]
+struct EncodeCase {
+    text: String,
+    ids: Vec<u32>,
+    ids_no_special: Vec<u32>,
 }
 
 fn root() -> PathBuf {
@@ -42,12 +54,22 @@ fn load_renderer(name: &str) -> std::sync::Arc<Renderer> {
     Renderer::load(&model).expect("renderer loads from the fetched tokenizer")
 }
 
-fn load_cases(name: &str) -> Vec<Case> {
-    let path = root()
-        .join("tests/fixtures/goldens")
-        .join(format!("{name}.json"));
+fn load_fixture<T: serde::de::DeserializeOwned>(relative: &str) -> T {
+    let path = root().join("tests/fixtures/goldens").join(relative);
     let text = std::fs::read_to_string(&path).expect("golden fixture is committed");
     serde_json::from_str(&text).expect("golden fixture parses")
+}
+
+fn check_encode(renderer: &Renderer, case: &EncodeCase) -> Option<String> {
+    let with = renderer.encode_with_special_tokens(&case.text);
+    let without = renderer.encode(&case.text);
+    match (with, without) {
+        (Ok(w), Ok(wo)) if w == case.ids && wo == case.ids_no_special => None,
+        (w, wo) => Some(format!(
+            "encode {:?}: tito {w:?} / {wo:?}, golden {:?} / {:?}",
+            case.text, case.ids, case.ids_no_special
+        )),
+    }
 }
 
 /// Up to 60 chars either side of byte offset `at`, on char boundaries.
@@ -78,6 +100,19 @@ fn check(renderer: &Renderer, case: &Case) -> Option<String> {
         add_generation_prompt: case.add_generation_prompt,
         kwargs: case.chat_template_kwargs.as_ref(),
     };
+    if case.expect_error {
+        // A template's own raise_exception message must come through verbatim.
+        let raised = case.text.strip_prefix("error: TemplateError: ");
+        return match renderer.render(&input) {
+            Err(tito::render::RenderError::Template(m)) if raised.is_none_or(|r| m.contains(r)) => {
+                None
+            }
+            other => Some(format!(
+                "transformers fails ({}), tito gave {other:?}",
+                case.text
+            )),
+        };
+    }
     let text = match renderer.render(&input) {
         Ok(t) => t,
         Err(e) => return Some(format!("render failed: {e}")),
@@ -118,19 +153,28 @@ fn check(renderer: &Renderer, case: &Case) -> Option<String> {
 
 fn run_goldens(name: &str) {
     let renderer = load_renderer(name);
-    let cases = load_cases(name);
-    assert!(!cases.is_empty(), "no golden cases for {name}");
-    let failures: Vec<String> = cases
+    let cases: Vec<Case> = load_fixture(&format!("{name}.json"));
+    let encodes: Vec<EncodeCase> = load_fixture(&format!("encode/{name}.json"));
+    assert!(
+        !cases.is_empty() && !encodes.is_empty(),
+        "no golden cases for {name}"
+    );
+    let mut failures: Vec<String> = cases
         .iter()
         .filter_map(|c| {
             check(&renderer, c).map(|m| format!("[{name}/{} ({})] {m}", c.name, c.reference))
         })
         .collect();
+    failures.extend(
+        encodes
+            .iter()
+            .filter_map(|c| check_encode(&renderer, c).map(|m| format!("[{name}/encode] {m}"))),
+    );
     assert!(
         failures.is_empty(),
         "{} of {} golden cases drift:\n{}",
         failures.len(),
-        cases.len(),
+        cases.len() + encodes.len(),
         failures.join("\n")
     );
 }

@@ -1,6 +1,7 @@
 //! Loading a Hugging Face tokenizer directory: `tokenizer.json`,
 //! `tokenizer_config.json` (chat template, special tokens) and, if present,
-//! `generation_config.json` (extra EOS ids).
+//! `generation_config.json` (extra EOS ids), and the special-token variables
+//! transformers gives templates. Must not: render or tokenize anything.
 
 use std::path::Path;
 

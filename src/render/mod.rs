@@ -181,6 +181,18 @@ impl Renderer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// Tokenizes text as transformers' `encode(text)` does by default, with
+    /// the tokenizer's own special tokens added (e.g. Llama 3's BOS): what
+    /// vLLM does for a `/v1/completions` string prompt. Never use it on
+    /// rendered chat templates, which already carry their BOS.
+    pub fn encode_with_special_tokens(&self, text: &str) -> Result<Vec<u32>, RenderError> {
+        let enc = self
+            .tokenizer
+            .encode_fast(text, true)
+            .map_err(|e| RenderError::Tokenize(e.to_string()))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, RenderError> {
         self.tokenizer
             .decode(ids, skip_special_tokens)

@@ -34,9 +34,73 @@ pub(crate) fn build_env(source: String) -> Result<Environment<'static>, RenderEr
     env.add_test("sequence", is_sequence);
     env.add_test("iterable", is_iterable);
     env.add_test("number", is_number);
-    env.add_template_owned(TEMPLATE_NAME, source)
+    env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(&source))
         .map_err(|e| RenderError::TemplateCompile(format_error(&e)))?;
     Ok(env)
+}
+
+/// transformers' `{% generation %}...{% endgeneration %}` block (it marks
+/// assistant tokens for masks) renders its body unchanged; minijinja has no
+/// such tag, so it becomes `{% if true %}...{% endif %}` with the same
+/// whitespace-control markers, which trims exactly as the original does.
+fn rewrite_generation_tags(source: &str) -> String {
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    // Walk the markup: expressions and comments are copied as they are.
+    while let Some(start) = rest.find('{') {
+        let (before, tag) = rest.split_at(start);
+        out.push_str(before);
+        let close = match tag.get(..2) {
+            Some("{{") => "}}",
+            Some("{#") => "#}",
+            Some("{%") => "%}",
+            _ => {
+                out.push('{');
+                rest = &tag[1..];
+                continue;
+            }
+        };
+        let Some(end) = tag[2..].find(close).map(|i| i + 2) else {
+            out.push_str(tag);
+            return out;
+        };
+        let whole = &tag[..end + 2];
+        match (close, generation_replacement(&tag[2..end])) {
+            ("%}", Some(replacement)) => out.push_str(&replacement),
+            _ => out.push_str(whole),
+        }
+        rest = &tag[end + 2..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The replacement of a block tag's inside when it is `generation` or
+/// `endgeneration`, keeping its whitespace-control markers.
+fn generation_replacement(inner: &str) -> Option<String> {
+    let (open_ctl, body) = split_control(inner, true);
+    let (close_ctl, word) = split_control(body.trim_end(), false);
+    let word = match word.trim() {
+        "generation" => "if true",
+        "endgeneration" => "endif",
+        _ => return None,
+    };
+    Some(format!("{{%{open_ctl} {word} {close_ctl}%}}"))
+}
+
+/// Splits a leading (or trailing) `-` / `+` whitespace-control marker off a
+/// tag's inside.
+fn split_control(s: &str, leading: bool) -> (&str, &str) {
+    let marker = if leading {
+        s.chars().next()
+    } else {
+        s.chars().last()
+    };
+    match marker {
+        Some('-' | '+') if leading => (&s[..1], &s[1..]),
+        Some('-' | '+') => (&s[s.len() - 1..], &s[..s.len() - 1]),
+        _ => ("", s),
+    }
 }
 
 /// Python methods on values: minijinja-contrib's `pycompat` set, plus the
@@ -157,8 +221,18 @@ fn raise_exception(message: String) -> Result<Value, Error> {
     Err(Error::new(ErrorKind::InvalidOperation, message))
 }
 
-fn strftime_now(format: String) -> String {
-    chrono::Local::now().format(&format).to_string()
+/// transformers' `strftime_now`: local time, `strftime` format. A format
+/// chrono cannot write is a template error (never a panic).
+fn strftime_now(format: String) -> Result<String, Error> {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    write!(out, "{}", chrono::Local::now().format(&format)).map_err(|_| {
+        Error::new(
+            ErrorKind::InvalidOperation,
+            format!("strftime_now: unsupported format {format:?}"),
+        )
+    })?;
+    Ok(out)
 }
 
 /// transformers' `tojson`: Python's `json.dumps(value, ensure_ascii=False,
@@ -243,6 +317,26 @@ pub(crate) fn format_error(e: &Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn strftime_now_formats_local_time_and_rejects_bad_formats() {
+        let year = chrono::Local::now().format("%Y").to_string();
+        let got = strftime_now("%d %b %Y".into()).expect("valid format");
+        assert!(got.ends_with(&year) && got.len() == 11, "{got}");
+        assert!(strftime_now("%Q".into()).is_err());
+    }
+
+    #[test]
+    fn generation_tags_become_plain_blocks() {
+        assert_eq!(
+            rewrite_generation_tags(
+                "a{%- generation -%}b{% endgeneration %}{%+ generation%}c{%endgeneration -%}"
+            ),
+            "a{%- if true -%}b{% endif %}{%+ if true %}c{% endif -%}"
+        );
+        let untouched = "{% if x %}{{ '{% generation %}' }}{% endif %}{# c #}";
+        assert_eq!(rewrite_generation_tags(untouched), untouched);
+    }
 
     /// Jinja snippets rendered by Python jinja2 configured as transformers
     /// configures it (scripts/gen_goldens.py); tito must print the same text.
