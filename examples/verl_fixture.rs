@@ -6,7 +6,7 @@
 
 use serde_json::json;
 use tito::export::{ExportOptions, Format, Layout};
-use tito::store::{CallRecord, SpanStore, TrajectoryFilter};
+use tito::store::{CallRecord, TrajectoryFilter};
 
 fn call(traj: &str, i: u32, parent: Option<u32>, delta: Vec<u32>, sampled: Vec<u32>) -> CallRecord {
     CallRecord {
@@ -17,7 +17,10 @@ fn call(traj: &str, i: u32, parent: Option<u32>, delta: Vec<u32>, sampled: Vec<u
         backend: "fixture".into(),
         started_at: 0,
         finished_at: 0,
-        logprobs: sampled.iter().map(|x| -((x % 7) as f32) / 10.0 - 0.01).collect(),
+        logprobs: sampled
+            .iter()
+            .map(|x| -((x % 7) as f32) / 10.0 - 0.01)
+            .collect(),
         prompt_delta_ids: delta,
         sampled_ids: sampled,
         finish_reason: "stop".into(),

@@ -121,7 +121,8 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     use tito::store::{TrajectoryFilter, TrajectoryStatus};
 
     let config = tito::Config::load(&a.config)?;
-    let format = Format::parse(&a.format).ok_or_else(|| anyhow!("--format: expected jsonl or parquet"))?;
+    let format =
+        Format::parse(&a.format).ok_or_else(|| anyhow!("--format: expected jsonl or parquet"))?;
     let layout = Layout::parse(&a.layout)
         .ok_or_else(|| anyhow!("--layout: expected trajectory, per_call or verl"))?;
     let mut opts = ExportOptions::new(format, layout);
@@ -132,7 +133,8 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     let status = match a.status.as_deref() {
         None => None,
         Some(s) => Some(
-            TrajectoryStatus::parse(s).ok_or_else(|| anyhow!("--status: expected active or finished"))?,
+            TrajectoryStatus::parse(s)
+                .ok_or_else(|| anyhow!("--status: expected active or finished"))?,
         ),
     };
     let since = match a.since.as_deref() {
@@ -156,11 +158,9 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     let store = tito::store::open(url)?;
     let total = store.count(&filter)?;
     let bar = indicatif::ProgressBar::new(total);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{bar:40} {pos}/{len} trajectories  {msg}  [{elapsed_precise}, eta {eta}]",
-        )?,
-    );
+    bar.set_style(indicatif::ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} trajectories  {msg}  [{elapsed_precise}, eta {eta}]",
+    )?);
     let stats = tito::export::to_file(store.as_ref(), &filter, &opts, &a.out, &mut |s| {
         bar.set_position(s.trajectories);
         bar.set_message(format!("{} rows, {} tokens", s.rows, s.tokens));

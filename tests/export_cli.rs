@@ -27,7 +27,10 @@ async fn populate(db: &Path) {
             store.append_call(c).await.expect("append");
         }
         if i != 4 {
-            store.set_reward(&id, None, f64::from(i)).await.expect("reward");
+            store
+                .set_reward(&id, None, f64::from(i))
+                .await
+                .expect("reward");
             store.finish(&id).await.expect("finish");
         }
     }
@@ -50,33 +53,68 @@ async fn cli_exports_jsonl_and_verl_parquet() {
 
     let out = dir.path().join("out.jsonl");
     let o = tito(&[
-        "export", "--config", config, "--format", "jsonl", "--layout", "trajectory",
-        "--status", "finished", "--out", out.to_str().expect("utf8"),
+        "export",
+        "--config",
+        config,
+        "--format",
+        "jsonl",
+        "--layout",
+        "trajectory",
+        "--status",
+        "finished",
+        "--out",
+        out.to_str().expect("utf8"),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let text = std::fs::read_to_string(&out).expect("jsonl written");
-    assert_eq!(text.lines().count(), 12, "4 finished trajectories x 3 samples");
+    assert_eq!(
+        text.lines().count(),
+        12,
+        "4 finished trajectories x 3 samples"
+    );
     assert!(String::from_utf8_lossy(&o.stderr).contains("4 trajectories, 12 rows"));
     assert!(!dir.path().join("out.jsonl.partial").exists());
 
     let pq = dir.path().join("out.parquet");
     let o = tito(&[
-        "export", "--config", config, "--format", "parquet", "--layout", "verl",
-        "--prompt-length", "8", "--response-length", "32", "--out", pq.to_str().expect("utf8"),
+        "export",
+        "--config",
+        config,
+        "--format",
+        "parquet",
+        "--layout",
+        "verl",
+        "--prompt-length",
+        "8",
+        "--response-length",
+        "32",
+        "--out",
+        pq.to_str().expect("utf8"),
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     use parquet::file::reader::FileReader;
-    let reader = parquet::file::reader::SerializedFileReader::try_from(pq.as_path()).expect("parquet");
+    let reader =
+        parquet::file::reader::SerializedFileReader::try_from(pq.as_path()).expect("parquet");
     assert_eq!(reader.metadata().file_metadata().num_rows(), 15);
 
     // verl without lengths, and a missing store, fail with a message.
-    let o = tito(&["export", "--config", config, "--format", "parquet", "--layout", "verl", "--out", "x"]);
+    let o = tito(&[
+        "export", "--config", config, "--format", "parquet", "--layout", "verl", "--out", "x",
+    ]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("prompt_length"));
     let other_dir = dir.path().join("other");
     std::fs::create_dir_all(&other_dir).expect("mkdir");
     let other = write_config(&other_dir, &dir.path().join("missing.db"));
-    let o = tito(&["export", "--config", other.to_str().expect("utf8"), "--format", "jsonl", "--out", "x"]);
+    let o = tito(&[
+        "export",
+        "--config",
+        other.to_str().expect("utf8"),
+        "--format",
+        "jsonl",
+        "--out",
+        "x",
+    ]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("no span store"));
 }

@@ -12,7 +12,9 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use store_support::branching;
 use tito::export::{export, ExportOptions, ExportStats, Format, Layout};
-use tito::store::{MemoryStore, SpanStore, StoreError, Trajectory, TrajectoryFilter, TrajectoryStatus};
+use tito::store::{
+    MemoryStore, SpanStore, StoreError, Trajectory, TrajectoryFilter, TrajectoryStatus,
+};
 
 #[derive(Debug, Deserialize, PartialEq)]
 struct Row {
@@ -101,7 +103,11 @@ fn parse_parquet(bytes: Vec<u8>) -> (Vec<Row>, usize) {
 }
 
 /// Exports in both formats and checks they carry identical rows.
-fn both(store: &MemoryStore, layout: Layout, tweak: impl Fn(&mut ExportOptions)) -> (Vec<Row>, ExportStats) {
+fn both(
+    store: &MemoryStore,
+    layout: Layout,
+    tweak: impl Fn(&mut ExportOptions),
+) -> (Vec<Row>, ExportStats) {
     let mut jl = ExportOptions::new(Format::Jsonl, layout);
     tweak(&mut jl);
     let mut pq = jl.clone();
@@ -123,7 +129,11 @@ async fn trajectory_layout_matches_samples() {
     let (rows, stats) = both(&store, Layout::Trajectory, |_| {});
     assert_eq!(stats.trajectories, 2);
     assert_eq!(rows.len(), 6);
-    let t: Trajectory = store.get_trajectory("a").await.expect("get").expect("stored");
+    let t: Trajectory = store
+        .get_trajectory("a")
+        .await
+        .expect("get")
+        .expect("stored");
     for (row, s) in rows.iter().zip(t.samples().expect("samples")) {
         assert_eq!(row.trajectory_id, "a");
         assert_eq!(row.sample, s.sample);
@@ -141,24 +151,42 @@ async fn trajectory_layout_matches_samples() {
         assert!(!row.truncated);
         assert!(row.input_ids.is_none() && row.rm_scores.is_none());
     }
-    assert!(rows[3..].iter().all(|r| r.trajectory_id == "b" && r.reward.is_none()));
+    assert!(rows[3..]
+        .iter()
+        .all(|r| r.trajectory_id == "b" && r.reward.is_none()));
 }
 
 #[tokio::test]
 async fn jsonl_lines_have_the_design_columns() {
     let store = store_with(&[("a", true, Some(1.0))]).await;
-    let (bytes, _) = run(&store, &ExportOptions::new(Format::Jsonl, Layout::Trajectory));
-    let first: Value = serde_json::from_slice(
-        bytes.split(|b| *b == b'\n').next().expect("a line"),
-    )
-    .expect("json");
-    let keys: Vec<&str> = first.as_object().expect("object").keys().map(String::as_str).collect();
+    let (bytes, _) = run(
+        &store,
+        &ExportOptions::new(Format::Jsonl, Layout::Trajectory),
+    );
+    let first: Value =
+        serde_json::from_slice(bytes.split(|b| *b == b'\n').next().expect("a line")).expect("json");
+    let keys: Vec<&str> = first
+        .as_object()
+        .expect("object")
+        .keys()
+        .map(String::as_str)
+        .collect();
     assert_eq!(
         keys,
         [
-            "trajectory_id", "sample", "prompt_ids", "response_ids", "response_mask",
-            "response_logprobs", "reward", "num_turns", "weight_version", "tokenizer_sha256",
-            "template_sha256", "finish_reason", "truncated"
+            "trajectory_id",
+            "sample",
+            "prompt_ids",
+            "response_ids",
+            "response_mask",
+            "response_logprobs",
+            "reward",
+            "num_turns",
+            "weight_version",
+            "tokenizer_sha256",
+            "template_sha256",
+            "finish_reason",
+            "truncated"
         ]
     );
 }
@@ -166,14 +194,24 @@ async fn jsonl_lines_have_the_design_columns() {
 #[tokio::test]
 async fn per_call_layout_has_full_prompts_and_all_ones_masks() {
     let store = store_with(&[("a", true, Some(1.0))]).await;
-    store.set_reward("a", Some(4), 0.25).await.expect("call reward");
+    store
+        .set_reward("a", Some(4), 0.25)
+        .await
+        .expect("call reward");
     let (rows, _) = both(&store, Layout::PerCall, |_| {});
     assert_eq!(rows.len(), 6);
-    let t = store.get_trajectory("a").await.expect("get").expect("stored");
+    let t = store
+        .get_trajectory("a")
+        .await
+        .expect("get")
+        .expect("stored");
     for (row, c) in rows.iter().zip(&t.calls) {
         assert_eq!(row.call, Some(c.call_index));
         assert_eq!(row.sample, c.sample_index);
-        assert_eq!(row.prompt_ids, t.full_prompt_ids(c.call_index).expect("prompt"));
+        assert_eq!(
+            row.prompt_ids,
+            t.full_prompt_ids(c.call_index).expect("prompt")
+        );
         assert_eq!(row.response_ids, c.sampled_ids);
         assert_eq!(row.response_mask, vec![1; c.sampled_ids.len()]);
         assert_eq!(row.response_logprobs, c.logprobs);
@@ -205,11 +243,18 @@ async fn verl_layout_pads_masks_and_places_rm_scores() {
         let n = s.prompt_ids.len();
         let m = s.response_ids.len().min(r);
         assert_eq!(row.prompt_ids.len(), p);
-        assert_eq!(&row.prompt_ids[..p - n], &vec![7; p - n][..], "left padding");
+        assert_eq!(
+            &row.prompt_ids[..p - n],
+            &vec![7; p - n][..],
+            "left padding"
+        );
         assert_eq!(&row.prompt_ids[p - n..], &s.prompt_ids[..]);
         assert_eq!(row.response_ids.len(), r);
         assert_eq!(&row.response_ids[..m], &s.response_ids[..m]);
-        assert!(row.response_ids[m..].iter().all(|&x| x == 7), "right padding");
+        assert!(
+            row.response_ids[m..].iter().all(|&x| x == 7),
+            "right padding"
+        );
         assert_eq!(&row.response_mask[..m], &s.response_mask[..m]);
         assert!(row.response_mask[m..].iter().all(|&x| x == 0));
         assert_eq!(row.response_logprobs.len(), r);
@@ -220,9 +265,15 @@ async fn verl_layout_pads_masks_and_places_rm_scores() {
         let mut expected_pos = vec![0u32; p - n];
         expected_pos.extend(0..(n + m) as u32);
         expected_pos.extend(vec![(n + m - 1) as u32; r - m]);
-        assert_eq!(pos, &expected_pos, "cumsum(attention_mask) - 1, clipped at 0");
+        assert_eq!(
+            pos, &expected_pos,
+            "cumsum(attention_mask) - 1, clipped at 0"
+        );
         let input = row.input_ids.as_ref().expect("input_ids");
-        assert_eq!(input, &[row.prompt_ids.clone(), row.response_ids.clone()].concat());
+        assert_eq!(
+            input,
+            &[row.prompt_ids.clone(), row.response_ids.clone()].concat()
+        );
         let rm = row.rm_scores.as_ref().expect("rm_scores");
         assert_eq!(rm.len(), r);
         for (i, x) in rm.iter().enumerate() {
@@ -246,7 +297,10 @@ async fn verl_layout_pads_masks_and_places_rm_scores() {
         o.response_length = Some(r);
     });
     assert_eq!(stats.skipped_long_prompt, 1);
-    assert_eq!(kept.iter().map(|r| r.sample).collect::<Vec<_>>(), vec![0, 1]);
+    assert_eq!(
+        kept.iter().map(|r| r.sample).collect::<Vec<_>>(),
+        vec![0, 1]
+    );
 }
 
 #[tokio::test]
@@ -280,23 +334,38 @@ async fn export_from_sqlite_scan_with_status_filter() {
     opts.row_group_values = 100;
     let mut out = Vec::new();
     let mut progress = Vec::new();
-    let stats = export(store.scan(&filter).expect("scan"), &opts, &mut out, &mut |s| {
-        progress.push(s.trajectories)
-    })
+    let stats = export(
+        store.scan(&filter).expect("scan"),
+        &opts,
+        &mut out,
+        &mut |s| progress.push(s.trajectories),
+    )
     .expect("export");
     assert_eq!(stats.trajectories, 20);
     assert_eq!(stats.rows, 60);
     assert_eq!(progress, (1..=20).collect::<Vec<u64>>());
     let (rows, groups) = parse_parquet(out);
     assert_eq!(rows.len(), 60);
-    assert!(groups > 10, "value limit flushes row groups early ({groups})");
-    assert!(rows.iter().all(|r| r.trajectory_id.trim_start_matches("t-").parse::<u32>().expect("id") % 2 == 0));
+    assert!(
+        groups > 10,
+        "value limit flushes row groups early ({groups})"
+    );
+    assert!(rows.iter().all(|r| r
+        .trajectory_id
+        .trim_start_matches("t-")
+        .parse::<u32>()
+        .expect("id")
+        % 2
+        == 0));
 }
 
 #[tokio::test]
 async fn empty_export_is_a_valid_file() {
     let store = MemoryStore::new();
-    let (bytes, stats) = run(&store, &ExportOptions::new(Format::Parquet, Layout::Trajectory));
+    let (bytes, stats) = run(
+        &store,
+        &ExportOptions::new(Format::Parquet, Layout::Trajectory),
+    );
     assert_eq!(stats.rows, 0);
     let (rows, groups) = parse_parquet(bytes);
     assert!(rows.is_empty());

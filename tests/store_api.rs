@@ -55,7 +55,12 @@ async fn send(app: &Router, method: &str, uri: &str, body: Option<Value>) -> (St
     (status, bytes.to_vec())
 }
 
-async fn json_of(app: &Router, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+async fn json_of(
+    app: &Router,
+    method: &str,
+    uri: &str,
+    body: Option<Value>,
+) -> (StatusCode, Value) {
     let (status, bytes) = send(app, method, uri, body).await;
     (status, serde_json::from_slice(&bytes).expect("json body"))
 }
@@ -75,16 +80,33 @@ async fn list_paginates_and_filters() {
     let (s, page1) = json_of(&app, "GET", "/v1/trajectories?limit=2", None).await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(page1["object"], "list");
-    let ids: Vec<&str> = page1["data"].as_array().expect("data").iter().map(|t| t["id"].as_str().expect("id")).collect();
+    let ids: Vec<&str> = page1["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|t| t["id"].as_str().expect("id"))
+        .collect();
     assert_eq!(ids, ["a", "b"]);
     assert_eq!(page1["has_more"], true);
     let cursor = page1["next_cursor"].as_str().expect("cursor");
-    let (_, page2) = json_of(&app, "GET", &format!("/v1/trajectories?limit=2&cursor={cursor}"), None).await;
+    let (_, page2) = json_of(
+        &app,
+        "GET",
+        &format!("/v1/trajectories?limit=2&cursor={cursor}"),
+        None,
+    )
+    .await;
     assert_eq!(page2["data"][0]["id"], "c");
     assert_eq!(page2["has_more"], false);
     assert!(page2["next_cursor"].is_null());
 
-    let (_, fin) = json_of(&app, "GET", "/v1/trajectories?status=finished&since=1970-01-01T00:00:00Z", None).await;
+    let (_, fin) = json_of(
+        &app,
+        "GET",
+        "/v1/trajectories?status=finished&since=1970-01-01T00:00:00Z",
+        None,
+    )
+    .await;
     assert_eq!(fin["data"].as_array().expect("data").len(), 1);
     assert_eq!(fin["data"][0]["id"], "b");
     assert_eq!(fin["data"][0]["status"], "finished");
@@ -109,13 +131,32 @@ async fn show_has_calls_samples_segments_and_drift() {
     assert_eq!(samples.len(), 3);
     assert_eq!(samples[1]["calls"], json!([0, 1, 3, 4]));
     let segs = samples[0]["segments"].as_array().expect("segments");
-    let kinds: Vec<&str> = segs.iter().map(|s| s["kind"].as_str().expect("kind")).collect();
-    assert_eq!(kinds, ["prompt", "sampled", "observation", "sampled", "observation", "sampled"]);
+    let kinds: Vec<&str> = segs
+        .iter()
+        .map(|s| s["kind"].as_str().expect("kind"))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "prompt",
+            "sampled",
+            "observation",
+            "sampled",
+            "observation",
+            "sampled"
+        ]
+    );
     assert_eq!(segs[1]["ids"], json!([200, 201, 202]));
     assert_eq!(segs[1]["text"], "<200><201><202>");
-    assert_eq!(samples[0]["response_mask"], json!([1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1]));
-    assert_eq!(t["drift"], json!([{"call": 2, "position": 9, "cause": "tool_call_rerender",
-                                    "details": {"expected": [1], "actual": [2]}}]));
+    assert_eq!(
+        samples[0]["response_mask"],
+        json!([1, 1, 1, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1])
+    );
+    assert_eq!(
+        t["drift"],
+        json!([{"call": 2, "position": 9, "cause": "tool_call_rerender",
+                                    "details": {"expected": [1], "actual": [2]}}])
+    );
 
     let (s, e) = json_of(&app, "GET", "/v1/trajectories/nope", None).await;
     assert_eq!(s, StatusCode::NOT_FOUND);
@@ -125,24 +166,45 @@ async fn show_has_calls_samples_segments_and_drift() {
 #[tokio::test]
 async fn reward_and_finish_routes() {
     let app = app().await;
-    let (s, m) = json_of(&app, "POST", "/v1/trajectories/a/reward", Some(json!({"reward": 1.0}))).await;
+    let (s, m) = json_of(
+        &app,
+        "POST",
+        "/v1/trajectories/a/reward",
+        Some(json!({"reward": 1.0})),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(m["reward"], 1.0);
-    let (s, _) = json_of(&app, "POST", "/v1/trajectories/a/reward", Some(json!({"reward": 0.5, "call": 3}))).await;
+    let (s, _) = json_of(
+        &app,
+        "POST",
+        "/v1/trajectories/a/reward",
+        Some(json!({"reward": 0.5, "call": 3})),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK);
     let (_, t) = json_of(&app, "GET", "/v1/trajectories/a", None).await;
     assert_eq!(t["calls"][3]["reward"], 0.5);
     assert_eq!(t["samples"][0]["reward"], 1.0);
 
     for (uri, body) in [
-        ("/v1/trajectories/a/reward", json!({"reward": 0.5, "call": 99})),
+        (
+            "/v1/trajectories/a/reward",
+            json!({"reward": 0.5, "call": 99}),
+        ),
         ("/v1/trajectories/nope/reward", json!({"reward": 0.5})),
     ] {
         let (s, e) = json_of(&app, "POST", uri, Some(body)).await;
         assert_eq!(s, StatusCode::NOT_FOUND, "{uri}");
         assert_openai_error(&e, Some("not_found"));
     }
-    let (s, e) = json_of(&app, "POST", "/v1/trajectories/a/reward", Some(json!({"score": 1}))).await;
+    let (s, e) = json_of(
+        &app,
+        "POST",
+        "/v1/trajectories/a/reward",
+        Some(json!({"score": 1})),
+    )
+    .await;
     assert_eq!(s, StatusCode::BAD_REQUEST);
     assert_openai_error(&e, None);
 
@@ -157,7 +219,13 @@ async fn reward_and_finish_routes() {
 #[tokio::test]
 async fn export_streams_jsonl_and_parquet() {
     let app = app().await;
-    let (s, body) = send(&app, "GET", "/v1/export?format=jsonl&layout=trajectory&status=finished", None).await;
+    let (s, body) = send(
+        &app,
+        "GET",
+        "/v1/export?format=jsonl&layout=trajectory&status=finished",
+        None,
+    )
+    .await;
     assert_eq!(s, StatusCode::OK);
     let rows: Vec<Value> = std::str::from_utf8(&body)
         .expect("utf8")

@@ -61,7 +61,13 @@ async fn crash_kill9_keeps_every_acknowledged_call() {
     let db = dir.path().join("spans.db");
     let exe = std::env::current_exe().expect("test binary path");
     let mut child = Command::new(exe)
-        .args(["--exact", "crash_child", "--ignored", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "crash_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env(DB_ENV, &db)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
@@ -101,7 +107,12 @@ async fn crash_kill9_keeps_every_acknowledged_call() {
     let mut stored = BTreeSet::new();
     for t in store.scan(&TrajectoryFilter::default()).expect("scan") {
         let t = t.expect("trajectory reads");
-        let w: u32 = t.meta.id.trim_start_matches("w-").parse().expect("worker id");
+        let w: u32 = t
+            .meta
+            .id
+            .trim_start_matches("w-")
+            .parse()
+            .expect("worker id");
         for c in &t.calls {
             assert_eq!(c, &record(w, c.call_index), "call content intact");
             stored.insert((w, c.call_index));

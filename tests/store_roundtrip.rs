@@ -16,7 +16,10 @@ fn stores(dir: &tempfile::TempDir) -> Vec<(&'static str, DynStore)> {
     let url = format!("sqlite://{}/nested/dir/spans.db", dir.path().display());
     vec![
         ("memory", Arc::new(MemoryStore::new()) as DynStore),
-        ("sqlite", tito::store::open(&url).expect("open sqlite store")),
+        (
+            "sqlite",
+            tito::store::open(&url).expect("open sqlite store"),
+        ),
     ]
 }
 
@@ -54,8 +57,16 @@ async fn roundtrip_keeps_every_field() {
         assert_eq!(latest, calls[4..].to_vec(), "{name}");
         assert_eq!(
             t.full_prompt_ids(4).expect("prompt"),
-            [ids(100, 5), ids(200, 3), ids(300, 2), ids(400, 4), ids(700, 3), ids(800, 5), ids(900, 1)]
-                .concat(),
+            [
+                ids(100, 5),
+                ids(200, 3),
+                ids(300, 2),
+                ids(400, 4),
+                ids(700, 3),
+                ids(800, 5),
+                ids(900, 1)
+            ]
+            .concat(),
             "{name}"
         );
     }
@@ -72,21 +83,39 @@ async fn appends_are_validated() {
         let dup = store
             .append_call(call("t", 0, 0, None, ids(1, 2), ids(3, 2)))
             .await;
-        assert!(matches!(dup, Err(StoreError::Duplicate { call: 0, .. })), "{name}: {dup:?}");
+        assert!(
+            matches!(dup, Err(StoreError::Duplicate { call: 0, .. })),
+            "{name}: {dup:?}"
+        );
         let missing = store
             .append_call(call("t", 2, 0, Some(1), vec![], ids(3, 2)))
             .await;
-        assert!(matches!(missing, Err(StoreError::Invalid(_))), "{name}: {missing:?}");
+        assert!(
+            matches!(missing, Err(StoreError::Invalid(_))),
+            "{name}: {missing:?}"
+        );
         let orphan = store
             .append_call(call("new", 1, 0, Some(0), vec![], ids(3, 2)))
             .await;
-        assert!(matches!(orphan, Err(StoreError::Invalid(_))), "{name}: {orphan:?}");
-        assert!(store.get_meta("new").await.expect("meta").is_none(), "{name}");
+        assert!(
+            matches!(orphan, Err(StoreError::Invalid(_))),
+            "{name}: {orphan:?}"
+        );
+        assert!(
+            store.get_meta("new").await.expect("meta").is_none(),
+            "{name}"
+        );
         let mut bad = call("t", 1, 0, Some(0), vec![], ids(3, 2));
         bad.logprobs.pop();
-        assert!(matches!(store.append_call(bad).await, Err(StoreError::Invalid(_))));
+        assert!(matches!(
+            store.append_call(bad).await,
+            Err(StoreError::Invalid(_))
+        ));
         let forward = call("t", 1, 0, Some(1), vec![], ids(3, 2));
-        assert!(matches!(store.append_call(forward).await, Err(StoreError::Invalid(_))));
+        assert!(matches!(
+            store.append_call(forward).await,
+            Err(StoreError::Invalid(_))
+        ));
         // A failed append leaves the trajectory as it was.
         let meta = store.get_meta("t").await.expect("meta").expect("stored");
         assert_eq!(meta.num_calls, 1, "{name}");
@@ -102,7 +131,10 @@ async fn reward_and_finish() {
         }
         let m = store.set_reward("t", None, 1.0).await.expect("reward");
         assert_eq!(m.reward, Some(1.0), "{name}");
-        store.set_reward("t", Some(2), 0.25).await.expect("call reward");
+        store
+            .set_reward("t", Some(2), 0.25)
+            .await
+            .expect("call reward");
         assert!(matches!(
             store.set_reward("t", Some(99), 0.5).await,
             Err(StoreError::CallNotFound { call: 99, .. })
@@ -111,7 +143,10 @@ async fn reward_and_finish() {
             store.set_reward("nope", None, 0.5).await,
             Err(StoreError::NotFound(_))
         ));
-        assert!(matches!(store.finish("nope").await, Err(StoreError::NotFound(_))));
+        assert!(matches!(
+            store.finish("nope").await,
+            Err(StoreError::NotFound(_))
+        ));
         let m = store.finish("t").await.expect("finish");
         assert_eq!(m.status, TrajectoryStatus::Finished, "{name}");
         let again = store.finish("t").await.expect("finish twice");
@@ -119,11 +154,18 @@ async fn reward_and_finish() {
         let late = store
             .append_call(call("t", 6, 0, Some(2), vec![], ids(1, 1)))
             .await;
-        assert!(matches!(late, Err(StoreError::Finished(_))), "{name}: {late:?}");
+        assert!(
+            matches!(late, Err(StoreError::Finished(_))),
+            "{name}: {late:?}"
+        );
         // Rewards are still accepted after finish.
         store.set_reward("t", None, 0.5).await.expect("late reward");
 
-        let t = store.get_trajectory("t").await.expect("get").expect("stored");
+        let t = store
+            .get_trajectory("t")
+            .await
+            .expect("get")
+            .expect("stored");
         let samples = t.samples().expect("samples");
         assert_eq!(samples[0].reward, Some(0.25), "{name}: call reward wins");
         assert_eq!(samples[1].reward, Some(0.5), "{name}: trajectory reward");
@@ -187,7 +229,10 @@ async fn pagination_and_filters() {
             .expect("scan")
             .map(|t| t.expect("trajectory").meta.id)
             .collect();
-        assert_eq!(scanned, page.items.iter().map(|m| m.id.clone()).collect::<Vec<_>>());
+        assert_eq!(
+            scanned,
+            page.items.iter().map(|m| m.id.clone()).collect::<Vec<_>>()
+        );
 
         let future = TrajectoryFilter {
             status: None,
@@ -222,10 +267,16 @@ async fn sqlite_reopen_after_drop_keeps_everything() {
                 .await
                 .expect("append");
         }
-        tito::store::SpanStore::finish(&store, "t-1").await.expect("finish");
+        tito::store::SpanStore::finish(&store, "t-1")
+            .await
+            .expect("finish");
     }
     let store = tito::store::open(&url).expect("reopen");
-    let t = store.get_trajectory("t-1").await.expect("get").expect("stored");
+    let t = store
+        .get_trajectory("t-1")
+        .await
+        .expect("get")
+        .expect("stored");
     assert_eq!(t.calls, calls);
     assert_eq!(t.meta.status, TrajectoryStatus::Finished);
 }
@@ -251,7 +302,10 @@ async fn sqlite_migrates_an_old_database_and_refuses_a_newer_one() {
     assert_eq!(meta.status, TrajectoryStatus::Finished);
     drop(store);
     let conn = rusqlite::Connection::open(&path).expect("open raw");
-    assert_eq!(schema::user_version(&conn).expect("version"), SCHEMA_VERSION);
+    assert_eq!(
+        schema::user_version(&conn).expect("version"),
+        SCHEMA_VERSION
+    );
     let index: i64 = conn
         .query_row(
             "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = \

@@ -44,7 +44,14 @@ fn branching_samples_follow_parent_links() {
     assert_eq!(s0.prompt_ids, ids(100, 5));
     assert_eq!(
         s0.response_ids,
-        [ids(200, 3), ids(300, 2), ids(400, 4), ids(500, 2), ids(600, 2)].concat()
+        [
+            ids(200, 3),
+            ids(300, 2),
+            ids(400, 4),
+            ids(500, 2),
+            ids(600, 2)
+        ]
+        .concat()
     );
     assert_eq!(
         s0.response_mask,
@@ -65,15 +72,35 @@ fn branching_samples_follow_parent_links() {
     assert_eq!(s1.prompt_ids, ids(100, 5));
     assert_eq!(
         s1.response_ids,
-        [ids(200, 3), ids(300, 2), ids(400, 4), ids(700, 3), ids(800, 5), ids(900, 1), ids(1000, 2)]
-            .concat()
+        [
+            ids(200, 3),
+            ids(300, 2),
+            ids(400, 4),
+            ids(700, 3),
+            ids(800, 5),
+            ids(900, 1),
+            ids(1000, 2)
+        ]
+        .concat()
     );
     assert_eq!(
         s1.response_mask,
-        [vec![1; 3], vec![0; 2], vec![1; 4], vec![0; 3], vec![1; 5], vec![0; 1], vec![1; 2]]
-            .concat()
+        [
+            vec![1; 3],
+            vec![0; 2],
+            vec![1; 4],
+            vec![0; 3],
+            vec![1; 5],
+            vec![0; 1],
+            vec![1; 2]
+        ]
+        .concat()
     );
-    assert_eq!(s1.reward, Some(0.5), "per-call reward of the last call wins");
+    assert_eq!(
+        s1.reward,
+        Some(0.5),
+        "per-call reward of the last call wins"
+    );
     assert_eq!(s1.finish_reason, "length");
     assert_eq!(s1.num_turns, 4);
 

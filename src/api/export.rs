@@ -82,7 +82,10 @@ impl ChannelWriter {
         if self.buf.is_empty() {
             return Ok(());
         }
-        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK_BYTES)));
+        let chunk = Bytes::from(std::mem::replace(
+            &mut self.buf,
+            Vec::with_capacity(CHUNK_BYTES),
+        ));
         self.tx
             .blocking_send(Ok(chunk))
             .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "export client went away"))

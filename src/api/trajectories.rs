@@ -81,8 +81,14 @@ pub(crate) fn filter_from(
     since: Option<&str>,
 ) -> Result<TrajectoryFilter, ApiError> {
     Ok(TrajectoryFilter {
-        status: status.filter(|s| !s.is_empty()).map(parse_status).transpose()?,
-        since: since.filter(|s| !s.is_empty()).map(parse_since).transpose()?,
+        status: status
+            .filter(|s| !s.is_empty())
+            .map(parse_status)
+            .transpose()?,
+        since: since
+            .filter(|s| !s.is_empty())
+            .map(parse_since)
+            .transpose()?,
     })
 }
 

@@ -131,7 +131,9 @@ impl ExportOptions {
             ));
         }
         if self.row_group_rows == 0 || self.row_group_values == 0 {
-            return Err(ExportError::Options("row group limits must be positive".into()));
+            return Err(ExportError::Options(
+                "row group limits must be positive".into(),
+            ));
         }
         Ok(())
     }

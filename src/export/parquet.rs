@@ -14,6 +14,7 @@ use parquet::data_type::ByteArray;
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
+use parquet::schema::types::ColumnPath;
 
 use super::{ExportError, ExportOptions, ExportRow, Layout, RowSink};
 
@@ -59,8 +60,16 @@ fn columns(layout: Layout) -> Vec<Column> {
     let list_i32 = || Buf::ListI32(Vec::new(), Vec::new(), Vec::new());
     let list_f32 = || Buf::ListF32(Vec::new(), Vec::new(), Vec::new());
     let mut cols = vec![
-        col("trajectory_id", |r| Cell::Str(&r.trajectory_id), Buf::Str(Vec::new())),
-        col("sample", |r| Cell::I32(r.sample as i32), Buf::I32(Vec::new())),
+        col(
+            "trajectory_id",
+            |r| Cell::Str(&r.trajectory_id),
+            Buf::Str(Vec::new()),
+        ),
+        col(
+            "sample",
+            |r| Cell::I32(r.sample as i32),
+            Buf::I32(Vec::new()),
+        ),
     ];
     if layout == Layout::PerCall {
         cols.push(col(
@@ -72,7 +81,11 @@ fn columns(layout: Layout) -> Vec<Column> {
     cols.extend([
         col("prompt_ids", |r| Cell::Ids(&r.prompt_ids), list_i32()),
         col("response_ids", |r| Cell::Ids(&r.response_ids), list_i32()),
-        col("response_mask", |r| Cell::Mask(&r.response_mask), list_i32()),
+        col(
+            "response_mask",
+            |r| Cell::Mask(&r.response_mask),
+            list_i32(),
+        ),
         col(
             "response_logprobs",
             |r| Cell::Floats(&r.response_logprobs),
@@ -83,7 +96,11 @@ fn columns(layout: Layout) -> Vec<Column> {
             |r| Cell::OptF64(r.reward),
             Buf::OptF64(Vec::new(), Vec::new()),
         ),
-        col("num_turns", |r| Cell::I32(r.num_turns as i32), Buf::I32(Vec::new())),
+        col(
+            "num_turns",
+            |r| Cell::I32(r.num_turns as i32),
+            Buf::I32(Vec::new()),
+        ),
         col(
             "weight_version",
             |r| Cell::OptStr(r.weight_version.as_deref()),
@@ -104,7 +121,11 @@ fn columns(layout: Layout) -> Vec<Column> {
             |r| Cell::Str(&r.finish_reason),
             Buf::Str(Vec::new()),
         ),
-        col("truncated", |r| Cell::Bool(r.truncated), Buf::Bool(Vec::new())),
+        col(
+            "truncated",
+            |r| Cell::Bool(r.truncated),
+            Buf::Bool(Vec::new()),
+        ),
     ]);
     if layout == Layout::Verl {
         cols.extend([
@@ -160,7 +181,13 @@ fn schema_text(cols: &[Column]) -> String {
 
 /// Appends one list to (values, def, rep): an empty list is one level pair
 /// with no value; otherwise one pair per element (rep 0 starts the row).
-fn push_list<T: Copy, U>(vals: &mut Vec<U>, def: &mut Vec<i16>, rep: &mut Vec<i16>, xs: &[T], f: impl Fn(T) -> U) -> usize {
+fn push_list<T: Copy, U>(
+    vals: &mut Vec<U>,
+    def: &mut Vec<i16>,
+    rep: &mut Vec<i16>,
+    xs: &[T],
+    f: impl Fn(T) -> U,
+) -> usize {
     if xs.is_empty() {
         def.push(0);
         rep.push(0);
@@ -260,10 +287,19 @@ impl<W: Write + Send> ParquetSink<W> {
     pub fn new(out: W, opts: &ExportOptions) -> Result<Self, ExportError> {
         let cols = columns(opts.layout);
         let schema = Arc::new(parse_message_type(&schema_text(&cols))?);
-        let props = WriterProperties::builder()
+        // Token ids and logprobs hardly repeat: dictionary pages cost time and
+        // are abandoned anyway, so only the string columns (ids, hashes,
+        // finish reasons: very repetitive) use a dictionary.
+        let mut props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
-            .set_created_by(format!("tito {}", env!("CARGO_PKG_VERSION")))
-            .build();
+            .set_dictionary_enabled(false)
+            .set_created_by(format!("tito {}", env!("CARGO_PKG_VERSION")));
+        for c in &cols {
+            if matches!(c.buf, Buf::Str(_) | Buf::OptStr(..)) {
+                props = props.set_column_dictionary_enabled(ColumnPath::from(c.name), true);
+            }
+        }
+        let props = props.build();
         Ok(ParquetSink {
             writer: Some(SerializedFileWriter::new(out, schema, Arc::new(props))?),
             cols,
@@ -281,9 +317,9 @@ impl<W: Write + Send> ParquetSink<W> {
         let writer = self.writer.as_mut().ok_or_else(closed)?;
         let mut group = writer.next_row_group()?;
         for col in &mut self.cols {
-            let mut cw = group
-                .next_column()?
-                .ok_or_else(|| ExportError::Options(format!("no column writer for `{}`", col.name)))?;
+            let mut cw = group.next_column()?.ok_or_else(|| {
+                ExportError::Options(format!("no column writer for `{}`", col.name))
+            })?;
             col.write(cw.untyped())?;
             cw.close()?;
         }

@@ -112,7 +112,12 @@ pub fn rows_of(
 }
 
 /// Applies length limits (and verl padding) and keeps or skips the row.
-fn push(mut row: ExportRow, opts: &ExportOptions, stats: &mut ExportStats, out: &mut Vec<ExportRow>) {
+fn push(
+    mut row: ExportRow,
+    opts: &ExportOptions,
+    stats: &mut ExportStats,
+    out: &mut Vec<ExportRow>,
+) {
     if let Some(p) = opts.prompt_length {
         if row.prompt_ids.len() > p {
             stats.skipped_long_prompt += 1;

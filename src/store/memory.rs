@@ -38,7 +38,8 @@ impl MemoryStore {
 }
 
 fn matches(meta: &TrajectoryMeta, filter: &TrajectoryFilter) -> bool {
-    filter.status.is_none_or(|s| meta.status == s) && filter.since.is_none_or(|t| meta.updated_at >= t)
+    filter.status.is_none_or(|s| meta.status == s)
+        && filter.since.is_none_or(|t| meta.updated_at >= t)
 }
 
 impl Inner {
@@ -181,7 +182,11 @@ impl SpanStore for MemoryStore {
             .get(trajectory_id)
             .ok_or_else(|| StoreError::NotFound(trajectory_id.to_string()))?;
         let start = traj.calls.len().saturating_sub(n);
-        Ok(traj.calls.get(start..).map(<[_]>::to_vec).unwrap_or_default())
+        Ok(traj
+            .calls
+            .get(start..)
+            .map(<[_]>::to_vec)
+            .unwrap_or_default())
     }
 
     async fn list_trajectories(&self, query: &ListQuery) -> Result<Page, StoreError> {

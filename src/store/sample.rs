@@ -148,11 +148,7 @@ pub fn segments(calls: &[CallRecord], leaf: u32) -> Result<Vec<Segment>, StoreEr
 }
 
 /// Builds the sample whose path ends at call `leaf`.
-pub fn build_sample(
-    trajectory: &Trajectory,
-    sample: u32,
-    leaf: u32,
-) -> Result<Sample, StoreError> {
+pub fn build_sample(trajectory: &Trajectory, sample: u32, leaf: u32) -> Result<Sample, StoreError> {
     let calls = &trajectory.calls;
     let path = path_to(calls, leaf)?;
     let mut prompt_ids = Vec::new();

@@ -13,7 +13,9 @@ pub fn call(
     delta: Vec<u32>,
     sampled: Vec<u32>,
 ) -> CallRecord {
-    let logprobs = (0..sampled.len()).map(|k| -((k + 1) as f32) / 100.0).collect();
+    let logprobs = (0..sampled.len())
+        .map(|k| -((k + 1) as f32) / 100.0)
+        .collect();
     CallRecord {
         trajectory_id: traj.to_string(),
         call_index: index,

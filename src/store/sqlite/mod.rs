@@ -120,7 +120,10 @@ impl Readers {
         }
     }
 
-    fn with<T>(&self, f: impl FnOnce(&Connection) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&Connection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         let conn = self.take()?;
         let out = f(&conn);
         // A connection that failed mid-transaction is not reused.

@@ -32,9 +32,7 @@ fn blob_words(blob: &[u8], col: usize) -> rusqlite::Result<impl Iterator<Item = 
             format!("blob of {} bytes is not a multiple of 4", blob.len()).into(),
         ));
     }
-    Ok(blob
-        .chunks_exact(4)
-        .map(|c| [c[0], c[1], c[2], c[3]]))
+    Ok(blob.chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]))
 }
 
 fn ids_col(row: &Row<'_>, col: usize) -> rusqlite::Result<Vec<u32>> {
@@ -95,12 +93,13 @@ pub(crate) const CALL_COLS: &str = "call_index, sample_index, parent_call, backe
 
 fn call_from_row(row: &Row<'_>, trajectory_id: &str) -> rusqlite::Result<CallRecord> {
     let drift: Option<String> = row.get(12)?;
-    let drift = match drift {
-        Some(text) => Some(serde_json::from_str::<Drift>(&text).map_err(|e| {
-            rusqlite::Error::FromSqlConversionFailure(12, Type::Text, Box::new(e))
-        })?),
-        None => None,
-    };
+    let drift =
+        match drift {
+            Some(text) => Some(serde_json::from_str::<Drift>(&text).map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(12, Type::Text, Box::new(e))
+            })?),
+            None => None,
+        };
     Ok(CallRecord {
         trajectory_id: trajectory_id.to_string(),
         call_index: row.get(0)?,
@@ -155,8 +154,7 @@ pub(crate) fn calls_of(
 ) -> Result<Vec<CallRecord>, StoreError> {
     let mut calls = match limit {
         None => {
-            let sql =
-                format!("SELECT {CALL_COLS} FROM calls WHERE traj = ?1 ORDER BY call_index");
+            let sql = format!("SELECT {CALL_COLS} FROM calls WHERE traj = ?1 ORDER BY call_index");
             let mut stmt = conn.prepare_cached(&sql)?;
             let rows = stmt.query_map(params![seq], |r| call_from_row(r, trajectory_id))?;
             rows.collect::<Result<Vec<_>, _>>()?
