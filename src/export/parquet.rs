@@ -11,7 +11,7 @@ use std::sync::Arc;
 use parquet::basic::Compression;
 use parquet::column::writer::ColumnWriter;
 use parquet::data_type::ByteArray;
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
 use parquet::schema::types::ColumnPath;
@@ -295,8 +295,17 @@ impl<W: Write + Send> ParquetSink<W> {
             .set_dictionary_enabled(false)
             .set_created_by(format!("tito {}", env!("CARGO_PKG_VERSION")));
         for c in &cols {
-            if matches!(c.buf, Buf::Str(_) | Buf::OptStr(..)) {
-                props = props.set_column_dictionary_enabled(ColumnPath::from(c.name), true);
+            match c.buf {
+                Buf::Str(_) | Buf::OptStr(..) => {
+                    props = props.set_column_dictionary_enabled(ColumnPath::from(c.name), true);
+                }
+                // Min/max of token ids or logprobs serve no reader.
+                Buf::ListI32(..) | Buf::ListF32(..) => {
+                    let path =
+                        ColumnPath::from(vec![c.name.to_string(), "list".into(), "element".into()]);
+                    props = props.set_column_statistics_enabled(path, EnabledStatistics::None);
+                }
+                _ => {}
             }
         }
         let props = props.build();
