@@ -70,7 +70,7 @@ async fn crash_kill9_keeps_every_acknowledged_call() {
         ])
         .env(DB_ENV, &db)
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::inherit())
         .spawn()
         .expect("spawn child");
     let stdout = child.stdout.take().expect("piped stdout");

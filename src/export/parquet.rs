@@ -11,9 +11,10 @@ use std::sync::Arc;
 use parquet::basic::Compression;
 use parquet::column::writer::ColumnWriter;
 use parquet::data_type::ByteArray;
-use parquet::file::properties::WriterProperties;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
+use parquet::schema::types::ColumnPath;
 
 use super::{ExportError, ExportOptions, ExportRow, Layout, RowSink};
 
@@ -286,10 +287,28 @@ impl<W: Write + Send> ParquetSink<W> {
     pub fn new(out: W, opts: &ExportOptions) -> Result<Self, ExportError> {
         let cols = columns(opts.layout);
         let schema = Arc::new(parse_message_type(&schema_text(&cols))?);
-        let props = WriterProperties::builder()
+        // Token ids and logprobs hardly repeat: dictionary pages cost time and
+        // are abandoned anyway, so only the string columns (ids, hashes,
+        // finish reasons: very repetitive) use a dictionary.
+        let mut props = WriterProperties::builder()
             .set_compression(Compression::SNAPPY)
-            .set_created_by(format!("tito {}", env!("CARGO_PKG_VERSION")))
-            .build();
+            .set_dictionary_enabled(false)
+            .set_created_by(format!("tito {}", env!("CARGO_PKG_VERSION")));
+        for c in &cols {
+            match c.buf {
+                Buf::Str(_) | Buf::OptStr(..) => {
+                    props = props.set_column_dictionary_enabled(ColumnPath::from(c.name), true);
+                }
+                // Min/max of token ids or logprobs serve no reader.
+                Buf::ListI32(..) | Buf::ListF32(..) => {
+                    let path =
+                        ColumnPath::from(vec![c.name.to_string(), "list".into(), "element".into()]);
+                    props = props.set_column_statistics_enabled(path, EnabledStatistics::None);
+                }
+                _ => {}
+            }
+        }
+        let props = props.build();
         Ok(ParquetSink {
             writer: Some(SerializedFileWriter::new(out, schema, Arc::new(props))?),
             cols,

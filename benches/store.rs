@@ -1,0 +1,172 @@
+//! Span store ingest (calls/s with durability on, group commit under
+//! concurrent appenders) and export throughput (tokens/s to Parquet / JSONL).
+//!
+//! `cargo bench --bench store`. Each ingested call carries 200 prompt-delta
+//! ids + 100 sampled ids (300 tokens); multiply calls/s by 300 for tokens/s.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use serde_json::json;
+use tito::export::{export, ExportOptions, Format, Layout};
+use tito::store::{CallRecord, DynStore, TrajectoryFilter};
+
+fn call(traj: &str, i: u32, delta: u32, sampled: u32) -> CallRecord {
+    CallRecord {
+        trajectory_id: traj.into(),
+        call_index: i,
+        sample_index: 0,
+        parent_call: i.checked_sub(1),
+        backend: "http://127.0.0.1:8001".into(),
+        started_at: 0,
+        finished_at: 0,
+        prompt_delta_ids: (0..delta).map(|k| (k * 7919 + i) % 151_000).collect(),
+        sampled_ids: (0..sampled).map(|k| (k * 104_729 + i) % 151_000).collect(),
+        logprobs: (0..sampled).map(|k| -(k as f32) / 1000.0).collect(),
+        finish_reason: "stop".into(),
+        request: json!({"messages": [{"role": "tool", "content": "result"}], "temperature": 1.0}),
+        response: json!({"role": "assistant", "content": "text"}),
+        drift: None,
+        parse_outcome: Some("ok".into()),
+        moved_from: None,
+        weight_version: Some("step-1".into()),
+        tokenizer_sha256: "a".repeat(64),
+        template_sha256: "b".repeat(64),
+        reward: None,
+        truncated: false,
+    }
+}
+
+/// `total` calls from `conc` tasks, each appending a chain to its own
+/// trajectory, every append awaited (acknowledged after commit).
+async fn ingest_batch(store: &DynStore, conc: u64, total: u64, round: u64) {
+    let mut tasks = Vec::new();
+    for t in 0..conc {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let id = format!("r{round}-{t}");
+            for i in 0..(total / conc) as u32 {
+                let c = call(&id, i, 200, 100);
+                if let Err(e) = store.append_call(c).await {
+                    panic!("append failed: {e}");
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        if let Err(e) = t.await {
+            panic!("task failed: {e}");
+        }
+    }
+}
+
+fn ingest(c: &mut Criterion) {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("runtime: {e}"),
+    };
+    let mut g = c.benchmark_group("store_ingest_calls");
+    g.sample_size(10);
+    for (sync, conc, total) in [
+        ("full", 1u64, 100u64),
+        ("full", 64, 2048),
+        ("normal", 64, 2048),
+    ] {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let url = format!(
+            "sqlite://{}/spans.db?synchronous={sync}",
+            dir.path().display()
+        );
+        let store = tito::store::open(&url).unwrap_or_else(|e| panic!("open: {e}"));
+        let round = AtomicU64::new(0);
+        g.throughput(Throughput::Elements(total));
+        g.bench_function(
+            BenchmarkId::new(format!("sync_{sync}"), format!("{conc}_appenders")),
+            |b| {
+                b.iter_custom(|iters| {
+                    rt.block_on(async {
+                        let start = Instant::now();
+                        for _ in 0..iters {
+                            let r = round.fetch_add(1, Ordering::Relaxed);
+                            ingest_batch(&store, conc, total, r).await;
+                        }
+                        start.elapsed()
+                    })
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
+fn export_tokens(c: &mut Criterion) {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("runtime: {e}"),
+    };
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let url = format!(
+        "sqlite://{}/spans.db?synchronous=normal",
+        dir.path().display()
+    );
+    let store = tito::store::open(&url).unwrap_or_else(|e| panic!("open: {e}"));
+    // 100 trajectories x 8 turns: a 1000-id prompt, then 50 observation ids
+    // and 200 sampled ids per turn (~2950 tokens per sample).
+    rt.block_on(async {
+        let mut tasks = Vec::new();
+        for t in 0..100 {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                let id = format!("t-{t}");
+                for i in 0..8u32 {
+                    let delta = if i == 0 { 1000 } else { 50 };
+                    if let Err(e) = store.append_call(call(&id, i, delta, 200)).await {
+                        panic!("append: {e}");
+                    }
+                }
+            }));
+        }
+        for t in tasks {
+            if let Err(e) = t.await {
+                panic!("{e}");
+            }
+        }
+    });
+    let store: Arc<dyn tito::store::SpanStore> = store;
+    let mut g = c.benchmark_group("export_tokens");
+    g.sample_size(10);
+    let cases = [
+        ("parquet_trajectory", Format::Parquet, Layout::Trajectory),
+        ("parquet_verl", Format::Parquet, Layout::Verl),
+        ("jsonl_trajectory", Format::Jsonl, Layout::Trajectory),
+    ];
+    for (name, format, layout) in cases {
+        let mut opts = ExportOptions::new(format, layout);
+        if layout == Layout::Verl {
+            opts.prompt_length = Some(1024);
+            opts.response_length = Some(2048);
+        }
+        let run = || {
+            let it = store
+                .scan(&TrajectoryFilter::default())
+                .unwrap_or_else(|e| panic!("scan: {e}"));
+            export(it, &opts, std::io::sink(), &mut |_| {})
+                .unwrap_or_else(|e| panic!("export: {e}"))
+        };
+        let tokens = run().tokens;
+        g.throughput(Throughput::Elements(tokens));
+        g.bench_function(name, |b| b.iter(run));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, ingest, export_tokens);
+criterion_main!(benches);
