@@ -97,8 +97,10 @@ async fn main() {
     .expect("config");
     let store = tito::store::open(&config.store.url).expect("store");
     let backends = tito::backend::build_backends(&config).expect("backends");
-    let state = AppState::new(config, renderer.clone(), backends, store);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let state = AppState::new(config, renderer.clone(), backends, store).expect("state");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
         let _ = axum::serve(listener, build_app(state)).await;
@@ -130,10 +132,27 @@ async fn main() {
     println!("| concurrency | path | p50 ms | p99 ms | req/s |");
     println!("|---|---|---|---|---|");
     for (concurrency, total) in [(1usize, 3000usize), (64, 12800)] {
-        let d = run(&client, &direct_url, direct_body.clone(), concurrency, total).await;
+        let d = run(
+            &client,
+            &direct_url,
+            direct_body.clone(),
+            concurrency,
+            total,
+        )
+        .await;
         let t = run(&client, &tito_url, tito_body.clone(), concurrency, total).await;
-        println!("| {concurrency} | direct | {} | {} | {:.0} |", ms(d.p50), ms(d.p99), d.rps);
-        println!("| {concurrency} | tito | {} | {} | {:.0} |", ms(t.p50), ms(t.p99), t.rps);
+        println!(
+            "| {concurrency} | direct | {} | {} | {:.0} |",
+            ms(d.p50),
+            ms(d.p99),
+            d.rps
+        );
+        println!(
+            "| {concurrency} | tito | {} | {} | {:.0} |",
+            ms(t.p50),
+            ms(t.p99),
+            t.rps
+        );
         println!(
             "| {concurrency} | added | {} | {} | {:.2}x |",
             ms(t.p50.saturating_sub(d.p50)),

@@ -8,6 +8,8 @@
 //! - [`backend`]: the `Backend` trait and the vLLM / SGLang / engine clients.
 //! - [`router`]: which backend serves a call: policies, sticky pins, health,
 //!   admission control for sleep / wake.
+//! - [`metrics`]: Prometheus series, labelled by matched route.
+//! - [`trajectory`]: exact multi-turn history, drift diagnosis, budgets.
 //! - [`error`]: the one API error type and its OpenAI JSON / SSE shapes.
 //! - [`store`]: the durable span store (trait, memory, SQLite) and sample
 //!   reconstruction from stored calls.
@@ -19,6 +21,7 @@ pub mod backend;
 pub mod config;
 pub mod error;
 pub mod export;
+pub mod metrics;
 pub mod render;
 pub mod router;
 pub mod store;

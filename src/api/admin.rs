@@ -38,7 +38,10 @@ impl Ops {
     }
 
     pub fn weight_version(&self) -> Option<String> {
-        self.weight_version.read().map(|v| v.clone()).unwrap_or(None)
+        self.weight_version
+            .read()
+            .map(|v| v.clone())
+            .unwrap_or(None)
     }
 
     fn set_weight_version(&self, v: String) {
@@ -104,7 +107,8 @@ fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiErro
     let v: Value = if body.is_empty() {
         json!({})
     } else {
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("malformed JSON body: {e}")))?
     };
     super::request::from_value(v)
 }
@@ -122,10 +126,16 @@ struct AddBackend {
 async fn add_backend(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let b: AddBackend = parse_json(&body)?;
     if b.kind == BackendKind::Engine && b.url == "engine" {
-        return Err(ApiError::invalid("url", "the in-process engine can only be configured at start-up"));
+        return Err(ApiError::invalid(
+            "url",
+            "the in-process engine can only be configured at start-up",
+        ));
     }
     if !(b.url.starts_with("http://") || b.url.starts_with("https://")) {
-        return Err(ApiError::invalid("url", "expected an http:// or https:// URL"));
+        return Err(ApiError::invalid(
+            "url",
+            "expected an http:// or https:// URL",
+        ));
     }
     let cfg = BackendConfig {
         url: b.url.clone(),
@@ -136,20 +146,27 @@ async fn add_backend(State(state): State<AppState>, body: Bytes) -> Result<Respo
     let backend = crate::backend::build_backend(&cfg, &state.config.router)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let id = state.router.add_backend(backend, b.url)?;
-    tracing::info!(backend = cfg.display_name(), id, "backend added");
-    Ok((StatusCode::CREATED, Json(json!({"id": id, "backends": state.router.snapshot()}))).into_response())
+    tracing::info!(backend = cfg.display_name(), id = %id, "backend added");
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"id": id, "backends": state.router.snapshot()})),
+    )
+        .into_response())
 }
 
-async fn remove_backend(State(state): State<AppState>, Path(id): Path<String>) -> Result<Json<Value>, ApiError> {
-    let id: BackendId = match id.parse() {
-        Ok(n) => n,
+async fn remove_backend(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id: BackendId = match id.parse::<u64>() {
+        Ok(n) => BackendId(n),
         Err(_) => state
             .router
             .backend_id(&id)
             .ok_or_else(|| ApiError::not_found(format!("no backend `{id}`")))?,
     };
     let removed = state.router.remove_backend(id)?;
-    tracing::info!(id, "backend removed");
+    tracing::info!(id = %id, "backend removed");
     Ok(Json(json!({"removed": removed})))
 }
 
@@ -194,15 +211,27 @@ async fn sleep(
     if !(1..=2).contains(&level) {
         return Err(ApiError::invalid("level", "sleep level must be 1 or 2"));
     }
-    let drain = b.drain_timeout_s.or(q.drain_timeout_s).map_or(DEFAULT_DRAIN, Duration::from_secs);
+    let drain = b
+        .drain_timeout_s
+        .or(q.drain_timeout_s)
+        .map_or(DEFAULT_DRAIN, Duration::from_secs);
     state.router.pause_admission();
     if let Err(e) = state.router.drain(drain).await {
         state.router.resume_admission();
         return Err(e.into());
     }
-    let (ok, items) = report(state.router.broadcast_admin(&AdminOp::Sleep { level }).await);
+    let (ok, items) = report(
+        state
+            .router
+            .broadcast_admin(&AdminOp::Sleep { level })
+            .await,
+    );
     tracing::info!(level, ok, "backends put to sleep");
-    Ok((status_for(ok), Json(json!({"ok": ok, "level": level, "backends": items}))).into_response())
+    Ok((
+        status_for(ok),
+        Json(json!({"ok": ok, "level": level, "backends": items})),
+    )
+        .into_response())
 }
 
 /// Wakes every backend up, then admits calls again.
@@ -237,11 +266,20 @@ async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response,
         state.router.resume_admission();
         return Err(e.into());
     }
-    let (ok, items) = report(state.router.broadcast_admin(&AdminOp::UpdateWeights { path }).await);
+    let (ok, items) = report(
+        state
+            .router
+            .broadcast_admin(&AdminOp::UpdateWeights { path })
+            .await,
+    );
     state.ops.set_weight_version(w.version.clone());
     state.router.resume_admission();
     tracing::info!(version = %w.version, ok, "weights updated");
-    Ok((status_for(ok), Json(json!({"ok": ok, "version": w.version, "backends": items}))).into_response())
+    Ok((
+        status_for(ok),
+        Json(json!({"ok": ok, "version": w.version, "backends": items})),
+    )
+        .into_response())
 }
 
 impl Ops {

@@ -14,7 +14,7 @@ use serde_json::{json, Value as Json};
 use super::generate::{self, CallPlan, ChoiceResult};
 use super::logprobs::chat_logprobs;
 use super::request::{parse_body, ChatRequest};
-use super::sse::{sse_response, EventStream, StreamSpec};
+use super::sse::{sse_response, ChoiceStream, StreamSpec};
 use super::{finish_str, new_id, unix_now, AppState};
 use crate::error::ApiError;
 use crate::render::RenderInput;
@@ -66,7 +66,7 @@ async fn handle(
         request: serde_json::from_slice(&body).unwrap_or(Json::Null),
         messages: Some(Arc::new(req.messages.clone())),
         started_at,
-        weight_version: None,
+        weight_version: state.ops.weight_version(),
     };
     if req.stream {
         return stream(state, plan, req, ctx, prepared, resp_headers).await;
@@ -239,14 +239,9 @@ async fn stream(
         }
         initial.push(c);
     }
-    let choices: Vec<(EventStream, String)> = started
+    let choices: Vec<ChoiceStream> = started
         .into_iter()
-        .map(|s| {
-            let backend = s.backend.clone();
-            let events: EventStream =
-                Box::pin(generate::choice_events(state.renderer.clone(), s, &plan));
-            (events, backend)
-        })
+        .map(|s| ChoiceStream::new(state.renderer.clone(), s, &plan))
         .collect();
     let renderer = state.renderer.clone();
     let want_logprobs = plan.params.logprobs.is_some();

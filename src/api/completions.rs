@@ -15,7 +15,7 @@ use super::chat::usage;
 use super::generate::{self, CallPlan, ChoiceResult};
 use super::logprobs::completion_logprobs;
 use super::request::{parse_body, CompletionRequest, PromptSpec};
-use super::sse::{sse_response, EventStream, StreamSpec};
+use super::sse::{sse_response, ChoiceStream, StreamSpec};
 use super::{finish_str, new_id, unix_now, AppState};
 use crate::error::ApiError;
 use crate::trajectory::{CallContext, Prepared};
@@ -111,7 +111,7 @@ async fn handle(
         request: serde_json::from_slice(&body).unwrap_or(Json::Null),
         messages: None,
         started_at,
-        weight_version: None,
+        weight_version: state.ops.weight_version(),
     };
     if req.stream {
         return stream(
@@ -182,19 +182,16 @@ async fn stream(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     let n = plans.first().map_or(1, |p| p.n);
-    let mut choices: Vec<(EventStream, String)> = Vec::new();
+    let mut choices: Vec<ChoiceStream> = Vec::new();
     for (pi, plan) in plans.iter().enumerate() {
         let started = futures::future::try_join_all(
             (0..plan.n).map(|i| generate::start_choice(&state, plan, i)),
         )
         .await?;
         for mut s in started {
-            let backend = s.backend.clone();
             // Global choice index across prompts.
             s.index += pi as u32 * n;
-            let events: EventStream =
-                Box::pin(generate::choice_events(state.renderer.clone(), s, plan));
-            choices.push((events, backend));
+            choices.push(ChoiceStream::new(state.renderer.clone(), s, plan));
         }
     }
     let created = unix_now();

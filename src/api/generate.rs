@@ -47,17 +47,24 @@ pub struct ChoiceResult {
     pub logprobs: Vec<TokenLogprob>,
     pub finish: Option<FinishReason>,
     pub backend: String,
+    pub moved_from: Option<String>,
 }
 
-/// A started sequence on some backend.
+/// A started sequence on some backend. Holds the router's in-flight guard
+/// until the sequence is dropped.
 pub struct Started {
     pub index: u32,
     pub backend: String,
+    pub moved_from: Option<String>,
     pub stream: GenStream,
 }
 
+/// How long a call waits for admission while backends sleep.
+const ADMISSION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
+
 /// Starts choice `index` of the plan. A backend that fails before producing
-/// its first event is left for another, up to `router.max_attempts` tries.
+/// its first event is reported to the router and another one is tried, up
+/// to `router.max_attempts`; after the first event nothing is retried.
 pub async fn start_choice(
     state: &AppState,
     plan: &CallPlan,
@@ -73,42 +80,78 @@ pub async fn start_choice(
         params,
         stream: plan.stream,
     };
-    let attempts = state.config.router.max_attempts.max(1) as usize;
-    let mut tried: Vec<usize> = Vec::new();
+    let router = &state.router;
+    let t0 = std::time::Instant::now();
+    let mut exclude = Vec::new();
+    let mut moved_from: Option<String> = None;
     let mut last_err: Option<BackendError> = None;
-    for _ in 0..attempts {
-        let Some((slot, backend)) = state.backends.pick(&plan.trajectory_id, &tried) else {
-            break;
+    for _ in 0..router.max_attempts().max(1) {
+        let route = match router
+            .route_admitted(
+                &plan.trajectory_id,
+                &plan.prompt_ids,
+                &exclude,
+                ADMISSION_TIMEOUT,
+            )
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                return Err(match last_err {
+                    Some(b) if !exclude.is_empty() => b.into(),
+                    _ => e.into(),
+                })
+            }
         };
-        tried.push(slot);
-        match backend.generate(req.clone()).await {
+        if moved_from.is_none() {
+            moved_from = route.moved_from.clone();
+        }
+        if route.moved_from.is_some() || !route.sticky {
+            tracing::info!(trajectory = %plan.trajectory_id, backend = %route.name,
+                moved_from = route.moved_from.as_deref().unwrap_or(""), "trajectory routed");
+        }
+        let first = match route.backend.generate(req.clone()).await {
             Ok(mut stream) => match stream.next().await {
-                Some(Err(e)) if e.is_retryable() => {
-                    tracing::warn!(backend = backend.name(), error = %e, "backend failed before first token; retrying");
-                    last_err = Some(e);
-                }
-                Some(Err(e)) => return Err(e.into()),
-                Some(Ok(first)) => {
-                    let stream: GenStream =
-                        Box::pin(futures::stream::once(async { Ok(first) }).chain(stream));
-                    return Ok(Started {
-                        index,
-                        backend: backend.name().to_string(),
-                        stream,
-                    });
-                }
-                None => {
-                    last_err = Some(BackendError::Protocol {
-                        backend: backend.name().to_string(),
-                        message: "stream ended before any event".into(),
-                    });
-                }
+                Some(Ok(ev)) => Ok((stream, ev)),
+                Some(Err(e)) => Err(e),
+                None => Err(BackendError::Protocol {
+                    backend: route.name.to_string(),
+                    message: "stream ended before any event".into(),
+                }),
             },
-            Err(e) if e.is_retryable() => {
-                tracing::warn!(backend = backend.name(), error = %e, "backend failed to start; retrying");
+            Err(e) => Err(e),
+        };
+        match first {
+            Ok((stream, first)) => {
+                router.report_success(route.id);
+                crate::metrics::time_to_first_token(t0.elapsed());
+                let backend = route.name.to_string();
+                // The route (and its in-flight guard) lives as long as the stream.
+                let stream: GenStream = Box::pin(
+                    futures::stream::once(async { Ok(first) })
+                        .chain(stream)
+                        .map(move |ev| {
+                            let _keep = &route;
+                            ev
+                        }),
+                );
+                return Ok(Started {
+                    index,
+                    backend,
+                    moved_from,
+                    stream,
+                });
+            }
+            Err(e) => {
+                router.report_error(route.id, &e);
+                if !e.is_retryable() {
+                    return Err(e.into());
+                }
+                tracing::warn!(backend = %route.name, error = %e, "backend failed before the first token; trying another");
+                crate::metrics::retry(&route.name);
+                exclude.push(route.id);
                 last_err = Some(e);
             }
-            Err(e) => return Err(e.into()),
         }
     }
     Err(match last_err {
@@ -199,10 +242,12 @@ pub async fn run_all(state: &AppState, plan: &CallPlan) -> Result<Vec<ChoiceResu
     let futs = (0..plan.n).map(|i| async move {
         let started = start_choice(state, plan, i).await?;
         let backend = started.backend.clone();
+        let moved_from = started.moved_from.clone();
         let mut events = Box::pin(choice_events(state.renderer.clone(), started, plan));
         let mut result = ChoiceResult {
             index: i,
             backend,
+            moved_from,
             ..Default::default()
         };
         while let Some(ev) = events.next().await {

@@ -4,6 +4,7 @@
 //! trajectory id resolution, the context-window check. Must not: render
 //! templates or speak backend wire formats itself (see `render`, `backend`).
 
+mod admin;
 mod chat;
 mod completions;
 mod detok;
@@ -15,20 +16,20 @@ mod sse;
 pub mod trajectories;
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use axum::extract::{DefaultBodyLimit, FromRef, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use axum::{Json, Router};
+use axum::Json;
 use serde_json::json;
 
 use crate::backend::{DynBackend, FinishReason, SamplingParams};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::render::Renderer;
+use crate::router::{RouteError, Router};
 use crate::store::DynStore;
 use crate::trajectory::{CallContext, ChoiceOutcome, Prepared, Trajectories, TrajectoryError};
 
@@ -43,7 +44,8 @@ pub const DEFAULT_MAX_MODEL_LEN: u32 = 32768;
 pub struct AppState {
     pub config: Arc<Config>,
     pub renderer: Arc<Renderer>,
-    pub backends: Arc<Backends>,
+    pub router: Arc<Router>,
+    pub ops: Arc<admin::Ops>,
     pub trajectories: Arc<Trajectories>,
     pub store: StoreState,
 }
@@ -51,31 +53,6 @@ pub struct AppState {
 impl FromRef<AppState> for StoreState {
     fn from_ref(state: &AppState) -> StoreState {
         state.store.clone()
-    }
-}
-
-/// The configured backends and a simple round-robin pick.
-pub struct Backends {
-    list: Vec<DynBackend>,
-    next: AtomicUsize,
-}
-
-impl Backends {
-    pub fn new(list: Vec<DynBackend>) -> Self {
-        Backends {
-            list,
-            next: AtomicUsize::new(0),
-        }
-    }
-
-    /// Picks a backend not in `exclude`.
-    pub fn pick(&self, _trajectory_id: &str, exclude: &[usize]) -> Option<(usize, DynBackend)> {
-        let len = self.list.len();
-        let start = self.next.fetch_add(1, Ordering::Relaxed);
-        (0..len)
-            .map(|k| (start + k) % len)
-            .find(|i| !exclude.contains(i))
-            .and_then(|i| self.list.get(i).map(|b| (i, b.clone())))
     }
 }
 
@@ -88,12 +65,17 @@ fn path_tid(params: &axum::extract::RawPathParams) -> Option<String> {
 }
 
 impl AppState {
+    /// State over `backends` (in `[[backends]]` order) and a span store.
     pub fn new(
         config: Config,
         renderer: Arc<Renderer>,
         backends: Vec<DynBackend>,
         store: DynStore,
-    ) -> AppState {
+    ) -> anyhow::Result<AppState> {
+        let router = Router::new(&config.router);
+        for (b, cfg) in backends.into_iter().zip(&config.backends) {
+            router.add_backend(b, cfg.url.clone())?;
+        }
         let trajectories = Arc::new(Trajectories::new(
             store.clone(),
             renderer.clone(),
@@ -102,16 +84,17 @@ impl AppState {
         let dec = renderer.clone();
         let decode: trajectories::DecodeFn =
             Arc::new(move |ids: &[u32]| dec.decode(ids, false).ok());
-        AppState {
+        Ok(AppState {
+            ops: Arc::new(admin::Ops::new(&config.server.admin_token)),
             config: Arc::new(config),
             renderer,
-            backends: Arc::new(Backends::new(backends)),
+            router,
             trajectories,
             store: StoreState {
                 store,
                 decode: Some(decode),
             },
-        }
+        })
     }
 
     /// The context window in tokens.
@@ -204,11 +187,35 @@ impl AppState {
                 finish_reason: r.finish,
                 served: served(r),
                 backend: r.backend.clone(),
-                moved_from: None,
+                moved_from: r.moved_from.clone(),
                 parse_outcome: None,
             })
             .collect();
-        Ok(self.trajectories.commit(ctx, prepared, &outcomes).await?)
+        let start = std::time::Instant::now();
+        let indices = self.trajectories.commit(ctx, prepared, &outcomes).await?;
+        crate::metrics::store_commit(start.elapsed());
+        let delta = prepared.prompt_ids.len() - prepared.delta_start;
+        let kind = if prepared.parent.is_some() {
+            "observation"
+        } else {
+            "prompt"
+        };
+        crate::metrics::tokens(kind, delta);
+        crate::metrics::tokens("sampled", results.iter().map(|r| r.ids.len()).sum());
+        if let Some(d) = &prepared.drift {
+            crate::metrics::drift(&d.cause);
+        }
+        Ok(indices)
+    }
+}
+
+impl From<RouteError> for ApiError {
+    fn from(e: RouteError) -> Self {
+        match e {
+            RouteError::UnknownBackend(_) => ApiError::not_found(e.to_string()),
+            RouteError::DuplicateName(_) => ApiError::bad_request(e.to_string()),
+            _ => ApiError::overloaded(e.to_string()),
+        }
     }
 }
 
@@ -327,25 +334,38 @@ async fn limit_errors(
     resp
 }
 
-fn v1_routes() -> Router<AppState> {
-    Router::new()
+fn v1_routes() -> axum::Router<AppState> {
+    axum::Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models))
 }
 
-pub fn build_app(state: AppState) -> Router {
+pub fn build_app(state: AppState) -> axum::Router {
+    crate::metrics::init();
     let limit = state.config.server.max_body_bytes;
-    Router::new()
+    let guarded =
+        admin::routes()
+            .merge(export::routes())
+            .route_layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                admin::require_token,
+            ));
+    let metrics = axum::Router::new()
+        .route("/metrics", get(crate::metrics::render))
+        .with_state(state.router.clone());
+    axum::Router::new()
         .merge(v1_routes())
         .nest("/t/{tid}", v1_routes())
         .merge(trajectories::routes())
-        .merge(export::routes())
+        .merge(guarded)
         .route("/health", get(health))
         .fallback(not_found)
+        .layer(axum::middleware::from_fn(crate::metrics::track))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(limit, limit_errors))
         .with_state(state)
+        .merge(metrics)
 }
 
 pub async fn serve(
@@ -357,9 +377,11 @@ pub async fn serve(
     let store = crate::store::open(&config.store.url)?;
     let listener = tokio::net::TcpListener::bind(&config.server.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, model = %config.model.name, "tito listening");
-    let state = AppState::new(config, renderer, backends, store);
+    let state = AppState::new(config, renderer, backends, store)?;
+    let health = state.router.start_health_checks();
     axum::serve(listener, build_app(state))
         .with_graceful_shutdown(shutdown)
         .await?;
+    health.stop().await;
     Ok(())
 }

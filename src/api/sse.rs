@@ -22,6 +22,28 @@ use crate::error::ApiError;
 
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<ChoiceEvent, ApiError>> + Send>>;
 
+/// A choice's events plus where it runs (backend name, sticky move).
+pub struct ChoiceStream {
+    pub events: EventStream,
+    pub backend: String,
+    pub moved_from: Option<String>,
+}
+
+impl ChoiceStream {
+    pub fn new(
+        renderer: std::sync::Arc<crate::render::Renderer>,
+        started: super::generate::Started,
+        plan: &super::generate::CallPlan,
+    ) -> Self {
+        let (backend, moved_from) = (started.backend.clone(), started.moved_from.clone());
+        ChoiceStream {
+            events: Box::pin(super::generate::choice_events(renderer, started, plan)),
+            backend,
+            moved_from,
+        }
+    }
+}
+
 /// Formats one event into zero or more chunks (finish reason excluded: the
 /// driver holds finish events and formats them with `finish`).
 pub type DeltaFormatter = Box<dyn FnMut(&ChoiceEvent) -> Vec<Json> + Send>;
@@ -33,7 +55,7 @@ pub type Finalizer =
 pub struct StreamSpec {
     /// Chunks sent before any generated token (role deltas, prompt ids).
     pub initial: Vec<Json>,
-    pub choices: Vec<(EventStream, String)>,
+    pub choices: Vec<ChoiceStream>,
     pub delta: DeltaFormatter,
     pub finalize: Finalizer,
 }
@@ -52,13 +74,14 @@ pub fn sse_response(spec: StreamSpec, headers: axum::http::HeaderMap) -> Respons
     let mut results: Vec<ChoiceResult> = choices
         .iter()
         .enumerate()
-        .map(|(i, (_, backend))| ChoiceResult {
+        .map(|(i, c)| ChoiceResult {
             index: i as u32,
-            backend: backend.clone(),
+            backend: c.backend.clone(),
+            moved_from: c.moved_from.clone(),
             ..Default::default()
         })
         .collect();
-    let merged = futures::stream::select_all(choices.into_iter().map(|(s, _)| s));
+    let merged = futures::stream::select_all(choices.into_iter().map(|c| c.events));
     let body = async_stream(move |tx| async move {
         for chunk in &initial {
             if tx.send(data(chunk)).await.is_err() {

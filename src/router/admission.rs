@@ -56,6 +56,11 @@ impl Router {
         tracing::info!("router admission paused");
     }
 
+    /// True while admission is paused (sleep or weight reload).
+    pub fn is_paused(&self) -> bool {
+        self.lock().paused
+    }
+
     pub fn resume_admission(&self) {
         self.lock().paused = false;
         self.admission.send_replace(false);

@@ -55,7 +55,7 @@ pub async fn start_gateway(config: Config) -> Gateway {
 pub async fn start_gateway_with(config: Config, renderer: Arc<Renderer>) -> Gateway {
     let backends = tito::backend::build_backends(&config).expect("backends");
     let store = tito::store::open(&config.store.url).expect("store opens");
-    let state = AppState::new(config, renderer.clone(), backends, store);
+    let state = AppState::new(config, renderer.clone(), backends, store).expect("state");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

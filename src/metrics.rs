@@ -1,0 +1,126 @@
+//! Prometheus metrics: one recorder per process, names in one place, buckets
+//! chosen per metric. Request metrics are labelled by the matched route
+//! template (`/t/{tid}/v1/chat/completions`), never the raw path. Router and
+//! backend state is sampled at scrape time from the router's own counters.
+//!
+//! Must not: block, or allocate label sets from request input.
+
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::router::Router;
+
+pub const REQUESTS: &str = "tito_requests_total";
+pub const REQUEST_DURATION: &str = "tito_request_duration_seconds";
+pub const GATEWAY_OVERHEAD: &str = "tito_gateway_overhead_seconds";
+pub const TTFT: &str = "tito_time_to_first_token_seconds";
+pub const TOKENS: &str = "tito_tokens_total";
+pub const BACKEND_IN_FLIGHT: &str = "tito_backend_in_flight";
+pub const BACKEND_HEALTHY: &str = "tito_backend_healthy";
+pub const BACKEND_CIRCUIT_OPEN: &str = "tito_backend_circuit_open";
+pub const BACKEND_SLEEPING: &str = "tito_backend_sleeping";
+pub const STICKY_HITS: &str = "tito_sticky_hits_total";
+pub const STICKY_MISSES: &str = "tito_sticky_misses_total";
+pub const STICKY_EVICTIONS: &str = "tito_sticky_evictions_total";
+pub const RETRIES: &str = "tito_retries_total";
+pub const MOVES: &str = "tito_trajectory_moves_total";
+pub const DRIFT: &str = "tito_drift_events_total";
+pub const STORE_COMMIT: &str = "tito_store_commit_seconds";
+
+fn handle() -> &'static PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let fast = [
+            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+        ];
+        let slow = [
+            0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+        ];
+        let builder = PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Full(REQUEST_DURATION.into()), &slow)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(TTFT.into()), &slow))
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(GATEWAY_OVERHEAD.into()), &fast))
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(STORE_COMMIT.into()), &fast));
+        let recorder = match builder {
+            Ok(b) => b.build_recorder(),
+            Err(_) => PrometheusBuilder::new().build_recorder(),
+        };
+        let handle = recorder.handle();
+        // Another recorder may already be installed (e.g. by an embedding
+        // program); then our series are simply not collected.
+        let _ = metrics::set_global_recorder(recorder);
+        handle
+    })
+}
+
+/// Installs the recorder (idempotent). Call once at start-up.
+pub fn init() {
+    let _ = handle();
+}
+
+/// Counts and times every request by matched route and status.
+pub async fn track(req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let start = Instant::now();
+    let resp = next.run(req).await;
+    let status = resp.status().as_u16().to_string();
+    counter!(REQUESTS, "route" => route.clone(), "status" => status).increment(1);
+    histogram!(REQUEST_DURATION, "route" => route).record(start.elapsed().as_secs_f64());
+    resp
+}
+
+pub fn gateway_overhead(route: &'static str, d: Duration) {
+    histogram!(GATEWAY_OVERHEAD, "route" => route).record(d.as_secs_f64());
+}
+
+pub fn time_to_first_token(d: Duration) {
+    histogram!(TTFT).record(d.as_secs_f64());
+}
+
+pub fn tokens(kind: &'static str, n: usize) {
+    counter!(TOKENS, "kind" => kind).increment(n as u64);
+}
+
+pub fn drift(cause: &str) {
+    counter!(DRIFT, "cause" => cause.to_string()).increment(1);
+}
+
+pub fn retry(backend: &str) {
+    counter!(RETRIES, "backend" => backend.to_string()).increment(1);
+}
+
+pub fn store_commit(d: Duration) {
+    histogram!(STORE_COMMIT).record(d.as_secs_f64());
+}
+
+/// `GET /metrics`: samples router state, then renders the text format.
+pub async fn render(State(router): State<std::sync::Arc<Router>>) -> Response {
+    for b in router.snapshot() {
+        let name = b.name.to_string();
+        gauge!(BACKEND_IN_FLIGHT, "backend" => name.clone()).set(b.in_flight as f64);
+        gauge!(BACKEND_HEALTHY, "backend" => name.clone()).set(f64::from(u8::from(b.healthy)));
+        gauge!(BACKEND_SLEEPING, "backend" => name.clone()).set(f64::from(u8::from(b.sleeping)));
+        let open = !matches!(b.circuit, crate::router::CircuitState::Closed);
+        gauge!(BACKEND_CIRCUIT_OPEN, "backend" => name).set(f64::from(u8::from(open)));
+    }
+    let c = router.counters();
+    counter!(STICKY_HITS).absolute(c.sticky_hits);
+    counter!(STICKY_MISSES).absolute(c.sticky_misses);
+    counter!(STICKY_EVICTIONS).absolute(c.sticky_evictions);
+    counter!(MOVES).absolute(c.moves);
+    (
+        [("content-type", "text/plain; version=0.0.4")],
+        handle().render(),
+    )
+        .into_response()
+}
