@@ -31,7 +31,10 @@ fn one_call(inner: &str) -> Result<RawCall, String> {
         .split_once(SEP)
         .ok_or_else(|| format!("tool call without {SEP}"))?;
     if kind.trim() != "function" {
-        return Err(format!("tool call type {:?} is not \"function\"", short(kind)));
+        return Err(format!(
+            "tool call type {:?} is not \"function\"",
+            short(kind)
+        ));
     }
     let (name, rest) = rest
         .split_once('\n')
@@ -84,11 +87,17 @@ impl ToolParser for DeepSeekV3 {
                 return Extract::Malformed(if rest.is_empty() {
                     format!("unterminated {CALLS_BEGIN}")
                 } else {
-                    format!("expected {CALL_BEGIN} or {CALLS_END}, found {:?}", short(rest))
+                    format!(
+                        "expected {CALL_BEGIN} or {CALLS_END}, found {:?}",
+                        short(rest)
+                    )
                 });
             };
             let Some((inner, after)) = body.split_once(CALL_END) else {
-                return Extract::Malformed(format!("call {}: unterminated {CALL_BEGIN}", calls.len()));
+                return Extract::Malformed(format!(
+                    "call {}: unterminated {CALL_BEGIN}",
+                    calls.len()
+                ));
             };
             match one_call(inner) {
                 Ok(c) => calls.push(c),
@@ -124,7 +133,10 @@ mod tests {
 
     #[test]
     fn template_shape_one_and_two_calls() {
-        let one = format!("{CALLS_BEGIN}{}{CALLS_END}", call("get_weather", "{\"city\": \"Oslo\"}"));
+        let one = format!(
+            "{CALLS_BEGIN}{}{CALLS_END}",
+            call("get_weather", "{\"city\": \"Oslo\"}")
+        );
         let out = parse(&one);
         assert_eq!(out.outcome, ParseOutcome::Calls(1));
         assert_eq!(out.tool_calls[0].arguments, r#"{"city":"Oslo"}"#);
@@ -146,10 +158,22 @@ mod tests {
         let good = call("calc", "{}");
         let cases = [
             (format!("{CALLS_BEGIN}{good}"), "unterminated"),
-            (format!("{CALLS_BEGIN}{}{CALLS_END}", call("calc", "{\"e\": ")), "invalid JSON"),
-            (format!("{CALLS_BEGIN}{}{CALLS_END}", call("nope", "{}")), "unknown function"),
-            (format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}calc\n{{}}{CALL_END}{CALLS_END}"), "```json"),
-            (format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}calc\n```json\n{{}}"), "unterminated"),
+            (
+                format!("{CALLS_BEGIN}{}{CALLS_END}", call("calc", "{\"e\": ")),
+                "invalid JSON",
+            ),
+            (
+                format!("{CALLS_BEGIN}{}{CALLS_END}", call("nope", "{}")),
+                "unknown function",
+            ),
+            (
+                format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}calc\n{{}}{CALL_END}{CALLS_END}"),
+                "```json",
+            ),
+            (
+                format!("{CALLS_BEGIN}{CALL_BEGIN}function{SEP}calc\n```json\n{{}}"),
+                "unterminated",
+            ),
             (format!("{CALLS_BEGIN}{CALLS_END}"), "no calls"),
             (format!("{CALLS_BEGIN}junk{CALLS_END}"), "expected"),
         ];

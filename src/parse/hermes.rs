@@ -38,7 +38,8 @@ impl ToolParser for Hermes {
             };
             let close = body + close_rel;
             let inner = &text[body..close];
-            let call = value_exact(inner).and_then(|v| call_from_object(&v, &["arguments", "parameters"]));
+            let call =
+                value_exact(inner).and_then(|v| call_from_object(&v, &["arguments", "parameters"]));
             match call {
                 Ok(c) => calls.push(c),
                 Err(e) => return Extract::Malformed(format!("call {}: {e}", calls.len())),
@@ -95,11 +96,26 @@ mod tests {
     #[test]
     fn malformed_cases_keep_whole_text() {
         let cases = [
-            ("<tool_call>\n{\"name\": \"a\", \"arguments\": {\n</tool_call>", "invalid JSON"),
-            ("Sure <tool_call>\n{\"name\": \"a\", \"arguments\": {}}", "unterminated"),
-            ("<tool_call>\n{\"name\": \"zzz\", \"arguments\": {}}\n</tool_call>", "unknown function"),
-            ("<tool_call>\n{\"arguments\": {}}\n</tool_call>", "no \"name\""),
-            ("<tool_call>{\"name\":\"a\"} {\"name\":\"a\"}</tool_call>", "unexpected text"),
+            (
+                "<tool_call>\n{\"name\": \"a\", \"arguments\": {\n</tool_call>",
+                "invalid JSON",
+            ),
+            (
+                "Sure <tool_call>\n{\"name\": \"a\", \"arguments\": {}}",
+                "unterminated",
+            ),
+            (
+                "<tool_call>\n{\"name\": \"zzz\", \"arguments\": {}}\n</tool_call>",
+                "unknown function",
+            ),
+            (
+                "<tool_call>\n{\"arguments\": {}}\n</tool_call>",
+                "no \"name\"",
+            ),
+            (
+                "<tool_call>{\"name\":\"a\"} {\"name\":\"a\"}</tool_call>",
+                "unexpected text",
+            ),
             (
                 "<tool_call>{\"name\":\"a\"}</tool_call><tool_call>{\"name\":</tool_call>",
                 "call 1",

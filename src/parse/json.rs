@@ -24,7 +24,10 @@ pub fn value_exact(s: &str) -> Result<Json, String> {
     if rest.trim().is_empty() {
         Ok(v)
     } else {
-        Err(format!("unexpected text after JSON: {:?}", short(rest.trim_start())))
+        Err(format!(
+            "unexpected text after JSON: {:?}",
+            short(rest.trim_start())
+        ))
     }
 }
 
@@ -60,7 +63,10 @@ pub fn call_from_object(v: &Json, arg_keys: &[&str]) -> Result<RawCall, String> 
     };
     let present: Vec<&&str> = arg_keys.iter().filter(|k| obj.contains_key(**k)).collect();
     if present.len() > 1 {
-        return Err(format!("tool call has both {:?} and {:?}", present[0], present[1]));
+        return Err(format!(
+            "tool call has both {:?} and {:?}",
+            present[0], present[1]
+        ));
     }
     let args = present.first().and_then(|k| obj.get(**k));
     Ok(RawCall {

@@ -42,7 +42,11 @@ impl ToolParser for Llama3Json {
         let lead = text.len() - text.trim_start().len();
         if lead == text.len() {
             // Only whitespace so far: a `{` may still come first.
-            return if text.is_empty() { Scan::Clear } else { Scan::Partial(0) };
+            return if text.is_empty() {
+                Scan::Clear
+            } else {
+                Scan::Partial(0)
+            };
         }
         if text[lead..].starts_with('{') {
             return Scan::Start(lead);
@@ -146,12 +150,27 @@ mod tests {
     #[test]
     fn malformed() {
         for (text, why) in [
-            ("<|python_tag|>{\"name\": \"lookup\", \"parameters\": {", "invalid JSON"),
+            (
+                "<|python_tag|>{\"name\": \"lookup\", \"parameters\": {",
+                "invalid JSON",
+            ),
             (r#"{"name": "nope", "parameters": {}}"#, "unknown function"),
-            (r#"{"name": "lookup", "parameters": {}} and more"#, "unexpected text"),
-            (r#"{"name": "lookup", "parameters": {}}; {"name": "#, "call 1"),
-            (r#"{"name": "lookup", "parameters": 5}"#, "not a JSON object"),
-            (r#"{"name": "lookup", "parameters": {}, "arguments": {}}"#, "both"),
+            (
+                r#"{"name": "lookup", "parameters": {}} and more"#,
+                "unexpected text",
+            ),
+            (
+                r#"{"name": "lookup", "parameters": {}}; {"name": "#,
+                "call 1",
+            ),
+            (
+                r#"{"name": "lookup", "parameters": 5}"#,
+                "not a JSON object",
+            ),
+            (
+                r#"{"name": "lookup", "parameters": {}, "arguments": {}}"#,
+                "both",
+            ),
         ] {
             let out = parse(text);
             assert_eq!(out.content.as_deref(), Some(text));

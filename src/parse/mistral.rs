@@ -22,7 +22,10 @@ fn array_form(body: &str) -> Result<Vec<RawCall>, String> {
     let (value, end) = value_prefix(body)?;
     let rest = body[end..].trim();
     if !rest.is_empty() {
-        return Err(format!("unexpected text after tool calls: {:?}", short(rest)));
+        return Err(format!(
+            "unexpected text after tool calls: {:?}",
+            short(rest)
+        ));
     }
     let items = value
         .as_array()
@@ -126,7 +129,8 @@ mod tests {
 
     #[test]
     fn named_forms_and_content_before() {
-        let out = parse("I will add.[TOOL_CALLS]add[ARGS]{\"a\": 1}[TOOL_CALLS]search{\"q\": \"x\"}");
+        let out =
+            parse("I will add.[TOOL_CALLS]add[ARGS]{\"a\": 1}[TOOL_CALLS]search{\"q\": \"x\"}");
         assert_eq!(out.outcome, ParseOutcome::Calls(2));
         assert_eq!(out.content.as_deref(), Some("I will add."));
         assert_eq!(out.tool_calls[0].name, "add");
@@ -136,9 +140,18 @@ mod tests {
     #[test]
     fn malformed() {
         for (text, why) in [
-            ("[TOOL_CALLS] [{\"name\": \"add\", \"arguments\": {\"a\": 1}", "invalid JSON"),
-            ("[TOOL_CALLS] [{\"name\": \"mul\", \"arguments\": {}}]", "unknown function"),
-            ("[TOOL_CALLS] [{\"name\": \"add\", \"arguments\": {}}] trailing", "unexpected text"),
+            (
+                "[TOOL_CALLS] [{\"name\": \"add\", \"arguments\": {\"a\": 1}",
+                "invalid JSON",
+            ),
+            (
+                "[TOOL_CALLS] [{\"name\": \"mul\", \"arguments\": {}}]",
+                "unknown function",
+            ),
+            (
+                "[TOOL_CALLS] [{\"name\": \"add\", \"arguments\": {}}] trailing",
+                "unexpected text",
+            ),
             ("[TOOL_CALLS] []", "empty"),
             ("[TOOL_CALLS]add[ARGS]{\"a\": ", "invalid JSON"),
             ("[TOOL_CALLS]add", "no arguments"),

@@ -282,8 +282,14 @@ pub struct ChatOutput {
 impl ChatOutput {
     /// The OpenAI `tool_calls` array, or `None` when there are no calls.
     pub fn tool_calls_json(&self) -> Option<Json> {
-        (!self.tool_calls.is_empty())
-            .then(|| Json::Array(self.tool_calls.iter().map(ToolCall::to_openai_json).collect()))
+        (!self.tool_calls.is_empty()).then(|| {
+            Json::Array(
+                self.tool_calls
+                    .iter()
+                    .map(ToolCall::to_openai_json)
+                    .collect(),
+            )
+        })
     }
 }
 

@@ -195,17 +195,34 @@ mod tests {
             split("Let me think.\n</think>\n\nAnswer", true),
             (s("Let me think."), "Answer".into())
         );
-        assert_eq!(split("<think>\nstill going", false), (s("still going"), String::new()));
-        assert_eq!(split("still going", true), (s("still going"), String::new()));
-        assert_eq!(split("No reasoning </think> here", false), (None, "No reasoning </think> here".into()));
-        assert_eq!(split("<think>\n\n</think>\n\nHi", false), (None, "Hi".into()));
-        assert_eq!(split("  x <think> y", false), (None, "  x <think> y".into()));
+        assert_eq!(
+            split("<think>\nstill going", false),
+            (s("still going"), String::new())
+        );
+        assert_eq!(
+            split("still going", true),
+            (s("still going"), String::new())
+        );
+        assert_eq!(
+            split("No reasoning </think> here", false),
+            (None, "No reasoning </think> here".into())
+        );
+        assert_eq!(
+            split("<think>\n\n</think>\n\nHi", false),
+            (None, "Hi".into())
+        );
+        assert_eq!(
+            split("  x <think> y", false),
+            (None, "  x <think> y".into())
+        );
     }
 
     #[test]
     fn prompt_detection() {
         assert!(prompt_opens_reasoning("<|im_start|>assistant\n<think>\n"));
-        assert!(!prompt_opens_reasoning("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+        assert!(!prompt_opens_reasoning(
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+        ));
         assert!(!prompt_opens_reasoning("<|im_start|>assistant\n"));
     }
 }

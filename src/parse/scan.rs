@@ -46,6 +46,9 @@ mod tests {
         assert_eq!(scan_markers("a < b <tool", 0, &m), Scan::Partial(6));
         assert_eq!(scan_markers("a < b", 0, &m), Scan::Clear);
         assert_eq!(scan_markers("<tool_call>", 1, &m), Scan::Clear);
-        assert_eq!(scan_markers("é<｜tool", 0, &["<｜tool▁calls▁begin｜>"]), Scan::Partial(2));
+        assert_eq!(
+            scan_markers("é<｜tool", 0, &["<｜tool▁calls▁begin｜>"]),
+            Scan::Partial(2)
+        );
     }
 }

@@ -31,9 +31,16 @@ pub enum DeltaEvent {
     Reasoning(String),
     Content(String),
     /// First event of a call: its index, id and name (arguments follow).
-    ToolCallStart { index: usize, id: String, name: String },
+    ToolCallStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
     /// A fragment of a call's arguments text.
-    ToolCallArguments { index: usize, arguments: String },
+    ToolCallArguments {
+        index: usize,
+        arguments: String,
+    },
 }
 
 impl DeltaEvent {
@@ -119,7 +126,10 @@ impl ToolStream {
         let mut events = Vec::new();
         let content = out.content.as_deref().unwrap_or("");
         let sent = &self.text[..self.emitted];
-        debug_assert!(content.starts_with(sent), "streamed content is not a prefix");
+        debug_assert!(
+            content.starts_with(sent),
+            "streamed content is not a prefix"
+        );
         if let Some(rest) = content.strip_prefix(sent).filter(|r| !r.is_empty()) {
             events.push(DeltaEvent::Content(rest.to_owned()));
         }
@@ -235,7 +245,11 @@ impl ChatStream {
         if self.finished {
             return Vec::new();
         }
-        let pieces = self.reasoning.as_mut().map(ReasoningStream::finish).unwrap_or_default();
+        let pieces = self
+            .reasoning
+            .as_mut()
+            .map(ReasoningStream::finish)
+            .unwrap_or_default();
         let events = self.route(pieces, true);
         self.finished = true;
         events
@@ -254,7 +268,9 @@ impl ChatStream {
                 out.extend(t.finish());
             }
         }
-        out.retain(|ev| !matches!(ev, DeltaEvent::Content(s) | DeltaEvent::Reasoning(s) if s.is_empty()));
+        out.retain(
+            |ev| !matches!(ev, DeltaEvent::Content(s) | DeltaEvent::Reasoning(s) if s.is_empty()),
+        );
         for ev in &out {
             self.assembled.push(ev);
         }
@@ -289,7 +305,9 @@ pub fn compare_chunked(
 ) -> (ChatOutput, ChatOutput, Vec<DeltaEvent>) {
     let text: String = chunks.concat();
     let make = || super::tool_parser(tool_parser_name).ok().flatten();
-    let style = make().map(|p| p.id_style()).unwrap_or(super::IdStyle::OpenAi);
+    let style = make()
+        .map(|p| p.id_style())
+        .unwrap_or(super::IdStyle::OpenAi);
     let full_parser = make();
     let full = parse_output(
         &text,
