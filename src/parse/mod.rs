@@ -38,6 +38,35 @@
 //!
 //! See [`stream`]: text deltas in, [`DeltaEvent`]s out; for every input and
 //! every chunking the assembled events equal the non-streamed result.
+//!
+//! # Use from a chat handler
+//!
+//! Parse tool calls only when the request has `tools` and `tool_choice` is
+//! not `"none"`; the reasoning parser runs whenever one is configured.
+//!
+//! ```
+//! use tito::parse::*;
+//! let tools = serde_json::json!([{"type": "function", "function": {"name": "calc"}}]);
+//! let tp = tool_parser("hermes").expect("valid config name");
+//! let rp = reasoning_parser("think", prompt_opens_reasoning("...<|im_start|>assistant\n"))
+//!     .expect("valid config name");
+//! let style = tp.as_ref().map_or(IdStyle::OpenAi, |p| p.id_style());
+//! let ctx = ParseContext::from_tools(Some(&tools));
+//! let text = "<think>\nadd\n</think>\n\n<tool_call>\n{\"name\": \"calc\", \"arguments\": {\"e\": \"1+1\"}}\n</tool_call>";
+//!
+//! // Non-streaming.
+//! let out = parse_output(text, rp.as_ref(), tp.as_deref(), &ctx, &mut IdGen::random(style));
+//! assert_eq!(out.outcome, ParseOutcome::Calls(1)); // finish_reason "tool_calls"
+//!
+//! // Streaming: feed each released text delta, send each event's delta.
+//! let mut s = ChatStream::new(rp.as_ref(), tool_parser("hermes").expect("valid"), ctx, IdGen::random(style));
+//! let mut deltas: Vec<serde_json::Value> = Vec::new();
+//! for piece in ["<think>\nad", "d\n</think>\n\n<tool_", &text[28..]] {
+//!     deltas.extend(s.push(piece).iter().map(DeltaEvent::to_openai_delta));
+//! }
+//! deltas.extend(s.finish().iter().map(DeltaEvent::to_openai_delta));
+//! assert_eq!(s.output().tool_calls[0].arguments, out.tool_calls[0].arguments);
+//! ```
 
 mod deepseek_v3;
 mod hermes;
