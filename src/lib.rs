@@ -13,6 +13,8 @@
 //! - [`error`]: the one API error type and its OpenAI JSON / SSE shapes.
 //! - [`store`]: the durable span store (trait, memory, SQLite) and sample
 //!   reconstruction from stored calls.
+//! - [`parse`]: tool-call and `<think>` reasoning parsers over decoded text,
+//!   full and streamed.
 //! - [`export`]: training rows (trajectory / per_call / verl layouts) written
 //!   as JSONL or Parquet to any `Write`.
 
@@ -22,6 +24,7 @@ pub mod config;
 pub mod error;
 pub mod export;
 pub mod metrics;
+pub mod parse;
 pub mod render;
 pub mod router;
 pub mod store;
