@@ -15,8 +15,10 @@ use super::generate::{self, CallPlan, ChoiceResult};
 use super::logprobs::chat_logprobs;
 use super::request::{parse_body, ChatRequest};
 use super::sse::{sse_response, ChoiceStream, StreamSpec};
+use super::toolcalls::{self, ParseSetup};
 use super::{finish_str, new_id, unix_now, AppState};
 use crate::error::ApiError;
+use crate::parse::ChatOutput;
 use crate::render::RenderInput;
 use crate::trajectory::{CallContext, ChatInput, Prepared};
 
@@ -39,8 +41,9 @@ async fn handle(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let req: ChatRequest = parse_body(&body)?;
+    let mut req: ChatRequest = parse_body(&body)?;
     req.check()?;
+    toolcalls::normalize_messages(&mut req.messages);
     state.check_model(req.model.as_deref())?;
     let tid = super::resolve_trajectory_id(path_tid, headers, req.trajectory_id.as_deref())?;
     let logprobs_k = req.logprobs_k()?;
@@ -51,13 +54,16 @@ async fn handle(
     let prepared = prepare(&state, &tid, &req).await?;
     state.check_budget(&prepared)?;
     state.finalize_params(&mut params, &prepared, max_tokens)?;
+    let parsing = ParseSetup::new(&state.config, &req, &prepared.prompt_text)?.map(Arc::new);
+    let skip_special = req.skip_special_tokens.unwrap_or(true)
+        && !parsing.as_ref().is_some_and(|p| p.needs_special_tokens);
     let plan = CallPlan {
         request_id: new_id("chatcmpl"),
         trajectory_id: tid.clone(),
         prompt_ids: prepared.prompt_ids.clone(),
         params,
         n,
-        skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
+        skip_special_tokens: skip_special,
         stream: req.stream,
     };
     let resp_headers = super::trajectory_header(&tid);
@@ -69,19 +75,53 @@ async fn handle(
         weight_version: state.ops.weight_version(),
     };
     if req.stream {
-        return stream(state, plan, req, ctx, prepared, resp_headers).await;
+        return stream(state, plan, req, ctx, prepared, parsing, resp_headers).await;
     }
     let results = generate::run_all(&state, &plan).await?;
+    let outputs: Vec<Served> = results
+        .iter()
+        .map(|r| served(parsing.as_deref(), r))
+        .collect();
     state
-        .record_call(&ctx, &prepared, &results, served_message)
+        .record_call(&ctx, &prepared, &results, |r| {
+            outputs[r.index as usize].record()
+        })
         .await?;
-    let body = response_body(&state, &plan, &req, &results);
+    let body = response_body(&state, &plan, &req, &results, &outputs);
     Ok((resp_headers, axum::Json(body)).into_response())
 }
 
-/// The assistant message returned to the client for a choice.
-fn served_message(r: &ChoiceResult) -> Json {
-    json!({"role": "assistant", "content": r.text})
+/// What a choice returns to the client: its message and finish reason.
+struct Served {
+    message: Json,
+    finish: &'static str,
+    outcome: Option<String>,
+}
+
+impl Served {
+    fn record(&self) -> (Json, Option<String>) {
+        (self.message.clone(), self.outcome.clone())
+    }
+}
+
+fn served_from(out: Option<ChatOutput>, r: &ChoiceResult) -> Served {
+    let backend_finish = finish_str(r.finish);
+    match out {
+        Some(o) => Served {
+            message: toolcalls::message_json(&o),
+            finish: toolcalls::finish_reason(&o, backend_finish),
+            outcome: Some(o.outcome.to_string()),
+        },
+        None => Served {
+            message: json!({"role": "assistant", "content": r.text}),
+            finish: backend_finish,
+            outcome: None,
+        },
+    }
+}
+
+fn served(parsing: Option<&ParseSetup>, r: &ChoiceResult) -> Served {
+    served_from(parsing.map(|p| p.parse(&r.text)), r)
 }
 
 /// Builds the prompt from the trajectory's history (exact or template mode).
@@ -166,16 +206,18 @@ fn response_body(
     plan: &CallPlan,
     req: &ChatRequest,
     results: &[ChoiceResult],
+    outputs: &[Served],
 ) -> Json {
     let completion_tokens: usize = results.iter().map(|r| r.ids.len()).sum();
     let choices: Vec<Json> = results
         .iter()
-        .map(|r| {
+        .zip(outputs)
+        .map(|(r, out)| {
             let mut c = json!({
                 "index": r.index,
-                "message": {"role": "assistant", "content": r.text},
+                "message": out.message,
                 "logprobs": Json::Null,
-                "finish_reason": finish_str(r.finish),
+                "finish_reason": out.finish,
                 "stop_reason": Json::Null,
             });
             if plan.params.logprobs.is_some() {
@@ -215,6 +257,7 @@ async fn stream(
     req: ChatRequest,
     ctx: CallContext,
     prepared: Prepared,
+    parsing: Option<Arc<ParseSetup>>,
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     // Start every choice before answering, so failures are plain HTTP errors.
@@ -247,30 +290,69 @@ async fn stream(
     let want_logprobs = plan.params.logprobs.is_some();
     let return_ids = req.return_token_ids;
     let delta_chunk = chunk.clone();
+    // One incremental parser per choice; its final output is what the
+    // finish chunk and the span record use.
+    let mut parsers: Vec<_> = (0..plan.n)
+        .map(|_| parsing.as_ref().map(|p| p.stream()))
+        .collect();
+    let outputs: Arc<std::sync::Mutex<Vec<Option<ChatOutput>>>> =
+        Arc::new(std::sync::Mutex::new(vec![None; plan.n as usize]));
+    let outputs_in = outputs.clone();
     let delta = Box::new(move |ev: &generate::ChoiceEvent| {
-        if ev.ids.is_empty() && ev.text.is_empty() {
-            return Vec::new();
+        let i = ev.index as usize;
+        let mut deltas: Vec<Json> = match parsers.get_mut(i).and_then(Option::as_mut) {
+            Some(p) => {
+                let mut events = p.push(&ev.text);
+                if ev.finish.is_some() {
+                    events.extend(p.finish());
+                    if let Ok(mut o) = outputs_in.lock() {
+                        o[i] = Some(p.output());
+                    }
+                }
+                events.iter().map(|e| e.to_openai_delta()).collect()
+            }
+            None if !ev.text.is_empty() => vec![json!({"content": ev.text})],
+            None => Vec::new(),
+        };
+        if deltas.is_empty() && !ev.ids.is_empty() {
+            deltas.push(json!({}));
         }
-        let mut c = json!({"index": ev.index, "delta": {"content": ev.text}, "logprobs": null, "finish_reason": null});
-        if want_logprobs {
-            c["logprobs"] = chat_logprobs(&renderer, &ev.ids, &ev.logprobs);
-        }
-        if return_ids {
-            c["token_ids"] = json!(ev.ids);
-        }
-        vec![delta_chunk(json!([c]))]
+        deltas
+            .into_iter()
+            .enumerate()
+            .map(|(k, d)| {
+                let mut c =
+                    json!({"index": ev.index, "delta": d, "logprobs": null, "finish_reason": null});
+                // Ids and logprobs ride on the first chunk of this event.
+                if k == 0 && want_logprobs {
+                    c["logprobs"] = chat_logprobs(&renderer, &ev.ids, &ev.logprobs);
+                }
+                if k == 0 && return_ids {
+                    c["token_ids"] = json!(ev.ids);
+                }
+                delta_chunk(json!([c]))
+            })
+            .collect()
     });
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
     let finalize = Box::new(move |results: Vec<ChoiceResult>| {
         async move {
+            let parsed = outputs.lock().map(|o| o.clone()).unwrap_or_default();
+            let served: Vec<Served> = results
+                .iter()
+                .map(|r| served_from(parsed.get(r.index as usize).cloned().flatten(), r))
+                .collect();
             state
-                .record_call(&ctx, &prepared, &results, served_message)
+                .record_call(&ctx, &prepared, &results, |r| {
+                    served[r.index as usize].record()
+                })
                 .await?;
             let mut out: Vec<Json> = results
                 .iter()
-                .map(|r| {
+                .zip(&served)
+                .map(|(r, s)| {
                     chunk(json!([{"index": r.index, "delta": {}, "logprobs": null,
-                                  "finish_reason": finish_str(r.finish), "stop_reason": null}]))
+                                  "finish_reason": s.finish, "stop_reason": null}]))
                 })
                 .collect();
             if include_usage {

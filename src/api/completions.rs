@@ -168,8 +168,8 @@ async fn handle(
 }
 
 /// What is recorded as the served output of a completion choice.
-fn served_text(r: &ChoiceResult) -> Json {
-    json!({"text": r.text})
+fn served_text(r: &ChoiceResult) -> (Json, Option<String>) {
+    (json!({"text": r.text}), None)
 }
 
 async fn stream(

@@ -170,11 +170,14 @@ pub fn choice_events(
     let index = started.index;
     let backend = started.backend.clone();
     let max_tokens = plan.params.max_tokens as usize;
+    // Stop-token ids end the sequence; they stay in the ids but not the text.
+    let stop_ids = plan.params.stop_token_ids.clone();
     let assembler =
         TextAssembler::new(renderer, plan.skip_special_tokens, plan.params.stop.clone());
     let state = (started.stream, assembler, 0usize, false);
     futures::stream::unfold(state, move |(mut stream, mut asm, mut count, done)| {
         let backend = backend.clone();
+        let stop_ids = stop_ids.clone();
         async move {
             if done {
                 return None;
@@ -198,7 +201,9 @@ pub fn choice_events(
                             ..Default::default()
                         };
                         for (i, id) in ids.iter().enumerate() {
-                            out.text.push_str(&asm.push(*id));
+                            if !stop_ids.contains(id) {
+                                out.text.push_str(&asm.push(*id));
+                            }
                             out.ids.push(*id);
                             if let Some(lp) = logprobs.get(i) {
                                 out.logprobs.push(lp.clone());

@@ -13,6 +13,7 @@ mod generate;
 mod logprobs;
 pub mod request;
 mod sse;
+mod toolcalls;
 pub mod trajectories;
 
 use std::future::Future;
@@ -177,18 +178,21 @@ impl AppState {
         ctx: &CallContext,
         prepared: &Prepared,
         results: &[ChoiceResult],
-        served: impl Fn(&ChoiceResult) -> serde_json::Value,
+        served: impl Fn(&ChoiceResult) -> (serde_json::Value, Option<String>),
     ) -> Result<Vec<u32>, ApiError> {
         let outcomes: Vec<ChoiceOutcome> = results
             .iter()
-            .map(|r| ChoiceOutcome {
-                sampled_ids: r.ids.clone(),
-                logprobs: r.logprobs.clone(),
-                finish_reason: r.finish,
-                served: served(r),
-                backend: r.backend.clone(),
-                moved_from: r.moved_from.clone(),
-                parse_outcome: None,
+            .map(|r| {
+                let (message, parse_outcome) = served(r);
+                ChoiceOutcome {
+                    sampled_ids: r.ids.clone(),
+                    logprobs: r.logprobs.clone(),
+                    finish_reason: r.finish,
+                    served: message,
+                    backend: r.backend.clone(),
+                    moved_from: r.moved_from.clone(),
+                    parse_outcome,
+                }
             })
             .collect();
         let start = std::time::Instant::now();

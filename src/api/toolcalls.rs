@@ -1,0 +1,122 @@
+//! Chat output parsing per request: which tool-call and reasoning parsers
+//! apply, and how a choice's text becomes the OpenAI assistant message
+//! (`content`, `reasoning_content`, `tool_calls`, finish reason). The token
+//! ids are never touched here: they stay exactly as sampled.
+
+use serde_json::{json, Value as Json};
+
+use super::request::ChatRequest;
+use crate::config::Config;
+use crate::error::ApiError;
+use crate::parse::{
+    parse_output, prompt_opens_reasoning, reasoning_parser, tool_parser, ChatOutput, ChatStream,
+    IdGen, IdStyle, ParseContext, ParseOutcome, ReasoningParser,
+};
+
+/// The parsers that apply to one chat request.
+pub struct ParseSetup {
+    tool_parser: Option<String>,
+    reasoning: Option<ReasoningParser>,
+    ctx: ParseContext,
+    style: IdStyle,
+    /// The tool parser needs special tokens in the text it reads.
+    pub needs_special_tokens: bool,
+}
+
+impl ParseSetup {
+    /// None when no parser applies (plain text content).
+    pub fn new(
+        config: &Config,
+        req: &ChatRequest,
+        prompt_text: &str,
+    ) -> Result<Option<Self>, ApiError> {
+        let internal = |e: crate::parse::ParseError| ApiError::internal(e.to_string());
+        let tools_on = req.tools.as_ref().is_some_and(|t| !t.is_empty())
+            && req.tool_choice.as_ref().and_then(Json::as_str) != Some("none");
+        let tp = if tools_on {
+            tool_parser(&config.model.tool_parser).map_err(internal)?
+        } else {
+            None
+        };
+        let reasoning = reasoning_parser(
+            &config.model.reasoning_parser,
+            prompt_opens_reasoning(prompt_text),
+        )
+        .map_err(internal)?;
+        if tp.is_none() && reasoning.is_none() {
+            return Ok(None);
+        }
+        let tools = req.tools.as_ref().map(|t| Json::Array(t.clone()));
+        Ok(Some(ParseSetup {
+            needs_special_tokens: tp.as_ref().is_some_and(|p| p.requires_special_tokens()),
+            style: tp.as_ref().map_or(IdStyle::OpenAi, |p| p.id_style()),
+            tool_parser: tp.as_ref().map(|_| config.model.tool_parser.clone()),
+            reasoning,
+            ctx: ParseContext::from_tools(tools.as_ref()),
+        }))
+    }
+
+    fn parser(&self) -> Option<Box<dyn crate::parse::ToolParser>> {
+        self.tool_parser
+            .as_deref()
+            .and_then(|n| tool_parser(n).ok().flatten())
+    }
+
+    pub fn parse(&self, text: &str) -> ChatOutput {
+        let tp = self.parser();
+        parse_output(
+            text,
+            self.reasoning.as_ref(),
+            tp.as_deref(),
+            &self.ctx,
+            &mut IdGen::random(self.style),
+        )
+    }
+
+    pub fn stream(&self) -> ChatStream {
+        ChatStream::new(
+            self.reasoning.as_ref(),
+            self.parser(),
+            self.ctx.clone(),
+            IdGen::random(self.style),
+        )
+    }
+}
+
+/// The OpenAI assistant message for a parsed output.
+pub fn message_json(out: &ChatOutput) -> Json {
+    let mut m = json!({"role": "assistant"});
+    let calls = out.tool_calls_json();
+    m["content"] = match (&out.content, &calls) {
+        (Some(c), _) => json!(c),
+        (None, Some(_)) => Json::Null,
+        (None, None) => json!(""),
+    };
+    if let Some(r) = &out.reasoning_content {
+        m["reasoning_content"] = json!(r);
+    }
+    if let Some(c) = calls {
+        m["tool_calls"] = c;
+    }
+    m
+}
+
+/// `tool_calls` when calls were parsed, else the backend's finish reason.
+pub fn finish_reason(out: &ChatOutput, backend: &'static str) -> &'static str {
+    match out.outcome {
+        ParseOutcome::Calls(_) => "tool_calls",
+        _ => backend,
+    }
+}
+
+/// Agents send `content: null` on assistant tool-call messages; templates
+/// that test `content is string` then fail or differ. Render them as "".
+pub fn normalize_messages(messages: &mut [Json]) {
+    for m in messages {
+        if m.get("role").and_then(Json::as_str) == Some("assistant")
+            && m.get("content").is_some_and(Json::is_null)
+        {
+            m["content"] = json!("");
+        }
+    }
+}
