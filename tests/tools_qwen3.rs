@@ -1,0 +1,235 @@
+//! Tool calls end to end on the real Qwen3 tokenizer: the model's tool call
+//! is parsed into OpenAI `tool_calls`, the agent echoes it back re-serialized
+//! with the tool result, and the next prompt carries the sampled ids
+//! verbatim with the tool result as mask-0 observation tokens.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::mock_vllm::{MockVllm, Scripted};
+use common::{config, sse_events, start_gateway_with, Gateway};
+use serde_json::{json, Value};
+use tito::config::ModelConfig;
+use tito::render::Renderer;
+
+fn qwen3() -> std::sync::Arc<Renderer> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/tokenizers/qwen3");
+    assert!(
+        dir.join("tokenizer.json").exists(),
+        "missing {}: run scripts/fetch-tokenizers.sh",
+        dir.display()
+    );
+    let model = ModelConfig {
+        tokenizer: dir,
+        ..Default::default()
+    };
+    Renderer::load(&model).expect("qwen3 loads")
+}
+
+/// Ids for `text` tokenized piece by piece: valid, but not what a fresh
+/// tokenization of the whole text gives.
+fn non_canonical(r: &Renderer, pieces: &[&str]) -> Vec<u32> {
+    pieces
+        .iter()
+        .flat_map(|p| r.encode(p).expect("enc"))
+        .collect()
+}
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]}}}])
+}
+
+async fn setup() -> (MockVllm, Gateway, Vec<u32>) {
+    let r = qwen3();
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway_with(config(&[mock.url()], ""), r.clone()).await;
+    let im_end = r.token_to_id("<|im_end|>").expect("im_end");
+    // Odd JSON spacing and a word split into characters.
+    let call = non_canonical(
+        &r,
+        &[
+            "<tool_call>",
+            "\n{\"name\":  \"",
+            "c",
+            "a",
+            "l",
+            "c",
+            "ulator",
+            "\", \"arguments\": {\"expression\":\"2+2\"}}\n",
+            "</tool_call>",
+        ],
+    );
+    let sampled1 = [call, vec![im_end]].concat();
+    (mock, g, sampled1)
+}
+
+#[tokio::test]
+async fn tool_call_round_trip_keeps_sampled_ids() {
+    let (mock, g, sampled1) = setup().await;
+    let r = g.renderer.clone();
+    let im_end = r.token_to_id("<|im_end|>").expect("im_end");
+    mock.push(Scripted::ids(sampled1.clone()));
+    let user = json!({"role": "user", "content": "What is 2+2?"});
+    let resp = g
+        .post(
+            "/t/tools-1/v1/chat/completions",
+            json!({"messages": [user], "tools": tools(), "return_token_ids": true}),
+        )
+        .await;
+    let body: Value = resp.json().await.expect("json");
+    let choice = &body["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{body}");
+    let call = &choice["message"]["tool_calls"][0];
+    assert_eq!(call["function"]["name"], "calculator");
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().expect("args"))
+        .expect("json args");
+    assert_eq!(args, json!({"expression": "2+2"}));
+    assert_eq!(choice["token_ids"], json!(sampled1));
+    let prompt1: Vec<u32> = serde_json::from_value(body["prompt_token_ids"].clone()).expect("ids");
+
+    // The agent echoes the call re-serialized (other spacing, content null) plus the result.
+    let echoed = json!({"role": "assistant", "content": null, "tool_calls": [{
+        "id": call["id"], "type": "function",
+        "function": {"name": "calculator", "arguments": "{\"expression\": \"2+2\"}"}}]});
+    let tool_msg = json!({"role": "tool", "tool_call_id": call["id"], "content": "4"});
+    let answer = [r.encode("The answer is 4.").expect("enc"), vec![im_end]].concat();
+    mock.push(Scripted::ids(answer.clone()));
+    let resp = g
+        .post(
+            "/t/tools-1/v1/chat/completions",
+            json!({"messages": [user, echoed, tool_msg], "tools": tools(), "return_token_ids": true}),
+        )
+        .await;
+    let body2: Value = resp.json().await.expect("json");
+    assert_eq!(
+        body2["choices"][0]["message"]["content"],
+        "The answer is 4."
+    );
+    let prompt2: Vec<u32> = serde_json::from_value(body2["prompt_token_ids"].clone()).expect("ids");
+    assert_eq!(&prompt2[..prompt1.len()], &prompt1[..]);
+    assert_eq!(
+        &prompt2[prompt1.len()..prompt1.len() + sampled1.len()],
+        &sampled1[..],
+        "sampled ids verbatim"
+    );
+    let observation = &prompt2[prompt1.len() + sampled1.len()..];
+    let obs_text = r.decode(observation, false).expect("dec");
+    assert!(
+        obs_text.contains("<tool_response>\n4\n</tool_response>"),
+        "{obs_text:?}"
+    );
+    assert_eq!(mock.last_request()["prompt"], json!(prompt2));
+
+    let t: Value = g
+        .client
+        .get(g.url("/v1/trajectories/tools-1"))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(t["calls"][0]["parse_outcome"], "calls(1)");
+    assert_eq!(t["calls"][1]["parse_outcome"], "no_calls");
+    let cause = t["drift"][0]["cause"].as_str().expect("drift recorded");
+    assert!(
+        ["tool_call_rerender", "bpe_retokenization"].contains(&cause),
+        "{cause}"
+    );
+
+    let rows = g
+        .client
+        .get(g.url("/v1/export?format=jsonl&layout=trajectory"))
+        .send()
+        .await
+        .expect("export")
+        .text()
+        .await
+        .expect("body");
+    let row: Value = serde_json::from_str(rows.lines().next().expect("one row")).expect("json");
+    let mask: Vec<u8> = serde_json::from_value(row["response_mask"].clone()).expect("mask");
+    let want: Vec<u8> = [
+        vec![1; sampled1.len()],
+        vec![0; observation.len()],
+        vec![1; answer.len()],
+    ]
+    .concat();
+    assert_eq!(mask, want);
+}
+
+#[tokio::test]
+async fn streamed_tool_call_deltas_equal_the_message() {
+    let (mock, g, sampled1) = setup().await;
+    let req = json!({"messages": [{"role": "user", "content": "What is 2+2?"}], "tools": tools(),
+                     "return_token_ids": true});
+    mock.push(Scripted::ids(sampled1.clone()));
+    let plain: Value = g
+        .post("/v1/chat/completions", req.clone())
+        .await
+        .json()
+        .await
+        .expect("json");
+    mock.push(Scripted::ids(sampled1.clone()));
+    let mut sreq = req.clone();
+    sreq["stream"] = json!(true);
+    let events = sse_events(g.post("/v1/chat/completions", sreq).await).await;
+    let mut ids = Vec::new();
+    let mut name = String::new();
+    let mut args = String::new();
+    let mut finish = None;
+    for e in events.iter().filter(|e| e.as_str() != "[DONE]") {
+        let c: Value = serde_json::from_str(e).expect("chunk");
+        for ch in c["choices"].as_array().expect("choices") {
+            ids.extend(ch["token_ids"].as_array().cloned().unwrap_or_default());
+            for tc in ch["delta"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+            {
+                name.push_str(tc["function"]["name"].as_str().unwrap_or_default());
+                args.push_str(tc["function"]["arguments"].as_str().unwrap_or_default());
+            }
+            if let Some(f) = ch["finish_reason"].as_str() {
+                finish = Some(f.to_string());
+            }
+        }
+    }
+    assert_eq!(json!(ids), json!(sampled1));
+    let call = &plain["choices"][0]["message"]["tool_calls"][0]["function"];
+    assert_eq!(name, call["name"].as_str().expect("name"));
+    assert_eq!(args, call["arguments"].as_str().expect("args"));
+    assert_eq!(finish.as_deref(), Some("tool_calls"));
+}
+
+#[tokio::test]
+async fn malformed_tool_call_is_plain_content() {
+    let (mock, g, _) = setup().await;
+    let r = g.renderer.clone();
+    let im_end = r.token_to_id("<|im_end|>").expect("im_end");
+    let broken = [
+        r.encode("<tool_call>\n{\"name\": \"calculator\", \"arguments\": {oops\n</tool_call>")
+            .expect("enc"),
+        vec![im_end],
+    ]
+    .concat();
+    mock.push(Scripted::ids(broken.clone()));
+    let body: Value = g
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x"}], "tools": tools(), "return_token_ids": true}),
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+    let c = &body["choices"][0];
+    assert_eq!(c["finish_reason"], "stop");
+    assert!(c["message"]["tool_calls"].is_null());
+    assert!(c["message"]["content"]
+        .as_str()
+        .expect("content")
+        .contains("{oops"));
+    assert_eq!(c["token_ids"], json!(broken));
+}
