@@ -51,6 +51,8 @@ pub struct MockState {
     pub cancelled: AtomicUsize,
     pub cancel_notify: Notify,
     pub healthy: std::sync::atomic::AtomicBool,
+    /// Every request's path (and query), in arrival order.
+    pub log: Mutex<Vec<String>>,
 }
 
 pub struct MockVllm {
@@ -73,6 +75,9 @@ impl MockVllm {
             .route("/v1/completions", post(completions))
             .route("/v1/chat/completions", post(chat_text))
             .route("/health", get(health))
+            .route("/sleep", post(admin))
+            .route("/wake_up", post(admin))
+            .route("/collective_rpc", post(admin))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -88,6 +93,10 @@ impl MockVllm {
 
     pub fn push(&self, s: Scripted) {
         self.state.script.lock().expect("lock").push_back(s);
+    }
+
+    pub fn log(&self) -> Vec<String> {
+        self.state.log.lock().expect("lock").clone()
     }
 
     pub fn requests(&self) -> Vec<Value> {
@@ -135,6 +144,21 @@ async fn chat_text(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -> 
     .into_response()
 }
 
+/// vLLM's sleep / wake_up / collective_rpc: logged, answered 200.
+async fn admin(
+    State(s): State<Arc<MockState>>,
+    uri: axum::http::Uri,
+    body: axum::body::Bytes,
+) -> StatusCode {
+    let mut entry = uri.to_string();
+    if !body.is_empty() {
+        entry.push(' ');
+        entry.push_str(&String::from_utf8_lossy(&body));
+    }
+    s.log.lock().expect("lock").push(entry);
+    StatusCode::OK
+}
+
 async fn health(State(s): State<Arc<MockState>>) -> StatusCode {
     if s.healthy.load(Ordering::SeqCst) {
         StatusCode::OK
@@ -180,6 +204,7 @@ fn logprobs_json(ids: &[u32], lps: &[f32], k: u64) -> Value {
 
 async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -> Response {
     s.requests.lock().expect("lock").push(body.clone());
+    s.log.lock().expect("lock").push("/v1/completions".into());
     let script = {
         let mut q = s.script.lock().expect("lock");
         q.pop_front()

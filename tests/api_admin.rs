@@ -1,0 +1,256 @@
+//! Operations through the gateway: admin token, sleep / wake-up ordering
+//! with calls waiting in between, weight version tagging, /metrics.
+
+mod common;
+
+use common::mock_vllm::{MockVllm, Scripted};
+use common::{config, start_gateway, Gateway};
+use serde_json::{json, Value};
+use tito::render::testing::IM_END;
+
+const TOKEN: &str = "s3cret";
+
+async fn admin(
+    g: &Gateway,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> reqwest::Response {
+    let mut req = g.client.request(method, g.url(path)).bearer_auth(TOKEN);
+    if let Some(b) = body {
+        req = req.json(&b);
+    }
+    req.send().await.expect("admin request")
+}
+
+async fn gateway() -> (MockVllm, MockVllm, Gateway) {
+    let a = MockVllm::start(Scripted::ids(vec![b'o'.into(), b'k'.into(), IM_END])).await;
+    let b = MockVllm::start(Scripted::ids(vec![b'o'.into(), b'k'.into(), IM_END])).await;
+    let g = start_gateway(config(
+        &[a.url(), b.url()],
+        &format!("[server]\nadmin_token = \"{TOKEN}\"\n"),
+    ))
+    .await;
+    (a, b, g)
+}
+
+#[tokio::test]
+async fn admin_routes_require_the_token() {
+    let (_a, _b, g) = gateway().await;
+    for path in ["/admin/backends", "/v1/export?format=jsonl"] {
+        let r = g.client.get(g.url(path)).send().await.expect("get");
+        assert_eq!(r.status(), 401, "{path}");
+        let r = g
+            .client
+            .get(g.url(path))
+            .bearer_auth("wrong")
+            .send()
+            .await
+            .expect("get");
+        assert_eq!(r.status(), 401, "{path}");
+        let body: Value = r.json().await.expect("json");
+        assert_eq!(body["error"]["type"], "authentication_error");
+    }
+    let r = admin(&g, reqwest::Method::GET, "/admin/backends", None).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["backends"].as_array().expect("list").len(), 2);
+    assert_eq!(v["backends"][0]["healthy"], true);
+}
+
+#[tokio::test]
+async fn calls_during_sleep_complete_after_wake_up() {
+    let (a, b, g) = gateway().await;
+    let r = admin(&g, reqwest::Method::POST, "/admin/sleep?level=1", None).await;
+    assert_eq!(r.status(), 200);
+    let report: Value = r.json().await.expect("json");
+    assert_eq!(report["ok"], true);
+    assert_eq!(report["backends"].as_array().expect("list").len(), 2);
+    let v: Value = admin(&g, reqwest::Method::GET, "/admin/backends", None)
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(v["paused"], true);
+    assert!(v["backends"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .all(|b| b["sleeping"] == true));
+
+    // Issued while asleep: it waits for admission.
+    let url = g.url("/v1/chat/completions");
+    let client = g.client.clone();
+    let call = tokio::spawn(async move {
+        client
+            .post(url)
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .expect("send")
+            .status()
+    });
+    let r = admin(&g, reqwest::Method::POST, "/admin/wake_up", None).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(call.await.expect("join"), 200);
+    // Each backend saw sleep, then wake_up; the call reached one only after.
+    for m in [&a, &b] {
+        let log = m.log();
+        let admin_log: Vec<&String> = log.iter().filter(|l| !l.starts_with("/v1/")).collect();
+        assert_eq!(admin_log, vec!["/sleep?level=1", "/wake_up"], "{log:?}");
+    }
+    let combined: Vec<String> = [a.log(), b.log()].concat();
+    assert!(combined.iter().any(|l| l == "/v1/completions"));
+    for m in [&a, &b] {
+        let log = m.log();
+        if let Some(pos) = log.iter().position(|l| l == "/v1/completions") {
+            assert!(
+                pos > log.iter().position(|l| l == "/wake_up").expect("woken"),
+                "{log:?}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn weight_version_tags_later_calls() {
+    let (a, _b, g) = gateway().await;
+    let r = admin(
+        &g,
+        reqwest::Method::POST,
+        "/admin/weights",
+        Some(json!({"version": "step-12"})),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let r = g
+        .post(
+            "/t/w-1/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let rows = admin(
+        &g,
+        reqwest::Method::GET,
+        "/v1/export?format=jsonl&layout=trajectory",
+        None,
+    )
+    .await
+    .text()
+    .await
+    .expect("body");
+    let row: Value = serde_json::from_str(rows.lines().next().expect("row")).expect("json");
+    assert_eq!(row["weight_version"], "step-12");
+    // With a path the backends are asked to reload, in vLLM's shape.
+    let r = admin(
+        &g,
+        reqwest::Method::POST,
+        "/admin/weights",
+        Some(json!({"version": "step-13", "path": "/ckpt/13"})),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let last = a.log().last().cloned().expect("logged");
+    assert!(
+        last.starts_with("/collective_rpc") && last.contains("/ckpt/13"),
+        "{last}"
+    );
+    let r = admin(
+        &g,
+        reqwest::Method::POST,
+        "/admin/weights",
+        Some(json!({"version": ""})),
+    )
+    .await;
+    assert_eq!(r.status(), 400);
+}
+
+#[tokio::test]
+async fn backends_can_be_added_and_removed_at_runtime() {
+    let (_a, _b, g) = gateway().await;
+    let c = MockVllm::start(Scripted::ids(vec![IM_END])).await;
+    let r = admin(
+        &g,
+        reqwest::Method::POST,
+        "/admin/backends",
+        Some(json!({"url": c.url(), "kind": "vllm"})),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let id = r.json::<Value>().await.expect("json")["id"]
+        .as_u64()
+        .expect("id");
+    let r = admin(
+        &g,
+        reqwest::Method::POST,
+        "/admin/backends",
+        Some(json!({"url": "nope", "kind": "vllm"})),
+    )
+    .await;
+    assert_eq!(r.status(), 400);
+    let r = admin(
+        &g,
+        reqwest::Method::DELETE,
+        &format!("/admin/backends/{id}"),
+        None,
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let r = admin(&g, reqwest::Method::DELETE, "/admin/backends/999", None).await;
+    assert_eq!(r.status(), 404);
+}
+
+#[tokio::test]
+async fn metrics_are_prometheus_text_with_the_named_series() {
+    let (_a, _b, g) = gateway().await;
+    let r = g
+        .post(
+            "/t/m-1/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let text = g
+        .client
+        .get(g.url("/metrics"))
+        .send()
+        .await
+        .expect("get")
+        .text()
+        .await
+        .expect("text");
+    for line in text
+        .lines()
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
+        let (series, value) = line.rsplit_once(' ').expect("`series value`");
+        assert!(value.parse::<f64>().is_ok(), "bad value in {line}");
+        let name = series.split('{').next().unwrap_or_default();
+        assert!(
+            name.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+            "bad name in {line}"
+        );
+        if series.contains('{') {
+            assert!(series.ends_with('}'), "bad labels in {line}");
+        }
+    }
+    for name in [
+        "tito_requests_total{",
+        "tito_request_duration_seconds_bucket{",
+        "tito_time_to_first_token_seconds_bucket",
+        "tito_tokens_total{kind=\"sampled\"}",
+        "tito_tokens_total{kind=\"prompt\"}",
+        "tito_backend_in_flight{",
+        "tito_backend_healthy{",
+        "tito_sticky_misses_total",
+        "tito_store_commit_seconds_bucket",
+    ] {
+        assert!(text.contains(name), "missing {name} in:\n{text}");
+    }
+    assert!(
+        text.contains("route=\"/t/{tid}/v1/chat/completions\""),
+        "route label is the template"
+    );
+}
