@@ -246,6 +246,7 @@ async fn metrics_are_prometheus_text_with_the_named_series() {
         "tito_backend_healthy{",
         "tito_sticky_misses_total",
         "tito_store_commit_seconds_bucket",
+        "tito_gateway_overhead_seconds_bucket{route=\"chat\"",
     ] {
         assert!(text.contains(name), "missing {name} in:\n{text}");
     }

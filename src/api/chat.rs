@@ -41,6 +41,7 @@ async fn handle(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    let handled = std::time::Instant::now();
     let mut req: ChatRequest = parse_body(&body)?;
     req.check()?;
     toolcalls::normalize_messages(&mut req.messages);
@@ -77,7 +78,9 @@ async fn handle(
     if req.stream {
         return stream(state, plan, req, ctx, prepared, parsing, resp_headers).await;
     }
+    let gen_start = std::time::Instant::now();
     let results = generate::run_all(&state, &plan).await?;
+    let backend_time = gen_start.elapsed();
     let outputs: Vec<Served> = results
         .iter()
         .map(|r| served(parsing.as_deref(), r))
@@ -88,6 +91,7 @@ async fn handle(
         })
         .await?;
     let body = response_body(&state, &plan, &req, &results, &outputs);
+    crate::metrics::gateway_overhead("chat", handled.elapsed().saturating_sub(backend_time));
     Ok((resp_headers, axum::Json(body)).into_response())
 }
 

@@ -79,6 +79,7 @@ async fn handle(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    let handled = std::time::Instant::now();
     let req: CompletionRequest = parse_body(&body)?;
     req.check()?;
     state.check_model(req.model.as_deref())?;
@@ -125,8 +126,10 @@ async fn handle(
         )
         .await;
     }
+    let gen_start = std::time::Instant::now();
     let all =
         futures::future::try_join_all(plans.iter().map(|p| generate::run_all(&state, p))).await?;
+    let backend_time = gen_start.elapsed();
     for (prepared, results) in prepared_all.iter().zip(&all) {
         state
             .record_call(&ctx, prepared, results, served_text)
@@ -164,6 +167,10 @@ async fn handle(
         "choices": choices,
         "usage": usage(prompt_tokens, completion_tokens),
     });
+    crate::metrics::gateway_overhead(
+        "completions",
+        handled.elapsed().saturating_sub(backend_time),
+    );
     Ok((resp_headers, axum::Json(body)).into_response())
 }
 
