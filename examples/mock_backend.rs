@@ -1,8 +1,9 @@
 //! A standalone mock inference backend for tests and benchmarks that run
 //! outside the Rust test harness (the OpenAI SDK test, the peer benchmark).
 //! It speaks vLLM's token-in `/v1/completions`, plus a text
-//! `/v1/chat/completions` for gateways that forward text. Every request is
-//! answered with the same reply ids (`--reply-ids 1,2,3`).
+//! `/v1/chat/completions` for gateways that forward text. Requests are
+//! answered from `--script FILE` (a JSON list of id lists, one per request,
+//! in order) and then with the same reply ids (`--reply-ids 1,2,3`).
 //!
 //! Prints `listening on ADDR` on stdout once it accepts connections.
 
@@ -13,9 +14,12 @@ use std::io::Write;
 
 use mock_vllm::{MockVllm, Scripted};
 
-fn parse_args() -> Result<(String, Vec<u32>), String> {
+type Args = (String, Vec<u32>, Vec<Vec<u32>>);
+
+fn parse_args() -> Result<Args, String> {
     let mut listen = "127.0.0.1:0".to_string();
     let mut ids = vec![72, 105, 33];
+    let mut script = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -31,22 +35,30 @@ fn parse_args() -> Result<(String, Vec<u32>), String> {
                     })
                     .collect::<Result<_, _>>()?;
             }
+            "--script" => {
+                let path = args.next().ok_or("--script needs a file")?;
+                let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
+                script = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    Ok((listen, ids))
+    Ok((listen, ids, script))
 }
 
 #[tokio::main]
 async fn main() {
-    let (listen, ids) = match parse_args() {
+    let (listen, ids, script) = match parse_args() {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("mock_backend: {e}\nusage: mock_backend [--listen ADDR] [--reply-ids 1,2,3]");
+            eprintln!("mock_backend: {e}\nusage: mock_backend [--listen ADDR] [--reply-ids 1,2,3] [--script FILE]");
             std::process::exit(2);
         }
     };
     let mock = MockVllm::start_on(&listen, Scripted::ids(ids)).await;
+    for reply in script {
+        mock.push(Scripted::ids(reply));
+    }
     println!("listening on {}", mock.addr);
     let _ = std::io::stdout().flush();
     let _ = tokio::signal::ctrl_c().await;

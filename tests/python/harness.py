@@ -2,6 +2,7 @@
 the `tito serve` binary (built with cargo if needed), each on a port chosen
 by the OS, and reads the bound address from their output."""
 
+import json
 import os
 import pathlib
 import re
@@ -39,9 +40,16 @@ def _start(cmd, pattern, env=None):
     raise RuntimeError(f"{cmd[0]} exited before printing its address:\n{''.join(seen)}")
 
 
-def start_mock(reply_ids):
+def start_mock(reply_ids, script=None):
+    """The mock answers the requests with `script` (a list of id lists) in
+    order, then with `reply_ids`."""
     exe = TARGET / "debug" / "examples" / "mock_backend"
-    return _start([str(exe), "--reply-ids", ",".join(map(str, reply_ids))], r"listening on (\S+)")
+    cmd = [str(exe), "--reply-ids", ",".join(map(str, reply_ids))]
+    if script is not None:
+        path = pathlib.Path(tempfile.mkdtemp(prefix="tito-mock-")) / "script.json"
+        path.write_text(json.dumps(script))
+        cmd += ["--script", str(path)]
+    return _start(cmd, r"listening on (\S+)")
 
 
 def start_tito(tokenizer_dir, backend_url, model="test-model"):
