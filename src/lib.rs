@@ -6,11 +6,14 @@
 //!   async function per request.
 //! - [`render`]: chat template + tokenizer; prompt token ids are made here.
 //! - [`backend`]: the `Backend` trait and the vLLM / SGLang / engine clients.
+//! - [`engine`]: the bundled llama.cpp engine (continuous batching) and the
+//!   stand-alone `tito engine` server.
 //! - [`error`]: the one API error type and its OpenAI JSON / SSE shapes.
 
 pub mod api;
 pub mod backend;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod render;
 
