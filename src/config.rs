@@ -378,10 +378,18 @@ impl Config {
         let mut names: Vec<&str> = self.backends.iter().map(|b| b.display_name()).collect();
         names.sort_unstable();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
-            return Err(invalid("backends", w[0], "backend names/urls must be unique"));
+            return Err(invalid(
+                "backends",
+                w[0],
+                "backend names/urls must be unique",
+            ));
         }
         if self.engine.max_batch == 0 || self.engine.max_batch > 512 {
-            return Err(invalid("engine.max_batch", self.engine.max_batch, "must be 1..=512"));
+            return Err(invalid(
+                "engine.max_batch",
+                self.engine.max_batch,
+                "must be 1..=512",
+            ));
         }
         if self.engine.prefill_chunk < 16 || self.engine.prefill_chunk > 8192 {
             return Err(invalid(

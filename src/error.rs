@@ -87,7 +87,11 @@ impl ApiError {
     }
 
     pub fn overloaded(message: impl Into<String>) -> Self {
-        Self::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", message)
+        Self::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "service_unavailable",
+            message,
+        )
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
@@ -155,7 +159,9 @@ impl From<BackendError> for ApiError {
 impl From<RenderError> for ApiError {
     fn from(e: RenderError) -> Self {
         match e {
-            RenderError::Template(_) | RenderError::Tokenize(_) => ApiError::bad_request(e.to_string()),
+            RenderError::Template(_) | RenderError::Tokenize(_) => {
+                ApiError::bad_request(e.to_string())
+            }
             _ => ApiError::internal(e.to_string()),
         }
     }

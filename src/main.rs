@@ -6,7 +6,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "tito", version, about = "Token-in, token-out gateway for agentic RL")]
+#[command(
+    name = "tito",
+    version,
+    about = "Token-in, token-out gateway for agentic RL"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

@@ -58,8 +58,15 @@ fn gguf_metadata_gives_template_eos_and_context() {
     let source = load_tokenizer(&engine_support::model_path()).expect("GGUF tokenizer builds");
     let template = source.chat_template.expect("SmolLM2 ships a chat template");
     assert!(template.contains("<|im_start|>"), "{template}");
-    let im_end = source.tokenizer.token_to_id("<|im_end|>").expect("<|im_end|> is a token");
-    assert!(source.eos_token_ids.contains(&im_end), "{:?}", source.eos_token_ids);
+    let im_end = source
+        .tokenizer
+        .token_to_id("<|im_end|>")
+        .expect("<|im_end|> is a token");
+    assert!(
+        source.eos_token_ids.contains(&im_end),
+        "{:?}",
+        source.eos_token_ids
+    );
     assert_eq!(source.max_model_len, Some(8192));
     assert_eq!(source.sha256.len(), 64);
 }

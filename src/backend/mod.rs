@@ -178,13 +178,20 @@ pub fn build_backends(config: &crate::config::Config) -> anyhow::Result<Vec<DynB
     let mut out: Vec<DynBackend> = Vec::new();
     for b in &config.backends {
         match b.kind {
-            crate::config::BackendKind::Vllm => out.push(Arc::new(vllm::VllmBackend::new(b, &config.router)?)),
-            // In-process engine, or a remote `tito engine` (it speaks vLLM's protocol).
-            crate::config::BackendKind::Engine if b.url == "engine" => {
-                out.push(crate::engine::EngineBackend::start_named(&config.engine, b.display_name())?)
+            crate::config::BackendKind::Vllm => {
+                out.push(Arc::new(vllm::VllmBackend::new(b, &config.router)?))
             }
-            crate::config::BackendKind::Engine => out.push(Arc::new(vllm::VllmBackend::new(b, &config.router)?)),
-            other => anyhow::bail!("backend kind `{}` is not available in this build", other.as_str()),
+            // In-process engine, or a remote `tito engine` (it speaks vLLM's protocol).
+            crate::config::BackendKind::Engine if b.url == "engine" => out.push(
+                crate::engine::EngineBackend::start_named(&config.engine, b.display_name())?,
+            ),
+            crate::config::BackendKind::Engine => {
+                out.push(Arc::new(vllm::VllmBackend::new(b, &config.router)?))
+            }
+            other => anyhow::bail!(
+                "backend kind `{}` is not available in this build",
+                other.as_str()
+            ),
         }
     }
     Ok(out)

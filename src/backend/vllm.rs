@@ -142,7 +142,11 @@ fn parse_token_key(key: &str) -> Option<u32> {
 }
 
 impl Choice {
-    fn into_events(self, backend: &str, want_logprobs: bool) -> Result<Vec<GenEvent>, BackendError> {
+    fn into_events(
+        self,
+        backend: &str,
+        want_logprobs: bool,
+    ) -> Result<Vec<GenEvent>, BackendError> {
         let protocol = |message: String| BackendError::Protocol {
             backend: backend.to_string(),
             message,
@@ -216,7 +220,10 @@ impl Backend for VllmBackend {
             idle: self.idle_timeout,
         };
         if !req.stream {
-            let bytes = resp.bytes().await.map_err(|e| super::map_reqwest(&self.name, e))?;
+            let bytes = resp
+                .bytes()
+                .await
+                .map_err(|e| super::map_reqwest(&self.name, e))?;
             let parsed: CompletionResponse = serde_json::from_slice(&bytes)
                 .map_err(|e| self.protocol(format!("bad completion JSON: {e}")))?;
             let choice = parsed
@@ -239,7 +246,9 @@ impl Backend for VllmBackend {
             loop {
                 let chunk = match tokio::time::timeout(this.idle, bytes.next()).await {
                     Err(_) => {
-                        let _ = tx.send(Err(super::timeout(&this.name, "stream idle timeout"))).await;
+                        let _ = tx
+                            .send(Err(super::timeout(&this.name, "stream idle timeout")))
+                            .await;
                         return;
                     }
                     Ok(None) => break,
@@ -309,9 +318,14 @@ impl Backend for VllmBackend {
                 .post(format!("{}/collective_rpc", self.base))
                 .json(&json!({"method": "reload_weights", "kwargs": {"weights_path": path}})),
         };
-        let resp = req.send().await.map_err(|e| super::map_reqwest(&self.name, e))?;
+        let resp = req
+            .send()
+            .await
+            .map_err(|e| super::map_reqwest(&self.name, e))?;
         let resp = super::check_status(&self.name, resp).await?;
-        resp.text().await.map_err(|e| super::map_reqwest(&self.name, e))
+        resp.text()
+            .await
+            .map_err(|e| super::map_reqwest(&self.name, e))
     }
 }
 
@@ -340,5 +354,8 @@ where
 {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     let task = tokio::spawn(f(tx));
-    Box::pin(super::AbortOnDrop::new(tokio_stream::wrappers::ReceiverStream::new(rx), task))
+    Box::pin(super::AbortOnDrop::new(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+        task,
+    ))
 }

@@ -132,16 +132,16 @@ impl Sampler {
         }
         self.process(logits);
         let z = &self.scratch;
-        let (argmax, max) = z
-            .iter()
-            .enumerate()
-            .fold((0usize, f32::NEG_INFINITY), |best, (i, &v)| {
-                if v > best.1 {
-                    (i, v)
-                } else {
-                    best
-                }
-            });
+        let (argmax, max) =
+            z.iter()
+                .enumerate()
+                .fold((0usize, f32::NEG_INFINITY), |best, (i, &v)| {
+                    if v > best.1 {
+                        (i, v)
+                    } else {
+                        best
+                    }
+                });
         let sum_exp: f64 = z.iter().map(|&v| f64::from(v - max).exp()).sum();
         let lse = max + sum_exp.ln() as f32;
         let token = if self.temperature == 0.0 {
@@ -152,7 +152,10 @@ impl Sampler {
         let z = &self.scratch;
         let logprob = z[token as usize] - lse;
         let top = match self.top_logprobs {
-            Some(k) if k > 0 => top_k_of(z, k).into_iter().map(|i| (i, z[i as usize] - lse)).collect(),
+            Some(k) if k > 0 => top_k_of(z, k)
+                .into_iter()
+                .map(|i| (i, z[i as usize] - lse))
+                .collect(),
             _ => Vec::new(),
         };
         Some(Sampled {
@@ -279,7 +282,9 @@ mod tests {
         let logits: Vec<f32> = (0..50).map(|i| ((i * 37) % 11) as f32 * 0.3).collect();
         let run = |p: &SamplingParams| {
             let mut s = Sampler::new(p, &[]);
-            (0..20).map(|_| s.sample(&logits).expect("row").token).collect::<Vec<_>>()
+            (0..20)
+                .map(|_| s.sample(&logits).expect("row").token)
+                .collect::<Vec<_>>()
         };
         assert_eq!(run(&params(1.0)), run(&params(1.0)));
         let mut k1 = params(1.0);

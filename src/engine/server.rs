@@ -43,10 +43,10 @@ impl EngineServer {
     pub fn start(cfg: &EngineConfig) -> anyhow::Result<Arc<EngineServer>> {
         let source = crate::render::gguf::load_tokenizer(&cfg.model)?;
         let backend = EngineBackend::start(cfg)?;
-        let model_name = cfg
-            .model
-            .file_stem()
-            .map_or_else(|| "engine".to_string(), |s| s.to_string_lossy().into_owned());
+        let model_name = cfg.model.file_stem().map_or_else(
+            || "engine".to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
         Ok(Arc::new(EngineServer {
             backend,
             tokenizer: source.tokenizer,
@@ -154,7 +154,8 @@ struct GenerateBody {
 }
 
 fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
 fn encode(s: &EngineServer, text: &str) -> Result<Vec<u32>, ApiError> {
@@ -169,9 +170,16 @@ fn decode(s: &EngineServer, ids: &[u32], skip_special: bool) -> String {
     s.tokenizer.decode(ids, skip_special).unwrap_or_default()
 }
 
-fn check_sampling(temperature: Option<f32>, top_p: Option<f32>, min_p: Option<f32>) -> Result<(), ApiError> {
+fn check_sampling(
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+) -> Result<(), ApiError> {
     if temperature.is_some_and(|t| !(0.0..=100.0).contains(&t)) {
-        return Err(ApiError::invalid("temperature", "temperature must be in [0, 100]"));
+        return Err(ApiError::invalid(
+            "temperature",
+            "temperature must be in [0, 100]",
+        ));
     }
     if top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
         return Err(ApiError::invalid("top_p", "top_p must be in (0, 1]"));
@@ -262,7 +270,15 @@ impl CompletionCtx {
         })
     }
 
-    fn choice(&self, s: &EngineServer, text: String, ids: &[u32], lps: Option<&[TokenLogprob]>, prompt: Option<&[u32]>, finish: Option<FinishReason>) -> Json_ {
+    fn choice(
+        &self,
+        s: &EngineServer,
+        text: String,
+        ids: &[u32],
+        lps: Option<&[TokenLogprob]>,
+        prompt: Option<&[u32]>,
+        finish: Option<FinishReason>,
+    ) -> Json_ {
         let mut c = json!({
             "index": 0, "text": text,
             "logprobs": lps.map_or(Json_::Null, |l| self.logprobs(s, ids, l)),
@@ -286,10 +302,16 @@ impl CompletionCtx {
     }
 }
 
-async fn completions(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Response, ApiError> {
+async fn completions(
+    State(s): State<Arc<EngineServer>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let b: CompletionBody = parse(&body)?;
     if b.n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid("n", "the bundled engine serves n = 1 only"));
+        return Err(ApiError::invalid(
+            "n",
+            "the bundled engine serves n = 1 only",
+        ));
     }
     check_sampling(b.temperature, b.top_p, b.min_p)?;
     let prompt = match b.prompt {
@@ -340,7 +362,14 @@ async fn completions(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<
             g.push(ev?);
         }
         let text = decode(&s, &g.ids, ctx.skip_special);
-        let choice = ctx.choice(&s, text, &g.ids, want_lp.then_some(&g.logprobs[..]), Some(&prompt[..]), Some(g.finish_reason.unwrap_or(FinishReason::Abort)));
+        let choice = ctx.choice(
+            &s,
+            text,
+            &g.ids,
+            want_lp.then_some(&g.logprobs[..]),
+            Some(&prompt[..]),
+            Some(g.finish_reason.unwrap_or(FinishReason::Abort)),
+        );
         let mut out = ctx.envelope(choice);
         out["usage"] = json!({
             "prompt_tokens": prompt.len(), "completion_tokens": g.ids.len(),
@@ -366,12 +395,26 @@ async fn completions(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<
                     };
                     let p = first.then_some(&prompt[..]);
                     first = false;
-                    ctx.envelope(ctx.choice(&s, delta, &ids, want_lp.then_some(&logprobs[..]), p, None))
+                    ctx.envelope(ctx.choice(
+                        &s,
+                        delta,
+                        &ids,
+                        want_lp.then_some(&logprobs[..]),
+                        p,
+                        None,
+                    ))
                 }
                 Ok(GenEvent::Done { finish_reason }) => {
                     let p = first.then_some(&prompt[..]);
                     first = false;
-                    ctx.envelope(ctx.choice(&s, String::new(), &[], want_lp.then_some(&[][..]), p, Some(finish_reason)))
+                    ctx.envelope(ctx.choice(
+                        &s,
+                        String::new(),
+                        &[],
+                        want_lp.then_some(&[][..]),
+                        p,
+                        Some(finish_reason),
+                    ))
                 }
                 Err(e) => ApiError::from(e).body(),
             };
@@ -392,7 +435,12 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
     let prompt = match (b.input_ids, b.text) {
         (Some(ids), _) => ids,
         (None, Some(text)) => encode(&s, &text)?,
-        (None, None) => return Err(ApiError::invalid("input_ids", "`input_ids` or `text` is required")),
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "input_ids",
+                "`input_ids` or `text` is required",
+            ))
+        }
     };
     let params = SamplingParams {
         max_tokens: sp.max_new_tokens.unwrap_or(128),
@@ -420,21 +468,26 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
     };
     let mut stream = start(&s, req).await?;
     let want_lp = b.return_logprob;
-    let body = move |s: &EngineServer, ids: &[u32], lps: &[TokenLogprob], finish: Option<FinishReason>| {
-        let finish_reason = finish.map(|f| match f {
-            FinishReason::Stop => json!({"type": "stop", "matched": ids.last()}),
-            other => json!({"type": other.as_str()}),
-        });
-        let mut meta = json!({
-            "id": rid, "prompt_tokens": prompt_len, "completion_tokens": ids.len(),
-            "finish_reason": finish_reason,
-        });
-        if want_lp {
-            let lp: Vec<Json_> = ids.iter().zip(lps).map(|(id, l)| json!([l.logprob, id, null])).collect();
-            meta["output_token_logprobs"] = json!(lp);
-        }
-        json!({"text": decode(s, ids, skip_special), "output_ids": ids, "meta_info": meta})
-    };
+    let body =
+        move |s: &EngineServer, ids: &[u32], lps: &[TokenLogprob], finish: Option<FinishReason>| {
+            let finish_reason = finish.map(|f| match f {
+                FinishReason::Stop => json!({"type": "stop", "matched": ids.last()}),
+                other => json!({"type": other.as_str()}),
+            });
+            let mut meta = json!({
+                "id": rid, "prompt_tokens": prompt_len, "completion_tokens": ids.len(),
+                "finish_reason": finish_reason,
+            });
+            if want_lp {
+                let lp: Vec<Json_> = ids
+                    .iter()
+                    .zip(lps)
+                    .map(|(id, l)| json!([l.logprob, id, null]))
+                    .collect();
+                meta["output_token_logprobs"] = json!(lp);
+            }
+            json!({"text": decode(s, ids, skip_special), "output_ids": ids, "meta_info": meta})
+        };
     if !b.stream {
         let mut g = crate::backend::Generation::default();
         while let Some(ev) = stream.next().await {

@@ -121,7 +121,9 @@ pub(crate) fn run(
     let mut ctx = match model.new_context(backend, ctx_params) {
         Ok(c) => c,
         Err(e) => {
-            let _ = ready.send(Err(EngineError::Load(format!("cannot create context: {e}"))));
+            let _ = ready.send(Err(EngineError::Load(format!(
+                "cannot create context: {e}"
+            ))));
             return;
         }
     };
@@ -193,6 +195,12 @@ impl Worker {
                 continue;
             }
             self.step(ctx);
+            if self.running.is_empty() {
+                // Idle: reset the cache so the next sequences start at cell 0.
+                // llama.cpp attends over cells up to the highest one in use,
+                // so a cache left fragmented makes every later step slower.
+                ctx.clear_kv_cache();
+            }
         }
     }
 
@@ -282,7 +290,10 @@ impl Worker {
         seq.slot = -1;
         seq.fed = 0;
         self.shared.queued.fetch_add(1, Ordering::SeqCst);
-        self.shared.stats.preemptions.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .stats
+            .preemptions
+            .fetch_add(1, Ordering::Relaxed);
         self.waiting.push_front(seq);
         true
     }
@@ -386,7 +397,10 @@ impl Worker {
         let Some(out) = s.sampler.sample(logits) else {
             return Some(FinishReason::Abort);
         };
-        self.shared.stats.sampled_tokens.fetch_add(1, Ordering::Relaxed);
+        self.shared
+            .stats
+            .sampled_tokens
+            .fetch_add(1, Ordering::Relaxed);
         s.sampler.observe(out.token);
         s.tokens.push(out.token);
         let logprobs = if s.params.logprobs.is_some() {

@@ -230,12 +230,8 @@ fn parse<R: Read>(r: &mut Reader<R>) -> std::io::Result<GgufMetadata> {
 /// is checked against llama.cpp by this repository's tests; the others are
 /// the well-known published rules of those model families.
 pub fn split_rules(pre: &str) -> Option<Json> {
-    let byte_level = |use_regex: bool| {
-        json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex})
-    };
-    let split = |pattern: &str| {
-        json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false})
-    };
+    let byte_level = |use_regex: bool| json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": use_regex});
+    let split = |pattern: &str| json!({"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": false});
     const LLAMA3: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     const QWEN2: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
     let pretokenizers = match pre {
@@ -290,7 +286,10 @@ pub fn source_from_metadata(meta: &GgufMetadata) -> Result<TokenizerSource, Stri
         .iter()
         .map(|v| v.as_str().ok_or("tokenizer.ggml.merges holds a non-string"))
         .collect::<Result<_, _>>()?;
-    let types: Vec<i64> = match meta.get("tokenizer.ggml.token_type").and_then(GgufValue::as_array) {
+    let types: Vec<i64> = match meta
+        .get("tokenizer.ggml.token_type")
+        .and_then(GgufValue::as_array)
+    {
         Some(items) => items.iter().map(|v| v.as_i64().unwrap_or(1)).collect(),
         None => Vec::new(),
     };
@@ -403,7 +402,10 @@ mod tests {
         assert_eq!(meta.get_u64("llama.context_length"), Some(2048));
         assert_eq!(
             meta.get("tokenizer.ggml.token_type"),
-            Some(&GgufValue::Array(vec![GgufValue::Int(1), GgufValue::Int(3)]))
+            Some(&GgufValue::Array(vec![
+                GgufValue::Int(1),
+                GgufValue::Int(3)
+            ]))
         );
         assert_eq!(meta.tokenizer_sha256.len(), 64);
     }

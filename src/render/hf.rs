@@ -93,7 +93,10 @@ pub(super) fn template_from_config(config: &Json) -> Option<String> {
 fn special_token(v: Option<&Json>) -> Option<String> {
     match v? {
         Json::String(s) => Some(s.clone()),
-        Json::Object(map) => map.get("content").and_then(Json::as_str).map(str::to_string),
+        Json::Object(map) => map
+            .get("content")
+            .and_then(Json::as_str)
+            .map(str::to_string),
         _ => None,
     }
 }

@@ -12,7 +12,8 @@ use tito::engine::EngineBackend;
 
 /// The SmolLM2 GGUF, or a failure naming the script that fetches it.
 pub fn model_path() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let p =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
     assert!(
         p.is_file(),
         "{} is missing: run scripts/fetch-model.sh first",
