@@ -335,9 +335,9 @@ impl Worker {
         for &(i, take) in &plan {
             let s = &self.running[i];
             let end = s.fed + take;
-            for pos in s.fed..end {
+            for (pos, &t) in s.tokens.iter().enumerate().take(end).skip(s.fed) {
                 let last = pos + 1 == s.tokens.len();
-                let tok = LlamaToken::new(s.tokens[pos] as i32);
+                let tok = LlamaToken::new(t as i32);
                 if self.batch.add(tok, pos as i32, &[s.slot], last).is_err() {
                     // Cannot happen: the batch holds prefill_chunk + max_batch.
                     break;
