@@ -169,6 +169,9 @@ pub struct EngineConfig {
     pub threads: u32,
     /// Requests waiting for a batch slot before new ones get 503.
     pub max_queue: u32,
+    /// Most prompt tokens prefilled per engine step (longer prompts are fed
+    /// in chunks, so running sequences keep decoding between chunks).
+    pub prefill_chunk: u32,
 }
 
 impl Default for EngineConfig {
@@ -180,6 +183,7 @@ impl Default for EngineConfig {
             n_ctx: 0,
             threads: 0,
             max_queue: 256,
+            prefill_chunk: 256,
         }
     }
 }
@@ -385,6 +389,13 @@ impl Config {
                 "engine.max_batch",
                 self.engine.max_batch,
                 "must be 1..=512",
+            ));
+        }
+        if self.engine.prefill_chunk < 16 || self.engine.prefill_chunk > 8192 {
+            return Err(invalid(
+                "engine.prefill_chunk",
+                self.engine.prefill_chunk,
+                "must be 16..=8192",
             ));
         }
         if self.router.sticky_capacity == 0 {

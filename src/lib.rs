@@ -10,6 +10,8 @@
 //!   admission control for sleep / wake.
 //! - [`metrics`]: Prometheus series, labelled by matched route.
 //! - [`trajectory`]: exact multi-turn history, drift diagnosis, budgets.
+//! - [`engine`]: the bundled llama.cpp engine (continuous batching) and the
+//!   stand-alone `tito engine` server.
 //! - [`error`]: the one API error type and its OpenAI JSON / SSE shapes.
 //! - [`store`]: the durable span store (trait, memory, SQLite) and sample
 //!   reconstruction from stored calls.
@@ -21,6 +23,7 @@
 pub mod api;
 pub mod backend;
 pub mod config;
+pub mod engine;
 pub mod error;
 pub mod export;
 pub mod metrics;

@@ -49,6 +49,26 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Run the bundled llama.cpp engine alone, as a vLLM/SGLang-compatible server.
+    Engine {
+        /// GGUF model file.
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:8001")]
+        listen: std::net::SocketAddr,
+        /// Most sequences decoded together.
+        #[arg(long, default_value_t = 16)]
+        max_batch: u32,
+        /// KV-cache cells shared by all sequences (0 = model's context, capped at 8192).
+        #[arg(long, default_value_t = 0)]
+        n_ctx: u32,
+        /// CPU threads (0 = all cores).
+        #[arg(long, default_value_t = 0)]
+        threads: u32,
+        /// Requests waiting for a slot before new ones get 503.
+        #[arg(long, default_value_t = 256)]
+        max_queue: u32,
+    },
 }
 
 fn init_tracing() {
@@ -93,6 +113,24 @@ async fn main() -> ExitCode {
                 .await
                 .map_err(anyhow::Error::from)
                 .and_then(|r| r)
+        }
+        Command::Engine {
+            model,
+            listen,
+            max_batch,
+            n_ctx,
+            threads,
+            max_queue,
+        } => {
+            let cfg = tito::config::EngineConfig {
+                model,
+                max_batch,
+                n_ctx,
+                threads,
+                max_queue,
+                ..Default::default()
+            };
+            tito::engine::server::serve(&cfg, listen, shutdown_signal()).await
         }
     };
     match result {

@@ -253,8 +253,11 @@ pub(crate) fn new_id(prefix: &str) -> String {
 
 pub const MAX_TRAJECTORY_ID_LEN: usize = 128;
 
-/// Path prefix, else `X-Trajectory-Id`, else body `trajectory_id`, else new.
+/// Path prefix, else `X-Trajectory-Id`, else body `trajectory_id`, else a
+/// new id. A new id is registered as an empty trajectory so its first call
+/// does not look for history in the store.
 pub fn resolve_trajectory_id(
+    state: &AppState,
     path: Option<String>,
     headers: &HeaderMap,
     body: Option<&str>,
@@ -271,7 +274,11 @@ pub fn resolve_trajectory_id(
         (Some(p), _, _) => ("path", p),
         (None, Some(h), _) => ("X-Trajectory-Id", h),
         (None, None, Some(b)) => ("trajectory_id", b.to_string()),
-        (None, None, None) => return Ok(new_id("traj")),
+        (None, None, None) => {
+            let id = new_id("traj");
+            state.trajectories.register_new(&id);
+            return Ok(id);
+        }
     };
     let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.:@".contains(c);
     if id.is_empty() || id.len() > MAX_TRAJECTORY_ID_LEN || !id.chars().all(ok_char) {

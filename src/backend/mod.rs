@@ -182,6 +182,10 @@ pub fn build_backend(
     Ok(match b.kind {
         crate::config::BackendKind::Vllm => Arc::new(vllm::VllmBackend::new(b, router)?),
         crate::config::BackendKind::Sglang => Arc::new(sglang::SglangBackend::new(b, router)?),
+        // A remote `tito engine` speaks vLLM's protocol.
+        crate::config::BackendKind::Engine if b.url != "engine" => {
+            Arc::new(vllm::VllmBackend::new(b, router)?)
+        }
         other => anyhow::bail!(
             "backend kind `{}` is not available in this build",
             other.as_str()
@@ -194,7 +198,14 @@ pub fn build_backends(config: &crate::config::Config) -> anyhow::Result<Vec<DynB
     config
         .backends
         .iter()
-        .map(|b| build_backend(b, &config.router))
+        .map(|b| match b.kind {
+            crate::config::BackendKind::Engine if b.url == "engine" => {
+                let engine: DynBackend =
+                    crate::engine::EngineBackend::start_named(&config.engine, b.display_name())?;
+                Ok(engine)
+            }
+            _ => build_backend(b, &config.router),
+        })
         .collect()
 }
 

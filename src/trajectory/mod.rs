@@ -159,6 +159,15 @@ impl Trajectories {
         s
     }
 
+    /// Registers a trajectory the gateway just named: nothing to load.
+    pub fn register_new(&self, tid: &str) {
+        let state = self.state(tid);
+        let lock = state.try_lock();
+        if let Ok(mut st) = lock {
+            st.loaded = true;
+        }
+    }
+
     /// Drops a trajectory from the hot view (e.g. when it is finished).
     pub fn forget(&self, tid: &str) {
         let mut hot = self.hot.lock().unwrap_or_else(|e| e.into_inner());

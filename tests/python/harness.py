@@ -76,3 +76,20 @@ url = "sqlite://{tmp}/spans.db"
         r"tito listening addr=(\S+)",
         env={"RUST_LOG": "info", "NO_COLOR": "1"},
     )
+
+
+def start_tito_with_default_config():
+    """`tito serve` on the repository's config.toml (bundled engine, GGUF
+    model), moved to a free port and a temporary store."""
+    text = (ROOT / "config.toml").read_text()
+    tmp = tempfile.mkdtemp(prefix="tito-test-")
+    text = text.replace('listen = "127.0.0.1:8000"', 'listen = "127.0.0.1:0"')
+    text = text.replace('url = "sqlite://tito-data/spans.db"', f'url = "sqlite://{tmp}/spans.db"')
+    cfg = pathlib.Path(tmp) / "config.toml"
+    cfg.write_text(text)
+    exe = TARGET / "debug" / "tito"
+    return _start(
+        [str(exe), "serve", "--config", str(cfg)],
+        r"tito listening addr=(\S+)",
+        env={"RUST_LOG": "info", "NO_COLOR": "1"},
+    )

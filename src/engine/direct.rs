@@ -1,0 +1,101 @@
+//! llama.cpp driven directly, one sequence at a time, with no batching,
+//! scheduling or sampling of ours: the reference the engine is checked and
+//! benchmarked against (tests compare logprobs and tokenization with it; the
+//! engine bench compares throughput with it).
+//!
+//! Owns: a plain single-sequence decode loop and llama.cpp's own tokenizer.
+//! Must not: be used on the serving path.
+
+use std::num::NonZeroU32;
+use std::path::Path;
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+
+use super::EngineError;
+
+/// One llama.cpp context holding one sequence.
+pub struct Direct<'m> {
+    ctx: LlamaContext<'m>,
+    batch: LlamaBatch<'static>,
+    pos: i32,
+}
+
+impl Direct<'_> {
+    /// Feeds `tokens` after what is already in the cache and returns the
+    /// logits of the last one.
+    pub fn feed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, EngineError> {
+        self.batch.clear();
+        for (i, &t) in tokens.iter().enumerate() {
+            let last = i + 1 == tokens.len();
+            self.batch
+                .add(LlamaToken::new(t as i32), self.pos + i as i32, &[0], last)
+                .map_err(|e| EngineError::Load(e.to_string()))?;
+        }
+        self.ctx
+            .decode(&mut self.batch)
+            .map_err(|e| EngineError::Load(format!("llama_decode: {e}")))?;
+        self.pos += tokens.len() as i32;
+        Ok(self.ctx.get_logits_ith(self.batch.n_tokens() - 1).to_vec())
+    }
+
+    /// Empties the KV cache.
+    pub fn reset(&mut self) {
+        self.ctx.clear_kv_cache();
+        self.pos = 0;
+    }
+}
+
+/// Loads `model` and runs `f` with a single-sequence context of `n_ctx`
+/// cells that accepts up to `n_batch` tokens per call.
+pub fn with_direct<R>(
+    model: &Path,
+    n_ctx: u32,
+    n_batch: u32,
+    threads: u32,
+    f: impl FnOnce(&mut Direct<'_>) -> R,
+) -> Result<R, EngineError> {
+    let backend = super::llama_backend()?;
+    let model = LlamaModel::load_from_file(backend, model, &LlamaModelParams::default())
+        .map_err(|e| EngineError::Load(format!("{}: {e}", model.display())))?;
+    let params = LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new(n_ctx))
+        .with_n_batch(n_batch)
+        .with_n_ubatch(n_batch)
+        .with_n_seq_max(1)
+        .with_n_threads(threads as i32)
+        .with_n_threads_batch(threads as i32);
+    let ctx = model
+        .new_context(backend, params)
+        .map_err(|e| EngineError::Load(format!("cannot create context: {e}")))?;
+    let mut direct = Direct {
+        ctx,
+        batch: LlamaBatch::new(n_batch as usize, 1),
+        pos: 0,
+    };
+    Ok(f(&mut direct))
+}
+
+/// llama.cpp's own tokenization of `text` (special tokens in the text are
+/// parsed, nothing is added), for checking the GGUF tokenizer.
+pub fn llama_tokenize(model: &Path, texts: &[&str]) -> Result<Vec<Vec<u32>>, EngineError> {
+    let backend = super::llama_backend()?;
+    let params = LlamaModelParams::default().with_vocab_only(true);
+    let model = LlamaModel::load_from_file(backend, model, &params)
+        .map_err(|e| EngineError::Load(format!("{}: {e}", model.display())))?;
+    let vocab = model.vocab();
+    Ok(texts
+        .iter()
+        .map(|t| {
+            vocab
+                .tokenize(t.as_bytes(), false, true)
+                .into_iter()
+                .map(|tok| tok.0 as u32)
+                .collect()
+        })
+        .collect())
+}

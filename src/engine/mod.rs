@@ -1,0 +1,263 @@
+//! The bundled inference engine: llama.cpp in-process (through the
+//! `llama-cpp-2` crate) with continuous batching, behind the same
+//! [`Backend`] trait as the HTTP backends.
+//!
+//! Owns: starting the engine thread ([`worker`]), the handle that submits
+//! requests to it ([`EngineBackend`]), sampling ([`sampler`]) and the
+//! stand-alone `tito engine` HTTP server ([`server`]). Must not: render chat
+//! templates or know about trajectories; it speaks token ids only (the server
+//! also accepts text prompts, tokenized with the GGUF's own tokenizer).
+//!
+//! Start it with [`EngineBackend::start`]; dropping every handle closes the
+//! command channel and the thread exits once running requests finish.
+
+pub mod direct;
+pub mod sampler;
+pub mod server;
+mod worker;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use futures::StreamExt;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+
+use crate::backend::{
+    AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
+};
+use crate::config::{Device, EngineConfig};
+
+pub use worker::EngineStats;
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum EngineError {
+    #[error("cannot initialise llama.cpp: {0}")]
+    Init(String),
+    #[error("cannot load the engine model: {0}")]
+    Load(String),
+    #[error("engine configuration: {0}")]
+    Config(String),
+    #[error("the engine thread stopped before it was ready")]
+    Stopped,
+}
+
+/// What the loaded engine reports about itself.
+#[derive(Debug, Clone)]
+pub struct EngineInfo {
+    /// KV-cache cells shared by all running sequences.
+    pub n_ctx: u32,
+    /// Longest sequence (prompt + completion) one request may reach.
+    pub max_seq_len: u32,
+    pub n_vocab: u32,
+    pub max_batch: u32,
+    /// End-of-generation token ids (llama.cpp's EOG set), sorted.
+    pub eog_ids: Vec<u32>,
+}
+
+/// Resolved engine settings (config with defaults applied).
+#[derive(Debug, Clone)]
+pub(crate) struct EngineSettings {
+    name: String,
+    model: PathBuf,
+    max_batch: u32,
+    n_ctx: u32,
+    threads: u32,
+    prefill_chunk: u32,
+    gpu_layers: u32,
+}
+
+impl EngineSettings {
+    fn from_config(cfg: &EngineConfig, name: &str) -> Result<Self, EngineError> {
+        let gpu_layers = match cfg.device {
+            Device::Cpu => 0,
+            Device::Cuda if cfg!(feature = "cuda") => 999,
+            Device::Cuda => {
+                return Err(EngineError::Config(
+                    "engine.device = \"cuda\" needs a build with `--features cuda`".into(),
+                ))
+            }
+        };
+        if !cfg.model.is_file() {
+            return Err(EngineError::Load(format!(
+                "{} does not exist (run scripts/fetch-model.sh for the default model)",
+                cfg.model.display()
+            )));
+        }
+        let threads = if cfg.threads == 0 {
+            std::thread::available_parallelism().map_or(1, |n| n.get() as u32)
+        } else {
+            cfg.threads
+        };
+        Ok(EngineSettings {
+            name: name.to_string(),
+            model: cfg.model.clone(),
+            max_batch: cfg.max_batch.max(1),
+            n_ctx: cfg.n_ctx,
+            threads,
+            prefill_chunk: cfg.prefill_chunk.max(1),
+            gpu_layers,
+        })
+    }
+}
+
+/// The process-wide llama.cpp backend (llama.cpp allows one init per process).
+pub fn llama_backend() -> Result<&'static LlamaBackend, EngineError> {
+    static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
+    BACKEND
+        .get_or_init(|| {
+            llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default());
+            LlamaBackend::init().map_err(|e| e.to_string())
+        })
+        .as_ref()
+        .map_err(|e| EngineError::Init(e.clone()))
+}
+
+/// Handle to a running engine; implements [`Backend`].
+pub struct EngineBackend {
+    name: String,
+    tx: std::sync::mpsc::Sender<worker::Job>,
+    shared: Arc<worker::Shared>,
+    max_queue: usize,
+    info: EngineInfo,
+}
+
+impl EngineBackend {
+    /// Loads the model on a new engine thread and waits until it is ready.
+    /// Blocks for the model load (about a second for the default model).
+    pub fn start(cfg: &EngineConfig) -> Result<Arc<EngineBackend>, EngineError> {
+        Self::start_named(cfg, "engine")
+    }
+
+    /// [`EngineBackend::start`] with the name used in logs and errors.
+    pub fn start_named(cfg: &EngineConfig, name: &str) -> Result<Arc<EngineBackend>, EngineError> {
+        let settings = EngineSettings::from_config(cfg, name)?;
+        let shared = Arc::new(worker::Shared {
+            queued: AtomicUsize::new(0),
+            alive: AtomicBool::new(true),
+            stats: EngineStats::default(),
+        });
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let thread_shared = shared.clone();
+        std::thread::Builder::new()
+            .name(format!("tito-engine-{name}"))
+            .spawn(move || worker::run(settings, thread_shared, rx, ready_tx))
+            .map_err(|e| EngineError::Init(format!("cannot spawn the engine thread: {e}")))?;
+        let info = ready_rx.recv().map_err(|_| EngineError::Stopped)??;
+        tracing::info!(
+            engine = name,
+            n_ctx = info.n_ctx,
+            max_batch = info.max_batch,
+            "bundled engine ready"
+        );
+        Ok(Arc::new(EngineBackend {
+            name: name.to_string(),
+            tx,
+            shared,
+            max_queue: cfg.max_queue as usize,
+            info,
+        }))
+    }
+
+    pub fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+
+    pub fn stats(&self) -> &EngineStats {
+        &self.shared.stats
+    }
+
+    /// Requests waiting for a batch slot right now.
+    pub fn queued(&self) -> usize {
+        self.shared.queued.load(Ordering::SeqCst)
+    }
+
+    fn rejected(&self, message: String) -> BackendError {
+        BackendError::Rejected {
+            backend: self.name.clone(),
+            message,
+        }
+    }
+
+    fn check(&self, req: &GenerateRequest) -> Result<(), BackendError> {
+        let prompt = &req.prompt_ids;
+        if prompt.is_empty() {
+            return Err(self.rejected("the prompt is empty".into()));
+        }
+        if let Some(bad) = prompt.iter().find(|&&t| t >= self.info.n_vocab) {
+            return Err(self.rejected(format!(
+                "token id {bad} is out of the vocabulary (size {})",
+                self.info.n_vocab
+            )));
+        }
+        if prompt.len() >= self.info.max_seq_len as usize {
+            return Err(self.rejected(format!(
+                "the prompt has {} tokens; this engine's context window is {} tokens",
+                prompt.len(),
+                self.info.max_seq_len
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Backend for EngineBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn kind(&self) -> &'static str {
+        "engine"
+    }
+
+    async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError> {
+        self.check(&req)?;
+        if req.params.max_tokens == 0 {
+            let done = GenEvent::Done {
+                finish_reason: FinishReason::Length,
+            };
+            return Ok(Box::pin(futures::stream::iter([Ok(done)])));
+        }
+        if self.shared.queued.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(BackendError::Overloaded {
+                backend: self.name.clone(),
+                message: format!("{} requests already wait for a batch slot", self.max_queue),
+            });
+        }
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let job = worker::Job {
+            prompt: req.prompt_ids.to_vec(),
+            params: req.params,
+            tx,
+        };
+        if self.tx.send(job).is_err() {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(BackendError::Unreachable {
+                backend: self.name.clone(),
+                message: "the engine thread has stopped".into(),
+            });
+        }
+        Ok(UnboundedReceiverStream::new(rx).boxed())
+    }
+
+    async fn health(&self) -> Result<(), BackendError> {
+        if self.shared.alive.load(Ordering::SeqCst) {
+            Ok(())
+        } else {
+            Err(BackendError::Unreachable {
+                backend: self.name.clone(),
+                message: "the engine thread has stopped".into(),
+            })
+        }
+    }
+
+    async fn admin(&self, op: &AdminOp) -> Result<String, BackendError> {
+        Err(self.rejected(format!(
+            "{op:?} is not supported by the bundled engine (restart with another model file instead)"
+        )))
+    }
+}

@@ -1,0 +1,520 @@
+//! `tito engine`: the bundled engine alone, as an HTTP server that speaks
+//! vLLM's token-in completions protocol and SGLang's `/generate`, so engine
+//! replicas can stand behind one gateway (or any vLLM/SGLang client).
+//!
+//! Owns: the wire shapes of `POST /v1/completions`, `POST /generate`,
+//! `GET /health` and `GET /v1/models`, and text ⇄ ids with the GGUF's own
+//! tokenizer for text prompts and `text` fields. Must not: render chat
+//! templates or apply stop *strings* (clients such as the tito gateway apply
+//! those on decoded text; only stop token ids and EOS stop the engine).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use futures::StreamExt;
+use serde::Deserialize;
+use serde_json::{json, Map, Value as Json_};
+use tokenizers::Tokenizer;
+use tokio_stream::wrappers::ReceiverStream;
+
+use super::EngineBackend;
+use crate::backend::{
+    Backend, FinishReason, GenEvent, GenStream, GenerateRequest, SamplingParams, TokenLogprob,
+};
+use crate::config::EngineConfig;
+use crate::error::ApiError;
+
+/// What the routes share: the engine, its tokenizer and the served name.
+pub struct EngineServer {
+    pub backend: Arc<EngineBackend>,
+    pub tokenizer: Tokenizer,
+    pub model_name: String,
+}
+
+impl EngineServer {
+    /// Starts the engine and loads the tokenizer from the same GGUF file.
+    pub fn start(cfg: &EngineConfig) -> anyhow::Result<Arc<EngineServer>> {
+        let source = crate::render::gguf::load_tokenizer(&cfg.model)?;
+        let backend = EngineBackend::start(cfg)?;
+        let model_name = cfg.model.file_stem().map_or_else(
+            || "engine".to_string(),
+            |s| s.to_string_lossy().into_owned(),
+        );
+        Ok(Arc::new(EngineServer {
+            backend,
+            tokenizer: source.tokenizer,
+            model_name,
+        }))
+    }
+}
+
+/// The engine server's routes.
+pub fn app(state: Arc<EngineServer>) -> Router {
+    Router::new()
+        .route("/health", get(|| async { "" }))
+        .route("/v1/models", get(models))
+        .route("/v1/completions", post(completions))
+        .route("/generate", post(generate))
+        .with_state(state)
+}
+
+/// Runs `tito engine` until `shutdown` resolves.
+pub async fn serve(
+    cfg: &EngineConfig,
+    listen: SocketAddr,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let cfg = cfg.clone();
+    let state = tokio::task::spawn_blocking(move || EngineServer::start(&cfg)).await??;
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    tracing::info!(addr = %listener.local_addr()?, model = %state.model_name, "tito engine listening");
+    axum::serve(listener, app(state))
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+async fn models(State(s): State<Arc<EngineServer>>) -> Json<Json_> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": s.model_name, "object": "model", "owned_by": "tito",
+            "max_model_len": s.backend.info().max_seq_len,
+        }],
+    }))
+}
+
+/// A prompt as token ids or text.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Prompt {
+    Ids(Vec<u32>),
+    Text(String),
+    Batch(Vec<Vec<u32>>),
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct CompletionBody {
+    prompt: Option<Prompt>,
+    max_tokens: Option<u32>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i32>,
+    min_p: Option<f32>,
+    seed: Option<u64>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
+    stop_token_ids: Option<Vec<u32>>,
+    ignore_eos: bool,
+    logprobs: Option<u32>,
+    return_token_ids: bool,
+    return_tokens_as_token_ids: bool,
+    skip_special_tokens: Option<bool>,
+    stream: bool,
+    n: Option<u32>,
+    request_id: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct SglSampling {
+    max_new_tokens: Option<u32>,
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    top_k: Option<i32>,
+    min_p: Option<f32>,
+    seed: Option<u64>,
+    sampling_seed: Option<u64>,
+    presence_penalty: Option<f32>,
+    frequency_penalty: Option<f32>,
+    repetition_penalty: Option<f32>,
+    stop_token_ids: Option<Vec<u32>>,
+    ignore_eos: bool,
+    skip_special_tokens: Option<bool>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct GenerateBody {
+    input_ids: Option<Vec<u32>>,
+    text: Option<String>,
+    sampling_params: SglSampling,
+    return_logprob: bool,
+    stream: bool,
+    rid: Option<String>,
+}
+
+fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+fn encode(s: &EngineServer, text: &str) -> Result<Vec<u32>, ApiError> {
+    let enc = s
+        .tokenizer
+        .encode_fast(text, false)
+        .map_err(|e| ApiError::bad_request(format!("cannot tokenize the prompt: {e}")))?;
+    Ok(enc.get_ids().to_vec())
+}
+
+fn decode(s: &EngineServer, ids: &[u32], skip_special: bool) -> String {
+    s.tokenizer.decode(ids, skip_special).unwrap_or_default()
+}
+
+fn check_sampling(
+    temperature: Option<f32>,
+    top_p: Option<f32>,
+    min_p: Option<f32>,
+) -> Result<(), ApiError> {
+    if temperature.is_some_and(|t| !(0.0..=100.0).contains(&t)) {
+        return Err(ApiError::invalid(
+            "temperature",
+            "temperature must be in [0, 100]",
+        ));
+    }
+    if top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
+        return Err(ApiError::invalid("top_p", "top_p must be in (0, 1]"));
+    }
+    if min_p.is_some_and(|p| !(0.0..=1.0).contains(&p)) {
+        return Err(ApiError::invalid("min_p", "min_p must be in [0, 1]"));
+    }
+    Ok(())
+}
+
+fn unix_now() -> i64 {
+    chrono::Utc::now().timestamp()
+}
+
+async fn start(s: &EngineServer, req: GenerateRequest) -> Result<GenStream, ApiError> {
+    Ok(s.backend.generate(req).await?)
+}
+
+/// Spawns `f` feeding SSE events into a channel; dropping the response
+/// stream (client gone) makes sends fail, the task ends and drops the
+/// generation stream, which cancels the sequence in the engine.
+fn sse<F, Fut>(f: F) -> Response
+where
+    F: FnOnce(tokio::sync::mpsc::Sender<Result<Event, Infallible>>) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(f(tx));
+    Sse::new(ReceiverStream::new(rx)).into_response()
+}
+
+fn data(v: &Json_) -> Result<Event, Infallible> {
+    Ok(Event::default().data(v.to_string()))
+}
+
+fn done_event() -> Result<Event, Infallible> {
+    Ok(Event::default().data("[DONE]"))
+}
+
+// ---------------------------------------------------------------- vLLM
+
+struct CompletionCtx {
+    id: String,
+    created: i64,
+    model: String,
+    return_token_ids: bool,
+    as_ids: bool,
+    want_top: bool,
+    skip_special: bool,
+}
+
+impl CompletionCtx {
+    fn logprobs(&self, s: &EngineServer, ids: &[u32], lps: &[TokenLogprob]) -> Json_ {
+        let token_str = |id: u32| {
+            if self.as_ids {
+                format!("token_id:{id}")
+            } else {
+                decode(s, &[id], false)
+            }
+        };
+        let tokens: Vec<String> = ids.iter().map(|&id| token_str(id)).collect();
+        let token_logprobs: Vec<f32> = lps.iter().map(|l| l.logprob).collect();
+        let top: Vec<Json_> = ids
+            .iter()
+            .zip(lps)
+            .map(|(&id, l)| {
+                let mut m = Map::new();
+                for &(t, lp) in &l.top {
+                    m.insert(token_str(t), json!(lp));
+                }
+                m.entry(token_str(id)).or_insert(json!(l.logprob));
+                Json_::Object(m)
+            })
+            .collect();
+        let mut offset = 0usize;
+        let offsets: Vec<usize> = tokens
+            .iter()
+            .map(|t| {
+                let o = offset;
+                offset += t.len();
+                o
+            })
+            .collect();
+        json!({
+            "tokens": tokens, "token_logprobs": token_logprobs,
+            "top_logprobs": if self.want_top { json!(top) } else { Json_::Null },
+            "text_offset": offsets,
+        })
+    }
+
+    fn choice(
+        &self,
+        s: &EngineServer,
+        text: String,
+        ids: &[u32],
+        lps: Option<&[TokenLogprob]>,
+        prompt: Option<&[u32]>,
+        finish: Option<FinishReason>,
+    ) -> Json_ {
+        let mut c = json!({
+            "index": 0, "text": text,
+            "logprobs": lps.map_or(Json_::Null, |l| self.logprobs(s, ids, l)),
+            "finish_reason": finish.map(|f| f.as_str()),
+            "stop_reason": Json_::Null,
+        });
+        if self.return_token_ids {
+            c["token_ids"] = json!(ids);
+            if let Some(p) = prompt {
+                c["prompt_token_ids"] = json!(p);
+            }
+        }
+        c
+    }
+
+    fn envelope(&self, choice: Json_) -> Json_ {
+        json!({
+            "id": self.id, "object": "text_completion", "created": self.created,
+            "model": self.model, "choices": [choice],
+        })
+    }
+}
+
+async fn completions(
+    State(s): State<Arc<EngineServer>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let b: CompletionBody = parse(&body)?;
+    if b.n.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid(
+            "n",
+            "the bundled engine serves n = 1 only",
+        ));
+    }
+    check_sampling(b.temperature, b.top_p, b.min_p)?;
+    let prompt = match b.prompt {
+        Some(Prompt::Ids(ids)) => ids,
+        Some(Prompt::Text(t)) => encode(&s, &t)?,
+        Some(Prompt::Batch(mut v)) if v.len() == 1 => v.remove(0),
+        Some(Prompt::Batch(_)) => {
+            return Err(ApiError::invalid("prompt", "one prompt per request"))
+        }
+        None => return Err(ApiError::invalid("prompt", "`prompt` is required")),
+    };
+    let params = SamplingParams {
+        max_tokens: b.max_tokens.unwrap_or(16),
+        temperature: b.temperature,
+        top_p: b.top_p,
+        top_k: b.top_k,
+        min_p: b.min_p,
+        seed: b.seed,
+        presence_penalty: b.presence_penalty,
+        frequency_penalty: b.frequency_penalty,
+        repetition_penalty: b.repetition_penalty,
+        stop: Vec::new(),
+        stop_token_ids: b.stop_token_ids.unwrap_or_default(),
+        ignore_eos: b.ignore_eos,
+        logprobs: b.logprobs,
+    };
+    let ctx = CompletionCtx {
+        id: format!("cmpl-{}", b.request_id.as_deref().unwrap_or("engine")),
+        created: unix_now(),
+        model: s.model_name.clone(),
+        return_token_ids: b.return_token_ids,
+        as_ids: b.return_tokens_as_token_ids,
+        want_top: b.logprobs.is_some(),
+        skip_special: b.skip_special_tokens.unwrap_or(true),
+    };
+    let want_lp = b.logprobs.is_some();
+    let prompt = Arc::new(prompt);
+    let req = GenerateRequest {
+        request_id: ctx.id.clone(),
+        prompt_ids: prompt.clone(),
+        params,
+        stream: b.stream,
+    };
+    let mut stream = start(&s, req).await?;
+    if !b.stream {
+        let mut g = crate::backend::Generation::default();
+        while let Some(ev) = stream.next().await {
+            g.push(ev?);
+        }
+        let text = decode(&s, &g.ids, ctx.skip_special);
+        let choice = ctx.choice(
+            &s,
+            text,
+            &g.ids,
+            want_lp.then_some(&g.logprobs[..]),
+            Some(&prompt[..]),
+            Some(g.finish_reason.unwrap_or(FinishReason::Abort)),
+        );
+        let mut out = ctx.envelope(choice);
+        out["usage"] = json!({
+            "prompt_tokens": prompt.len(), "completion_tokens": g.ids.len(),
+            "total_tokens": prompt.len() + g.ids.len(),
+        });
+        return Ok(Json(out).into_response());
+    }
+    Ok(sse(move |tx| async move {
+        let mut all: Vec<u32> = Vec::new();
+        let mut sent_text = 0usize;
+        let mut first = true;
+        while let Some(ev) = stream.next().await {
+            let chunk = match ev {
+                Ok(GenEvent::Tokens { ids, logprobs }) => {
+                    all.extend(&ids);
+                    let text = decode(&s, &all, ctx.skip_special);
+                    let delta = if text.ends_with('\u{FFFD}') || text.len() < sent_text {
+                        String::new()
+                    } else {
+                        let d = text.get(sent_text..).unwrap_or("").to_string();
+                        sent_text = text.len();
+                        d
+                    };
+                    let p = first.then_some(&prompt[..]);
+                    first = false;
+                    ctx.envelope(ctx.choice(
+                        &s,
+                        delta,
+                        &ids,
+                        want_lp.then_some(&logprobs[..]),
+                        p,
+                        None,
+                    ))
+                }
+                Ok(GenEvent::Done { finish_reason }) => {
+                    let p = first.then_some(&prompt[..]);
+                    first = false;
+                    ctx.envelope(ctx.choice(
+                        &s,
+                        String::new(),
+                        &[],
+                        want_lp.then_some(&[][..]),
+                        p,
+                        Some(finish_reason),
+                    ))
+                }
+                Err(e) => ApiError::from(e).body(),
+            };
+            if tx.send(data(&chunk)).await.is_err() {
+                return;
+            }
+        }
+        let _ = tx.send(done_event()).await;
+    }))
+}
+
+// ---------------------------------------------------------------- SGLang
+
+async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Response, ApiError> {
+    let b: GenerateBody = parse(&body)?;
+    let sp = b.sampling_params;
+    check_sampling(sp.temperature, sp.top_p, sp.min_p)?;
+    let prompt = match (b.input_ids, b.text) {
+        (Some(ids), _) => ids,
+        (None, Some(text)) => encode(&s, &text)?,
+        (None, None) => {
+            return Err(ApiError::invalid(
+                "input_ids",
+                "`input_ids` or `text` is required",
+            ))
+        }
+    };
+    let params = SamplingParams {
+        max_tokens: sp.max_new_tokens.unwrap_or(128),
+        temperature: sp.temperature,
+        top_p: sp.top_p,
+        top_k: sp.top_k,
+        min_p: sp.min_p,
+        seed: sp.seed.or(sp.sampling_seed),
+        presence_penalty: sp.presence_penalty,
+        frequency_penalty: sp.frequency_penalty,
+        repetition_penalty: sp.repetition_penalty,
+        stop: Vec::new(),
+        stop_token_ids: sp.stop_token_ids.unwrap_or_default(),
+        ignore_eos: sp.ignore_eos,
+        logprobs: b.return_logprob.then_some(0),
+    };
+    let skip_special = sp.skip_special_tokens.unwrap_or(true);
+    let rid = b.rid.unwrap_or_else(|| "engine".to_string());
+    let prompt_len = prompt.len();
+    let req = GenerateRequest {
+        request_id: rid.clone(),
+        prompt_ids: Arc::new(prompt),
+        params,
+        stream: b.stream,
+    };
+    let mut stream = start(&s, req).await?;
+    let want_lp = b.return_logprob;
+    let body =
+        move |s: &EngineServer, ids: &[u32], lps: &[TokenLogprob], finish: Option<FinishReason>| {
+            let finish_reason = finish.map(|f| match f {
+                FinishReason::Stop => json!({"type": "stop", "matched": ids.last()}),
+                other => json!({"type": other.as_str()}),
+            });
+            let mut meta = json!({
+                "id": rid, "prompt_tokens": prompt_len, "completion_tokens": ids.len(),
+                "finish_reason": finish_reason,
+            });
+            if want_lp {
+                let lp: Vec<Json_> = ids
+                    .iter()
+                    .zip(lps)
+                    .map(|(id, l)| json!([l.logprob, id, null]))
+                    .collect();
+                meta["output_token_logprobs"] = json!(lp);
+            }
+            json!({"text": decode(s, ids, skip_special), "output_ids": ids, "meta_info": meta})
+        };
+    if !b.stream {
+        let mut g = crate::backend::Generation::default();
+        while let Some(ev) = stream.next().await {
+            g.push(ev?);
+        }
+        let fr = Some(g.finish_reason.unwrap_or(FinishReason::Abort));
+        return Ok(Json(body(&s, &g.ids, &g.logprobs, fr)).into_response());
+    }
+    Ok(sse(move |tx| async move {
+        let mut g = crate::backend::Generation::default();
+        let mut error: Option<Json_> = None;
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(ev) => g.push(ev),
+                Err(e) => {
+                    error = Some(ApiError::from(e).body());
+                    break;
+                }
+            }
+            let chunk = body(&s, &g.ids, &g.logprobs, g.finish_reason);
+            if tx.send(data(&chunk)).await.is_err() {
+                return;
+            }
+        }
+        if let Some(err) = error {
+            let _ = tx.send(data(&err)).await;
+        }
+        let _ = tx.send(done_event()).await;
+    }))
+}

@@ -1,0 +1,447 @@
+//! The engine thread: owns the llama.cpp model and context and runs the
+//! continuous-batching loop.
+//!
+//! Owns: admission, the per-step batch (running sequences' next tokens plus
+//! chunks of newcomers' prompts, in one `llama_decode`), KV-cell bookkeeping
+//! (a finished, cancelled or preempted sequence's cells are removed at once),
+//! stop conditions, and sending events to each request's channel. Must not:
+//! block on anything but its own command channel when idle, or touch async
+//! code (it talks to tokio only through unbounded, non-blocking senders).
+//!
+//! One sequence's state is `tokens` (prompt + generated) and `fed` (how many
+//! of them are in the KV cache). Each step feeds `tokens[fed..]` (whole or a
+//! chunk); when that reaches the end, the logits of the last row give the next
+//! token. Prefill, decode, and recompute after preemption are the same path.
+
+use std::collections::VecDeque;
+use std::num::NonZeroU32;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+use llama_cpp_2::DecodeError;
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::sampler::Sampler;
+use super::{EngineError, EngineInfo, EngineSettings};
+use crate::backend::{BackendError, FinishReason, GenEvent, SamplingParams, TokenLogprob};
+
+pub(crate) type EventTx = UnboundedSender<Result<GenEvent, BackendError>>;
+
+/// A request handed to the engine thread.
+pub(crate) struct Job {
+    pub prompt: Vec<u32>,
+    pub params: SamplingParams,
+    pub tx: EventTx,
+}
+
+/// Counters shared with the handle (benchmarks, metrics).
+#[derive(Debug, Default)]
+pub struct EngineStats {
+    /// Prompt (and recomputed) tokens fed through the model.
+    pub prefill_tokens: AtomicU64,
+    /// Tokens sampled.
+    pub sampled_tokens: AtomicU64,
+    /// `llama_decode` calls.
+    pub steps: AtomicU64,
+    /// Sequences preempted because the KV cache was full.
+    pub preemptions: AtomicU64,
+}
+
+/// State the handle and the thread share.
+pub(crate) struct Shared {
+    pub queued: AtomicUsize,
+    pub alive: AtomicBool,
+    pub stats: EngineStats,
+}
+
+struct Seq {
+    slot: i32,
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    fed: usize,
+    params: SamplingParams,
+    sampler: Sampler,
+    tx: EventTx,
+}
+
+impl Seq {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+}
+
+/// Loads the model, reports readiness, then runs until the command channel
+/// closes and all work is done.
+pub(crate) fn run(
+    settings: EngineSettings,
+    shared: Arc<Shared>,
+    rx: Receiver<Job>,
+    ready: std::sync::mpsc::Sender<Result<EngineInfo, EngineError>>,
+) {
+    let backend = match super::llama_backend() {
+        Ok(b) => b,
+        Err(e) => {
+            let _ = ready.send(Err(e));
+            return;
+        }
+    };
+    let model_params = LlamaModelParams::default().with_n_gpu_layers(settings.gpu_layers);
+    let model = match LlamaModel::load_from_file(backend, &settings.model, &model_params) {
+        Ok(m) => m,
+        Err(e) => {
+            let _ = ready.send(Err(EngineError::Load(format!(
+                "{}: {e}",
+                settings.model.display()
+            ))));
+            return;
+        }
+    };
+    let n_ctx_train = model.n_ctx_train().max(1);
+    let n_ctx = if settings.n_ctx == 0 {
+        n_ctx_train.min(8192)
+    } else {
+        settings.n_ctx
+    };
+    let n_batch = settings.prefill_chunk + settings.max_batch;
+    let ctx_params = LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new(n_ctx))
+        .with_n_batch(n_batch)
+        .with_n_ubatch(n_batch)
+        .with_n_seq_max(settings.max_batch)
+        .with_kv_unified(true)
+        .with_n_threads(settings.threads as i32)
+        .with_n_threads_batch(settings.threads as i32);
+    let mut ctx = match model.new_context(backend, ctx_params) {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = ready.send(Err(EngineError::Load(format!(
+                "cannot create context: {e}"
+            ))));
+            return;
+        }
+    };
+    let n_vocab = model.n_vocab().max(0) as u32;
+    let vocab = model.vocab();
+    let eog_ids: Vec<u32> = (0..n_vocab)
+        .filter(|&t| vocab.is_eog(LlamaToken::new(t as i32)))
+        .collect();
+    let info = EngineInfo {
+        n_ctx,
+        max_seq_len: n_ctx.min(n_ctx_train),
+        n_vocab,
+        max_batch: settings.max_batch,
+        eog_ids,
+    };
+    let mut w = Worker {
+        batch: LlamaBatch::new(n_batch as usize, 1),
+        info: info.clone(),
+        settings,
+        shared,
+        running: Vec::new(),
+        waiting: VecDeque::new(),
+        free_slots: Vec::new(),
+        rows: Vec::new(),
+    };
+    w.free_slots = (0..w.settings.max_batch as i32).rev().collect();
+    let _ = ready.send(Ok(info));
+    w.run(&mut ctx, &rx);
+    w.shared.alive.store(false, Ordering::SeqCst);
+}
+
+struct Worker {
+    batch: LlamaBatch<'static>,
+    info: EngineInfo,
+    settings: EngineSettings,
+    shared: Arc<Shared>,
+    /// In admission order (oldest first).
+    running: Vec<Seq>,
+    /// Not yet admitted; preempted sequences go back to the front.
+    waiting: VecDeque<Seq>,
+    free_slots: Vec<i32>,
+    /// (index into `running`, batch row) of rows whose logits are read.
+    rows: Vec<(usize, i32)>,
+}
+
+impl Worker {
+    fn run(&mut self, ctx: &mut LlamaContext<'_>, rx: &Receiver<Job>) {
+        let mut open = true;
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                if !open {
+                    return;
+                }
+                match rx.recv() {
+                    Ok(job) => self.enqueue(job),
+                    Err(_) => return,
+                }
+            }
+            while open {
+                match rx.try_recv() {
+                    Ok(job) => self.enqueue(job),
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => open = false,
+                }
+            }
+            self.drop_cancelled(ctx);
+            self.admit();
+            if self.running.is_empty() {
+                continue;
+            }
+            self.step(ctx);
+            if self.running.is_empty() {
+                // Idle: reset the cache so the next sequences start at cell 0.
+                // llama.cpp attends over cells up to the highest one in use,
+                // so a cache left fragmented makes every later step slower.
+                ctx.clear_kv_cache();
+            }
+        }
+    }
+
+    fn enqueue(&mut self, job: Job) {
+        let sampler = Sampler::new(&job.params, &job.prompt);
+        self.waiting.push_back(Seq {
+            slot: -1,
+            prompt_len: job.prompt.len(),
+            tokens: job.prompt,
+            fed: 0,
+            params: job.params,
+            sampler,
+            tx: job.tx,
+        });
+    }
+
+    fn kv_used(&self) -> usize {
+        self.running.iter().map(|s| s.fed).sum()
+    }
+
+    fn drop_cancelled(&mut self, ctx: &mut LlamaContext<'_>) {
+        let before = self.waiting.len();
+        self.waiting.retain(|s| !s.tx.is_closed());
+        let gone = before - self.waiting.len();
+        self.shared.queued.fetch_sub(gone, Ordering::SeqCst);
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].tx.is_closed() {
+                let seq = self.running.remove(i);
+                self.release(ctx, &seq);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Frees a sequence's KV cells and slot.
+    fn release(&mut self, ctx: &mut LlamaContext<'_>, seq: &Seq) {
+        if seq.slot >= 0 {
+            let _ = ctx.clear_kv_cache_seq(Some(seq.slot as u32), None, None);
+            self.free_slots.push(seq.slot);
+        }
+    }
+
+    /// Moves waiting sequences into the batch while slots and KV cells last.
+    fn admit(&mut self) {
+        let n_ctx = self.info.n_ctx as usize;
+        while let Some(front) = self.waiting.front() {
+            if self.free_slots.is_empty() {
+                break;
+            }
+            // Cells the running set needs to finish feeding what it already
+            // has, plus one decode token each, plus the newcomer's tokens.
+            let pending: usize = self
+                .running
+                .iter()
+                .map(|s| s.tokens.len() - s.fed + 1)
+                .sum();
+            let need = self.kv_used() + pending + front.tokens.len() + 1;
+            if need > n_ctx && !self.running.is_empty() {
+                break;
+            }
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            let Some(slot) = self.free_slots.pop() else {
+                self.waiting.push_front(seq);
+                break;
+            };
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            seq.slot = slot;
+            seq.fed = 0;
+            self.running.push(seq);
+        }
+    }
+
+    /// Sends the newest running sequence back to the waiting queue, clearing
+    /// its KV cells; it is recomputed from its tokens when re-admitted.
+    fn preempt_newest(&mut self, ctx: &mut LlamaContext<'_>) -> bool {
+        if self.running.len() <= 1 {
+            return false;
+        }
+        let Some(mut seq) = self.running.pop() else {
+            return false;
+        };
+        self.release(ctx, &seq);
+        seq.slot = -1;
+        seq.fed = 0;
+        self.shared.queued.fetch_add(1, Ordering::SeqCst);
+        self.shared
+            .stats
+            .preemptions
+            .fetch_add(1, Ordering::Relaxed);
+        self.waiting.push_front(seq);
+        true
+    }
+
+    /// Plans `(running index, tokens to feed)` for this step: every sequence
+    /// with one token left (decode) first, then prompt chunks, oldest first,
+    /// up to `prefill_chunk` prompt tokens in all.
+    fn plan(&self) -> Vec<(usize, usize)> {
+        let mut plan = Vec::with_capacity(self.running.len());
+        for (i, s) in self.running.iter().enumerate() {
+            if s.tokens.len() - s.fed == 1 {
+                plan.push((i, 1));
+            }
+        }
+        let mut budget = self.settings.prefill_chunk as usize;
+        for (i, s) in self.running.iter().enumerate() {
+            let left = s.tokens.len() - s.fed;
+            if left > 1 && budget > 0 {
+                let take = left.min(budget);
+                budget -= take;
+                plan.push((i, take));
+            }
+        }
+        plan
+    }
+
+    fn step(&mut self, ctx: &mut LlamaContext<'_>) {
+        let n_ctx = self.info.n_ctx as usize;
+        let mut plan = self.plan();
+        while self.kv_used() + plan.iter().map(|p| p.1).sum::<usize>() > n_ctx {
+            if !self.preempt_newest(ctx) {
+                break;
+            }
+            plan = self.plan();
+        }
+        self.batch.clear();
+        self.rows.clear();
+        let mut prefilled = 0u64;
+        for &(i, take) in &plan {
+            let s = &self.running[i];
+            let end = s.fed + take;
+            for (pos, &t) in s.tokens.iter().enumerate().take(end).skip(s.fed) {
+                let last = pos + 1 == s.tokens.len();
+                let tok = LlamaToken::new(t as i32);
+                if self.batch.add(tok, pos as i32, &[s.slot], last).is_err() {
+                    // Cannot happen: the batch holds prefill_chunk + max_batch.
+                    break;
+                }
+                if last {
+                    self.rows.push((i, self.batch.n_tokens() - 1));
+                }
+            }
+            if take > 1 || s.fed < s.prompt_len {
+                prefilled += take as u64;
+            }
+        }
+        match ctx.decode(&mut self.batch) {
+            Ok(()) => {}
+            Err(DecodeError::NoKvCacheSlot) if self.preempt_newest(ctx) => {
+                // Fragmented cache: retry next step with fewer sequences. The
+                // preempted sequence lost its cells; survivors' cells from this
+                // failed call were never written.
+                return;
+            }
+            Err(e) => {
+                self.fail_planned(ctx, &plan, &format!("llama_decode failed: {e}"));
+                return;
+            }
+        }
+        let stats = &self.shared.stats;
+        stats.steps.fetch_add(1, Ordering::Relaxed);
+        stats.prefill_tokens.fetch_add(prefilled, Ordering::Relaxed);
+        for &(i, take) in &plan {
+            self.running[i].fed += take;
+        }
+        let mut finished: Vec<usize> = Vec::new();
+        let rows = std::mem::take(&mut self.rows);
+        for &(i, row) in &rows {
+            let logits = ctx.get_logits_ith(row);
+            if let Some(reason) = self.sample_one(i, logits) {
+                let s = &self.running[i];
+                let _ = s.tx.send(Ok(GenEvent::Done {
+                    finish_reason: reason,
+                }));
+                finished.push(i);
+            }
+        }
+        self.rows = rows;
+        finished.sort_unstable();
+        for i in finished.into_iter().rev() {
+            let seq = self.running.remove(i);
+            self.release(ctx, &seq);
+        }
+    }
+
+    /// Samples the next token of `running[i]`, sends it, and returns the
+    /// finish reason if the sequence is done.
+    fn sample_one(&mut self, i: usize, logits: &[f32]) -> Option<FinishReason> {
+        let max_seq_len = self.info.max_seq_len as usize;
+        let s = &mut self.running[i];
+        let Some(out) = s.sampler.sample(logits) else {
+            return Some(FinishReason::Abort);
+        };
+        self.shared
+            .stats
+            .sampled_tokens
+            .fetch_add(1, Ordering::Relaxed);
+        s.sampler.observe(out.token);
+        s.tokens.push(out.token);
+        let logprobs = if s.params.logprobs.is_some() {
+            vec![TokenLogprob {
+                logprob: out.logprob,
+                top: out.top,
+            }]
+        } else {
+            Vec::new()
+        };
+        let sent = s.tx.send(Ok(GenEvent::Tokens {
+            ids: vec![out.token],
+            logprobs,
+        }));
+        if sent.is_err() {
+            return Some(FinishReason::Abort);
+        }
+        let p = &s.params;
+        if p.stop_token_ids.contains(&out.token)
+            || (!p.ignore_eos && self.info.eog_ids.binary_search(&out.token).is_ok())
+        {
+            return Some(FinishReason::Stop);
+        }
+        if s.generated() >= p.max_tokens as usize || s.tokens.len() >= max_seq_len {
+            return Some(FinishReason::Length);
+        }
+        None
+    }
+
+    fn fail_planned(&mut self, ctx: &mut LlamaContext<'_>, plan: &[(usize, usize)], message: &str) {
+        let mut idx: Vec<usize> = plan.iter().map(|p| p.0).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        for i in idx.into_iter().rev() {
+            let seq = self.running.remove(i);
+            let _ = seq.tx.send(Err(BackendError::Status {
+                backend: self.settings.name.clone(),
+                status: 500,
+                message: message.to_string(),
+            }));
+            self.release(ctx, &seq);
+        }
+    }
+}

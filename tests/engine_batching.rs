@@ -1,0 +1,206 @@
+//! Continuous batching: a sequence's greedy output does not depend on who
+//! else is in the batch; cancelled sequences free their slot; seeds reproduce;
+//! logprobs are the log-softmax of llama.cpp's logits; a full queue fails fast.
+//!
+//! On "identical": the KV cache is shared by all sequences (llama.cpp's
+//! unified cache), so where a sequence's cells sit depends on its neighbours,
+//! and attention sums the same terms in another order. Logits then differ in
+//! the last float bits, which can flip an exact near-tie. The greedy check
+//! therefore demands identical ids, except that the first difference may fall
+//! on a step where the alone run's two best tokens are within `NEAR_TIE`
+//! nats (and the batched token is the runner-up); comparison stops there.
+
+mod engine_support;
+
+use engine_support::{collect, encode, greedy, request, start};
+use futures::StreamExt;
+use tito::backend::{Backend, BackendError, GenEvent, SamplingParams};
+
+const PROMPTS: &[&str] = &[
+    "The capital of France is",
+    "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n<|im_start|>assistant\n",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the mountains, there lived an old clockmaker who",
+    "1, 2, 3, 4,",
+    "The quick brown fox",
+    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nWhat is 17 times 3?<|im_end|>\n<|im_start|>assistant\n",
+    "Photosynthesis is the process by which",
+];
+
+/// Logprob gap under which two tokens count as a numerical tie.
+const NEAR_TIE: f32 = 0.02;
+
+fn greedy_lp(max_tokens: u32) -> SamplingParams {
+    SamplingParams {
+        logprobs: Some(2),
+        ..greedy(max_tokens)
+    }
+}
+
+/// Asserts `got` equals `alone`, allowing a first divergence only at a tie.
+fn assert_same_greedy(
+    what: &str,
+    got: &tito::backend::Generation,
+    alone: &tito::backend::Generation,
+) {
+    assert_eq!(got.ids.len(), alone.ids.len(), "{what}: lengths differ");
+    if let Some(j) = got.ids.iter().zip(&alone.ids).position(|(a, b)| a != b) {
+        let top = &alone.logprobs[j].top;
+        let gap = top[0].1 - top[1].1;
+        assert!(
+            gap < NEAR_TIE && got.ids[j] == top[1].0,
+            "{what}: batched {:?} differs from alone {:?} at step {j}, where the alone run's top-2 gap is {gap} nats",
+            got.ids,
+            alone.ids
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_output_is_the_same_alone_and_batched() {
+    let engine = start(8);
+    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| encode(p)).collect();
+    let mut alone = Vec::new();
+    for p in &prompts {
+        alone.push(collect(&engine, p, greedy_lp(16)).await);
+    }
+    // Sequence 0 runs; each other sequence joins after sequence 0 has
+    // produced one more token, so they enter the batch at different steps.
+    let mut first = engine
+        .generate(request(&prompts[0], greedy_lp(16)))
+        .await
+        .expect("accepted");
+    let mut first_gen = tito::backend::Generation::default();
+    let mut others = Vec::new();
+    while let Some(ev) = first.next().await {
+        let ev = ev.expect("no engine error");
+        first_gen.push(ev.clone());
+        match ev {
+            GenEvent::Tokens { .. } => {
+                let next = others.len() + 1;
+                if next < prompts.len() {
+                    let engine = engine.clone();
+                    let p = prompts[next].clone();
+                    others.push(tokio::spawn(async move {
+                        collect(&engine, &p, greedy_lp(16)).await
+                    }));
+                }
+            }
+            GenEvent::Done { .. } => break,
+        }
+    }
+    assert_eq!(others.len(), prompts.len() - 1, "all sequences joined");
+    assert_same_greedy("sequence 0", &first_gen, &alone[0]);
+    for (i, handle) in others.into_iter().enumerate() {
+        let got = handle.await.expect("task");
+        assert_same_greedy(&format!("sequence {}", i + 1), &got, &alone[i + 1]);
+    }
+    assert_eq!(engine.queued(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_sequence_frees_its_slot() {
+    let engine = start(1);
+    let prompt = encode(PROMPTS[0]);
+    let mut long = engine
+        .generate(request(&prompt, greedy(1500)))
+        .await
+        .expect("accepted");
+    let first = long.next().await.expect("a token").expect("no error");
+    assert!(matches!(first, GenEvent::Tokens { .. }));
+    drop(long);
+    // With max_batch = 1 this only finishes if the cancelled sequence left.
+    let g = collect(&engine, &prompt, greedy(4)).await;
+    assert_eq!(g.ids.len(), 4);
+    assert_eq!(g.finish_reason, Some(tito::backend::FinishReason::Length));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_queue_fails_fast_with_overloaded() {
+    let mut cfg = engine_support::config(1);
+    cfg.max_queue = 1;
+    let engine = tito::engine::EngineBackend::start(&cfg).expect("starts");
+    let prompt = encode(PROMPTS[0]);
+    let mut running = engine
+        .generate(request(&prompt, greedy(1500)))
+        .await
+        .expect("accepted");
+    running.next().await.expect("a token").expect("no error"); // now admitted
+    let _waiting = engine
+        .generate(request(&prompt, greedy(4)))
+        .await
+        .expect("queued");
+    let Err(err) = engine.generate(request(&prompt, greedy(4))).await else {
+        panic!("a third request must be refused while one runs and one waits");
+    };
+    assert!(matches!(err, BackendError::Overloaded { .. }), "{err}");
+}
+
+fn sampled(seed: u64) -> SamplingParams {
+    SamplingParams {
+        max_tokens: 24,
+        temperature: Some(1.0),
+        seed: Some(seed),
+        ignore_eos: true,
+        logprobs: Some(3),
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_seed_reproduces_at_temperature_one() {
+    let engine = start(4);
+    let prompt = encode(PROMPTS[3]);
+    let a = collect(&engine, &prompt, sampled(1234)).await;
+    let b = collect(&engine, &prompt, sampled(1234)).await;
+    assert_eq!(a.ids.len(), 24);
+    assert_eq!(a.ids, b.ids);
+    assert_eq!(a.logprobs, b.logprobs);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_are_log_softmax_of_the_logits() {
+    let engine = start(2);
+    let prompt = encode(PROMPTS[1]);
+    let g = collect(&engine, &prompt, sampled(99)).await;
+    assert_eq!(g.logprobs.len(), g.ids.len());
+    let path = engine_support::model_path();
+    let expected = tito::engine::direct::with_direct(&path, 2048, 512, 2, |d| {
+        let mut logits = d.feed(&prompt).expect("prefill");
+        let mut out = Vec::new();
+        for &t in &g.ids {
+            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let lse = max
+                + logits
+                    .iter()
+                    .map(|&l| f64::from(l - max).exp())
+                    .sum::<f64>()
+                    .ln() as f32;
+            let mut top: Vec<(u32, f32)> = logits
+                .iter()
+                .enumerate()
+                .map(|(i, &l)| (i as u32, l - lse))
+                .collect();
+            top.sort_by(|a, b| b.1.total_cmp(&a.1));
+            top.truncate(3);
+            out.push((logits[t as usize] - lse, top));
+            logits = d.feed(&[t]).expect("decode");
+        }
+        out
+    })
+    .expect("direct llama.cpp runs");
+    for (i, (lp, (want, want_top))) in g.logprobs.iter().zip(&expected).enumerate() {
+        assert!(
+            (lp.logprob - want).abs() < 1e-3,
+            "step {i}: {} vs {want}",
+            lp.logprob
+        );
+        assert_eq!(lp.top.len(), 3);
+        for ((id, l), (wid, wl)) in lp.top.iter().zip(want_top) {
+            assert!(
+                (l - wl).abs() < 1e-3,
+                "step {i}: top {id}:{l} vs {wid}:{wl}"
+            );
+        }
+    }
+}

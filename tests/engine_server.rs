@@ -1,0 +1,179 @@
+//! `tito engine` answers the vLLM `/v1/completions` and SGLang `/generate`
+//! shapes, and the vLLM client in `tito::backend::vllm` reads its answers.
+
+mod engine_support;
+
+use futures::StreamExt;
+use serde_json::{json, Value};
+use tito::backend::Backend;
+use tito::engine::server::{app, EngineServer};
+
+async fn spawn_server() -> String {
+    let cfg = engine_support::config(4);
+    let state = tokio::task::spawn_blocking(move || EngineServer::start(&cfg))
+        .await
+        .expect("join")
+        .expect("engine server starts");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        axum::serve(listener, app(state)).await.expect("serve");
+    });
+    format!("http://{addr}")
+}
+
+async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+    let resp = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("request");
+    let status = resp.status().as_u16();
+    (status, resp.json().await.expect("JSON body"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_server_speaks_vllm_and_sglang() {
+    let base = spawn_server().await;
+    let prompt = engine_support::encode("The capital of France is");
+
+    // vLLM completions, token-id prompt, logprobs keyed by id.
+    let (status, v) = post(
+        &base,
+        "/v1/completions",
+        json!({
+            "prompt": prompt, "max_tokens": 5, "temperature": 0, "ignore_eos": true,
+            "logprobs": 2, "return_token_ids": true, "return_tokens_as_token_ids": true,
+        }),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let choice = &v["choices"][0];
+    let ids: Vec<u64> = serde_json::from_value(choice["token_ids"].clone()).expect("token_ids");
+    assert_eq!(ids.len(), 5);
+    assert_eq!(choice["prompt_token_ids"], json!(prompt));
+    assert_eq!(choice["finish_reason"], "length");
+    assert_eq!(
+        choice["logprobs"]["tokens"][0],
+        format!("token_id:{}", ids[0])
+    );
+    assert_eq!(
+        choice["logprobs"]["token_logprobs"]
+            .as_array()
+            .map(Vec::len),
+        Some(5)
+    );
+    assert!(choice["logprobs"]["top_logprobs"][0]
+        .as_object()
+        .is_some_and(|m| m.len() >= 2));
+    assert!(!choice["text"].as_str().unwrap_or("").is_empty());
+    assert_eq!(v["usage"]["completion_tokens"], 5);
+
+    // Text prompt gives the same greedy ids.
+    let (_, t) = post(
+        &base,
+        "/v1/completions",
+        json!({
+            "prompt": "The capital of France is", "max_tokens": 5, "temperature": 0,
+            "ignore_eos": true, "return_token_ids": true,
+        }),
+    )
+    .await;
+    assert_eq!(t["choices"][0]["token_ids"], choice["token_ids"]);
+
+    // SGLang generate.
+    let (status, g) = post(
+        &base,
+        "/generate",
+        json!({
+            "input_ids": prompt, "return_logprob": true,
+            "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": true},
+        }),
+    )
+    .await;
+    assert_eq!(status, 200, "{g}");
+    assert_eq!(g["output_ids"], choice["token_ids"]);
+    assert_eq!(g["meta_info"]["finish_reason"]["type"], "length");
+    assert_eq!(g["meta_info"]["prompt_tokens"], prompt.len());
+    let lps = g["meta_info"]["output_token_logprobs"]
+        .as_array()
+        .expect("logprobs");
+    assert_eq!(lps.len(), 5);
+    assert_eq!(lps[0][1], ids[0]);
+    assert_eq!(lps[0][0], choice["logprobs"]["token_logprobs"][0]);
+
+    // OpenAI-shaped error.
+    let (status, e) = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": [], "max_tokens": 3}),
+    )
+    .await;
+    assert_eq!(status, 400, "{e}");
+    assert!(e["error"]["message"].as_str().is_some(), "{e}");
+
+    // The gateway's vLLM client reads the engine, streaming and not.
+    let toml =
+        format!("[[backends]]\nurl = \"{base}\"\nkind = \"engine\"\n[model]\ntokenizer = \"x\"\n");
+    let config = tito::Config::from_toml(&toml).expect("config");
+    let client =
+        tito::backend::vllm::VllmBackend::new(&config.backends[0], &config.router).expect("client");
+    for stream in [false, true] {
+        let mut req = engine_support::request(&prompt, engine_support::greedy(5));
+        req.stream = stream;
+        req.params.logprobs = Some(1);
+        let mut s = client.generate(req).await.expect("generate");
+        let mut gen = tito::backend::Generation::default();
+        while let Some(ev) = s.next().await {
+            gen.push(ev.expect("event"));
+        }
+        let got: Vec<u64> = gen.ids.iter().map(|&i| u64::from(i)).collect();
+        assert_eq!(got, ids, "stream = {stream}");
+        assert_eq!(gen.logprobs.len(), 5);
+        assert_eq!(gen.finish_reason, Some(tito::backend::FinishReason::Length));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_server_streams_sse_with_done() {
+    let base = spawn_server().await;
+    let prompt = engine_support::encode("Hello");
+    for (path, body) in [
+        (
+            "/v1/completions",
+            json!({"prompt": prompt, "max_tokens": 3, "temperature": 0, "ignore_eos": true, "stream": true, "return_token_ids": true}),
+        ),
+        (
+            "/generate",
+            json!({"input_ids": prompt, "stream": true, "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": true}}),
+        ),
+    ] {
+        let text = reqwest::Client::new()
+            .post(format!("{base}{path}"))
+            .json(&body)
+            .send()
+            .await
+            .expect("request")
+            .text()
+            .await
+            .expect("body");
+        let events: Vec<&str> = text
+            .split("\n\n")
+            .filter_map(|e| e.trim().strip_prefix("data: "))
+            .collect();
+        assert_eq!(events.last(), Some(&"[DONE]"), "{path}: {text}");
+        let last: Value = serde_json::from_str(events[events.len() - 2]).expect("JSON event");
+        if path == "/generate" {
+            assert_eq!(
+                last["output_ids"].as_array().map(Vec::len),
+                Some(3),
+                "{last}"
+            );
+        } else {
+            assert_eq!(last["choices"][0]["finish_reason"], "length", "{last}");
+        }
+    }
+}
