@@ -31,6 +31,9 @@ fn prompt(n: usize, salt: usize) -> Vec<u32> {
         .collect()
 }
 
+/// prefill tok/s, per-stream decode tok/s, aggregate tok/s, TTFT mean ms, TTFT max ms.
+type Row = (f64, f64, f64, f64, f64);
+
 struct Run {
     ttft: Vec<Duration>,
     wall: Duration,
@@ -153,7 +156,7 @@ fn main() {
     rt.block_on(async {
         let _ = run_engine(&engine, 1, p, 8, 999).await; // warm-up
         let (mut d_prefill, mut d_decode) = (0.0f64, 0.0f64);
-        let mut best: Vec<Option<(f64, f64, f64, f64, f64)>> = vec![None; 4];
+        let mut best: Vec<Option<Row>> = vec![None; 4];
         for rep in 0..reps {
             let (dp, dd) = direct(&cfg, p, gen);
             d_prefill = d_prefill.max(dp);
