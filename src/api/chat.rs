@@ -46,7 +46,8 @@ async fn handle(
     req.check()?;
     toolcalls::normalize_messages(&mut req.messages);
     state.check_model(req.model.as_deref())?;
-    let tid = super::resolve_trajectory_id(&state, path_tid, headers, req.trajectory_id.as_deref())?;
+    let tid =
+        super::resolve_trajectory_id(&state, path_tid, headers, req.trajectory_id.as_deref())?;
     let logprobs_k = req.logprobs_k()?;
     let (mut params, max_tokens) = req.sampling.validate(logprobs_k)?;
     let n = req.sampling.n()?;

@@ -83,7 +83,8 @@ async fn handle(
     let req: CompletionRequest = parse_body(&body)?;
     req.check()?;
     state.check_model(req.model.as_deref())?;
-    let tid = super::resolve_trajectory_id(&state, path_tid, headers, req.trajectory_id.as_deref())?;
+    let tid =
+        super::resolve_trajectory_id(&state, path_tid, headers, req.trajectory_id.as_deref())?;
     let (params, max_tokens) = req.sampling.validate(req.logprobs)?;
     let n = req.sampling.n()?;
     let request_id = new_id("cmpl");
