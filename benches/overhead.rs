@@ -11,7 +11,6 @@
 //! Uses the built-in ChatML test tokenizer (no fetched fixtures needed).
 
 #[path = "../tests/common/mock_vllm.rs"]
-#[allow(dead_code)]
 mod mock_vllm;
 
 use std::sync::Arc;

@@ -15,7 +15,6 @@ step "python venv";        scripts/setup-python.sh
 
 step "cargo fmt";    cargo fmt --all -- --check
 step "cargo clippy"; cargo clippy --all-targets -- -D warnings
-step "cargo check --benches"; cargo check --benches
 step "cargo test";   cargo test
 step "python tests"
 .venv/bin/python -m pytest -q tests/python
