@@ -104,3 +104,60 @@ def test_trajectory_is_recorded(env):
         t = json.load(r)
     assert len(t["calls"]) == 1
     assert t["calls"][0]["sampled_ids"] == reply
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate arithmetic",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
+
+
+def test_streaming_with_tools_accumulates_to_the_message():
+    """OpenAI SDK streaming with tools: the accumulated deltas equal the
+    non-streamed message (the mock emits the same hermes tool call twice)."""
+    if not (TOKENIZER / "tokenizer.json").exists():
+        pytest.fail("missing .cache/tokenizers/qwen3: run scripts/fetch-tokenizers.sh")
+    harness.build()
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    call = tok.encode(
+        'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>',
+        add_special_tokens=False,
+    ) + [im_end]
+    mock, mock_addr = harness.start_mock(call)
+    tito, addr = harness.start_tito(TOKENIZER, f"http://{mock_addr}")
+    try:
+        client = OpenAI(base_url=f"http://{addr}/v1", api_key="unused")
+        msgs = [{"role": "user", "content": "What is 6*7?"}]
+        plain = client.chat.completions.create(model="test-model", messages=msgs, tools=TOOLS)
+        message = plain.choices[0].message
+        assert plain.choices[0].finish_reason == "tool_calls"
+        stream = client.chat.completions.create(model="test-model", messages=msgs, tools=TOOLS, stream=True)
+        content, calls, finish = "", {}, None
+        for chunk in stream:
+            for c in chunk.choices:
+                content += c.delta.content or ""
+                for tc in c.delta.tool_calls or []:
+                    entry = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                    entry["id"] = tc.id or entry["id"]
+                    if tc.function:
+                        entry["name"] += tc.function.name or ""
+                        entry["arguments"] += tc.function.arguments or ""
+                finish = c.finish_reason or finish
+        assert finish == "tool_calls"
+        assert content == (message.content or "")
+        assert len(calls) == len(message.tool_calls) == 1
+        got, want = calls[0], message.tool_calls[0]
+        assert got["name"] == want.function.name == "calculator"
+        assert got["arguments"] == want.function.arguments
+        assert got["id"] and got["id"].startswith("call_")
+    finally:
+        for p in (tito, mock):
+            p.terminate()
+            p.wait(timeout=30)
