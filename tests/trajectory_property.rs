@@ -1,0 +1,277 @@
+//! Property test over real tokenizers (Qwen3 with thinking and tools, Llama
+//! 3.1, DeepSeek V3): random multi-turn conversations driven through the
+//! gateway by a mock backend that samples non-canonical tokenizations and a
+//! client that re-serializes what it got back. For every conversation:
+//! the sampled ids sit verbatim at their positions in the exported sample,
+//! the mask is 1 exactly on them, prompt + response equals what the backend
+//! saw on the last call plus its reply, and every continued call has a drift
+//! record with a known cause.
+
+mod common;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use common::mock_vllm::{MockVllm, Scripted};
+use common::{start_gateway_with, Gateway};
+use serde_json::{json, Value};
+use tito::config::ModelConfig;
+use tito::render::Renderer;
+
+/// xorshift64*: deterministic, no dependency.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+    fn pick<'a>(&mut self, items: &'a [&'a str]) -> &'a str {
+        items[self.below(items.len())]
+    }
+}
+
+const WORDS: &[&str] = &[
+    "hello",
+    "wonderful",
+    "tokenization",
+    "über",
+    "naïve",
+    "日本語",
+    "😀",
+    "42",
+    "x_1",
+    "  spaced",
+    "fn main() {}",
+    "\n",
+    "tab\there",
+    "HAVING",
+    "reinforcement",
+    "ok.",
+];
+
+fn load(name: &str) -> Arc<Renderer> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(".cache/tokenizers")
+        .join(name);
+    assert!(
+        dir.join("tokenizer.json").exists(),
+        "missing {}: run scripts/fetch-tokenizers.sh",
+        dir.display()
+    );
+    Renderer::load(&ModelConfig {
+        tokenizer: dir,
+        ..Default::default()
+    })
+    .expect("tokenizer loads")
+}
+
+fn end_of_turn(r: &Renderer) -> u32 {
+    ["<|im_end|>", "<|eot_id|>", "<｜end▁of▁sentence｜>"]
+        .iter()
+        .find_map(|t| r.token_to_id(t))
+        .expect("an end-of-turn token")
+}
+
+/// Tokenizes `text` in random pieces: valid ids for the text that a fresh
+/// tokenization would (almost always) not reproduce.
+fn non_canonical(r: &Renderer, rng: &mut Rng, text: &str) -> Vec<u32> {
+    let chars: Vec<char> = text.chars().collect();
+    let mut ids = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let n = 1 + rng.below(3);
+        let piece: String = chars[i..(i + n).min(chars.len())].iter().collect();
+        ids.extend(r.encode(&piece).expect("encodes"));
+        i += n;
+    }
+    ids
+}
+
+fn sentence(rng: &mut Rng) -> String {
+    (0..3 + rng.below(5))
+        .map(|_| rng.pick(WORDS))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+struct Turn {
+    reply: Vec<u32>,
+}
+
+/// Runs one random conversation; returns the replies and the trajectory id.
+async fn conversation(
+    g: &Gateway,
+    mock: &MockVllm,
+    name: &str,
+    seed: u64,
+    tools: bool,
+    thinking: bool,
+) -> (String, Vec<Turn>) {
+    let r = g.renderer.clone();
+    let eot = end_of_turn(&r);
+    let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let tid = format!("{name}-{seed}");
+    let tool_defs = json!([{"type": "function", "function": {"name": "lookup", "description": "Look up",
+        "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]);
+    let mut messages = vec![
+        json!({"role": "system", "content": "Be brief."}),
+        json!({"role": "user", "content": sentence(&mut rng)}),
+    ];
+    let mut turns = Vec::new();
+    let n_turns = 2 + rng.below(3);
+    for t in 0..n_turns {
+        let call_tool = tools && t + 1 < n_turns && rng.below(2) == 0;
+        let mut text = String::new();
+        if thinking {
+            text.push_str(&format!("<think>\n{}\n</think>\n\n", sentence(&mut rng)));
+        }
+        if call_tool {
+            text.push_str(&format!(
+                "<tool_call>\n{{\"name\":   \"lookup\", \"arguments\": {{\"q\":\"{}\"}}}}\n</tool_call>",
+                rng.pick(&["a b", "wonderful", "x"])
+            ));
+        } else {
+            text.push_str(&sentence(&mut rng));
+        }
+        let reply = [non_canonical(&r, &mut rng, &text), vec![eot]].concat();
+        mock.push(Scripted::ids(reply.clone()));
+        let mut body = json!({"messages": messages, "return_token_ids": true});
+        if tools {
+            body["tools"] = tool_defs.clone();
+        }
+        let resp = g.post(&format!("/t/{tid}/v1/chat/completions"), body).await;
+        assert_eq!(resp.status(), 200, "{name} seed {seed} turn {t}");
+        let out: Value = resp.json().await.expect("json");
+        let msg = &out["choices"][0]["message"];
+        assert_eq!(out["choices"][0]["token_ids"], json!(reply));
+        // The client re-serializes: keys reordered, reasoning dropped,
+        // tool-call arguments re-encoded with other spacing.
+        let mut echo = json!({"content": msg["content"], "role": "assistant"});
+        if let Some(calls) = msg["tool_calls"].as_array() {
+            let calls: Vec<Value> = calls
+                .iter()
+                .map(|c| {
+                    let args: Value =
+                        serde_json::from_str(c["function"]["arguments"].as_str().expect("args"))
+                            .expect("json");
+                    json!({"type": "function", "id": c["id"], "function": {
+                        "arguments": serde_json::to_string_pretty(&args).expect("json"),
+                        "name": c["function"]["name"]}})
+                })
+                .collect();
+            echo["tool_calls"] = json!(calls);
+            messages.push(echo);
+            messages.push(json!({"role": "tool", "tool_call_id": msg["tool_calls"][0]["id"], "content": sentence(&mut rng)}));
+        } else {
+            messages.push(echo);
+            messages.push(json!({"role": "user", "content": sentence(&mut rng)}));
+        }
+        turns.push(Turn { reply });
+    }
+    (tid, turns)
+}
+
+async fn check(g: &Gateway, mock: &MockVllm, tid: &str, turns: &[Turn]) {
+    let text = g
+        .client
+        .get(g.url("/v1/export?format=jsonl&layout=trajectory"))
+        .send()
+        .await
+        .expect("export")
+        .text()
+        .await
+        .expect("body");
+    let rows: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).expect("row"))
+        .filter(|r| r["trajectory_id"] == tid)
+        .collect();
+    assert_eq!(rows.len(), 1, "{tid}: one sample per linear conversation");
+    let row = &rows[0];
+    let prompt: Vec<u32> = serde_json::from_value(row["prompt_ids"].clone()).expect("ids");
+    let resp: Vec<u32> = serde_json::from_value(row["response_ids"].clone()).expect("ids");
+    let mask: Vec<u8> = serde_json::from_value(row["response_mask"].clone()).expect("mask");
+    assert_eq!(resp.len(), mask.len());
+    // Mask-1 runs are exactly the replies, in order, verbatim.
+    let mut runs: Vec<Vec<u32>> = Vec::new();
+    let mut prev = 0u8;
+    for (id, m) in resp.iter().zip(&mask) {
+        if *m == 1 {
+            if prev == 0 {
+                runs.push(Vec::new());
+            }
+            if let Some(run) = runs.last_mut() {
+                run.push(*id);
+            }
+        }
+        prev = *m;
+    }
+    let replies: Vec<Vec<u32>> = turns.iter().map(|t| t.reply.clone()).collect();
+    assert_eq!(runs, replies, "{tid}: sampled runs");
+    // prompt + response == the last prompt the backend saw + the last reply.
+    let last: Vec<u32> =
+        serde_json::from_value(mock.last_request()["prompt"].clone()).expect("ids");
+    let mut all = prompt.clone();
+    all.extend(&resp);
+    assert_eq!(
+        all,
+        [last, replies.last().cloned().unwrap_or_default()].concat(),
+        "{tid}: final sequence"
+    );
+    // Every continued call reports drift with a known cause.
+    let t: Value = g
+        .client
+        .get(g.url(&format!("/v1/trajectories/{tid}")))
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    for c in t["calls"].as_array().expect("calls").iter().skip(1) {
+        let cause = c["drift"]["cause"].as_str().unwrap_or("none");
+        assert!(
+            tito::trajectory::CAUSES.contains(&cause),
+            "{tid}: call {} drift {cause}",
+            c["call_index"]
+        );
+    }
+}
+
+async fn run(name: &str, tools: bool, thinking: bool, reasoning_parser: &str) {
+    let r = load(name);
+    let mock = MockVllm::start(Scripted::default()).await;
+    let cfg = tito::Config::from_toml(&format!(
+        "[model]\nname = \"m\"\ntokenizer = \"unused\"\nmax_model_len = 32768\n\
+         reasoning_parser = \"{reasoning_parser}\"\n\
+         [[backends]]\nurl = \"{}\"\nkind = \"vllm\"\n[store]\nurl = \"memory://\"\n",
+        mock.url()
+    ))
+    .expect("config");
+    let g = start_gateway_with(cfg, r).await;
+    for seed in 1..=6u64 {
+        let (tid, turns) = conversation(&g, &mock, name, seed, tools, thinking).await;
+        check(&g, &mock, &tid, &turns).await;
+    }
+}
+
+#[tokio::test]
+async fn qwen3_with_thinking_and_tools() {
+    run("qwen3", true, true, "think").await;
+}
+
+#[tokio::test]
+async fn llama3_1_multi_turn() {
+    run("llama3_1", false, false, "").await;
+}
+
+#[tokio::test]
+async fn deepseek_v3_multi_turn() {
+    run("deepseek_v3", false, false, "").await;
+}
