@@ -1,0 +1,171 @@
+//! Per-turn prompt cost in a long trajectory: turn 50 of a ~32k-token
+//! conversation on the Qwen3 tokenizer, built three ways in the same run:
+//!
+//! - tito exact mode (`Trajectories::prepare_chat`: earlier prompt + sampled
+//!   ids reused; only the new messages are tokenized; drift check by text),
+//! - a full re-render + tokenization of the whole conversation in tito,
+//! - Python `transformers` `apply_chat_template(tokenize=True)` (when
+//!   `.venv` exists), on the same messages.
+//!
+//! Run: `scripts/fetch-tokenizers.sh && scripts/setup-python.sh`, then
+//! `cargo bench --bench trajectory`.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tito::config::{ModelConfig, TrajectoryConfig};
+use tito::render::{RenderInput, Renderer};
+use tito::trajectory::{CallContext, ChatInput, ChoiceOutcome, Trajectories};
+
+const TURNS: usize = 50;
+const REPS: usize = 15;
+
+fn words(seed: usize, n: usize) -> String {
+    const W: &[&str] = &[
+        "alpha", "beta", "gamma", "delta", "tokens", "reward", "policy", "agent", "tool", "value",
+    ];
+    (0..n)
+        .map(|i| W[(seed * 7 + i * 3) % W.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+#[tokio::main]
+async fn main() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = root.join(".cache/tokenizers/qwen3");
+    if !dir.join("tokenizer.json").exists() {
+        eprintln!("skipped: run scripts/fetch-tokenizers.sh first");
+        return;
+    }
+    let renderer: Arc<Renderer> = Renderer::load(&ModelConfig {
+        tokenizer: dir.clone(),
+        ..Default::default()
+    })
+    .expect("qwen3");
+    let im_end = renderer.token_to_id("<|im_end|>").expect("im_end");
+    let store = tito::store::open("memory://").expect("store");
+    let traj = Trajectories::new(store, renderer.clone(), TrajectoryConfig::default());
+    let mut messages: Vec<Value> = vec![json!({"role": "system", "content": "You are an agent."})];
+    // 49 served turns, each ~320 user + ~320 assistant tokens.
+    for t in 0..TURNS - 1 {
+        messages.push(json!({"role": "user", "content": words(t, 300)}));
+        let input = ChatInput {
+            messages: &messages,
+            tools: None,
+            kwargs: None,
+            add_generation_prompt: true,
+        };
+        let prepared = traj.prepare_chat("bench", input).await.expect("prepare");
+        let reply = words(t + 1000, 300);
+        let sampled = [renderer.encode(&reply).expect("enc"), vec![im_end]].concat();
+        let ctx = CallContext {
+            trajectory_id: "bench".into(),
+            request: Value::Null,
+            messages: Some(Arc::new(messages.clone())),
+            started_at: 0,
+            weight_version: None,
+        };
+        let outcome = ChoiceOutcome {
+            logprobs: Vec::new(),
+            sampled_ids: sampled,
+            finish_reason: Some(tito::backend::FinishReason::Stop),
+            served: json!({"role": "assistant", "content": reply}),
+            backend: "bench".into(),
+            moved_from: None,
+            parse_outcome: None,
+        };
+        traj.commit(&ctx, &prepared, &[outcome])
+            .await
+            .expect("commit");
+        messages.push(json!({"role": "assistant", "content": reply}));
+    }
+    messages.push(json!({"role": "user", "content": words(TURNS, 300)}));
+    let input = ChatInput {
+        messages: &messages,
+        tools: None,
+        kwargs: None,
+        add_generation_prompt: true,
+    };
+    let prepared = traj.prepare_chat("bench", input).await.expect("prepare");
+    let tokens = prepared.prompt_ids.len();
+    let exact: Vec<Duration> = {
+        let mut v = Vec::new();
+        for _ in 0..REPS {
+            let t = Instant::now();
+            let p = traj.prepare_chat("bench", input).await.expect("prepare");
+            v.push(t.elapsed());
+            assert!(p.drift.is_none(), "this conversation renders without drift");
+        }
+        v
+    };
+    let full: Vec<Duration> = (0..REPS)
+        .map(|_| {
+            let t = Instant::now();
+            let ids = renderer
+                .render_ids(&RenderInput {
+                    messages: &messages,
+                    tools: None,
+                    add_generation_prompt: true,
+                    kwargs: None,
+                })
+                .expect("render");
+            assert_eq!(ids.len(), tokens, "full render == exact prompt length");
+            t.elapsed()
+        })
+        .collect();
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let (e, f) = (median(exact), median(full));
+    println!("turn {TURNS} of a {tokens}-token trajectory (qwen3), median of {REPS}");
+    println!("| method | ms | vs exact |");
+    println!("|---|---|---|");
+    println!("| tito exact (prepare_chat) | {:.2} | 1.00x |", ms(e));
+    println!(
+        "| tito full re-render + tokenize | {:.2} | {:.1}x |",
+        ms(f),
+        ms(f) / ms(e)
+    );
+    let py = root.join(".venv/bin/python");
+    if py.exists() {
+        let conv = std::env::temp_dir().join("tito-bench-conv.json");
+        std::fs::write(&conv, serde_json::to_string(&messages).expect("json")).expect("write");
+        let out = std::process::Command::new(py)
+            .arg(root.join("scripts/bench_apply_chat_template.py"))
+            .arg(&dir)
+            .arg(&conv)
+            .arg(REPS.to_string())
+            .output();
+        match out {
+            Ok(o) if o.status.success() => {
+                let text = String::from_utf8_lossy(&o.stdout);
+                let mut parts = text.split_whitespace();
+                let (py_ms, py_tokens) = (
+                    parts.next().and_then(|s| s.parse::<f64>().ok()),
+                    parts.next(),
+                );
+                if let Some(p) = py_ms {
+                    println!(
+                        "| transformers apply_chat_template | {p:.2} | {:.1}x |",
+                        p / ms(e)
+                    );
+                    println!(
+                        "(transformers produced {} tokens)",
+                        py_tokens.unwrap_or("?")
+                    );
+                }
+            }
+            Ok(o) => eprintln!(
+                "python bench failed: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => eprintln!("python bench not run: {e}"),
+        }
+    }
+}
