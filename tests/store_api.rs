@@ -34,6 +34,7 @@ async fn app() -> Router {
         decode: Some(Arc::new(|ids: &[u32]| {
             Some(ids.iter().map(|i| format!("<{i}>")).collect())
         })),
+        on_finish: None,
     };
     tito::api::trajectories::routes()
         .merge(tito::api::export::routes())

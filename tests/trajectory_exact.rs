@@ -286,3 +286,48 @@ async fn completions_with_token_prompts_continue_by_prefix() {
     );
     assert_eq!(rows[0]["response_mask"], json!([1, 1, 1, 0, 0, 1, 1]));
 }
+
+#[tokio::test]
+async fn finished_trajectory_refuses_calls_before_generating() {
+    let mock = MockVllm::start(Scripted::ids(vec![b'A'.into(), IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let m1 = json!([{"role": "user", "content": "q"}]);
+    chat(&g, "traj-f", &m1).await;
+    let r = g
+        .client
+        .post(g.url("/v1/trajectories/traj-f/finish"))
+        .send()
+        .await
+        .expect("finish");
+    assert_eq!(r.status(), 200);
+    let before = mock.requests().len();
+    let m2 = json!([{"role": "user", "content": "q"}, {"role": "assistant", "content": "A"},
+                    {"role": "user", "content": "again"}]);
+    let r = g
+        .post("/t/traj-f/v1/chat/completions", json!({"messages": m2}))
+        .await;
+    assert_eq!(r.status(), 409);
+    assert_eq!(
+        mock.requests().len(),
+        before,
+        "nothing was generated for a finished trajectory"
+    );
+    let r = g
+        .client
+        .post(g.url("/v1/trajectories/nope/finish"))
+        .send()
+        .await
+        .expect("finish");
+    assert_eq!(r.status(), 404);
+    let r = g
+        .client
+        .post(g.url("/v1/trajectories/traj-f/reward"))
+        .json(&json!({"reward": 1.0}))
+        .send()
+        .await
+        .expect("reward");
+    assert_eq!(r.status(), 200);
+    let rows = export_jsonl(&g, "layout=trajectory&status=finished").await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["reward"], 1.0);
+}

@@ -82,6 +82,8 @@ impl AppState {
             renderer.clone(),
             config.trajectory.clone(),
         ));
+        let traj = trajectories.clone();
+        let forget: Arc<dyn Fn(&str) + Send + Sync> = Arc::new(move |id: &str| traj.forget(id));
         let dec = renderer.clone();
         let decode: trajectories::DecodeFn =
             Arc::new(move |ids: &[u32]| dec.decode(ids, false).ok());
@@ -94,6 +96,7 @@ impl AppState {
             store: StoreState {
                 store,
                 decode: Some(decode),
+                on_finish: Some(forget),
             },
         })
     }

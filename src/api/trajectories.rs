@@ -29,6 +29,9 @@ pub struct StoreState {
     pub store: DynStore,
     /// When set, each segment of `GET /v1/trajectories/{id}` carries `text`.
     pub decode: Option<DecodeFn>,
+    /// Called with the id after a trajectory is finished (the gateway drops
+    /// it from its in-memory view so later calls are refused up front).
+    pub on_finish: Option<Arc<dyn Fn(&str) + Send + Sync>>,
 }
 
 /// `GET /v1/trajectories`, `GET /v1/trajectories/{id}`,
@@ -229,5 +232,8 @@ async fn finish(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let meta = st.store.finish(&id).await?;
+    if let Some(hook) = &st.on_finish {
+        hook(&id);
+    }
     Ok(Json(meta_json(&meta)))
 }
