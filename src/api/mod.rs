@@ -83,7 +83,7 @@ impl AppState {
             config.trajectory.clone(),
         ));
         let traj = trajectories.clone();
-        let forget: Arc<dyn Fn(&str) + Send + Sync> = Arc::new(move |id: &str| traj.forget(id));
+        let forget: trajectories::FinishHook = Arc::new(move |id: &str| traj.forget(id));
         let dec = renderer.clone();
         let decode: trajectories::DecodeFn =
             Arc::new(move |ids: &[u32]| dec.decode(ids, false).ok());

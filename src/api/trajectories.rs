@@ -23,6 +23,9 @@ use crate::store::{
 /// Turns token ids into text for segment display; `None` on failure.
 pub type DecodeFn = Arc<dyn Fn(&[u32]) -> Option<String> + Send + Sync>;
 
+/// Called with a trajectory id once it is finished.
+pub type FinishHook = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// What the trajectory and export routes need from the app state.
 #[derive(Clone)]
 pub struct StoreState {
@@ -31,7 +34,7 @@ pub struct StoreState {
     pub decode: Option<DecodeFn>,
     /// Called with the id after a trajectory is finished (the gateway drops
     /// it from its in-memory view so later calls are refused up front).
-    pub on_finish: Option<Arc<dyn Fn(&str) + Send + Sync>>,
+    pub on_finish: Option<FinishHook>,
 }
 
 /// `GET /v1/trajectories`, `GET /v1/trajectories/{id}`,
