@@ -42,7 +42,7 @@ async fn handle(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let handled = std::time::Instant::now();
-    let mut req: ChatRequest = parse_body(&body)?;
+    let (mut req, body_json): (ChatRequest, _) = parse_body(&body)?;
     req.check()?;
     toolcalls::normalize_messages(&mut req.messages);
     state.check_model(req.model.as_deref())?;
@@ -71,7 +71,7 @@ async fn handle(
     let resp_headers = super::trajectory_header(&tid);
     let ctx = CallContext {
         trajectory_id: tid,
-        request: serde_json::from_slice(&body).unwrap_or(Json::Null),
+        request: body_json,
         messages: Some(Arc::new(req.messages.clone())),
         started_at,
         weight_version: state.ops.weight_version(),

@@ -80,7 +80,7 @@ async fn handle(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let handled = std::time::Instant::now();
-    let req: CompletionRequest = parse_body(&body)?;
+    let (req, body_json): (CompletionRequest, _) = parse_body(&body)?;
     req.check()?;
     state.check_model(req.model.as_deref())?;
     let tid =
@@ -110,7 +110,7 @@ async fn handle(
     let resp_headers = super::trajectory_header(&tid);
     let ctx = CallContext {
         trajectory_id: tid,
-        request: serde_json::from_slice(&body).unwrap_or(Json::Null),
+        request: body_json,
         messages: None,
         started_at,
         weight_version: state.ops.weight_version(),

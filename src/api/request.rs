@@ -20,11 +20,13 @@ pub trait WithSampling {
 /// Parses a request body into `T` plus its sampling fields, naming the
 /// offending field on error. (Sampling fields are read in a second pass over
 /// the same JSON value: `#[serde(flatten)]` would lose the error's path.)
-pub fn parse_body<T: DeserializeOwned + WithSampling>(body: &Bytes) -> Result<T, ApiError> {
+/// Also returns the body's JSON value, which the span record keeps, so the
+/// body is parsed once.
+pub fn parse_body<T: DeserializeOwned + WithSampling>(body: &Bytes) -> Result<(T, Json), ApiError> {
     let value = parse_json(body)?;
-    let mut req: T = from_value(value.clone())?;
-    req.set_sampling(from_value(value)?);
-    Ok(req)
+    let mut req: T = from_json(&value)?;
+    req.set_sampling(from_json(&value)?);
+    Ok((req, value))
 }
 
 fn parse_json(body: &Bytes) -> Result<Json, ApiError> {
@@ -43,6 +45,10 @@ fn parse_json(body: &Bytes) -> Result<Json, ApiError> {
 
 /// Deserializes with the failing field's path in the error.
 pub fn from_value<T: DeserializeOwned>(value: Json) -> Result<T, ApiError> {
+    from_json(&value)
+}
+
+fn from_json<T: DeserializeOwned>(value: &Json) -> Result<T, ApiError> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -377,7 +383,7 @@ mod tests {
     use super::*;
 
     fn parse<T: DeserializeOwned + WithSampling>(s: &str) -> Result<T, ApiError> {
-        parse_body(&Bytes::from(s.to_string()))
+        parse_body(&Bytes::from(s.to_string())).map(|(req, _)| req)
     }
 
     #[test]
