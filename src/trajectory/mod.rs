@@ -47,6 +47,8 @@ pub struct HotCall {
     pub served: Json,
     pub prompt_ids: Arc<Vec<u32>>,
     pub sampled_ids: Arc<Vec<u32>>,
+    /// The decoded text of `sampled_ids` (special tokens kept).
+    pub sampled_text: Arc<String>,
     /// The decoded text of `prompt_ids` (special tokens kept).
     pub prompt_text: Arc<String>,
     /// Token ranges of `prompt_ids`.
@@ -75,6 +77,13 @@ struct TrajState {
     /// Calls that already have a continuation in their own sample.
     continued: HashSet<u32>,
     served: HashMap<u32, Served>,
+}
+
+/// What the hot view derives from a call's sampled ids.
+struct SampledInfo {
+    text: String,
+    served: Served,
+    noncanonical: Option<usize>,
 }
 
 /// One generated choice of a call, ready to record.
@@ -238,9 +247,9 @@ impl Trajectories {
             }
             let prompt_text = self.renderer.decode(&prompt_ids, false)?;
             let noncanonical = parent.as_ref().and_then(|p| p.noncanonical_at);
-            let own = self
-                .noncanonical_offset(&rec.sampled_ids)
-                .map(|o| o + prompt_ids.len());
+            let info = self.inspect_sampled(&rec.response, &rec.sampled_ids)?;
+            let own = info.noncanonical.map(|o| o + prompt_ids.len());
+            st.served.insert(rec.call_index, info.served);
             let call = Arc::new(HotCall {
                 call_index: rec.call_index,
                 sample_index: rec.sample_index,
@@ -250,24 +259,28 @@ impl Trajectories {
                 response_used: used + rec.sampled_ids.len(),
                 prompt_ids: Arc::new(prompt_ids),
                 sampled_ids: Arc::new(rec.sampled_ids.clone()),
+                sampled_text: Arc::new(info.text),
                 prompt_text: Arc::new(prompt_text),
                 segments: Arc::new(segments),
                 noncanonical_at: noncanonical.or(own),
                 truncated: rec.truncated,
             });
-            st.served.insert(
-                rec.call_index,
-                self.served_info(&call.served, &rec.sampled_ids),
-            );
             by_index.insert(rec.call_index, call.clone());
             st.calls.push(call);
         }
         Ok(())
     }
 
-    fn served_info(&self, served: &Json, sampled: &[u32]) -> Served {
-        let text = self.renderer.decode(sampled, false).unwrap_or_default();
-        Served {
+    /// Decodes a call's sampled ids once and derives what the hot view keeps:
+    /// the text (reused by continuations), what was served (for drift
+    /// causes), and where a fresh tokenization of the text would differ.
+    fn inspect_sampled(
+        &self,
+        served: &Json,
+        sampled: &[u32],
+    ) -> Result<SampledInfo, TrajectoryError> {
+        let text = self.renderer.decode(sampled, false)?;
+        let served = Served {
             reasoning: text.contains("<think>")
                 || text.contains("</think>")
                 || served
@@ -277,15 +290,17 @@ impl Trajectories {
                 .get("tool_calls")
                 .and_then(Json::as_array)
                 .is_some_and(|a| !a.is_empty()),
-        }
-    }
-
-    /// Offset of the first sampled id a fresh tokenization of its text would
-    /// not reproduce (None when the ids are canonical).
-    fn noncanonical_offset(&self, sampled: &[u32]) -> Option<usize> {
-        let text = self.renderer.decode(sampled, false).ok()?;
-        let again = self.renderer.encode(&text).ok()?;
-        first_difference(sampled, &again)
+        };
+        let noncanonical = self
+            .renderer
+            .encode(&text)
+            .ok()
+            .and_then(|again| first_difference(sampled, &again));
+        Ok(SampledInfo {
+            text,
+            served,
+            noncanonical,
+        })
     }
 
     /// Records a finished call (one record per choice); returns once durable.
@@ -363,27 +378,24 @@ impl Trajectories {
             if sample_index == st.next_sample {
                 st.next_sample += 1;
             }
-            let own = self
-                .noncanonical_offset(&choice.sampled_ids)
-                .map(|o| o + prepared.prompt_ids.len());
+            let info = self.inspect_sampled(&choice.served, &choice.sampled_ids)?;
+            let own = info.noncanonical.map(|o| o + prepared.prompt_ids.len());
+            st.served.insert(call_index, info.served);
             let call = Arc::new(HotCall {
                 call_index,
                 sample_index,
                 messages: ctx.messages.clone(),
-                messages_hash: ctx.messages.as_ref().map_or(0, |m| last_hash(m)),
+                messages_hash: prepared.messages_hash,
                 served: choice.served.clone(),
                 prompt_ids: prepared.prompt_ids.clone(),
                 sampled_ids: Arc::new(choice.sampled_ids.clone()),
+                sampled_text: Arc::new(info.text),
                 prompt_text: prepared.prompt_text.clone(),
                 segments: prepared.segments.clone(),
                 response_used: prepared.response_used + choice.sampled_ids.len(),
                 noncanonical_at: prepared.noncanonical_at.or(own),
                 truncated,
             });
-            st.served.insert(
-                call_index,
-                self.served_info(&call.served, &choice.sampled_ids),
-            );
             st.calls.push(call);
             indices.push(call_index);
         }

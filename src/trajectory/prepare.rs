@@ -48,6 +48,8 @@ pub struct Prepared {
     pub noncanonical_at: Option<usize>,
     /// The sample's response budget is already spent.
     pub truncated: bool,
+    /// Hash of the call's normalized messages (0 for completions calls).
+    pub messages_hash: u64,
 }
 
 impl Prepared {
@@ -82,8 +84,20 @@ impl Trajectories {
         served: &dyn Fn(u32) -> Served,
         input: ChatInput<'_>,
     ) -> Result<Prepared, TrajectoryError> {
+        let hashes = prefix_hashes(input.messages);
+        let mut prepared = self.prepare_chat_hashed(calls, served, input, &hashes)?;
+        prepared.messages_hash = hashes.last().copied().unwrap_or(0);
+        Ok(prepared)
+    }
+
+    fn prepare_chat_hashed(
+        &self,
+        calls: &[Arc<HotCall>],
+        served: &dyn Fn(u32) -> Served,
+        input: ChatInput<'_>,
+        hashes: &[u64],
+    ) -> Result<Prepared, TrajectoryError> {
         let messages = input.messages;
-        let hashes = prefix_hashes(messages);
         let mut best: Option<(&Arc<HotCall>, usize)> = None;
         let mut edited: Option<&Arc<HotCall>> = None;
         for c in calls.iter().rev() {
@@ -134,7 +148,7 @@ impl Trajectories {
         let mut exact_text =
             String::with_capacity(parent.prompt_text.len() + delta_text.len() + 256);
         exact_text.push_str(&parent.prompt_text);
-        exact_text.push_str(&self.renderer.decode(&parent.sampled_ids, false)?);
+        exact_text.push_str(&parent.sampled_text);
         exact_text.push_str(&delta_text);
         let segments = extend_segments(parent, delta_ids.len());
         let eot = self.end_of_turn_ids();
@@ -163,6 +177,7 @@ impl Trajectories {
             drift,
             response_used,
             noncanonical_at: parent.noncanonical_at,
+            messages_hash: 0,
         };
         if self.config.history == HistoryMode::Template {
             let fresh = match fresh_ids {
@@ -209,6 +224,7 @@ impl Trajectories {
             response_used: 0,
             noncanonical_at: None,
             truncated: false,
+            messages_hash: 0,
         }
     }
 
@@ -297,6 +313,7 @@ impl Trajectories {
             drift: None,
             response_used,
             noncanonical_at: parent.noncanonical_at,
+            messages_hash: 0,
         })
     }
 }
