@@ -331,3 +331,33 @@ async fn finished_trajectory_refuses_calls_before_generating() {
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["reward"], 1.0);
 }
+
+#[tokio::test]
+async fn history_continues_exactly_after_a_restart() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/spans.db", dir.path().display());
+    let store = tito::store::open(&url).expect("store");
+    let renderer = tito::render::testing::chatml_renderer();
+    let first =
+        common::start_gateway_on(config(&[mock.url()], ""), renderer.clone(), store.clone()).await;
+    let sampled1: Vec<u32> = [bytes_of("Hello"), vec![IM_END]].concat();
+    mock.push(Scripted::ids(sampled1.clone()));
+    let m1 = json!([{"role": "user", "content": "hi"}]);
+    chat(&first, "traj-r", &m1).await;
+    // A new gateway (empty in-memory view) on the same store.
+    let second = common::start_gateway_on(config(&[mock.url()], ""), renderer, store).await;
+    mock.push(Scripted::ids(vec![b'k'.into(), IM_END]));
+    let m2 = json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"},
+                    {"role": "user", "content": "more"}]);
+    let r2 = chat(&second, "traj-r", &m2).await;
+    let observation = second
+        .renderer
+        .encode("\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n")
+        .expect("enc");
+    let expected = [render(&second, &m1, true), sampled1, observation].concat();
+    assert_eq!(r2["prompt_token_ids"], json!(expected));
+    let t = trajectory(&second, "traj-r").await;
+    assert_eq!(t["calls"][1]["parent_call"], 0);
+    assert_eq!(t["calls"][1]["drift"]["cause"], "bpe_retokenization");
+}

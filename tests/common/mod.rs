@@ -53,8 +53,18 @@ pub async fn start_gateway(config: Config) -> Gateway {
 }
 
 pub async fn start_gateway_with(config: Config, renderer: Arc<Renderer>) -> Gateway {
-    let backends = tito::backend::build_backends(&config).expect("backends");
     let store = tito::store::open(&config.store.url).expect("store opens");
+    start_gateway_on(config, renderer, store).await
+}
+
+/// A gateway over a given span store (e.g. one shared with another gateway,
+/// as after a restart).
+pub async fn start_gateway_on(
+    config: Config,
+    renderer: Arc<Renderer>,
+    store: tito::store::DynStore,
+) -> Gateway {
+    let backends = tito::backend::build_backends(&config).expect("backends");
     let state = AppState::new(config, renderer.clone(), backends, store).expect("state");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
