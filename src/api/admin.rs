@@ -4,7 +4,7 @@
 //! `server.admin_token` (a Bearer token compared in constant time), which
 //! also guards the export route.
 
-use std::sync::{Arc, RwLock};
+use std::sync::RwLock;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -280,12 +280,6 @@ async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response,
         Json(json!({"ok": ok, "version": w.version, "backends": items})),
     )
         .into_response())
-}
-
-impl Ops {
-    pub fn shared(token: &str) -> Arc<Ops> {
-        Arc::new(Ops::new(token))
-    }
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ use serde_json::{json, Value as Json};
 use super::generate::{self, CallPlan, ChoiceResult};
 use super::logprobs::chat_logprobs;
 use super::request::{parse_body, ChatRequest};
-use super::sse::{sse_response, ChoiceStream, StreamSpec};
+use super::sse::{sse_response, usage, ChoiceStream, StreamSpec};
 use super::toolcalls::{self, ParseSetup};
 use super::{finish_str, new_id, unix_now, AppState};
 use crate::error::ApiError;
@@ -248,14 +248,6 @@ fn response_body(
     body
 }
 
-pub(super) fn usage(prompt: usize, completion: usize) -> Json {
-    json!({
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    })
-}
-
 async fn stream(
     state: AppState,
     plan: CallPlan,
@@ -340,6 +332,7 @@ async fn stream(
             .collect()
     });
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let usage_chunk = include_usage.then(|| (chunk(json!([])), plan.prompt_ids.len()));
     let finalize = Box::new(move |results: Vec<ChoiceResult>| {
         async move {
             let parsed = outputs.lock().map(|o| o.clone()).unwrap_or_default();
@@ -352,21 +345,14 @@ async fn stream(
                     served[r.index as usize].record()
                 })
                 .await?;
-            let mut out: Vec<Json> = results
+            Ok(results
                 .iter()
                 .zip(&served)
                 .map(|(r, s)| {
                     chunk(json!([{"index": r.index, "delta": {}, "logprobs": null,
                                   "finish_reason": s.finish, "stop_reason": null}]))
                 })
-                .collect();
-            if include_usage {
-                let completion: usize = results.iter().map(|r| r.ids.len()).sum();
-                let mut u = chunk(json!([]));
-                u["usage"] = usage(plan.prompt_ids.len(), completion);
-                out.push(u);
-            }
-            Ok(out)
+                .collect())
         }
         .boxed()
     });
@@ -376,6 +362,7 @@ async fn stream(
             choices,
             delta,
             finalize,
+            usage: usage_chunk,
         },
         headers,
     ))

@@ -11,11 +11,10 @@ use axum::response::{IntoResponse, Response};
 use futures::FutureExt;
 use serde_json::{json, Value as Json};
 
-use super::chat::usage;
 use super::generate::{self, CallPlan, ChoiceResult};
 use super::logprobs::completion_logprobs;
 use super::request::{parse_body, CompletionRequest, PromptSpec};
-use super::sse::{sse_response, ChoiceStream, StreamSpec};
+use super::sse::{sse_response, usage, ChoiceStream, StreamSpec};
 use super::{finish_str, new_id, unix_now, AppState};
 use crate::error::ApiError;
 use crate::trajectory::{CallContext, Prepared};
@@ -245,6 +244,8 @@ async fn stream(
         vec![delta_chunk(json!([c]))]
     });
     let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let usage_chunk =
+        include_usage.then(|| (chunk(json!([])), prompts.iter().map(|p| p.len()).sum()));
     let finalize = Box::new(move |results: Vec<ChoiceResult>| {
         async move {
             for (pi, prepared) in prepared_all.iter().enumerate() {
@@ -260,21 +261,13 @@ async fn stream(
                     .record_call(&ctx, prepared, &mine, served_text)
                     .await?;
             }
-            let mut out: Vec<Json> = results
+            Ok(results
                 .iter()
                 .map(|r| {
                     chunk(json!([{"index": r.index, "text": "", "logprobs": null,
                                   "finish_reason": finish_str(r.finish), "stop_reason": null}]))
                 })
-                .collect();
-            if include_usage {
-                let completion: usize = results.iter().map(|r| r.ids.len()).sum();
-                let prompt: usize = prompts.iter().map(|p| p.len()).sum();
-                let mut u = chunk(json!([]));
-                u["usage"] = usage(prompt, completion);
-                out.push(u);
-            }
-            Ok(out)
+                .collect())
         }
         .boxed()
     });
@@ -284,6 +277,7 @@ async fn stream(
             choices,
             delta,
             finalize,
+            usage: usage_chunk,
         },
         headers,
     ))

@@ -58,6 +58,18 @@ pub struct StreamSpec {
     pub choices: Vec<ChoiceStream>,
     pub delta: DeltaFormatter,
     pub finalize: Finalizer,
+    /// `stream_options.include_usage`: an empty-choices chunk to fill with
+    /// `usage`, and the prompt tokens of the call.
+    pub usage: Option<(Json, usize)>,
+}
+
+/// OpenAI `usage` object.
+pub(super) fn usage(prompt: usize, completion: usize) -> Json {
+    serde_json::json!({
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    })
 }
 
 fn data(v: &Json) -> Event {
@@ -70,6 +82,7 @@ pub fn sse_response(spec: StreamSpec, headers: axum::http::HeaderMap) -> Respons
         choices,
         mut delta,
         finalize,
+        usage: usage_chunk,
     } = spec;
     let mut results: Vec<ChoiceResult> = choices
         .iter()
@@ -113,8 +126,13 @@ pub fn sse_response(spec: StreamSpec, headers: axum::http::HeaderMap) -> Respons
             }
         }
         drop(merged);
+        let completion: usize = results.iter().map(|r| r.ids.len()).sum();
         match finalize(results).await {
-            Ok(chunks) => {
+            Ok(mut chunks) => {
+                if let Some((mut u, prompt)) = usage_chunk {
+                    u["usage"] = usage(prompt, completion);
+                    chunks.push(u);
+                }
                 for chunk in &chunks {
                     if tx.send(data(chunk)).await.is_err() {
                         return;
