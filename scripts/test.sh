@@ -6,8 +6,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
 
+# CI builds once from scratch: incremental caches would only cost disk.
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+
 step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
 
+df -h . | tail -1 | awk '{print "disk free here: " $4}'
 step "system packages";    scripts/setup-system.sh
 step "tokenizer fixtures"; scripts/fetch-tokenizers.sh
 step "model";              scripts/fetch-model.sh
