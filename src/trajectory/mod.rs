@@ -12,7 +12,7 @@ pub mod messages;
 mod prepare;
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::Value as Json;
 
@@ -55,15 +55,56 @@ pub struct HotCall {
     pub segments: Arc<Vec<SegRange>>,
     /// Response tokens of its sample up to and including this call's sample.
     pub response_used: usize,
-    /// First position (in `prompt_ids + sampled_ids`) of a sampled token that
-    /// a fresh tokenization would not reproduce.
-    pub noncanonical_at: Option<usize>,
+    /// The call this one continues (its prompt starts with the parent's
+    /// prompt and sampled ids); None for a root.
+    pub parent: Option<Arc<HotCall>>,
+    /// See [`HotCall::noncanonical_at`]; computed on first use.
+    noncanonical: OnceLock<Option<usize>>,
     pub truncated: bool,
 }
 
 impl HotCall {
     fn full_len(&self) -> usize {
         self.prompt_ids.len() + self.sampled_ids.len()
+    }
+
+    /// First position (in `prompt_ids + sampled_ids`) of a sampled token of
+    /// this call or an ancestor that a fresh tokenization of the text would
+    /// not reproduce. Needs a re-encode of the sampled text, so it is only
+    /// computed when a later turn asks (most calls are never asked: the last
+    /// turn of every trajectory, every single-turn call); ancestors are
+    /// resolved oldest first, without recursion.
+    pub fn noncanonical_at(&self, renderer: &Renderer) -> Option<usize> {
+        if let Some(v) = self.noncanonical.get() {
+            return *v;
+        }
+        let mut pending = Vec::new();
+        let mut next = self.parent.clone();
+        while let Some(call) = next {
+            if call.noncanonical.get().is_some() {
+                break;
+            }
+            next = call.parent.clone();
+            pending.push(call);
+        }
+        for call in pending.iter().rev() {
+            call.resolve_noncanonical(renderer);
+        }
+        self.resolve_noncanonical(renderer)
+    }
+
+    /// Assumes the parent is resolved.
+    fn resolve_noncanonical(&self, renderer: &Renderer) -> Option<usize> {
+        *self.noncanonical.get_or_init(|| {
+            let inherited = self
+                .parent
+                .as_ref()
+                .and_then(|p| p.noncanonical.get().copied().flatten());
+            inherited.or_else(|| {
+                let again = renderer.encode(&self.sampled_text).ok()?;
+                first_difference(&self.sampled_ids, &again).map(|o| o + self.prompt_ids.len())
+            })
+        })
     }
 }
 
@@ -83,7 +124,6 @@ struct TrajState {
 struct SampledInfo {
     text: String,
     served: Served,
-    noncanonical: Option<usize>,
 }
 
 /// One generated choice of a call, ready to record.
@@ -246,9 +286,7 @@ impl Trajectories {
                 }
             }
             let prompt_text = self.renderer.decode(&prompt_ids, false)?;
-            let noncanonical = parent.as_ref().and_then(|p| p.noncanonical_at);
             let info = self.inspect_sampled(&rec.response, &rec.sampled_ids)?;
-            let own = info.noncanonical.map(|o| o + prompt_ids.len());
             st.served.insert(rec.call_index, info.served);
             let call = Arc::new(HotCall {
                 call_index: rec.call_index,
@@ -262,7 +300,8 @@ impl Trajectories {
                 sampled_text: Arc::new(info.text),
                 prompt_text: Arc::new(prompt_text),
                 segments: Arc::new(segments),
-                noncanonical_at: noncanonical.or(own),
+                parent: parent.clone(),
+                noncanonical: OnceLock::new(),
                 truncated: rec.truncated,
             });
             by_index.insert(rec.call_index, call.clone());
@@ -291,16 +330,7 @@ impl Trajectories {
                 .and_then(Json::as_array)
                 .is_some_and(|a| !a.is_empty()),
         };
-        let noncanonical = self
-            .renderer
-            .encode(&text)
-            .ok()
-            .and_then(|again| first_difference(sampled, &again));
-        Ok(SampledInfo {
-            text,
-            served,
-            noncanonical,
-        })
+        Ok(SampledInfo { text, served })
     }
 
     /// Records a finished call (one record per choice); returns once durable.
@@ -379,7 +409,6 @@ impl Trajectories {
                 st.next_sample += 1;
             }
             let info = self.inspect_sampled(&choice.served, &choice.sampled_ids)?;
-            let own = info.noncanonical.map(|o| o + prepared.prompt_ids.len());
             st.served.insert(call_index, info.served);
             let call = Arc::new(HotCall {
                 call_index,
@@ -393,7 +422,8 @@ impl Trajectories {
                 prompt_text: prepared.prompt_text.clone(),
                 segments: prepared.segments.clone(),
                 response_used: prepared.response_used + choice.sampled_ids.len(),
-                noncanonical_at: prepared.noncanonical_at.or(own),
+                parent: prepared.parent.clone(),
+                noncanonical: OnceLock::new(),
                 truncated,
             });
             st.calls.push(call);

@@ -45,7 +45,6 @@ pub struct Prepared {
     pub drift: Option<Drift>,
     /// Response tokens of the sample before this call generates.
     pub response_used: usize,
-    pub noncanonical_at: Option<usize>,
     /// The sample's response budget is already spent.
     pub truncated: bool,
     /// Hash of the call's normalized messages (0 for completions calls).
@@ -153,7 +152,7 @@ impl Trajectories {
         let segments = extend_segments(parent, delta_ids.len());
         let eot = self.end_of_turn_ids();
         let (fresh_ids, drift) = if fresh_text == exact_text {
-            let drift = parent.noncanonical_at.map(|p| Drift {
+            let drift = parent.noncanonical_at(&self.renderer).map(|p| Drift {
                 position: p as u32,
                 cause: "bpe_retokenization".into(),
                 details: json!({"note": "same text, but a fresh tokenization splits the sampled tokens differently",
@@ -176,7 +175,6 @@ impl Trajectories {
             segments: Arc::new(segments),
             drift,
             response_used,
-            noncanonical_at: parent.noncanonical_at,
             messages_hash: 0,
         };
         if self.config.history == HistoryMode::Template {
@@ -222,7 +220,6 @@ impl Trajectories {
             segments: Arc::new(segments),
             drift,
             response_used: 0,
-            noncanonical_at: None,
             truncated: false,
             messages_hash: 0,
         }
@@ -312,7 +309,6 @@ impl Trajectories {
             parent: Some(parent.clone()),
             drift: None,
             response_used,
-            noncanonical_at: parent.noncanonical_at,
             messages_hash: 0,
         })
     }
