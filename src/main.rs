@@ -5,6 +5,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+// glibc's malloc was a fifth of the gateway's CPU per request under load
+// (many small, short-lived allocations across threads); mimalloc's
+// thread-local free lists take most of that away (docs/benchmarks.md).
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(
     name = "tito",

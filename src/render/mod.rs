@@ -5,6 +5,7 @@
 //! [`gguf`]), compiling the chat template, rendering messages, encoding and
 //! decoding. Must not: do I/O after start-up, or know about HTTP.
 
+mod fastbpe;
 pub mod gguf;
 mod hf;
 mod pyfmt;
@@ -66,6 +67,8 @@ pub struct RenderInput<'a> {
 /// A compiled chat template plus tokenizer. Cheap to share (`Arc`).
 pub struct Renderer {
     tokenizer: Tokenizer,
+    /// The exact fast encoder, when this tokenizer qualifies (see `fastbpe`).
+    fast: Option<fastbpe::FastBpe>,
     env: Environment<'static>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -118,7 +121,9 @@ impl Renderer {
                 template_vars.insert(name.into(), Json::String(v.clone()));
             }
         }
+        let fast = fast_encoder(&source.tokenizer);
         Ok(Renderer {
+            fast,
             tokenizer: source.tokenizer,
             env,
             bos_token: source.bos_token,
@@ -174,6 +179,22 @@ impl Renderer {
     /// written in the text become their ids, and nothing is added (the
     /// template already wrote BOS where the model wants it).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, RenderError> {
+        match &self.fast {
+            Some(fast) => fast
+                .encode(&self.tokenizer, text)
+                .map_err(RenderError::Tokenize),
+            None => self.encode_reference(text),
+        }
+    }
+
+    /// Whether [`Renderer::encode`] runs the fast byte-level BPE encoder.
+    pub fn has_fast_encoder(&self) -> bool {
+        self.fast.is_some()
+    }
+
+    /// [`Renderer::encode`] through the `tokenizers` crate, always: the
+    /// reference the fast encoder is checked against.
+    pub fn encode_reference(&self, text: &str) -> Result<Vec<u32>, RenderError> {
         let enc = self
             .tokenizer
             .encode_fast(text, false)
@@ -297,3 +318,26 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
 
 #[cfg(test)]
 mod tests;
+
+/// The fast encoder for this tokenizer, if it qualifies and reproduces the
+/// crate on every probe; otherwise the crate encodes (and the log says why).
+fn fast_encoder(tokenizer: &Tokenizer) -> Option<fastbpe::FastBpe> {
+    let fast = match fastbpe::FastBpe::from_tokenizer(tokenizer) {
+        Ok(f) => f,
+        Err(why) => {
+            tracing::info!(reason = %why, "fast BPE encoder off, the tokenizers crate encodes");
+            return None;
+        }
+    };
+    for probe in fastbpe::PROBES {
+        let reference = tokenizer.encode_fast(*probe, false).ok()?;
+        if fast.encode(tokenizer, probe).ok().as_deref() != Some(reference.get_ids()) {
+            tracing::warn!(
+                probe,
+                "fast BPE encoder disagrees with the tokenizers crate; not used"
+            );
+            return None;
+        }
+    }
+    Some(fast)
+}
