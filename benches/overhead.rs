@@ -85,6 +85,7 @@ async fn main() {
         .chain([IM_END])
         .collect();
     let mock = MockVllm::start(Scripted::ids(reply)).await;
+    mock.quiet();
     let dir = tempfile::tempdir().expect("tempdir");
     let config = Config::from_toml(&format!(
         "[model]\nname = \"m\"\ntokenizer = \"unused\"\nmax_model_len = 4096\n\

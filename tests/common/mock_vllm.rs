@@ -53,6 +53,10 @@ pub struct MockState {
     pub healthy: std::sync::atomic::AtomicBool,
     /// Every request's path (and query), in arrival order.
     pub log: Mutex<Vec<String>>,
+    /// Benchmarks: keep no request bodies or log (they would grow unbounded).
+    pub quiet: std::sync::atomic::AtomicBool,
+    /// Content of the text `/v1/chat/completions` answer ("ok" when unset).
+    pub chat_content: Mutex<Option<String>>,
 }
 
 pub struct MockVllm {
@@ -91,6 +95,16 @@ impl MockVllm {
         format!("http://{}", self.addr)
     }
 
+    /// For benchmarks: stop recording request bodies and paths.
+    pub fn quiet(&self) {
+        self.state.quiet.store(true, Ordering::SeqCst);
+    }
+
+    /// What the text chat endpoint answers (for gateways that forward text).
+    pub fn set_chat_content(&self, content: &str) {
+        *self.state.chat_content.lock().expect("lock") = Some(content.to_string());
+    }
+
     pub fn push(&self, s: Scripted) {
         self.state.script.lock().expect("lock").push_back(s);
     }
@@ -126,7 +140,12 @@ impl MockVllm {
 async fn chat_text(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -> Response {
     let n = s.default.lock().expect("lock").ids.len();
     let stream = body["stream"].as_bool().unwrap_or(false);
-    let content = "ok";
+    let content = s
+        .chat_content
+        .lock()
+        .expect("lock")
+        .clone()
+        .unwrap_or_else(|| "ok".to_string());
     if stream {
         let chunks = vec![
             json!({"id": "chatcmpl-mock", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"role": "assistant", "content": content}, "finish_reason": null}]}),
@@ -203,8 +222,10 @@ fn logprobs_json(ids: &[u32], lps: &[f32], k: u64) -> Value {
 }
 
 async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -> Response {
-    s.requests.lock().expect("lock").push(body.clone());
-    s.log.lock().expect("lock").push("/v1/completions".into());
+    if !s.quiet.load(Ordering::Relaxed) {
+        s.requests.lock().expect("lock").push(body.clone());
+        s.log.lock().expect("lock").push("/v1/completions".into());
+    }
     let script = {
         let mut q = s.script.lock().expect("lock");
         q.pop_front()

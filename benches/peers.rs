@@ -1,0 +1,408 @@
+//! tito against two other gateways, side by side in one run, on the same mock
+//! backend over loopback:
+//!
+//! - tito (`target/release/tito serve`): renders the Qwen3 chat template,
+//!   tokenizes, calls the backend with token ids, decodes, records the call;
+//! - `sglang-router` (PyPI, Rust): forwards the text chat request;
+//! - LiteLLM proxy (PyPI, Python): forwards the text chat request.
+//!
+//! Each gateway's added latency is measured over a direct call to what it
+//! calls: token-id `/v1/completions` for tito, text `/v1/chat/completions`
+//! for the two peers (both served by the same in-process mock). Every
+//! request carries a distinct user message. Every process runs with its
+//! default logging. Run (installs the peers into
+//! `.bench-venv`, builds the release binary):
+//!
+//!     scripts/bench-peers.sh
+//!
+//! Environment: `TITO_PEERS_VENV` (default `.bench-venv`), `TITO_BIN`
+//! (default `target/release/tito`), `TITO_PEERS_SECS` (seconds measured per
+//! cell, default 5). Without the venv the bench says so and skips.
+
+#[path = "../tests/common/mock_vllm.rs"]
+mod mock_vllm;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mock_vllm::{MockVllm, Scripted};
+use serde_json::{json, Value};
+
+const REPLY: &str = "Sure, here you go.";
+const LITELLM_KEY: &str = "sk-tito-bench";
+const USER: &str = "Write one short sentence about the sea.";
+
+/// A child process killed when the bench ends, whatever way it ends.
+struct Proc {
+    name: &'static str,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+fn spawn(name: &'static str, dir: &Path, cmd: &mut Command) -> Proc {
+    let log = dir.join(format!("{name}.log"));
+    let out = std::fs::File::create(&log).expect("log file");
+    let err = out.try_clone().expect("log file");
+    let child = cmd
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .unwrap_or_else(|e| panic!("starting {name}: {e}"));
+    Proc { name, child, log }
+}
+
+/// One target of the load: where to post, what, with which headers.
+#[derive(Clone)]
+struct Target {
+    name: &'static str,
+    url: String,
+    body: Arc<Value>,
+    bearer: Option<&'static str>,
+    /// Number the user message of every request, so that no gateway can
+    /// answer from a cache of earlier prompts (tito tokenizes each one).
+    vary: bool,
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+impl Target {
+    fn request(&self, client: &reqwest::Client) -> reqwest::RequestBuilder {
+        let mut r = if self.vary {
+            let mut body = (*self.body).clone();
+            let n = SEQ.fetch_add(1, Ordering::Relaxed);
+            body["messages"][1]["content"] = json!(format!("{USER} (request {n})"));
+            client.post(&self.url).json(&body)
+        } else {
+            client.post(&self.url).json(&*self.body)
+        };
+        if let Some(key) = self.bearer {
+            r = r.bearer_auth(key);
+        }
+        r
+    }
+}
+
+/// Polls until the target answers a request with 200 (gateways load
+/// tokenizers, discover workers, import Python modules first).
+async fn wait_ready(client: &reqwest::Client, target: &Target, proc: &mut Proc) {
+    let deadline = Instant::now() + Duration::from_secs(180);
+    let mut pause = Duration::from_millis(50);
+    loop {
+        if let Ok(r) = target.request(client).send().await {
+            if r.status().is_success() {
+                return;
+            }
+        }
+        if let Ok(Some(status)) = proc.child.try_wait() {
+            let log = std::fs::read_to_string(&proc.log).unwrap_or_default();
+            panic!(
+                "{} exited ({status}) before it was ready:\n{log}",
+                proc.name
+            );
+        }
+        if Instant::now() > deadline {
+            let log = std::fs::read_to_string(&proc.log).unwrap_or_default();
+            panic!("{} not ready after 180 s:\n{log}", proc.name);
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+struct Stats {
+    p50: Duration,
+    p99: Duration,
+    rps: f64,
+    errors: usize,
+}
+
+/// `concurrency` clients, each sending its next request when the last one
+/// finished, for `secs`.
+async fn run(client: &reqwest::Client, target: &Target, concurrency: usize, secs: f64) -> Stats {
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (client, target) = (client.clone(), target.clone());
+            tokio::spawn(async move {
+                let (mut lat, mut errors) = (Vec::new(), 0usize);
+                while Instant::now() < end {
+                    let t = Instant::now();
+                    match target.request(&client).send().await {
+                        Ok(r) if r.status().is_success() => match r.bytes().await {
+                            Ok(_) => lat.push(t.elapsed()),
+                            Err(_) => errors += 1,
+                        },
+                        _ => errors += 1,
+                    }
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    let (mut all, mut errors) = (Vec::new(), 0);
+    for t in tasks {
+        if let Ok((lat, e)) = t.await {
+            all.extend(lat);
+            errors += e;
+        }
+    }
+    let elapsed = start.elapsed();
+    all.sort_unstable();
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    Stats {
+        p50: pct(0.50),
+        p99: pct(0.99),
+        rps: all.len() as f64 / elapsed.as_secs_f64(),
+        errors,
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1000.0)
+}
+
+fn signed_ms(a: Duration, b: Duration) -> String {
+    format!("{:.3}", (a.as_secs_f64() - b.as_secs_f64()) * 1000.0)
+}
+
+fn reply_ids(tokenizer_dir: &Path) -> Vec<u32> {
+    let tok = tokenizers::Tokenizer::from_file(tokenizer_dir.join("tokenizer.json"))
+        .expect("Qwen3 tokenizer.json");
+    let mut ids = tok.encode(REPLY, false).expect("encode").get_ids().to_vec();
+    ids.push(
+        tok.token_to_id("<|im_end|>")
+            .expect("<|im_end|> in the vocabulary"),
+    );
+    ids
+}
+
+#[tokio::main]
+async fn main() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let venv = std::env::var_os("TITO_PEERS_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join(".bench-venv"));
+    let python = venv.join("bin/python");
+    let litellm = venv.join("bin/litellm");
+    if !python.exists() || !litellm.exists() {
+        println!(
+            "peers bench skipped: no sglang-router/LiteLLM venv at {} (scripts/bench-peers.sh installs it)",
+            venv.display()
+        );
+        return;
+    }
+    let tito_bin = std::env::var_os("TITO_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root.join("target/release/tito"));
+    assert!(
+        tito_bin.exists(),
+        "{} missing: cargo build --release --bin tito",
+        tito_bin.display()
+    );
+    let tokenizer_dir = root.join(".cache/tokenizers/qwen3");
+    assert!(
+        tokenizer_dir.exists(),
+        "{} missing: scripts/fetch-tokenizers.sh",
+        tokenizer_dir.display()
+    );
+    let secs: f64 = std::env::var("TITO_PEERS_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5.0);
+
+    let mock = MockVllm::start(Scripted::ids(reply_ids(&tokenizer_dir))).await;
+    mock.quiet();
+    mock.set_chat_content(REPLY);
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    let tito_port = free_port();
+    let config = dir.path().join("tito.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{tito_port}\"\n\
+             [model]\nname = \"m\"\ntokenizer = \"{}\"\n\
+             [[backends]]\nurl = \"{}\"\nkind = \"vllm\"\n\
+             [store]\nurl = \"sqlite://{}/spans.db\"\n",
+            tokenizer_dir.display(),
+            mock.url(),
+            dir.path().display()
+        ),
+    )
+    .expect("tito config");
+    let mut tito = spawn(
+        "tito",
+        dir.path(),
+        Command::new(&tito_bin)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("NO_COLOR", "1"),
+    );
+
+    let sgl_port = free_port();
+    let mut sgl = spawn(
+        "sglang-router",
+        dir.path(),
+        Command::new(&python)
+            .args(["-m", "sglang_router.launch_router", "--host", "127.0.0.1"])
+            .args(["--port", &sgl_port.to_string()])
+            .args(["--worker-urls", &mock.url(), "--policy", "round_robin"]),
+    );
+
+    let lite_port = free_port();
+    let lite_cfg = dir.path().join("litellm.yaml");
+    std::fs::write(
+        &lite_cfg,
+        format!(
+            "model_list:\n  - model_name: m\n    litellm_params:\n      model: openai/m\n      \
+             api_base: {}/v1\n      api_key: none\n\
+             general_settings:\n  master_key: {LITELLM_KEY}\n\
+             litellm_settings:\n  telemetry: false\n",
+            mock.url()
+        ),
+    )
+    .expect("litellm config");
+    let mut lite = spawn(
+        "litellm",
+        dir.path(),
+        Command::new(&litellm)
+            .arg("--config")
+            .arg(&lite_cfg)
+            .args(["--host", "127.0.0.1", "--port", &lite_port.to_string()])
+            // The cost map is otherwise fetched from GitHub at start-up.
+            .env("LITELLM_LOCAL_MODEL_COST_MAP", "True"),
+    );
+
+    let messages = json!([
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": USER}
+    ]);
+    let chat = Arc::new(json!({"model": "m", "messages": messages, "max_tokens": 64}));
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(256)
+        .tcp_nodelay(true)
+        .build()
+        .expect("client");
+
+    let tito_t = Target {
+        name: "tito",
+        url: format!("http://127.0.0.1:{tito_port}/v1/chat/completions"),
+        body: chat.clone(),
+        bearer: None,
+        vary: true,
+    };
+    wait_ready(&client, &tito_t, &mut tito).await;
+    // The direct token-id call carries exactly the prompt tito sends.
+    let prompt_ids = {
+        let mut body = (*chat).clone();
+        body["return_token_ids"] = json!(true);
+        let r: Value = client
+            .post(&tito_t.url)
+            .json(&body)
+            .send()
+            .await
+            .and_then(|r| r.error_for_status())
+            .expect("tito answers")
+            .json()
+            .await
+            .expect("tito json");
+        r["prompt_token_ids"].clone()
+    };
+    assert!(prompt_ids.is_array(), "tito returns prompt_token_ids");
+    let direct_ids = Target {
+        name: "direct (token ids)",
+        url: format!("{}/v1/completions", mock.url()),
+        body: Arc::new(json!({"model": "m", "prompt": prompt_ids, "max_tokens": 64,
+            "return_token_ids": true, "skip_special_tokens": false, "logprobs": 0,
+            "return_tokens_as_token_ids": true})),
+        bearer: None,
+        vary: false,
+    };
+    let direct_text = Target {
+        name: "direct (text chat)",
+        url: format!("{}/v1/chat/completions", mock.url()),
+        body: chat.clone(),
+        bearer: None,
+        vary: true,
+    };
+    let sgl_t = Target {
+        name: "sglang-router",
+        url: format!("http://127.0.0.1:{sgl_port}/v1/chat/completions"),
+        body: chat.clone(),
+        bearer: None,
+        vary: true,
+    };
+    let lite_t = Target {
+        name: "litellm",
+        url: format!("http://127.0.0.1:{lite_port}/v1/chat/completions"),
+        body: chat.clone(),
+        bearer: Some(LITELLM_KEY),
+        vary: true,
+    };
+    wait_ready(&client, &sgl_t, &mut sgl).await;
+    wait_ready(&client, &lite_t, &mut lite).await;
+
+    println!("{secs} s per cell; added = gateway minus the direct call it makes\n");
+    println!(
+        "| concurrency | target | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | errors |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut summary = Vec::new();
+    for concurrency in [1usize, 64] {
+        let mut stats = Vec::new();
+        for t in [&direct_ids, &direct_text, &tito_t, &sgl_t, &lite_t] {
+            run(&client, t, concurrency, (secs / 5.0).max(0.5)).await; // warm-up
+            stats.push((t.name, run(&client, t, concurrency, secs).await));
+        }
+        for (i, (name, s)) in stats.iter().enumerate() {
+            // tito calls the token-id endpoint; the peers call the text one.
+            let base = match i {
+                2 => Some(&stats[0].1),
+                3 | 4 => Some(&stats[1].1),
+                _ => None,
+            };
+            let (ap50, ap99) = base
+                .map(|b| (signed_ms(s.p50, b.p50), signed_ms(s.p99, b.p99)))
+                .unwrap_or_else(|| ("".into(), "".into()));
+            println!(
+                "| {concurrency} | {name} | {:.0} | {} | {} | {ap50} | {ap99} | {} |",
+                s.rps,
+                ms(s.p50),
+                ms(s.p99),
+                s.errors
+            );
+        }
+        summary.push((concurrency, stats[2].1.rps, stats[3].1.rps, stats[4].1.rps));
+    }
+    println!();
+    for (c, tito_rps, sgl_rps, lite_rps) in summary {
+        println!(
+            "concurrency {c}: tito / sglang-router = {:.2}x, tito / litellm = {:.1}x",
+            tito_rps / sgl_rps,
+            tito_rps / lite_rps
+        );
+    }
+}
