@@ -4,6 +4,9 @@
 //! Needs `.cache/tokenizers/qwen3` (scripts/fetch-tokenizers.sh); without it
 //! the bench says so and exits successfully (benches are not tests).
 //!
+//! `render_tokenize` uses the fast encoder, `render_tokenize_crate` the
+//! tokenizers crate, side by side.
+//!
 //! Run: cargo bench --bench render -- --warm-up-time 1 --measurement-time 3
 
 use std::path::PathBuf;
@@ -113,6 +116,18 @@ fn bench_render(c: &mut Criterion, renderer: &Renderer) {
             BenchmarkId::new("render_tokenize", &label),
             &input,
             |b, input| b.iter(|| renderer.render_ids(black_box(input))),
+        );
+        // The same through the `tokenizers` crate (the fast encoder's reference).
+        group.bench_with_input(
+            BenchmarkId::new("render_tokenize_crate", &label),
+            &input,
+            |b, input| {
+                b.iter(|| {
+                    renderer
+                        .render(black_box(input))
+                        .and_then(|t| renderer.encode_reference(&t))
+                })
+            },
         );
     }
     group.finish();
