@@ -8,8 +8,10 @@
 //! step by step: split on added tokens (leftmost-longest, the non-normalized
 //! ones first, then the normalized ones in the gaps), normalize each gap
 //! (NFC by the crate's own normalizer, skipped for ASCII, which NFC leaves
-//! alone), pre-tokenize with the `Split` regexes in order (Isolated), then
-//! byte-level BPE by merge rank (lowest rank first, leftmost among equals).
+//! alone), pre-tokenize with the `Split` regexes in order (Isolated; on
+//! ASCII text, Qwen's and Llama 3's pattern by the hand-written scanner in
+//! `pretok`), then byte-level BPE by merge rank (lowest rank first, leftmost
+//! among equals).
 //!
 //! Only tokenizers whose configuration it understands completely get it
 //! ([`FastBpe::from_tokenizer`] says why not otherwise), and even those must
@@ -21,6 +23,8 @@ use fancy_regex::Regex;
 use rustc_hash::FxHashMap;
 use serde_json::Value as Json;
 use tokenizers::{NormalizedString, Normalizer, Tokenizer};
+
+use super::pretok::AsciiScanner;
 
 /// Words longer than this (in bytes) merge with a heap, O(n log n); shorter
 /// ones with a plain scan, which is faster for them.
@@ -55,6 +59,9 @@ pub struct FastBpe {
     second: Option<AddedPass>,
     nfc: bool,
     splits: Vec<Regex>,
+    /// Replaces the single split regex on ASCII text, when it is Qwen's or
+    /// Llama 3's pattern.
+    scanner: Option<AsciiScanner>,
     vocab: FxHashMap<Vec<u8>, u32>,
     byte_ids: [u32; 256],
     /// (left, right) → (rank, merged id).
@@ -157,7 +164,12 @@ impl FastBpe {
         if !identity && !nfc {
             return Err(format!("unsupported normalizer {}", json["normalizer"]));
         }
-        let splits = split_patterns(&json["pre_tokenizer"])?
+        let patterns = split_patterns(&json["pre_tokenizer"])?;
+        let scanner = match patterns.as_slice() {
+            [only] => AsciiScanner::for_pattern(only),
+            _ => None,
+        };
+        let splits = patterns
             .iter()
             .map(|p| Regex::new(p).map_err(|e| format!("pattern {p:?}: {e}")))
             .collect::<Result<Vec<_>, _>>()?;
@@ -224,6 +236,7 @@ impl FastBpe {
             second: AddedPass::new(&normalized)?,
             nfc,
             splits,
+            scanner,
             vocab,
             byte_ids,
             merges,
@@ -276,6 +289,12 @@ impl FastBpe {
 
     /// Applies split `level` and the ones after it, then BPE on each word.
     fn pre_tokenize(&self, text: &str, level: usize, out: &mut Vec<u32>) -> Result<(), String> {
+        if let (0, Some(scanner)) = (level, &self.scanner) {
+            if text.is_ascii() {
+                scanner.split(text, |word| self.bpe(word.as_bytes(), out));
+                return Ok(());
+            }
+        }
         let Some(re) = self.splits.get(level) else {
             self.bpe(text.as_bytes(), out);
             return Ok(());

@@ -8,6 +8,7 @@
 mod fastbpe;
 pub mod gguf;
 mod hf;
+mod pretok;
 mod pyfmt;
 mod template;
 pub mod testing;
