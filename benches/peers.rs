@@ -17,7 +17,8 @@
 //!
 //! Environment: `TITO_PEERS_VENV` (default `.bench-venv`), `TITO_BIN`
 //! (default `target/release/tito`), `TITO_PEERS_SECS` (seconds measured per
-//! cell, default 5). Without the venv the bench says so and skips.
+//! cell, default 5), `TITO_PEERS_ROUNDS` (interleaved rounds, median
+//! reported, default 3). Without the venv the bench says so and skips.
 
 #[path = "../tests/common/mock_vllm.rs"]
 mod mock_vllm;
@@ -134,6 +135,17 @@ struct Stats {
     errors: usize,
 }
 
+/// The round with the median throughput (its latencies with it); errors
+/// summed over all rounds.
+fn median(mut rounds: Vec<Stats>) -> Stats {
+    let errors = rounds.iter().map(|s| s.errors).sum();
+    rounds.sort_by(|a, b| a.rps.total_cmp(&b.rps));
+    let mid = rounds.len() / 2;
+    let mut m = rounds.swap_remove(mid);
+    m.errors = errors;
+    m
+}
+
 /// `concurrency` clients, each sending its next request when the last one
 /// finished, for `secs`.
 async fn run(client: &reqwest::Client, target: &Target, concurrency: usize, secs: f64) -> Stats {
@@ -232,6 +244,11 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(5.0);
+    let rounds_n: usize = std::env::var("TITO_PEERS_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3)
+        .max(1);
 
     let mock = MockVllm::start(Scripted::ids(reply_ids(&tokenizer_dir))).await;
     mock.quiet();
@@ -365,18 +382,30 @@ async fn main() {
     wait_ready(&client, &sgl_t, &mut sgl).await;
     wait_ready(&client, &lite_t, &mut lite).await;
 
-    println!("{secs} s per cell; added = gateway minus the direct call it makes\n");
+    println!(
+        "{secs} s per cell, median of {rounds_n} interleaved rounds; added = gateway minus the direct call it makes\n"
+    );
     println!(
         "| concurrency | target | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | errors |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     let mut summary = Vec::new();
     for concurrency in [1usize, 64] {
-        let mut stats = Vec::new();
-        for t in [&direct_ids, &direct_text, &tito_t, &sgl_t, &lite_t] {
-            run(&client, t, concurrency, (secs / 5.0).max(0.5)).await; // warm-up
-            stats.push((t.name, run(&client, t, concurrency, secs).await));
+        let targets = [&direct_ids, &direct_text, &tito_t, &sgl_t, &lite_t];
+        // Rounds interleave the targets, so a slow spell of the machine hits
+        // all of them; each cell reports its median round.
+        let mut rounds: Vec<Vec<Stats>> = targets.iter().map(|_| Vec::new()).collect();
+        for _ in 0..rounds_n {
+            for (t, cell) in targets.iter().zip(rounds.iter_mut()) {
+                run(&client, t, concurrency, (secs / 5.0).max(0.5)).await; // warm-up
+                cell.push(run(&client, t, concurrency, secs).await);
+            }
         }
+        let stats: Vec<(&str, Stats)> = targets
+            .iter()
+            .zip(rounds)
+            .map(|(t, cell)| (t.name, median(cell)))
+            .collect();
         for (i, (name, s)) in stats.iter().enumerate() {
             // tito calls the token-id endpoint; the peers call the text one.
             let base = match i {
