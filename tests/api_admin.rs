@@ -211,15 +211,7 @@ async fn metrics_are_prometheus_text_with_the_named_series() {
         )
         .await;
     assert_eq!(r.status(), 200);
-    let text = g
-        .client
-        .get(g.url("/metrics"))
-        .send()
-        .await
-        .expect("get")
-        .text()
-        .await
-        .expect("text");
+    let text = g.get_text("/metrics").await;
     for line in text
         .lines()
         .filter(|l| !l.is_empty() && !l.starts_with('#'))

@@ -279,26 +279,10 @@ async fn client_disconnect_cancels_backend_request() {
 async fn models_and_health() {
     let mock = MockVllm::start(Scripted::default()).await;
     let g = start_gateway(config(&[mock.url()], "")).await;
-    let models: Value = g
-        .client
-        .get(g.url("/v1/models"))
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let models = g.get_json("/v1/models").await;
     assert_eq!(models["data"][0]["id"], "test-model");
     assert_eq!(models["data"][0]["max_model_len"], 512);
-    let models: Value = g
-        .client
-        .get(g.url("/t/abc/v1/models"))
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let models = g.get_json("/t/abc/v1/models").await;
     assert_eq!(models["object"], "list");
     let h = g.client.get(g.url("/health")).send().await.expect("get");
     assert_eq!(h.status(), 200);

@@ -122,15 +122,7 @@ async fn tool_call_round_trip_keeps_sampled_ids() {
     );
     assert_eq!(mock.last_request()["prompt"], json!(prompt2));
 
-    let t: Value = g
-        .client
-        .get(g.url("/v1/trajectories/tools-1"))
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let t = g.get_json("/v1/trajectories/tools-1").await;
     assert_eq!(t["calls"][0]["parse_outcome"], "calls(1)");
     assert_eq!(t["calls"][1]["parse_outcome"], "no_calls");
     let cause = t["drift"][0]["cause"].as_str().expect("drift recorded");
@@ -139,16 +131,8 @@ async fn tool_call_round_trip_keeps_sampled_ids() {
         "{cause}"
     );
 
-    let rows = g
-        .client
-        .get(g.url("/v1/export?format=jsonl&layout=trajectory"))
-        .send()
-        .await
-        .expect("export")
-        .text()
-        .await
-        .expect("body");
-    let row: Value = serde_json::from_str(rows.lines().next().expect("one row")).expect("json");
+    let rows = g.export_jsonl("layout=trajectory").await;
+    let row = rows.first().expect("one row");
     let mask: Vec<u8> = serde_json::from_value(row["response_mask"].clone()).expect("mask");
     let want: Vec<u8> = [
         vec![1; sampled1.len()],

@@ -37,29 +37,7 @@ async fn chat(g: &Gateway, tid: &str, messages: &Value) -> Value {
 }
 
 async fn trajectory(g: &Gateway, tid: &str) -> Value {
-    g.client
-        .get(g.url(&format!("/v1/trajectories/{tid}")))
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json")
-}
-
-async fn export_jsonl(g: &Gateway, query: &str) -> Vec<Value> {
-    let text = g
-        .client
-        .get(g.url(&format!("/v1/export?format=jsonl&{query}")))
-        .send()
-        .await
-        .expect("export")
-        .text()
-        .await
-        .expect("body");
-    text.lines()
-        .map(|l| serde_json::from_str(l).expect("jsonl row"))
-        .collect()
+    g.get_json(&format!("/v1/trajectories/{tid}")).await
 }
 
 #[tokio::test]
@@ -105,7 +83,7 @@ async fn sampled_ids_are_kept_verbatim_across_turns() {
     assert_eq!(drift[0]["position"], prompt1.len());
 
     // Export: one sample, mask 1 exactly on the sampled ids.
-    let rows = export_jsonl(&g, "layout=trajectory").await;
+    let rows = g.export_jsonl("layout=trajectory").await;
     assert_eq!(rows.len(), 1);
     let row = &rows[0];
     assert_eq!(row["prompt_ids"], json!(prompt1));
@@ -158,7 +136,7 @@ async fn length_stop_gets_end_of_turn_glue_with_mask_zero() {
         .expect("enc");
     let expected = [prompt1, bytes_of("abc"), glue_and_turn].concat();
     assert_eq!(mock.last_request()["prompt"], json!(expected));
-    let rows = export_jsonl(&g, "layout=trajectory").await;
+    let rows = g.export_jsonl("layout=trajectory").await;
     let mask = rows[0]["response_mask"].as_array().expect("mask");
     assert_eq!(mask[3], 0, "the end-of-turn glue was never sampled");
 }
@@ -189,10 +167,10 @@ async fn edited_history_starts_a_new_sample_and_branches_are_samples() {
     assert_ne!(calls[2]["sample_index"], calls[1]["sample_index"]);
     assert_eq!(calls[3]["parent_call"], Value::Null);
     assert_eq!(calls[3]["drift"]["cause"], "client_edit");
-    let rows = export_jsonl(&g, "layout=trajectory").await;
+    let rows = g.export_jsonl("layout=trajectory").await;
     assert_eq!(rows.len(), 3, "branch x, branch y, edited conversation");
     assert!(rows.iter().all(|r| r["trajectory_id"] == "traj-e"));
-    let per_call = export_jsonl(&g, "layout=per_call").await;
+    let per_call = g.export_jsonl("layout=per_call").await;
     assert_eq!(per_call.len(), 4);
 }
 
@@ -247,7 +225,7 @@ async fn response_budget_caps_max_tokens_and_marks_truncation() {
     let body = chat(&g, "traj-b", &m1).await;
     assert_eq!(mock.last_request()["max_tokens"], 12);
     assert_eq!(body["choices"][0]["finish_reason"], "length");
-    let rows = export_jsonl(&g, "layout=trajectory").await;
+    let rows = g.export_jsonl("layout=trajectory").await;
     assert_eq!(rows[0]["truncated"], true);
     assert!(rows[0]["response_ids"].as_array().expect("ids").len() <= 12);
     // The sample is full: a continuation is refused with a clear error.
@@ -278,7 +256,7 @@ async fn completions_with_token_prompts_continue_by_prefix() {
         )
         .await;
     assert_eq!(r.status(), 200);
-    let rows = export_jsonl(&g, "layout=trajectory").await;
+    let rows = g.export_jsonl("layout=trajectory").await;
     assert_eq!(rows.len(), 1);
     assert_eq!(
         rows[0]["response_ids"],
@@ -327,7 +305,7 @@ async fn finished_trajectory_refuses_calls_before_generating() {
         .await
         .expect("reward");
     assert_eq!(r.status(), 200);
-    let rows = export_jsonl(&g, "layout=trajectory&status=finished").await;
+    let rows = g.export_jsonl("layout=trajectory&status=finished").await;
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["reward"], 1.0);
 }

@@ -178,18 +178,10 @@ async fn conversation(
 }
 
 async fn check(g: &Gateway, mock: &MockVllm, tid: &str, turns: &[Turn]) {
-    let text = g
-        .client
-        .get(g.url("/v1/export?format=jsonl&layout=trajectory"))
-        .send()
+    let rows: Vec<Value> = g
+        .export_jsonl("layout=trajectory")
         .await
-        .expect("export")
-        .text()
-        .await
-        .expect("body");
-    let rows: Vec<Value> = text
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).expect("row"))
+        .into_iter()
         .filter(|r| r["trajectory_id"] == tid)
         .collect();
     assert_eq!(rows.len(), 1, "{tid}: one sample per linear conversation");
@@ -225,15 +217,7 @@ async fn check(g: &Gateway, mock: &MockVllm, tid: &str, turns: &[Turn]) {
         "{tid}: final sequence"
     );
     // Every continued call reports drift with a known cause.
-    let t: Value = g
-        .client
-        .get(g.url(&format!("/v1/trajectories/{tid}")))
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let t = g.get_json(&format!("/v1/trajectories/{tid}")).await;
     for c in t["calls"].as_array().expect("calls").iter().skip(1) {
         let cause = c["drift"]["cause"].as_str().unwrap_or("none");
         assert!(

@@ -30,6 +30,32 @@ impl Gateway {
             .await
             .expect("gateway reachable")
     }
+
+    /// GET a path, asserting nothing about the status: the body as text.
+    pub async fn get_text(&self, path: &str) -> String {
+        self.client
+            .get(self.url(path))
+            .send()
+            .await
+            .expect("gateway reachable")
+            .text()
+            .await
+            .expect("body")
+    }
+
+    /// GET a path whose body is JSON.
+    pub async fn get_json(&self, path: &str) -> serde_json::Value {
+        serde_json::from_str(&self.get_text(path).await).expect("JSON body")
+    }
+
+    /// `GET /v1/export?format=jsonl&{query}`, one JSON value per row.
+    pub async fn export_jsonl(&self, query: &str) -> Vec<serde_json::Value> {
+        self.get_text(&format!("/v1/export?format=jsonl&{query}"))
+            .await
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("jsonl row"))
+            .collect()
+    }
 }
 
 /// Config for the gateway in front of `backend_urls` (vLLM kind), plus `extra` TOML.
