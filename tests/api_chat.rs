@@ -287,3 +287,55 @@ async fn models_and_health() {
     let h = g.client.get(g.url("/health")).send().await.expect("get");
     assert_eq!(h.status(), 200);
 }
+
+/// Conversations over `LARGE_RENDER_BYTES` are rendered inside
+/// `block_in_place` on a multi-threaded runtime: same prompt ids as inline,
+/// for a normal turn and for `continue_final_message`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_conversations_render_off_the_worker_with_the_same_ids() {
+    let mock = MockVllm::start(Scripted::ids(vec![IM_END])).await;
+    let mut cfg = config(&[mock.url()], "");
+    cfg.model.max_model_len = 1_000_000;
+    let g = start_gateway(cfg).await;
+    let long = "many words of context ".repeat(4000);
+    assert!(long.len() > tito::render::LARGE_RENDER_BYTES);
+    let messages = json!([{"role": "user", "content": long}]);
+    let resp = g
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": messages, "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let msgs: Vec<Value> = serde_json::from_value(messages.clone()).expect("messages");
+    let expected = g
+        .renderer
+        .render_ids(&RenderInput {
+            messages: &msgs,
+            add_generation_prompt: true,
+            ..Default::default()
+        })
+        .expect("render");
+    assert_eq!(mock.last_request()["prompt"], json!(expected));
+
+    let mut msgs = msgs;
+    msgs.push(json!({"role": "assistant", "content": "Partial answer"}));
+    let resp = g
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": msgs, "max_tokens": 4, "continue_final_message": true}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let full = g
+        .renderer
+        .render(&RenderInput {
+            messages: &msgs,
+            add_generation_prompt: false,
+            ..Default::default()
+        })
+        .expect("render");
+    let end = full.rfind("Partial answer").expect("final content") + "Partial answer".len();
+    let expected = g.renderer.encode(&full[..end]).expect("encode");
+    assert_eq!(mock.last_request()["prompt"], json!(expected));
+}

@@ -19,7 +19,8 @@ use super::toolcalls::{self, ParseSetup};
 use super::{finish_str, new_id, unix_now, AppState};
 use crate::error::ApiError;
 use crate::parse::ChatOutput;
-use crate::render::RenderInput;
+use crate::render::{run_render_work, RenderInput};
+use crate::trajectory::messages::content_bytes;
 use crate::trajectory::{CallContext, ChatInput, Prepared};
 
 pub async fn chat_completions(
@@ -132,7 +133,7 @@ fn served(parsing: Option<&ParseSetup>, r: &ChoiceResult) -> Served {
 /// Builds the prompt from the trajectory's history (exact or template mode).
 async fn prepare(state: &AppState, tid: &str, req: &ChatRequest) -> Result<Prepared, ApiError> {
     if req.continue_final_message.unwrap_or(false) {
-        let ids = render_prompt(state, req).await?;
+        let ids = render_continuation(state, req)?;
         return Ok(state.trajectories.prepare_root(ids)?);
     }
     let input = ChatInput {
@@ -144,46 +145,20 @@ async fn prepare(state: &AppState, tid: &str, req: &ChatRequest) -> Result<Prepa
     Ok(state.trajectories.prepare_chat(tid, input).await?)
 }
 
-/// Renders the conversation to prompt ids, off the async runtime when the
-/// conversation is large.
-async fn render_prompt(state: &AppState, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
-    let continue_final = req.continue_final_message.unwrap_or(false);
-    let add_generation_prompt = req.add_generation_prompt.unwrap_or(!continue_final);
-    let renderer = state.renderer.clone();
-    let messages = req.messages.clone();
-    let tools = req.tools.clone();
-    let kwargs = req.chat_template_kwargs.clone();
-    let work = move || -> Result<Vec<u32>, ApiError> {
+/// `continue_final_message` prompts: rendered without a generation prompt
+/// (unless asked) and cut right after the final message's content.
+fn render_continuation(state: &AppState, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
+    let renderer = &state.renderer;
+    run_render_work(content_bytes(&req.messages), || {
         let input = RenderInput {
-            messages: &messages,
-            tools: tools.as_deref(),
-            add_generation_prompt,
-            kwargs: kwargs.as_ref(),
+            messages: &req.messages,
+            tools: req.tools.as_deref(),
+            add_generation_prompt: req.add_generation_prompt.unwrap_or(false),
+            kwargs: req.chat_template_kwargs.as_ref(),
         };
-        let mut text = renderer.render(&input)?;
-        if continue_final {
-            text = cut_after_final_message(text, &messages)?;
-        }
+        let text = cut_after_final_message(renderer.render(&input)?, &req.messages)?;
         Ok(renderer.encode(&text)?)
-    };
-    if body_size_hint(req) > 64 * 1024 {
-        tokio::task::spawn_blocking(work)
-            .await
-            .map_err(|e| ApiError::internal(format!("render task failed: {e}")))?
-    } else {
-        work()
-    }
-}
-
-fn body_size_hint(req: &ChatRequest) -> usize {
-    req.messages
-        .iter()
-        .map(|m| {
-            m.get("content")
-                .and_then(Json::as_str)
-                .map_or(256, str::len)
-        })
-        .sum()
+    })
 }
 
 /// `continue_final_message`: the prompt ends right after the final message's

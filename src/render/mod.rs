@@ -317,6 +317,25 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
+/// Conversations with more message text than this are rendered and
+/// tokenized off the async worker (tens of thousands of tokens: milliseconds,
+/// longer on the `tokenizers` crate path).
+pub const LARGE_RENDER_BYTES: usize = 64 * 1024;
+
+/// Runs render/tokenize work `f`; when `text_bytes` is large and the runtime
+/// is multi-threaded, inside `block_in_place`, so the worker's other tasks
+/// move to another thread meanwhile. Small work runs inline (cheaper than a
+/// thread hand-off).
+pub fn run_render_work<T>(text_bytes: usize, f: impl FnOnce() -> T) -> T {
+    let multi = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if multi && text_bytes > LARGE_RENDER_BYTES {
+        tokio::task::block_in_place(f)
+    } else {
+        f()
+    }
+}
+
 #[cfg(test)]
 mod tests;
 

@@ -108,6 +108,19 @@ pub fn normalize(m: &Json) -> Json {
 }
 
 /// Hashes of every prefix of `messages`: `out[i]` covers `messages[..i]`.
+/// Bytes of message text (string contents; 256 for other shapes): a size
+/// hint for how heavy rendering the conversation will be.
+pub fn content_bytes(messages: &[Json]) -> usize {
+    messages
+        .iter()
+        .map(|m| {
+            m.get("content")
+                .and_then(Json::as_str)
+                .map_or(256, str::len)
+        })
+        .sum()
+}
+
 pub fn prefix_hashes(messages: &[Json]) -> Vec<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     let mut out = Vec::with_capacity(messages.len() + 1);

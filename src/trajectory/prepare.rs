@@ -18,10 +18,10 @@ use std::sync::Arc;
 use serde_json::{json, Value as Json};
 
 use super::drift::{diagnose, first_difference, SegRange, Served};
-use super::messages::{is_served_message, prefix_hashes};
+use super::messages::{content_bytes, is_served_message, prefix_hashes};
 use super::{extend_segments, HotCall, Trajectories, TrajectoryError};
 use crate::config::HistoryMode;
-use crate::render::RenderInput;
+use crate::render::{run_render_work, RenderInput};
 use crate::store::{Drift, SegmentKind};
 
 /// What a chat call renders.
@@ -74,7 +74,9 @@ impl Trajectories {
             (st.calls.clone(), st.served.clone())
         };
         let served = |c: u32| served.get(&c).copied().unwrap_or_default();
-        self.prepare_chat_sync(&calls, &served, input)
+        run_render_work(content_bytes(input.messages), || {
+            self.prepare_chat_sync(&calls, &served, input)
+        })
     }
 
     fn prepare_chat_sync(
