@@ -5,6 +5,7 @@
 use serde_json::{json, Value as Json};
 
 use crate::backend::TokenLogprob;
+use crate::render::bytelevel::char_to_byte;
 use crate::render::Renderer;
 
 /// The exact bytes a token stands for, when they can be known.
@@ -21,7 +22,7 @@ pub fn token_bytes(renderer: &Renderer, id: u32) -> Vec<u8> {
     // Byte-level BPE: every char maps back to one byte.
     let mut out = Vec::with_capacity(piece.len());
     for c in piece.chars() {
-        match byte_level_char_to_byte(c) {
+        match char_to_byte(c) {
             Some(b) => out.push(b),
             None => {
                 return renderer
@@ -32,29 +33,6 @@ pub fn token_bytes(renderer: &Renderer, id: u32) -> Vec<u8> {
         }
     }
     out
-}
-
-fn byte_level_char_to_byte(c: char) -> Option<u8> {
-    let u = c as u32;
-    let printable =
-        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
-    if printable(u) {
-        return Some(u as u8);
-    }
-    if !(256..256 + 68).contains(&u) {
-        return None;
-    }
-    let want = u - 256;
-    let mut n = 0;
-    for b in 0..=255u32 {
-        if !printable(b) {
-            if n == want {
-                return Some(b as u8);
-            }
-            n += 1;
-        }
-    }
-    None
 }
 
 fn token_text(renderer: &Renderer, id: u32) -> String {
@@ -128,14 +106,7 @@ pub fn completion_logprobs(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::render::testing::{byte_to_char, chatml_renderer};
-
-    #[test]
-    fn byte_level_chars_roundtrip() {
-        for b in 0..=255u8 {
-            assert_eq!(byte_level_char_to_byte(byte_to_char(b)), Some(b));
-        }
-    }
+    use crate::render::testing::chatml_renderer;
 
     #[test]
     fn token_bytes_of_partial_utf8() {

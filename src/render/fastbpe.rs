@@ -24,6 +24,7 @@ use rustc_hash::FxHashMap;
 use serde_json::Value as Json;
 use tokenizers::{NormalizedString, Normalizer, Tokenizer};
 
+use super::bytelevel::char_to_byte;
 use super::pretok::AsciiScanner;
 
 /// Words longer than this (in bytes) merge with a heap, O(n log n); shorter
@@ -69,29 +70,8 @@ pub struct FastBpe {
     ignore_merges: bool,
 }
 
-/// GPT-2's reversible byte → printable char map, inverted: char → byte.
-fn unicode_to_byte() -> FxHashMap<char, u8> {
-    let mut printable: Vec<u32> = (u32::from('!')..=u32::from('~')).collect();
-    printable.extend(0xA1..=0xAC);
-    printable.extend(0xAE..=0xFF);
-    let mut map = FxHashMap::default();
-    let mut extra = 0;
-    for b in 0..=255u32 {
-        let c = if printable.contains(&b) {
-            b
-        } else {
-            extra += 1;
-            255 + extra
-        };
-        if let Some(c) = char::from_u32(c) {
-            map.insert(c, b as u8);
-        }
-    }
-    map
-}
-
-fn token_bytes(token: &str, map: &FxHashMap<char, u8>) -> Option<Vec<u8>> {
-    token.chars().map(|c| map.get(&c).copied()).collect()
+fn token_bytes(token: &str) -> Option<Vec<u8>> {
+    token.chars().map(char_to_byte).collect()
 }
 
 fn is_identity_normalizer(n: &Json) -> bool {
@@ -194,14 +174,13 @@ impl FastBpe {
             return Err("normalized added tokens under a normalizer".into());
         }
 
-        let byte_map = unicode_to_byte();
         let vocab_json = model["vocab"].as_object().ok_or("BPE without vocab")?;
         let mut vocab = FxHashMap::default();
         let mut by_text: FxHashMap<&str, u32> = FxHashMap::default();
         for (token, id) in vocab_json {
             let id = id.as_u64().ok_or("vocab id")? as u32;
             by_text.insert(token.as_str(), id);
-            if let Some(bytes) = token_bytes(token, &byte_map) {
+            if let Some(bytes) = token_bytes(token) {
                 vocab.insert(bytes, id);
             }
         }

@@ -5,6 +5,7 @@
 //! [`gguf`]), compiling the chat template, rendering messages, encoding and
 //! decoding. Must not: do I/O after start-up, or know about HTTP.
 
+pub mod bytelevel;
 mod fastbpe;
 pub mod gguf;
 mod hf;

@@ -16,23 +16,7 @@ pub const ENDOFTEXT: u32 = 262;
 /// ChatML, as Qwen-style models render it.
 pub const CHATML_TEMPLATE: &str = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 
-/// GPT-2's byte → printable-char table used by byte-level BPE.
-pub fn byte_to_char(b: u8) -> char {
-    let printable = |b: u8| (33..=126).contains(&b) || (161..=172).contains(&b) || b >= 174;
-    if printable(b) {
-        return b as char;
-    }
-    let mut n = 0u32;
-    for x in 0..=255u8 {
-        if x == b {
-            break;
-        }
-        if !printable(x) {
-            n += 1;
-        }
-    }
-    char::from_u32(256 + n).unwrap_or('?')
-}
+pub use super::bytelevel::byte_to_char;
 
 fn tokenizer_json() -> Json {
     let mut vocab = serde_json::Map::new();

@@ -1,0 +1,48 @@
+//! GPT-2's reversible byte ↔ printable-char map, which byte-level BPE
+//! vocabularies (GPT-2, Qwen, Llama 3, DeepSeek) are written in: printable
+//! Latin-1 bytes stand for themselves, the other 68 bytes map, in order, to
+//! U+0100..U+0143.
+
+fn printable(b: u32) -> bool {
+    (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b)
+}
+
+/// The char that stands for byte `b` in a byte-level vocabulary.
+pub fn byte_to_char(b: u8) -> char {
+    let b = u32::from(b);
+    if printable(b) {
+        return char::from_u32(b).unwrap_or('?');
+    }
+    let rank = (0..b).filter(|x| !printable(*x)).count() as u32;
+    char::from_u32(256 + rank).unwrap_or('?')
+}
+
+/// The byte a vocabulary char stands for; None if `c` is not one of them.
+pub fn char_to_byte(c: char) -> Option<u8> {
+    let u = u32::from(c);
+    if u < 256 {
+        return printable(u).then_some(u as u8);
+    }
+    let rank = u.checked_sub(256)?;
+    (0..256u32)
+        .filter(|b| !printable(*b))
+        .nth(rank as usize)
+        .map(|b| b as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_byte_round_trips_and_nothing_else_maps() {
+        for b in 0..=255u8 {
+            assert_eq!(char_to_byte(byte_to_char(b)), Some(b));
+        }
+        assert_eq!(byte_to_char(b' '), 'Ġ');
+        assert_eq!(byte_to_char(b'\n'), 'Ċ');
+        assert_eq!(char_to_byte(' '), None);
+        assert_eq!(char_to_byte('\u{144}'), None);
+        assert_eq!(char_to_byte('日'), None);
+    }
+}
