@@ -10,23 +10,21 @@
 //!
 //! Uses the built-in ChatML test tokenizer (no fetched fixtures needed).
 
+#[path = "common/load.rs"]
+mod load;
 #[path = "../tests/common/mock_vllm.rs"]
 mod mock_vllm;
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
+use load::{ms, MakeRequest, Stats, Until};
 use mock_vllm::{MockVllm, Scripted};
 use serde_json::json;
 use tito::render::testing::{chatml_renderer, IM_END};
 use tito::{build_app, AppState, Config};
 
-struct Stats {
-    p50: Duration,
-    p99: Duration,
-    rps: f64,
-}
-
+/// Posts `body` to `url` until `total` requests completed; every one must
+/// succeed.
 async fn run(
     client: &reqwest::Client,
     url: &str,
@@ -34,46 +32,11 @@ async fn run(
     concurrency: usize,
     total: usize,
 ) -> Stats {
-    let body = Arc::new(body);
-    let per = total / concurrency;
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (client, url, body) = (client.clone(), url.to_string(), body.clone());
-            tokio::spawn(async move {
-                let mut lat = Vec::with_capacity(per);
-                for _ in 0..per {
-                    let t = Instant::now();
-                    let resp = client.post(&url).json(&*body).send().await;
-                    match resp {
-                        Ok(r) if r.status().is_success() => {
-                            let _ = r.bytes().await;
-                        }
-                        Ok(r) => panic!("bench request failed: {}", r.status()),
-                        Err(e) => panic!("bench request failed: {e}"),
-                    }
-                    lat.push(t.elapsed());
-                }
-                lat
-            })
-        })
-        .collect();
-    let mut all = Vec::with_capacity(total);
-    for t in tasks {
-        all.extend(t.await.unwrap_or_default());
-    }
-    let elapsed = start.elapsed();
-    all.sort_unstable();
-    let pct = |p: f64| all[((all.len() as f64 * p) as usize).min(all.len() - 1)];
-    Stats {
-        p50: pct(0.50),
-        p99: pct(0.99),
-        rps: all.len() as f64 / elapsed.as_secs_f64(),
-    }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1000.0)
+    let (client, url, body) = (client.clone(), url.to_string(), Arc::new(body));
+    let make: MakeRequest = Arc::new(move || client.post(&url).json(&*body));
+    let stats = load::run(&make, concurrency, Until::Total(total)).await;
+    assert_eq!(stats.errors, 0, "bench requests failed");
+    stats
 }
 
 #[tokio::main]

@@ -20,6 +20,8 @@
 //! cell, default 5), `TITO_PEERS_ROUNDS` (interleaved rounds, median
 //! reported, default 3). Without the venv the bench says so and skips.
 
+#[path = "common/load.rs"]
+mod load;
 #[path = "../tests/common/mock_vllm.rs"]
 mod mock_vllm;
 
@@ -29,6 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use load::{ms, signed_ms, MakeRequest, Stats, Until};
 use mock_vllm::{MockVllm, Scripted};
 use serde_json::{json, Value};
 
@@ -85,6 +88,11 @@ struct Target {
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl Target {
+    fn load(&self, client: &reqwest::Client) -> MakeRequest {
+        let (target, client) = (self.clone(), client.clone());
+        Arc::new(move || target.request(&client))
+    }
+
     fn request(&self, client: &reqwest::Client) -> reqwest::RequestBuilder {
         let mut r = if self.vary {
             let mut body = (*self.body).clone();
@@ -128,13 +136,6 @@ async fn wait_ready(client: &reqwest::Client, target: &Target, proc: &mut Proc) 
     }
 }
 
-struct Stats {
-    p50: Duration,
-    p99: Duration,
-    rps: f64,
-    errors: usize,
-}
-
 /// The round with the median throughput (its latencies with it); errors
 /// summed over all rounds.
 fn median(mut rounds: Vec<Stats>) -> Stats {
@@ -144,60 +145,6 @@ fn median(mut rounds: Vec<Stats>) -> Stats {
     let mut m = rounds.swap_remove(mid);
     m.errors = errors;
     m
-}
-
-/// `concurrency` clients, each sending its next request when the last one
-/// finished, for `secs`.
-async fn run(client: &reqwest::Client, target: &Target, concurrency: usize, secs: f64) -> Stats {
-    let start = Instant::now();
-    let end = start + Duration::from_secs_f64(secs);
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (client, target) = (client.clone(), target.clone());
-            tokio::spawn(async move {
-                let (mut lat, mut errors) = (Vec::new(), 0usize);
-                while Instant::now() < end {
-                    let t = Instant::now();
-                    match target.request(&client).send().await {
-                        Ok(r) if r.status().is_success() => match r.bytes().await {
-                            Ok(_) => lat.push(t.elapsed()),
-                            Err(_) => errors += 1,
-                        },
-                        _ => errors += 1,
-                    }
-                }
-                (lat, errors)
-            })
-        })
-        .collect();
-    let (mut all, mut errors) = (Vec::new(), 0);
-    for t in tasks {
-        if let Ok((lat, e)) = t.await {
-            all.extend(lat);
-            errors += e;
-        }
-    }
-    let elapsed = start.elapsed();
-    all.sort_unstable();
-    let pct = |p: f64| {
-        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
-            .copied()
-            .unwrap_or_default()
-    };
-    Stats {
-        p50: pct(0.50),
-        p99: pct(0.99),
-        rps: all.len() as f64 / elapsed.as_secs_f64(),
-        errors,
-    }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.3}", d.as_secs_f64() * 1000.0)
-}
-
-fn signed_ms(a: Duration, b: Duration) -> String {
-    format!("{:.3}", (a.as_secs_f64() - b.as_secs_f64()) * 1000.0)
 }
 
 fn reply_ids(tokenizer_dir: &Path) -> Vec<u32> {
@@ -397,8 +344,11 @@ async fn main() {
         let mut rounds: Vec<Vec<Stats>> = targets.iter().map(|_| Vec::new()).collect();
         for _ in 0..rounds_n {
             for (t, cell) in targets.iter().zip(rounds.iter_mut()) {
-                run(&client, t, concurrency, (secs / 5.0).max(0.5)).await; // warm-up
-                cell.push(run(&client, t, concurrency, secs).await);
+                let make = t.load(&client);
+                let warm = Duration::from_secs_f64((secs / 5.0).max(0.5));
+                load::run(&make, concurrency, Until::Elapsed(warm)).await;
+                let secs = Duration::from_secs_f64(secs);
+                cell.push(load::run(&make, concurrency, Until::Elapsed(secs)).await);
             }
         }
         let stats: Vec<(&str, Stats)> = targets

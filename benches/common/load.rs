@@ -1,0 +1,82 @@
+//! Closed-loop HTTP load shared by the end-to-end benches: `concurrency`
+//! clients, each sending its next request when its last one finished.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Builds one request (a fresh body each time if the caller wants).
+pub type MakeRequest = Arc<dyn Fn() -> reqwest::RequestBuilder + Send + Sync>;
+
+pub enum Until {
+    /// This many requests in all, split evenly over the clients.
+    Total(usize),
+    /// Until this long has passed.
+    Elapsed(Duration),
+}
+
+pub struct Stats {
+    pub p50: Duration,
+    pub p99: Duration,
+    pub rps: f64,
+    /// Requests that failed or answered a non-2xx status.
+    pub errors: usize,
+}
+
+pub async fn run(make: &MakeRequest, concurrency: usize, until: Until) -> Stats {
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let make = make.clone();
+            let (quota, end) = match until {
+                Until::Total(n) => (n / concurrency, None),
+                Until::Elapsed(d) => (usize::MAX, Some(start + d)),
+            };
+            tokio::spawn(async move {
+                let (mut lat, mut errors) = (Vec::new(), 0usize);
+                while lat.len() + errors < quota && end.is_none_or(|e| Instant::now() < e) {
+                    let t = Instant::now();
+                    match make().send().await {
+                        Ok(r) if r.status().is_success() => match r.bytes().await {
+                            Ok(_) => lat.push(t.elapsed()),
+                            Err(_) => errors += 1,
+                        },
+                        _ => errors += 1,
+                    }
+                }
+                (lat, errors)
+            })
+        })
+        .collect();
+    let (mut all, mut errors) = (Vec::new(), 0);
+    for t in tasks {
+        if let Ok((lat, e)) = t.await {
+            all.extend(lat);
+            errors += e;
+        }
+    }
+    let elapsed = start.elapsed();
+    all.sort_unstable();
+    let pct = |p: f64| {
+        all.get(((all.len() as f64 * p) as usize).min(all.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    };
+    Stats {
+        p50: pct(0.50),
+        p99: pct(0.99),
+        rps: all.len() as f64 / elapsed.as_secs_f64(),
+        errors,
+    }
+}
+
+/// Milliseconds with three decimals.
+pub fn ms(d: Duration) -> String {
+    format!("{:.3}", d.as_secs_f64() * 1000.0)
+}
+
+/// `a - b` in milliseconds, signed.
+pub fn signed_ms(a: Duration, b: Duration) -> String {
+    format!("{:.3}", (a.as_secs_f64() - b.as_secs_f64()) * 1000.0)
+}
