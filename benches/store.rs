@@ -24,7 +24,7 @@ fn call(traj: &str, i: u32, delta: u32, sampled: u32) -> CallRecord {
         finished_at: 0,
         prompt_delta_ids: (0..delta).map(|k| (k * 7919 + i) % 151_000).collect(),
         sampled_ids: (0..sampled).map(|k| (k * 104_729 + i) % 151_000).collect(),
-        logprobs: (0..sampled).map(|k| -(k as f32) / 1000.0).collect(),
+        logprobs: (0..sampled).map(|k| Some(-(k as f32) / 1000.0)).collect(),
         finish_reason: "stop".into(),
         request: json!({"messages": [{"role": "tool", "content": "result"}], "temperature": 1.0}),
         response: json!({"role": "assistant", "content": "text"}),

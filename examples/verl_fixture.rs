@@ -19,7 +19,7 @@ fn call(traj: &str, i: u32, parent: Option<u32>, delta: Vec<u32>, sampled: Vec<u
         finished_at: 0,
         logprobs: sampled
             .iter()
-            .map(|x| -((x % 7) as f32) / 10.0 - 0.01)
+            .map(|x| (x % 11 != 0).then(|| -((x % 7) as f32) / 10.0 - 0.01))
             .collect(),
         prompt_delta_ids: delta,
         sampled_ids: sampled,

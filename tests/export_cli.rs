@@ -6,7 +6,7 @@ mod store_support;
 use std::path::Path;
 use std::process::Command;
 
-use store_support::branching;
+use store_support::{branching, without_logprobs};
 
 fn write_config(dir: &Path, db: &Path) -> std::path::PathBuf {
     let path = dir.join("config.toml");
@@ -117,4 +117,76 @@ async fn cli_exports_jsonl_and_verl_parquet() {
     ]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("no span store"));
+}
+
+/// A trajectory recorded without any logprob exports no number in
+/// `response_logprobs` through the CLI: JSONL nulls, Parquet null elements.
+#[tokio::test]
+async fn cli_exports_missing_logprobs_as_nulls() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("spans.db");
+    {
+        let store = tito::store::open(&format!("sqlite://{}", db.display())).expect("open");
+        for c in without_logprobs(branching("n")) {
+            store.append_call(c).await.expect("append");
+        }
+    }
+    let config = write_config(dir.path(), &db);
+    let config = config.to_str().expect("utf8 path");
+    let lengths = ["--prompt-length", "8", "--response-length", "32"];
+    for (format, layout) in [
+        ("jsonl", "per_call"),
+        ("jsonl", "verl"),
+        ("parquet", "verl"),
+    ] {
+        let out = dir.path().join(format!("{layout}.{format}"));
+        let mut args = vec![
+            "export", "--config", config, "--format", format, "--layout", layout,
+        ];
+        if layout == "verl" {
+            args.extend(lengths);
+        }
+        args.extend(["--out", out.to_str().expect("utf8")]);
+        let o = tito(&args);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let lists: Vec<Vec<bool>> = if format == "jsonl" {
+            std::fs::read_to_string(&out)
+                .expect("jsonl written")
+                .lines()
+                .map(|l| {
+                    let v: serde_json::Value = serde_json::from_str(l).expect("json");
+                    let lp = v["response_logprobs"].as_array().expect("logprobs");
+                    lp.iter().map(serde_json::Value::is_null).collect()
+                })
+                .collect()
+        } else {
+            use parquet::file::reader::FileReader;
+            use parquet::record::Field;
+            let reader = parquet::file::reader::SerializedFileReader::try_from(out.as_path())
+                .expect("parquet");
+            reader
+                .get_row_iter(None)
+                .expect("rows")
+                .map(|row| {
+                    let row = row.expect("row");
+                    let (_, lp) = row
+                        .get_column_iter()
+                        .find(|(name, _)| name.as_str() == "response_logprobs")
+                        .expect("column");
+                    match lp {
+                        Field::ListInternal(l) => {
+                            l.elements().iter().map(|f| *f == Field::Null).collect()
+                        }
+                        other => panic!("response_logprobs is {other:?}"),
+                    }
+                })
+                .collect()
+        };
+        let rows = if layout == "per_call" { 6 } else { 3 };
+        assert_eq!(lists.len(), rows, "{format} {layout}");
+        for nulls in &lists {
+            assert!(!nulls.is_empty(), "{format} {layout}");
+            assert!(nulls.iter().all(|n| *n), "{format} {layout}: a number");
+        }
+    }
 }

@@ -6,14 +6,16 @@ mod store_support;
 
 use std::sync::Arc;
 
+use parquet::column::reader::ColumnReader;
 use parquet::file::reader::{FileReader, SerializedFileReader};
 use parquet::record::Field;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use store_support::branching;
-use tito::export::{export, ExportOptions, ExportStats, Format, Layout};
+use store_support::{branching, with_missing_logprobs, without_logprobs};
+use tito::export::{export, ExportOptions, ExportRow, ExportStats, Format, Layout};
 use tito::store::{
-    MemoryStore, SpanStore, StoreError, Trajectory, TrajectoryFilter, TrajectoryStatus,
+    CallRecord, DynStore, MemoryStore, SpanStore, StoreError, Trajectory, TrajectoryFilter,
+    TrajectoryStatus,
 };
 
 #[derive(Debug, Deserialize, PartialEq)]
@@ -24,7 +26,7 @@ struct Row {
     prompt_ids: Vec<u32>,
     response_ids: Vec<u32>,
     response_mask: Vec<u8>,
-    response_logprobs: Vec<f32>,
+    response_logprobs: Vec<Option<f32>>,
     reward: Option<f64>,
     num_turns: u32,
     weight_version: Option<String>,
@@ -54,7 +56,7 @@ async fn store_with(trajs: &[(&str, bool, Option<f64>)]) -> Arc<MemoryStore> {
     store
 }
 
-fn run(store: &MemoryStore, opts: &ExportOptions) -> (Vec<u8>, ExportStats) {
+fn run(store: &dyn SpanStore, opts: &ExportOptions) -> (Vec<u8>, ExportStats) {
     let mut out = Vec::new();
     let it = store.scan(&TrajectoryFilter::default()).expect("scan");
     let stats = export(it, opts, &mut out, &mut |_| {}).expect("export");
@@ -104,7 +106,7 @@ fn parse_parquet(bytes: Vec<u8>) -> (Vec<Row>, usize) {
 
 /// Exports in both formats and checks they carry identical rows.
 fn both(
-    store: &MemoryStore,
+    store: &dyn SpanStore,
     layout: Layout,
     tweak: impl Fn(&mut ExportOptions),
 ) -> (Vec<Row>, ExportStats) {
@@ -126,7 +128,7 @@ fn both(
 #[tokio::test]
 async fn trajectory_layout_matches_samples() {
     let store = store_with(&[("a", true, Some(1.0)), ("b", false, None)]).await;
-    let (rows, stats) = both(&store, Layout::Trajectory, |_| {});
+    let (rows, stats) = both(&*store, Layout::Trajectory, |_| {});
     assert_eq!(stats.trajectories, 2);
     assert_eq!(rows.len(), 6);
     let t: Trajectory = store
@@ -160,7 +162,7 @@ async fn trajectory_layout_matches_samples() {
 async fn jsonl_lines_have_the_design_columns() {
     let store = store_with(&[("a", true, Some(1.0))]).await;
     let (bytes, _) = run(
-        &store,
+        &*store,
         &ExportOptions::new(Format::Jsonl, Layout::Trajectory),
     );
     let first: Value =
@@ -198,7 +200,7 @@ async fn per_call_layout_has_full_prompts_and_all_ones_masks() {
         .set_reward("a", Some(4), 0.25)
         .await
         .expect("call reward");
-    let (rows, _) = both(&store, Layout::PerCall, |_| {});
+    let (rows, _) = both(&*store, Layout::PerCall, |_| {});
     assert_eq!(rows.len(), 6);
     let t = store
         .get_trajectory("a")
@@ -225,7 +227,7 @@ async fn per_call_layout_has_full_prompts_and_all_ones_masks() {
 async fn verl_layout_pads_masks_and_places_rm_scores() {
     let store = store_with(&[("a", true, Some(2.0))]).await;
     let (p, r) = (8usize, 30usize);
-    let (rows, stats) = both(&store, Layout::Verl, |o| {
+    let (rows, stats) = both(&*store, Layout::Verl, |o| {
         o.prompt_length = Some(p);
         o.response_length = Some(r);
         o.pad_id = 7;
@@ -282,7 +284,7 @@ async fn verl_layout_pads_masks_and_places_rm_scores() {
         assert_eq!(row.truncated, s.response_ids.len() > r);
     }
     // Sample 1 has 20 response ids, samples 0 and 2 have 13 and 3: r = 16 cuts sample 1.
-    let (cut, stats) = both(&store, Layout::Verl, |o| {
+    let (cut, stats) = both(&*store, Layout::Verl, |o| {
         o.prompt_length = Some(p);
         o.response_length = Some(16);
     });
@@ -292,7 +294,7 @@ async fn verl_layout_pads_masks_and_places_rm_scores() {
     assert_eq!(rm[15], 2.0, "reward on the last kept token");
     assert_eq!(cut[1].response_mask.len(), 16);
     // Sample 2 has a 6-id prompt, the others 5: prompt_length 5 skips it.
-    let (kept, stats) = both(&store, Layout::Verl, |o| {
+    let (kept, stats) = both(&*store, Layout::Verl, |o| {
         o.prompt_length = Some(5);
         o.response_length = Some(r);
     });
@@ -381,4 +383,226 @@ async fn a_store_error_mid_scan_fails_the_export() {
     let mut out = Vec::new();
     let opts = ExportOptions::new(Format::Jsonl, Layout::Trajectory);
     assert!(export(items.into_iter(), &opts, &mut out, &mut |_| {}).is_err());
+}
+
+/// A fresh SQLite store (logprobs go through its BLOB codec) holding `calls`.
+async fn sqlite_with(dir: &tempfile::TempDir, calls: &[CallRecord]) -> DynStore {
+    let url = format!("sqlite://{}/spans.db", dir.path().display());
+    let store = tito::store::open(&url).expect("open");
+    for c in calls {
+        store.append_call(c.clone()).await.expect("append");
+    }
+    store
+}
+
+/// The `response_logprobs` of a sample over `path` (indices into `calls`),
+/// built by hand: null on observation ids (every later call's prompt delta),
+/// the call's own logprobs on its sampled ids.
+fn expected_logprobs(calls: &[CallRecord], path: &[usize]) -> Vec<Option<f32>> {
+    let mut out = Vec::new();
+    for (i, &c) in path.iter().enumerate() {
+        if i > 0 {
+            out.extend(vec![None; calls[c].prompt_delta_ids.len()]);
+        }
+        out.extend_from_slice(&calls[c].logprobs);
+    }
+    out
+}
+
+/// One row's `response_logprobs`.
+type Logprobs = Vec<Option<f32>>;
+
+/// Changes options before an export (lengths for verl).
+type Tweak<'a> = &'a dyn Fn(&mut ExportOptions);
+
+/// Samples of [`branching`]: root-to-leaf paths of call indices.
+const PATHS: [&[usize]; 3] = [&[0, 1, 2], &[0, 1, 3, 4], &[5]];
+
+/// Checks the JSON text itself: `response_logprobs[i]` is `null` exactly
+/// where `expected[row][i]` is `None` (so on every mask-0 position), and the
+/// same f32 elsewhere.
+fn assert_jsonl_logprobs(bytes: &[u8], expected: &[Vec<Option<f32>>]) {
+    let lines: Vec<Value> = std::str::from_utf8(bytes)
+        .expect("utf8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    assert_eq!(lines.len(), expected.len());
+    for (n, (line, want)) in lines.iter().zip(expected).enumerate() {
+        let got = line["response_logprobs"].as_array().expect("logprobs");
+        let mask = line["response_mask"].as_array().expect("mask");
+        assert_eq!(got.len(), want.len(), "row {n}");
+        assert_eq!(got.len(), mask.len(), "row {n}");
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            match w {
+                None => assert!(g.is_null(), "row {n}[{i}]: {g} for a missing logprob"),
+                Some(x) => assert_eq!(g.as_f64().map(|g| g as f32), Some(*x), "row {n}[{i}]"),
+            }
+            if mask[i] == 0 {
+                assert!(g.is_null(), "row {n}[{i}]: mask 0 but logprob {g}");
+            }
+        }
+    }
+}
+
+/// Definition levels, repetition levels and values of the
+/// `response_logprobs` column, over all row groups.
+fn logprob_column(bytes: Vec<u8>) -> (Vec<i16>, Vec<i16>, Vec<f32>) {
+    let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).expect("parquet opens");
+    let schema = reader.metadata().file_metadata().schema_descr();
+    let idx = (0..schema.num_columns())
+        .find(|&i| schema.column(i).path().parts()[0] == "response_logprobs")
+        .expect("response_logprobs column");
+    let col = schema.column(idx);
+    assert_eq!(col.max_def_level(), 2, "list<optional float>");
+    assert_eq!(col.max_rep_level(), 1);
+    assert!(col.self_type().is_optional(), "elements are nullable");
+    let (mut def, mut rep, mut vals) = (Vec::new(), Vec::new(), Vec::new());
+    for g in 0..reader.num_row_groups() {
+        let group = reader.get_row_group(g).expect("row group");
+        let rows = group.metadata().num_rows() as usize;
+        match group.get_column_reader(idx).expect("column reader") {
+            ColumnReader::FloatColumnReader(mut r) => {
+                let (records, _, _) = r
+                    .read_records(rows, Some(&mut def), Some(&mut rep), &mut vals)
+                    .expect("read");
+                assert_eq!(records, rows);
+            }
+            _ => panic!("response_logprobs is not a float column"),
+        }
+    }
+    (def, rep, vals)
+}
+
+fn export_row(logprobs: Vec<Option<f32>>) -> ExportRow {
+    let n = logprobs.len();
+    ExportRow {
+        trajectory_id: "t".into(),
+        sample: 0,
+        call: None,
+        prompt_ids: vec![1, 2],
+        response_ids: vec![3; n],
+        response_mask: vec![1; n],
+        response_logprobs: logprobs,
+        reward: None,
+        num_turns: 1,
+        weight_version: None,
+        tokenizer_sha256: "tok".into(),
+        template_sha256: "tpl".into(),
+        finish_reason: "stop".into(),
+        truncated: false,
+        verl: None,
+    }
+}
+
+#[test]
+fn parquet_logprobs_are_a_list_of_optional_floats() {
+    let lists = vec![
+        vec![Some(-0.5), None],
+        vec![],
+        vec![None],
+        vec![Some(0.0), Some(-1.0)],
+    ];
+    let opts = ExportOptions::new(Format::Parquet, Layout::Trajectory);
+    let mut out = Vec::new();
+    {
+        let mut sink = tito::export::sink(&opts, &mut out).expect("sink");
+        for lp in &lists {
+            sink.write_row(&export_row(lp.clone())).expect("row");
+        }
+        sink.finish().expect("finish");
+    }
+    // Empty list def 0; null element def 1 (no value); value def 2.
+    let (def, rep, vals) = logprob_column(out.clone());
+    assert_eq!(def, [2, 1, 0, 1, 2, 2]);
+    assert_eq!(rep, [0, 1, 0, 0, 0, 1]);
+    assert_eq!(vals, [-0.5, 0.0, -1.0]);
+    let (rows, _) = parse_parquet(out);
+    let got: Vec<_> = rows.into_iter().map(|r| r.response_logprobs).collect();
+    assert_eq!(got, lists);
+}
+
+#[tokio::test]
+async fn missing_logprobs_and_observations_export_as_null() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let calls = with_missing_logprobs("g");
+    let store = sqlite_with(&dir, &calls).await;
+    let samples: Vec<_> = PATHS.iter().map(|p| expected_logprobs(&calls, p)).collect();
+    assert_eq!(samples[0][4], None, "an observation id");
+    let per_call: Vec<_> = calls.iter().map(|c| c.logprobs.clone()).collect();
+    let (p, r) = (8usize, 30usize);
+    let padded: Vec<_> = samples
+        .iter()
+        .map(|lp| [lp.clone(), vec![None; r - lp.len()]].concat())
+        .collect();
+    let verl = |o: &mut ExportOptions| {
+        o.prompt_length = Some(p);
+        o.response_length = Some(r);
+    };
+    let cases: [(Layout, Tweak, &[Logprobs]); 3] = [
+        (Layout::Trajectory, &|_| {}, &samples),
+        (Layout::PerCall, &|_| {}, &per_call),
+        (Layout::Verl, &verl, &padded),
+    ];
+    for (layout, tweak, want) in cases {
+        // Parquet read back equals JSONL parsed back (nulls included).
+        let (rows, _) = both(&*store, layout, tweak);
+        let got: Vec<_> = rows.into_iter().map(|r| r.response_logprobs).collect();
+        assert_eq!(got, want, "{layout:?}");
+        let mut opts = ExportOptions::new(Format::Jsonl, layout);
+        tweak(&mut opts);
+        assert_jsonl_logprobs(&run(&*store, &opts).0, want);
+        // In Parquet: one null element (def 1) per missing logprob, and only
+        // the real values are stored.
+        opts.format = Format::Parquet;
+        let (def, _, vals) = logprob_column(run(&*store, &opts).0);
+        let flat: Vec<_> = want.iter().flatten().copied().collect();
+        let defs: Vec<i16> = flat
+            .iter()
+            .map(|x| if x.is_some() { 2 } else { 1 })
+            .collect();
+        assert_eq!(def, defs, "{layout:?}");
+        assert_eq!(vals, flat.into_iter().flatten().collect::<Vec<_>>());
+    }
+}
+
+#[tokio::test]
+async fn a_trajectory_without_logprobs_exports_no_number() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = sqlite_with(&dir, &without_logprobs(branching("n"))).await;
+    let verl = |o: &mut ExportOptions| {
+        o.prompt_length = Some(8);
+        o.response_length = Some(30);
+    };
+    let cases: [(Layout, Tweak); 3] = [
+        (Layout::Trajectory, &|_| {}),
+        (Layout::PerCall, &|_| {}),
+        (Layout::Verl, &verl),
+    ];
+    for (layout, tweak) in cases {
+        let (rows, _) = both(&*store, layout, tweak);
+        assert!(!rows.is_empty());
+        for row in &rows {
+            assert!(!row.response_logprobs.is_empty());
+            assert!(
+                row.response_logprobs.iter().all(Option::is_none),
+                "{layout:?}"
+            );
+        }
+        let mut opts = ExportOptions::new(Format::Jsonl, layout);
+        tweak(&mut opts);
+        let text = run(&*store, &opts).0;
+        for line in std::str::from_utf8(&text).expect("utf8").lines() {
+            let v: Value = serde_json::from_str(line).expect("json");
+            let lp = v["response_logprobs"].as_array().expect("logprobs");
+            assert!(lp.iter().all(Value::is_null), "{layout:?}: {lp:?}");
+        }
+        opts.format = Format::Parquet;
+        let (def, _, vals) = logprob_column(run(&*store, &opts).0);
+        assert!(vals.is_empty(), "{layout:?}: values {vals:?}");
+        assert!(
+            def.iter().all(|&d| d == 1),
+            "{layout:?}: only null elements"
+        );
+    }
 }

@@ -10,7 +10,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use axum::Router;
 use serde_json::{json, Value};
-use store_support::branching;
+use store_support::{branching, without_logprobs};
 use tito::api::trajectories::StoreState;
 use tito::store::{Drift, MemoryStore, SpanStore};
 use tower::ServiceExt;
@@ -262,4 +262,68 @@ async fn export_streams_jsonl_and_parquet() {
         assert_eq!(s, StatusCode::BAD_REQUEST, "{uri}");
         assert_openai_error(&e, None);
     }
+}
+
+/// The HTTP export of a trajectory recorded without any logprob has no number
+/// in `response_logprobs`: JSONL nulls, Parquet null elements.
+#[tokio::test]
+async fn export_writes_missing_logprobs_as_nulls() {
+    let store = Arc::new(MemoryStore::new());
+    for c in without_logprobs(branching("n")) {
+        store.append_call(c).await.expect("append");
+    }
+    let state = StoreState {
+        store,
+        decode: None,
+        on_finish: None,
+    };
+    let app = tito::api::export::routes().with_state(state);
+    let verl = "layout=verl&prompt_length=8&response_length=32";
+    let (s, body) = send(
+        &app,
+        "GET",
+        &format!("/v1/export?format=jsonl&{verl}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    let lines: Vec<Value> = std::str::from_utf8(&body)
+        .expect("utf8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("line"))
+        .collect();
+    assert_eq!(lines.len(), 3);
+    for l in &lines {
+        let lp = l["response_logprobs"].as_array().expect("logprobs");
+        assert_eq!(lp.len(), 32);
+        assert!(lp.iter().all(Value::is_null), "{lp:?}");
+    }
+
+    let (s, body) = send(
+        &app,
+        "GET",
+        &format!("/v1/export?format=parquet&{verl}"),
+        None,
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
+    use parquet::file::reader::FileReader;
+    use parquet::record::Field;
+    let reader = parquet::file::reader::SerializedFileReader::new(bytes::Bytes::from(body))
+        .expect("parquet");
+    let mut rows = 0;
+    for row in reader.get_row_iter(None).expect("rows") {
+        let row = row.expect("row");
+        let (_, lp) = row
+            .get_column_iter()
+            .find(|(name, _)| name.as_str() == "response_logprobs")
+            .expect("column");
+        let Field::ListInternal(lp) = lp else {
+            panic!("response_logprobs is {lp:?}");
+        };
+        assert_eq!(lp.len(), 32);
+        assert!(lp.elements().iter().all(|f| *f == Field::Null), "{lp:?}");
+        rows += 1;
+    }
+    assert_eq!(rows, 3);
 }

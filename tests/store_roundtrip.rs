@@ -6,7 +6,7 @@ mod store_support;
 
 use std::sync::Arc;
 
-use store_support::{branching, call, ids};
+use store_support::{branching, call, ids, with_missing_logprobs};
 use tito::store::sqlite::schema::{self, SCHEMA_VERSION};
 use tito::store::{
     DynStore, ListQuery, MemoryStore, SqliteStore, StoreError, TrajectoryFilter, TrajectoryStatus,
@@ -36,7 +36,7 @@ async fn roundtrip_keeps_every_field() {
         calls[3].moved_from = Some("http://127.0.0.1:8002".into());
         calls[3].truncated = true;
         calls[4].weight_version = None;
-        calls[5].logprobs = vec![f32::MIN_POSITIVE, -0.0, -1e-30];
+        calls[5].logprobs = vec![Some(f32::MIN_POSITIVE), Some(-0.0), Some(-1e-30)];
         for c in &calls {
             store.append_call(c.clone()).await.expect("append");
         }
@@ -393,4 +393,77 @@ fn bad_urls_are_rejected() {
             "{url}"
         );
     }
+}
+
+#[tokio::test]
+async fn missing_logprobs_roundtrip_as_none_in_both_stores_and_after_reopen() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Real values include 0.0, f32::MIN and -inf.
+    let mut calls = with_missing_logprobs("t-lp");
+    calls[3].logprobs[3] = Some(f32::NEG_INFINITY);
+    for (name, store) in stores(&dir) {
+        for c in &calls {
+            store.append_call(c.clone()).await.expect("append");
+        }
+        let t = store
+            .get_trajectory("t-lp")
+            .await
+            .expect("get")
+            .expect("stored");
+        assert_eq!(t.calls, calls, "{name}");
+        assert_eq!(
+            t.calls[0].logprobs,
+            [Some(-0.25), None, Some(0.0)],
+            "{name}"
+        );
+        assert_eq!(t.calls[1].logprobs, [None; 4], "{name}");
+        let latest = store.latest_calls("t-lp", 6).await.expect("latest");
+        assert_eq!(latest, calls, "{name}");
+        let scanned: Vec<_> = store
+            .scan(&TrajectoryFilter::default())
+            .expect("scan")
+            .map(|t| t.expect("trajectory").calls)
+            .collect();
+        assert_eq!(scanned, [calls.clone()], "{name}");
+
+        // A NaN logprob is no logprob, in either store.
+        let mut nan = call("t-nan", 0, 0, None, ids(1, 2), ids(3, 3));
+        nan.logprobs = vec![Some(f32::NAN), Some(-0.5), None];
+        store.append_call(nan).await.expect("append");
+        let t = store
+            .get_trajectory("t-nan")
+            .await
+            .expect("get")
+            .expect("stored");
+        assert_eq!(t.calls[0].logprobs, [None, Some(-0.5), None], "{name}");
+    }
+
+    // Reopened from disk: the same Options, and NaN words (never 0.0) in the
+    // BLOB where no logprob was reported.
+    let path = dir.path().join("nested/dir/spans.db");
+    let store = tito::store::open(&format!("sqlite://{}", path.display())).expect("reopen");
+    let t = store
+        .get_trajectory("t-lp")
+        .await
+        .expect("get")
+        .expect("stored");
+    assert_eq!(t.calls, calls);
+    drop(store);
+    let conn = rusqlite::Connection::open(&path).expect("open raw");
+    let blob: Vec<u8> = conn
+        .query_row(
+            "SELECT c.logprobs FROM calls c JOIN trajectories t ON t.seq = c.traj \
+             WHERE t.id = 't-lp' AND c.call_index = 0",
+            [],
+            |r| r.get(0),
+        )
+        .expect("row");
+    let words: Vec<f32> = blob
+        .chunks_exact(4)
+        .map(|w| f32::from_le_bytes([w[0], w[1], w[2], w[3]]))
+        .collect();
+    assert_eq!(words.len(), 3);
+    assert_eq!(words[0], -0.25);
+    assert!(words[1].is_nan(), "missing logprob stored as NaN");
+    assert_eq!(words[2].to_bits(), 0.0f32.to_bits(), "a real 0.0 stays 0.0");
 }

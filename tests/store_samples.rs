@@ -25,8 +25,8 @@ fn traj(reward: Option<f64>) -> Trajectory {
     }
 }
 
-fn lp(n: usize) -> Vec<f32> {
-    (0..n).map(|k| -((k + 1) as f32) / 100.0).collect()
+fn lp(n: usize) -> Vec<Option<f32>> {
+    (0..n).map(|k| Some(-((k + 1) as f32) / 100.0)).collect()
 }
 
 #[test]
@@ -59,7 +59,7 @@ fn branching_samples_follow_parent_links() {
     );
     assert_eq!(
         s0.response_logprobs,
-        [lp(3), vec![0.0; 2], lp(4), vec![0.0; 2], lp(2)].concat()
+        [lp(3), vec![None; 2], lp(4), vec![None; 2], lp(2)].concat()
     );
     assert_eq!(s0.num_turns, 3);
     assert_eq!(s0.reward, Some(1.0));

@@ -1,6 +1,7 @@
 //! Parquet sink, written with the parquet crate's low-level column writers
 //! (no Arrow: much less to compile). Id, mask and position columns are
-//! `list<int32>`, logprobs and `rm_scores` `list<float>`, `reward` an optional
+//! `list<int32>`, `rm_scores` `list<float>`, `response_logprobs` `list<float>`
+//! with optional elements (null where no logprob exists), `reward` an optional
 //! double, strings UTF-8. Rows are buffered per column and flushed as a row
 //! group every `row_group_rows` rows or `row_group_values` list values,
 //! whichever comes first, so memory is bounded by one row group.
@@ -28,6 +29,7 @@ enum Cell<'a> {
     Ids(&'a [u32]),
     Mask(&'a [u8]),
     Floats(&'a [f32]),
+    OptFloats(&'a [Option<f32>]),
 }
 
 /// Physical shape of a column and its buffered values / levels.
@@ -40,6 +42,8 @@ enum Buf {
     /// list<int32>: values, definition levels, repetition levels.
     ListI32(Vec<i32>, Vec<i16>, Vec<i16>),
     ListF32(Vec<f32>, Vec<i16>, Vec<i16>),
+    /// list<float> whose elements may be null (missing logprobs).
+    ListOptF32(Vec<f32>, Vec<i16>, Vec<i16>),
 }
 
 type Getter = for<'a> fn(&'a ExportRow) -> Cell<'a>;
@@ -88,8 +92,8 @@ fn columns(layout: Layout) -> Vec<Column> {
         ),
         col(
             "response_logprobs",
-            |r| Cell::Floats(&r.response_logprobs),
-            list_f32(),
+            |r| Cell::OptFloats(&r.response_logprobs),
+            Buf::ListOptF32(Vec::new(), Vec::new(), Vec::new()),
         ),
         col(
             "reward",
@@ -170,6 +174,9 @@ fn schema_text(cols: &[Column]) -> String {
             Buf::ListF32(..) => {
                 format!("REQUIRED group {n} (LIST) {{ REPEATED group list {{ REQUIRED FLOAT element; }} }}")
             }
+            Buf::ListOptF32(..) => {
+                format!("REQUIRED group {n} (LIST) {{ REPEATED group list {{ OPTIONAL FLOAT element; }} }}")
+            }
         };
         s.push_str("  ");
         s.push_str(&line);
@@ -201,6 +208,33 @@ fn push_list<T: Copy, U>(
     xs.len()
 }
 
+/// Appends one list of optional elements to (values, def, rep). Max
+/// definition level 2 (REPEATED list + OPTIONAL element): an empty list is def
+/// 0, a null element def 1 (no value), a present element def 2.
+fn push_opt_list(
+    vals: &mut Vec<f32>,
+    def: &mut Vec<i16>,
+    rep: &mut Vec<i16>,
+    xs: &[Option<f32>],
+) -> usize {
+    if xs.is_empty() {
+        def.push(0);
+        rep.push(0);
+        return 0;
+    }
+    for (i, x) in xs.iter().enumerate() {
+        rep.push(i16::from(i > 0));
+        match x {
+            Some(x) => {
+                def.push(2);
+                vals.push(*x);
+            }
+            None => def.push(1),
+        }
+    }
+    xs.len()
+}
+
 impl Column {
     /// Buffers one row's cell; returns the number of list values added.
     fn push(&mut self, row: &ExportRow) -> usize {
@@ -225,6 +259,7 @@ impl Column {
             (Buf::ListI32(v, d, r), Cell::Ids(xs)) => return push_list(v, d, r, xs, |x| x as i32),
             (Buf::ListI32(v, d, r), Cell::Mask(xs)) => return push_list(v, d, r, xs, i32::from),
             (Buf::ListF32(v, d, r), Cell::Floats(xs)) => return push_list(v, d, r, xs, |x| x),
+            (Buf::ListOptF32(v, d, r), Cell::OptFloats(xs)) => return push_opt_list(v, d, r, xs),
             // `columns` pairs every getter with its buffer shape.
             _ => {}
         }
@@ -262,7 +297,10 @@ impl Column {
                 d.clear();
                 r.clear();
             }
-            (Buf::ListF32(v, d, r), ColumnWriter::FloatColumnWriter(w)) => {
+            (
+                Buf::ListF32(v, d, r) | Buf::ListOptF32(v, d, r),
+                ColumnWriter::FloatColumnWriter(w),
+            ) => {
                 w.write_batch(v, Some(d), Some(r))?;
                 v.clear();
                 d.clear();
@@ -300,7 +338,7 @@ impl<W: Write + Send> ParquetSink<W> {
                     props = props.set_column_dictionary_enabled(ColumnPath::from(c.name), true);
                 }
                 // Min/max of token ids or logprobs serve no reader.
-                Buf::ListI32(..) | Buf::ListF32(..) => {
+                Buf::ListI32(..) | Buf::ListF32(..) | Buf::ListOptF32(..) => {
                     let path =
                         ColumnPath::from(vec![c.name.to_string(), "list".into(), "element".into()]);
                     props = props.set_column_statistics_enabled(path, EnabledStatistics::None);

@@ -26,7 +26,7 @@ pub struct ExportRow {
     pub prompt_ids: Vec<u32>,
     pub response_ids: Vec<u32>,
     pub response_mask: Vec<u8>,
-    pub response_logprobs: Vec<f32>,
+    pub response_logprobs: Vec<Option<f32>>,
     pub reward: Option<f64>,
     pub num_turns: u32,
     pub weight_version: Option<String>,
@@ -153,7 +153,7 @@ fn pad_verl(row: &mut ExportRow, p: usize, r: usize, pad: u32) {
     row.prompt_ids = prompt;
     row.response_ids.resize(r, pad);
     row.response_mask.resize(r, 0);
-    row.response_logprobs.resize(r, 0.0);
+    row.response_logprobs.resize(r, None);
 
     let mut attention_mask = vec![0u8; p.saturating_sub(n)];
     attention_mask.resize(p + m, 1);

@@ -60,8 +60,15 @@ impl Inner {
 
 #[async_trait]
 impl SpanStore for MemoryStore {
-    async fn append_call(&self, call: CallRecord) -> Result<(), StoreError> {
+    async fn append_call(&self, mut call: CallRecord) -> Result<(), StoreError> {
         validate_call(&call)?;
+        // As SQLite stores a missing logprob as NaN and reads NaN back as
+        // `None`: a NaN logprob is no logprob.
+        for x in &mut call.logprobs {
+            if x.is_some_and(f32::is_nan) {
+                *x = None;
+            }
+        }
         let now = now_ms();
         let mut inner = self.lock();
         let seq = match inner.seq_of.get(&call.trajectory_id) {

@@ -41,7 +41,9 @@ pub struct Sample {
     pub prompt_ids: Vec<u32>,
     pub response_ids: Vec<u32>,
     pub response_mask: Vec<u8>,
-    pub response_logprobs: Vec<f32>,
+    /// Aligned with `response_ids`: `None` on observation tokens (nothing
+    /// was sampled there) and where the backend reported no logprob.
+    pub response_logprobs: Vec<Option<f32>>,
     pub reward: Option<f64>,
     pub num_turns: u32,
     pub weight_version: Option<String>,
@@ -164,13 +166,13 @@ pub fn build_sample(trajectory: &Trajectory, sample: u32, leaf: u32) -> Result<S
         } else {
             response_ids.extend_from_slice(&call.prompt_delta_ids);
             response_mask.resize(response_ids.len(), 0);
-            response_logprobs.resize(response_ids.len(), 0.0);
+            response_logprobs.resize(response_ids.len(), None);
         }
         response_ids.extend_from_slice(&call.sampled_ids);
         response_mask.resize(response_ids.len(), 1);
         response_logprobs.extend_from_slice(&call.logprobs);
         // Defensive: logprobs are checked on append, keep alignment anyway.
-        response_logprobs.resize(response_ids.len(), 0.0);
+        response_logprobs.resize(response_ids.len(), None);
         truncated |= call.truncated;
         last = Some(call);
     }

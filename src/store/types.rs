@@ -67,8 +67,9 @@ pub struct CallRecord {
     pub finished_at: i64,
     pub prompt_delta_ids: Vec<u32>,
     pub sampled_ids: Vec<u32>,
-    /// Same length as `sampled_ids`.
-    pub logprobs: Vec<f32>,
+    /// Same length as `sampled_ids`: the logprob the backend reported for
+    /// each sampled token, `None` where it reported none.
+    pub logprobs: Vec<Option<f32>>,
     pub finish_reason: String,
     /// The request as received (messages + sampling params).
     pub request: serde_json::Value,

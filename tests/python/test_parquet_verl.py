@@ -1,4 +1,5 @@
-"""Reads a verl-layout Parquet export with pyarrow and checks dtypes and shapes.
+"""Reads a verl-layout Parquet export with pyarrow and checks dtypes, shapes and
+null logprobs (missing, observation and padding positions).
 
 The file is produced by the Rust example `verl_fixture` (a throwaway SQLite
 store of synthetic multi-turn trajectories exported with layout=verl). Run:
@@ -20,6 +21,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 P, R = 64, 96
+
+
+def fixture_logprob(token_id):
+    """The logprob verl_fixture gives a sampled id (ids divisible by 11 get
+    none, as from a backend that reported none)."""
+    return -(token_id % 7) / 10 - 0.01
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +55,9 @@ def test_dtypes(export):
     for name in ["response_logprobs", "rm_scores"]:
         t = schema.field(name).type
         assert pa.types.is_list(t) and t.value_type == pa.float32(), name
+    # A missing logprob is a null element; rm_scores has no nulls.
+    assert schema.field("response_logprobs").type.value_field.nullable
+    assert not schema.field("rm_scores").type.value_field.nullable
     assert schema.field("reward").type == pa.float64()
     assert schema.field("sample").type == pa.int32()
     assert schema.field("num_turns").type == pa.int32()
@@ -74,7 +84,7 @@ def test_shapes_and_counts(export):
 def test_masks_positions_and_scores(export):
     table, stats, _ = export
     rows = table.to_pylist()
-    truncated = 0
+    truncated = missing = present = 0
     for row in rows:
         attn = row["attention_mask"]
         n_prompt = sum(attn[:P])
@@ -85,10 +95,18 @@ def test_masks_positions_and_scores(export):
         expected_pos = [max(c - 1, 0) for c in accumulate(attn)]
         assert row["position_ids"] == expected_pos
         assert all(m == 0 for m in row["response_mask"][n_resp:])
-        assert all(x == 0.0 for x in row["response_logprobs"][n_resp:])
-        # Sampled ids (mask 1) carry negative logprobs; observations 0.
-        for m, lp in zip(row["response_mask"][:n_resp], row["response_logprobs"][:n_resp]):
-            assert (lp < 0) if m == 1 else (lp == 0.0)
+        # Padding and observations (mask 0) have no logprob: null, not 0.0.
+        assert all(x is None for x in row["response_logprobs"][n_resp:])
+        head = [row[k][:n_resp] for k in ("response_ids", "response_mask", "response_logprobs")]
+        for i, m, lp in zip(*head):
+            if m == 0:
+                assert lp is None, (i, lp)
+            elif i % 11 == 0:
+                assert lp is None, f"fixture: sampled id {i} has no logprob, got {lp}"
+                missing += 1
+            else:
+                assert lp == pytest.approx(fixture_logprob(i), rel=1e-6), i
+                present += 1
         scores = row["rm_scores"]
         nonzero = [i for i, x in enumerate(scores) if x != 0.0]
         if row["reward"]:
@@ -99,3 +117,14 @@ def test_masks_positions_and_scores(export):
         truncated += row["truncated"]
         assert row["truncated"] == (n_resp == R and row["num_turns"] * 17 - 5 > R)
     assert truncated == stats["truncated_responses"] > 0
+    assert missing > 0 and present > 0
+
+
+def test_missing_logprobs_are_nulls_not_zeros(export):
+    table, _, _ = export
+    column = table.column("response_logprobs").combine_chunks()
+    values = column.flatten()
+    # Nulls are real Parquet nulls (the validity bitmap), and no stored value
+    # is a 0.0 standing in for a missing logprob.
+    assert values.null_count > 0
+    assert all(x < 0 for x in values.drop_null().to_pylist())

@@ -14,7 +14,7 @@ pub fn call(
     sampled: Vec<u32>,
 ) -> CallRecord {
     let logprobs = (0..sampled.len())
-        .map(|k| -((k + 1) as f32) / 100.0)
+        .map(|k| Some(-((k + 1) as f32) / 100.0))
         .collect();
     CallRecord {
         trajectory_id: traj.to_string(),
@@ -59,4 +59,24 @@ pub fn branching(traj: &str) -> Vec<CallRecord> {
         call(traj, 4, 1, Some(3), ids(900, 1), ids(1000, 2)),
         call(traj, 5, 2, None, ids(1100, 6), ids(1200, 3)),
     ]
+}
+
+/// [`branching`] with some logprobs missing, as from a backend that reported
+/// none for those tokens: call 0 lacks its second, call 1 all four, call 3
+/// its first and third, call 5 its last. Real values include 0.0 and f32::MIN.
+pub fn with_missing_logprobs(traj: &str) -> Vec<CallRecord> {
+    let mut calls = branching(traj);
+    calls[0].logprobs = vec![Some(-0.25), None, Some(0.0)];
+    calls[1].logprobs = vec![None; 4];
+    calls[3].logprobs = vec![None, Some(-1e-30), None, Some(f32::MIN), Some(-7.5)];
+    calls[5].logprobs = vec![Some(-3.5), Some(-0.5), None];
+    calls
+}
+
+/// `calls` with every logprob missing.
+pub fn without_logprobs(mut calls: Vec<CallRecord>) -> Vec<CallRecord> {
+    for c in &mut calls {
+        c.logprobs = vec![None; c.sampled_ids.len()];
+    }
+    calls
 }

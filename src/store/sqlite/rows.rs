@@ -16,10 +16,12 @@ pub(crate) fn ids_to_blob(ids: &[u32]) -> Vec<u8> {
     out
 }
 
-pub(crate) fn f32s_to_blob(xs: &[f32]) -> Vec<u8> {
+/// Logprobs as little-endian f32 words; a missing logprob is written as a
+/// quiet NaN (no backend reports NaN as a logprob) and read back as `None`.
+pub(crate) fn logprobs_to_blob(xs: &[Option<f32>]) -> Vec<u8> {
     let mut out = Vec::with_capacity(xs.len() * 4);
     for x in xs {
-        out.extend_from_slice(&x.to_le_bytes());
+        out.extend_from_slice(&x.unwrap_or(f32::NAN).to_le_bytes());
     }
     out
 }
@@ -40,9 +42,11 @@ fn ids_col(row: &Row<'_>, col: usize) -> rusqlite::Result<Vec<u32>> {
     Ok(blob_words(blob, col)?.map(u32::from_le_bytes).collect())
 }
 
-fn f32s_col(row: &Row<'_>, col: usize) -> rusqlite::Result<Vec<f32>> {
+fn logprobs_col(row: &Row<'_>, col: usize) -> rusqlite::Result<Vec<Option<f32>>> {
     let blob = row.get_ref(col)?.as_blob()?;
-    Ok(blob_words(blob, col)?.map(f32::from_le_bytes).collect())
+    Ok(blob_words(blob, col)?
+        .map(|w| Some(f32::from_le_bytes(w)).filter(|x| !x.is_nan()))
+        .collect())
 }
 
 fn json_col<T: serde::de::DeserializeOwned>(row: &Row<'_>, col: usize) -> rusqlite::Result<T> {
@@ -110,7 +114,7 @@ fn call_from_row(row: &Row<'_>, trajectory_id: &str) -> rusqlite::Result<CallRec
         finished_at: row.get(5)?,
         prompt_delta_ids: ids_col(row, 6)?,
         sampled_ids: ids_col(row, 7)?,
-        logprobs: f32s_col(row, 8)?,
+        logprobs: logprobs_col(row, 8)?,
         finish_reason: row.get(9)?,
         request: json_col(row, 10)?,
         response: json_col(row, 11)?,

@@ -8,7 +8,7 @@
 use rusqlite::{params, Connection, ErrorCode};
 use tokio::sync::{mpsc, oneshot};
 
-use super::rows::{f32s_to_blob, ids_to_blob, meta_by_id, status_code};
+use super::rows::{ids_to_blob, logprobs_to_blob, meta_by_id, status_code};
 use crate::store::{now_ms, CallRecord, StoreError, TrajectoryMeta, TrajectoryStatus};
 
 /// Most jobs committed in one transaction.
@@ -179,7 +179,7 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             call.finished_at,
             ids_to_blob(&call.prompt_delta_ids),
             ids_to_blob(&call.sampled_ids),
-            f32s_to_blob(&call.logprobs),
+            logprobs_to_blob(&call.logprobs),
             call.finish_reason,
             call.request.to_string(),
             call.response.to_string(),
@@ -298,7 +298,7 @@ mod tests {
             finished_at: 2,
             prompt_delta_ids: vec![1, 2],
             sampled_ids: vec![3],
-            logprobs: vec![-0.5],
+            logprobs: vec![Some(-0.5)],
             finish_reason: "stop".into(),
             request: json!({}),
             response: json!({}),
