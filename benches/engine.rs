@@ -63,7 +63,6 @@ async fn run_engine(
                 ignore_eos: true,
                 ..Default::default()
             },
-            stream: true,
         };
         tasks.push(tokio::spawn(async move {
             let mut s = engine.generate(req).await.expect("accepted");

@@ -115,15 +115,14 @@ async fn engine_server_speaks_vllm_and_sglang() {
     assert_eq!(status, 400, "{e}");
     assert!(e["error"]["message"].as_str().is_some(), "{e}");
 
-    // The gateway's vLLM client reads the engine, streaming and not.
+    // The gateway's vLLM client reads the engine (it always streams).
     let toml =
         format!("[[backends]]\nurl = \"{base}\"\nkind = \"engine\"\n[model]\ntokenizer = \"x\"\n");
     let config = tito::Config::from_toml(&toml).expect("config");
     let client =
         tito::backend::vllm::VllmBackend::new(&config.backends[0], &config.router).expect("client");
-    for stream in [false, true] {
+    {
         let mut req = engine_support::request(&prompt, engine_support::greedy(5));
-        req.stream = stream;
         req.params.logprobs = Some(1);
         let mut s = client.generate(req).await.expect("generate");
         let mut gen = tito::backend::Generation::default();
@@ -131,7 +130,7 @@ async fn engine_server_speaks_vllm_and_sglang() {
             gen.push(ev.expect("event"));
         }
         let got: Vec<u64> = gen.ids.iter().map(|&i| u64::from(i)).collect();
-        assert_eq!(got, ids, "stream = {stream}");
+        assert_eq!(got, ids);
         assert_eq!(gen.logprobs.len(), 5);
         assert_eq!(gen.finish_reason, Some(tito::backend::FinishReason::Length));
     }

@@ -4,9 +4,15 @@
 //! the sampled token ids with their logprobs. It never sees text on this path
 //! (token in, token out). Requests for `n > 1` are fanned out by the API layer.
 //!
+//! The HTTP clients ([`vllm`], [`sglang`]) always ask their backend to stream
+//! and share one reader, [`pump`]: SSE framing ([`sse`]), the first-token and
+//! idle timeouts, `[DONE]`, and cancellation when the stream is dropped. Each
+//! supplies only how one `data:` payload becomes [`GenEvent`]s.
+//!
 //! Owns: wire formats of vLLM / SGLang / the bundled engine. Must not: render
 //! templates, decode text for clients, or know about trajectories.
 
+pub mod pump;
 pub mod sglang;
 pub mod sse;
 pub mod vllm;
@@ -36,26 +42,28 @@ pub struct SamplingParams {
     pub stop_token_ids: Vec<u32>,
     pub ignore_eos: bool,
     /// `Some(k)`: return the sampled token's logprob plus the top `k`
-    /// alternatives (`k` may be 0). `None`: no logprobs needed.
+    /// alternatives (`k` may be 0: the sampled token only). `None`: no
+    /// logprobs needed. A backend that answers without numbers yields
+    /// `TokenLogprob { logprob: None, top: [] }` per token, not an error.
     pub logprobs: Option<u32>,
 }
 
-/// One generation request for one sequence.
+/// One generation request for one sequence. The caller always consumes a
+/// stream of events; HTTP backends always stream from the backend.
 #[derive(Debug, Clone)]
 pub struct GenerateRequest {
     /// Unique id, forwarded as the backend's request id where supported.
     pub request_id: String,
     pub prompt_ids: Arc<Vec<u32>>,
     pub params: SamplingParams,
-    /// Whether the caller wants tokens as they come. Backends may stream
-    /// regardless; the caller always consumes a stream of events.
-    pub stream: bool,
 }
 
 /// The logprob of one sampled token and, when asked, its top alternatives.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TokenLogprob {
-    pub logprob: f32,
+    /// `None` when the backend produced no number for this token: it is
+    /// recorded as null, never as a made-up value.
+    pub logprob: Option<f32>,
     /// `(token_id, logprob)` of the most likely tokens, most likely first.
     pub top: Vec<(u32, f32)>,
 }
@@ -193,22 +201,6 @@ pub fn build_backend(
     })
 }
 
-/// Builds the configured backends.
-pub fn build_backends(config: &crate::config::Config) -> anyhow::Result<Vec<DynBackend>> {
-    config
-        .backends
-        .iter()
-        .map(|b| match b.kind {
-            crate::config::BackendKind::Engine if b.url == "engine" => {
-                let engine: DynBackend =
-                    crate::engine::EngineBackend::start_named(&config.engine, b.display_name())?;
-                Ok(engine)
-            }
-            _ => build_backend(b, &config.router),
-        })
-        .collect()
-}
-
 /// The HTTP client shared by the HTTP backends, with the router's timeouts.
 pub(crate) fn http_client(router: &crate::config::RouterConfig) -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder()
@@ -265,8 +257,13 @@ pub(crate) async fn check_status(
                 .and_then(|m| m.as_str().map(str::to_string))
         })
         .unwrap_or_else(|| text.chars().take(500).collect());
+    Err(status_error(backend, status.as_u16(), message))
+}
+
+/// The error for an HTTP status (or an in-stream error's code) `status`.
+pub(crate) fn status_error(backend: &str, status: u16, message: String) -> BackendError {
     let backend = backend.to_string();
-    Err(match status.as_u16() {
+    match status {
         429 | 503 => BackendError::Overloaded { backend, message },
         400 | 413 | 422 => BackendError::Rejected { backend, message },
         s => BackendError::Status {
@@ -274,11 +271,12 @@ pub(crate) async fn check_status(
             status: s,
             message,
         },
-    })
+    }
 }
 
-/// A stream that aborts its producer task when dropped (client disconnect
-/// propagates to the backend connection).
+/// A stream that aborts its producer task when dropped (used by the API's
+/// SSE responses; the backend [`pump`] stops on its own when its stream is
+/// dropped).
 pub(crate) struct AbortOnDrop<S> {
     inner: S,
     task: tokio::task::JoinHandle<()>,

@@ -5,6 +5,11 @@
 //! (one such list per position), the finish in `meta_info.finish_reason.type`
 //! (`stop` | `length` | `abort`, `null` while running).
 //!
+//! Requests always stream (`stream: true`); the events are read by the
+//! shared [`pump`](super::pump) through [`SglangDecoder`]. An answer without
+//! `output_token_logprobs` (or with a null logprob) gives tokens with
+//! `logprob: None`, never an error.
+//!
 //! Owns: SGLang's wire format. Must not: render, decode text, or route.
 //!
 //! Checked against (November 2026):
@@ -26,13 +31,10 @@
 //!   and slices the logprob lists to match. `meta_info.completion_tokens` is
 //!   the running total in both modes, which is what tells them apart here.
 
-use std::time::Duration;
-
-use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
-use super::sse::SseDecoder;
+use super::pump::{EventDecoder, StreamTimeouts};
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
     TokenLogprob,
@@ -43,8 +45,7 @@ pub struct SglangBackend {
     name: String,
     base: String,
     client: reqwest::Client,
-    first_token_timeout: Duration,
-    idle_timeout: Duration,
+    timeouts: StreamTimeouts,
 }
 
 impl SglangBackend {
@@ -53,8 +54,7 @@ impl SglangBackend {
             name: cfg.display_name().to_string(),
             base: cfg.url.trim_end_matches('/').to_string(),
             client: super::http_client(router)?,
-            first_token_timeout: Duration::from_millis(router.first_token_timeout_ms),
-            idle_timeout: Duration::from_millis(router.idle_stream_timeout_ms),
+            timeouts: StreamTimeouts::from_router(router),
         })
     }
 
@@ -106,7 +106,7 @@ impl SglangBackend {
         let mut body = json!({
             "input_ids": &*req.prompt_ids,
             "sampling_params": Json::Object(sp),
-            "stream": req.stream,
+            "stream": true,
             "rid": req.request_id,
         });
         if let (Some(k), Some(obj)) = (p.logprobs, body.as_object_mut()) {
@@ -116,10 +116,6 @@ impl SglangBackend {
             obj.insert("logprob_start_len".into(), json!(-1));
         }
         body
-    }
-
-    fn protocol(&self, message: impl Into<String>) -> BackendError {
-        protocol(&self.name, message)
     }
 
     async fn post_admin(&self, path: &str, body: Json) -> Result<String, BackendError> {
@@ -160,7 +156,7 @@ fn protocol(backend: &str, message: impl Into<String>) -> BackendError {
     }
 }
 
-/// One `/generate` answer or stream event.
+/// One `/generate` stream event.
 #[derive(Deserialize)]
 struct GenerateOut {
     #[serde(default)]
@@ -198,12 +194,12 @@ fn finish_reason(v: Option<&Json>) -> Option<FinishReason> {
 }
 
 /// `[logprob, token_id, text|null]` → `(token_id, logprob)`; a null logprob
-/// (SGLang serializes -inf as null) reads as -inf.
-fn logprob_entry(v: &Json) -> Option<(u32, f32)> {
+/// (SGLang writes non-finite floats as null) stays unknown: `None`.
+fn logprob_entry(v: &Json) -> Option<(u32, Option<f32>)> {
     let arr = v.as_array()?;
     let lp = match arr.first()? {
-        Json::Null => f32::NEG_INFINITY,
-        x => x.as_f64()? as f32,
+        Json::Null => None,
+        x => Some(x.as_f64()? as f32),
     };
     let id = u32::try_from(arr.get(1)?.as_u64()?).ok()?;
     Some((id, lp))
@@ -249,7 +245,7 @@ impl StreamState {
         &mut self,
         backend: &str,
         out: GenerateOut,
-        want_logprobs: bool,
+        logprobs_k: Option<u32>,
     ) -> Result<Vec<GenEvent>, BackendError> {
         if let Some(err) = out.error {
             let message = err
@@ -279,53 +275,17 @@ impl StreamState {
         }
         let skip = self.already_emitted(&ids, meta.completion_tokens);
         let new_ids = ids[skip..].to_vec();
-        let mut logprobs = Vec::new();
-        if want_logprobs && !new_ids.is_empty() {
-            let lps = meta
-                .output_token_logprobs
-                .ok_or_else(|| protocol(backend, "logprobs were asked for but not returned"))?;
-            // The logprob lists follow the same convention as `output_ids`;
-            // accept them either whole (indexed by position in the output,
-            // never shorter than `output_ids`) or already sliced to the new
-            // part. The token-id check below catches any misreading.
-            let lp_skip = if lps.len() >= ids.len() {
-                skip
-            } else if lps.len() == new_ids.len() {
-                0
-            } else {
-                return Err(protocol(
-                    backend,
-                    format!("{} logprobs for {} token ids", lps.len(), ids.len()),
-                ));
-            };
-            let tops = meta.output_top_logprobs.unwrap_or_default();
-            for (i, id) in new_ids.iter().enumerate() {
-                let (lp_id, lp) = lps
-                    .get(lp_skip + i)
-                    .and_then(logprob_entry)
-                    .ok_or_else(|| protocol(backend, "malformed output_token_logprobs entry"))?;
-                if lp_id != *id {
-                    return Err(protocol(
-                        backend,
-                        format!("logprob entry is for token {lp_id}, output has {id}"),
-                    ));
-                }
-                let top_at = if tops.len() >= ids.len() {
-                    skip + i
-                } else if tops.len() == new_ids.len() {
-                    i
-                } else {
-                    usize::MAX
-                };
-                let mut top: Vec<(u32, f32)> = tops
-                    .get(top_at)
-                    .and_then(Json::as_array)
-                    .map(|a| a.iter().filter_map(logprob_entry).collect())
-                    .unwrap_or_default();
-                top.sort_by(|a, b| b.1.total_cmp(&a.1));
-                logprobs.push(TokenLogprob { logprob: lp, top });
-            }
-        }
+        let logprobs = match logprobs_k {
+            Some(k) if !new_ids.is_empty() => new_logprobs(
+                meta.output_token_logprobs,
+                meta.output_top_logprobs,
+                &ids,
+                skip,
+                k,
+            )
+            .map_err(|m| protocol(backend, m))?,
+            _ => Vec::new(),
+        };
         self.emitted.extend_from_slice(&new_ids);
         let mut events = Vec::with_capacity(2);
         if !new_ids.is_empty() {
@@ -344,6 +304,101 @@ impl StreamState {
     }
 }
 
+/// The `TokenLogprob`s of `ids[skip..]`, the part not emitted yet, with at
+/// most `k` alternatives each. Without `output_token_logprobs` every token's
+/// logprob is unknown (`None`). The lists follow the same convention as
+/// `output_ids`: accept them either whole (indexed by position in the output,
+/// never shorter than `output_ids`) or already sliced to the new part; the
+/// token-id check catches any misreading.
+fn new_logprobs(
+    lps: Option<Vec<Json>>,
+    tops: Option<Vec<Json>>,
+    ids: &[u32],
+    skip: usize,
+    k: u32,
+) -> Result<Vec<TokenLogprob>, String> {
+    let new_ids = &ids[skip..];
+    let Some(lps) = lps else {
+        let unknown = TokenLogprob {
+            logprob: None,
+            top: Vec::new(),
+        };
+        return Ok(vec![unknown; new_ids.len()]);
+    };
+    let lp_skip = if lps.len() >= ids.len() {
+        skip
+    } else if lps.len() == new_ids.len() {
+        0
+    } else {
+        return Err(format!(
+            "{} logprobs for {} token ids",
+            lps.len(),
+            ids.len()
+        ));
+    };
+    let tops = tops.unwrap_or_default();
+    let top_skip = if tops.len() >= ids.len() {
+        Some(skip)
+    } else if tops.len() == new_ids.len() {
+        Some(0)
+    } else {
+        None
+    };
+    let keep = usize::try_from(k).unwrap_or(usize::MAX);
+    let mut out = Vec::with_capacity(new_ids.len());
+    for (i, id) in new_ids.iter().enumerate() {
+        let (lp_id, logprob) = lps
+            .get(lp_skip + i)
+            .and_then(logprob_entry)
+            .ok_or("malformed output_token_logprobs entry")?;
+        if lp_id != *id {
+            return Err(format!(
+                "logprob entry is for token {lp_id}, output has {id}"
+            ));
+        }
+        let mut top: Vec<(u32, f32)> = top_skip
+            .and_then(|s| tops.get(s + i))
+            .and_then(Json::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(logprob_entry)
+                    .filter_map(|(t, l)| Some((t, l?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        top.sort_by(|a, b| b.1.total_cmp(&a.1));
+        top.truncate(keep);
+        out.push(TokenLogprob { logprob, top });
+    }
+    Ok(out)
+}
+
+/// Turns SGLang `/generate` stream events into events; `logprobs` is the
+/// request's `SamplingParams::logprobs`.
+pub struct SglangDecoder {
+    backend: String,
+    logprobs: Option<u32>,
+    state: StreamState,
+}
+
+impl SglangDecoder {
+    pub fn new(backend: &str, logprobs: Option<u32>) -> Self {
+        SglangDecoder {
+            backend: backend.to_string(),
+            logprobs,
+            state: StreamState::default(),
+        }
+    }
+}
+
+impl EventDecoder for SglangDecoder {
+    fn on_data(&mut self, data: &str) -> Result<Vec<GenEvent>, BackendError> {
+        let out: GenerateOut = serde_json::from_str(data)
+            .map_err(|e| protocol(&self.backend, format!("bad stream event: {e}")))?;
+        self.state.on_event(&self.backend, out, self.logprobs)
+    }
+}
+
 #[async_trait::async_trait]
 impl Backend for SglangBackend {
     fn name(&self) -> &str {
@@ -355,100 +410,12 @@ impl Backend for SglangBackend {
     }
 
     async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError> {
-        let body = self.request_body(&req);
-        let want_logprobs = req.params.logprobs.is_some();
-        let first_deadline = tokio::time::Instant::now() + self.first_token_timeout;
-        let send = self
+        let request = self
             .client
             .post(format!("{}/generate", self.base))
-            .json(&body)
-            .send();
-        let resp = tokio::time::timeout_at(first_deadline, send)
-            .await
-            .map_err(|_| super::timeout(&self.name, "no response before the first-token timeout"))?
-            .map_err(|e| super::map_reqwest(&self.name, e))?;
-        let resp = super::check_status(&self.name, resp).await?;
-        if !req.stream {
-            let bytes = tokio::time::timeout_at(first_deadline, resp.bytes())
-                .await
-                .map_err(|_| {
-                    super::timeout(&self.name, "no answer before the first-token timeout")
-                })?
-                .map_err(|e| super::map_reqwest(&self.name, e))?;
-            let parsed: GenerateOut = serde_json::from_slice(&bytes)
-                .map_err(|e| self.protocol(format!("bad /generate JSON: {e}")))?;
-            let mut state = StreamState::default();
-            let mut events = state.on_event(&self.name, parsed, want_logprobs)?;
-            if !state.finished {
-                events.push(GenEvent::Done {
-                    finish_reason: FinishReason::Abort,
-                });
-            }
-            return Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))));
-        }
-        let name = self.name.clone();
-        let idle = self.idle_timeout;
-        let mut bytes = resp.bytes_stream();
-        let stream = spawn_stream(move |tx| async move {
-            let mut dec = SseDecoder::default();
-            let mut state = StreamState::default();
-            loop {
-                let deadline = if state.emitted.is_empty() {
-                    first_deadline
-                } else {
-                    tokio::time::Instant::now() + idle
-                };
-                let chunk = match tokio::time::timeout_at(deadline, bytes.next()).await {
-                    Err(_) => {
-                        let what = if state.emitted.is_empty() {
-                            "no token before the first-token timeout"
-                        } else {
-                            "stream idle timeout"
-                        };
-                        let _ = tx.send(Err(super::timeout(&name, what))).await;
-                        return;
-                    }
-                    Ok(None) => break,
-                    Ok(Some(Err(e))) => {
-                        let _ = tx.send(Err(super::map_reqwest(&name, e))).await;
-                        return;
-                    }
-                    Ok(Some(Ok(c))) => c,
-                };
-                dec.push(&chunk);
-                while let Some(data) = dec.next_event() {
-                    if data.trim() == "[DONE]" {
-                        if !state.finished {
-                            let err = protocol(&name, "stream ended without a finish_reason");
-                            let _ = tx.send(Err(err)).await;
-                        }
-                        return;
-                    }
-                    let events = serde_json::from_str::<GenerateOut>(&data)
-                        .map_err(|e| protocol(&name, format!("bad stream event: {e}")))
-                        .and_then(|out| state.on_event(&name, out, want_logprobs));
-                    match events {
-                        Ok(events) => {
-                            for ev in events {
-                                if tx.send(Ok(ev)).await.is_err() {
-                                    return; // client gone: dropping `bytes` cancels upstream
-                                }
-                            }
-                        }
-                        Err(e) => {
-                            let _ = tx.send(Err(e)).await;
-                            return;
-                        }
-                    }
-                }
-            }
-            if !state.finished {
-                let _ = tx
-                    .send(Err(protocol(&name, "stream closed before a finish_reason")))
-                    .await;
-            }
-        });
-        Ok(stream)
+            .json(&self.request_body(&req));
+        let decoder = SglangDecoder::new(&self.name, req.params.logprobs);
+        super::pump::send_and_pump(&self.name, request, self.timeouts, decoder).await
     }
 
     async fn health(&self) -> Result<(), BackendError> {
@@ -478,21 +445,6 @@ impl Backend for SglangBackend {
             }
         }
     }
-}
-
-/// Runs `f` as a task feeding a channel; the returned stream ends when the
-/// task ends, and dropping the stream aborts the task (and its connection).
-fn spawn_stream<F, Fut>(f: F) -> GenStream
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<GenEvent, BackendError>>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let task = tokio::spawn(f(tx));
-    Box::pin(super::AbortOnDrop::new(
-        tokio_stream::wrappers::ReceiverStream::new(rx),
-        task,
-    ))
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! Tests of the SGLang client against an in-process mock of SGLang's native
-//! API (axum on port 0): request shape, non-streaming, cumulative and
-//! incremental streams, error statuses, in-stream errors, unreachable server,
-//! and the admin endpoints.
+//! API (axum on port 0): request shape, cumulative and incremental streams,
+//! answers without logprobs, error statuses, in-stream errors, unreachable
+//! server, and the admin endpoints. Timeouts are tested in
+//! `tests/backend_timeouts.rs`.
 
 #![allow(clippy::unwrap_used)]
 
@@ -21,7 +22,6 @@ use crate::backend::{Generation, SamplingParams};
 /// What the mock answers on `/generate`.
 #[derive(Clone, Copy)]
 enum Mode {
-    Whole,
     Cumulative,
     Incremental,
     /// Incremental without `completion_tokens`, with a repeated token.
@@ -29,6 +29,8 @@ enum Mode {
     Status(u16),
     StreamError,
     NoFinish,
+    /// Incremental, without any logprob fields.
+    NoLogprobs,
 }
 
 #[derive(Clone)]
@@ -77,15 +79,15 @@ async fn generate(State(m): State<Mock>, AxJson(body): AxJson<Json>) -> Response
         .lock()
         .unwrap()
         .push(("/generate".into(), body.clone()));
-    let stream = body["stream"].as_bool().unwrap_or(false);
+    if body["stream"] != json!(true) {
+        return (StatusCode::BAD_REQUEST, "the client must always stream").into_response();
+    }
     match m.mode {
         Mode::Status(s) => (
             StatusCode::from_u16(s).unwrap(),
             AxJson(json!({"error": {"message": format!("mock status {s}")}})),
         )
             .into_response(),
-        _ if !stream => AxJson(out(0, 4, Some(4), true)).into_response(),
-        Mode::Whole => AxJson(out(0, 4, Some(4), true)).into_response(),
         Mode::Cumulative => sse(vec![
             out(0, 1, Some(1), false),
             out(0, 3, Some(3), false),
@@ -107,6 +109,12 @@ async fn generate(State(m): State<Mock>, AxJson(body): AxJson<Json>) -> Response
         ]),
         Mode::StreamError => sse(vec![json!({"error": {"message": "input too long"}})]),
         Mode::NoFinish => sse(vec![out(0, 2, Some(2), false)]),
+        Mode::NoLogprobs => sse(vec![
+            json!({"output_ids": [11, 12], "meta_info": {"completion_tokens": 2}}),
+            json!({"output_ids": [12, 13], "meta_info": {"completion_tokens": 4,
+                "output_token_logprobs": null, "output_top_logprobs": null,
+                "finish_reason": {"type": "stop"}}}),
+        ]),
     }
 }
 
@@ -152,7 +160,7 @@ fn backend_at(url: &str) -> SglangBackend {
     SglangBackend::new(&cfg, &RouterConfig::default()).unwrap()
 }
 
-fn request(stream: bool, logprobs: Option<u32>) -> GenerateRequest {
+fn request(logprobs: Option<u32>) -> GenerateRequest {
     GenerateRequest {
         request_id: "req-1".into(),
         prompt_ids: Arc::new(vec![1, 2, 3]),
@@ -166,7 +174,6 @@ fn request(stream: bool, logprobs: Option<u32>) -> GenerateRequest {
             logprobs,
             ..Default::default()
         },
-        stream,
     }
 }
 
@@ -182,7 +189,7 @@ async fn collect(b: &SglangBackend, req: GenerateRequest) -> Result<Generation, 
 fn expected_logprobs() -> Vec<TokenLogprob> {
     IDS.iter()
         .map(|&i| TokenLogprob {
-            logprob: -(i as f32) / 100.0,
+            logprob: Some(-(i as f32) / 100.0),
             top: vec![(i, -(i as f32) / 100.0), (999, -5.0)],
         })
         .collect()
@@ -191,7 +198,7 @@ fn expected_logprobs() -> Vec<TokenLogprob> {
 #[test]
 fn request_body_matches_sglang_native_api() {
     let b = backend_at("http://127.0.0.1:1/");
-    let body = b.request_body(&request(true, Some(2)));
+    let body = b.request_body(&request(Some(2)));
     assert_eq!(
         body,
         json!({
@@ -209,27 +216,15 @@ fn request_body_matches_sglang_native_api() {
             "logprob_start_len": -1
         })
     );
-    let plain = b.request_body(&request(false, None));
+    let plain = b.request_body(&request(None));
     assert!(plain.get("return_logprob").is_none());
-    assert_eq!(plain["stream"], json!(false));
-}
-
-#[tokio::test]
-async fn non_streaming_reads_ids_logprobs_and_finish() {
-    let (b, mock) = start(Mode::Whole).await;
-    let g = collect(&b, request(false, Some(1))).await.unwrap();
-    assert_eq!(g.ids, IDS);
-    assert_eq!(g.logprobs, expected_logprobs());
-    assert_eq!(g.finish_reason, Some(FinishReason::Length));
-    let calls = mock.calls.lock().unwrap();
-    assert_eq!(calls[0].0, "/generate");
-    assert_eq!(calls[0].1["input_ids"], json!([1, 2, 3]));
+    assert_eq!(plain["stream"], json!(true));
 }
 
 #[tokio::test]
 async fn cumulative_stream_emits_each_token_once() {
-    let (b, _) = start(Mode::Cumulative).await;
-    let mut s = b.generate(request(true, Some(1))).await.unwrap();
+    let (b, mock) = start(Mode::Cumulative).await;
+    let mut s = b.generate(request(Some(2))).await.unwrap();
     let mut chunks = Vec::new();
     let mut g = Generation::default();
     while let Some(ev) = s.next().await {
@@ -243,21 +238,52 @@ async fn cumulative_stream_emits_each_token_once() {
     assert_eq!(g.ids, IDS);
     assert_eq!(g.logprobs, expected_logprobs());
     assert_eq!(g.finish_reason, Some(FinishReason::Length));
+    let calls = mock.calls.lock().unwrap();
+    assert_eq!(calls[0].0, "/generate");
+    assert_eq!(calls[0].1["input_ids"], json!([1, 2, 3]));
 }
 
 #[tokio::test]
 async fn incremental_stream_emits_each_token_once() {
     let (b, _) = start(Mode::Incremental).await;
-    let g = collect(&b, request(true, Some(1))).await.unwrap();
+    let g = collect(&b, request(Some(2))).await.unwrap();
     assert_eq!(g.ids, IDS);
     assert_eq!(g.logprobs, expected_logprobs());
     assert_eq!(g.finish_reason, Some(FinishReason::Length));
 }
 
 #[tokio::test]
+async fn top_alternatives_are_cut_to_k() {
+    let (b, _) = start(Mode::Incremental).await;
+    let g = collect(&b, request(Some(0))).await.unwrap();
+    assert_eq!(g.ids, IDS);
+    let sampled_only: Vec<TokenLogprob> = expected_logprobs()
+        .into_iter()
+        .map(|l| TokenLogprob {
+            logprob: l.logprob,
+            top: vec![],
+        })
+        .collect();
+    assert_eq!(g.logprobs, sampled_only);
+}
+
+#[tokio::test]
+async fn answers_without_logprobs_give_unknown_logprobs() {
+    let (b, _) = start(Mode::NoLogprobs).await;
+    let g = collect(&b, request(Some(0))).await.unwrap();
+    assert_eq!(g.ids, IDS);
+    let unknown = TokenLogprob {
+        logprob: None,
+        top: vec![],
+    };
+    assert_eq!(g.logprobs, vec![unknown; 4]);
+    assert_eq!(g.finish_reason, Some(FinishReason::Stop));
+}
+
+#[tokio::test]
 async fn incremental_stream_without_totals_keeps_repeated_tokens() {
     let (b, _) = start(Mode::IncrementalNoTotal).await;
-    let g = collect(&b, request(true, None)).await.unwrap();
+    let g = collect(&b, request(None)).await.unwrap();
     assert_eq!(g.ids, IDS);
     assert!(g.logprobs.is_empty());
 }
@@ -265,24 +291,24 @@ async fn incremental_stream_without_totals_keeps_repeated_tokens() {
 #[tokio::test]
 async fn error_statuses_map_to_backend_errors() {
     let (b, _) = start(Mode::Status(400)).await;
-    let e = collect(&b, request(false, None)).await.unwrap_err();
+    let e = collect(&b, request(None)).await.unwrap_err();
     assert!(matches!(&e, BackendError::Rejected { message, .. } if message == "mock status 400"));
     assert!(!e.is_retryable());
     let (b, _) = start(Mode::Status(503)).await;
-    let e = collect(&b, request(true, None)).await.unwrap_err();
+    let e = collect(&b, request(None)).await.unwrap_err();
     assert!(matches!(e, BackendError::Overloaded { .. }));
     let (b, _) = start(Mode::Status(500)).await;
-    let e = collect(&b, request(true, None)).await.unwrap_err();
+    let e = collect(&b, request(None)).await.unwrap_err();
     assert!(matches!(e, BackendError::Status { status: 500, .. }));
 }
 
 #[tokio::test]
 async fn in_stream_errors_and_missing_finish_are_errors() {
     let (b, _) = start(Mode::StreamError).await;
-    let e = collect(&b, request(true, None)).await.unwrap_err();
+    let e = collect(&b, request(None)).await.unwrap_err();
     assert!(matches!(&e, BackendError::Rejected { message, .. } if message == "input too long"));
     let (b, _) = start(Mode::NoFinish).await;
-    let e = collect(&b, request(true, None)).await.unwrap_err();
+    let e = collect(&b, request(None)).await.unwrap_err();
     assert!(matches!(e, BackendError::Protocol { .. }));
 }
 
@@ -293,7 +319,7 @@ async fn unreachable_server_is_unreachable() {
     let addr = listener.local_addr().unwrap();
     drop(listener);
     let b = backend_at(&format!("http://{addr}"));
-    let e = collect(&b, request(true, None)).await.unwrap_err();
+    let e = collect(&b, request(None)).await.unwrap_err();
     assert!(matches!(e, BackendError::Unreachable { .. }), "{e}");
     assert!(e.is_retryable());
     assert!(matches!(
@@ -304,7 +330,7 @@ async fn unreachable_server_is_unreachable() {
 
 #[tokio::test]
 async fn health_and_admin_use_sglang_endpoints() {
-    let (b, mock) = start(Mode::Whole).await;
+    let (b, mock) = start(Mode::Incremental).await;
     b.health().await.unwrap();
     b.admin(&AdminOp::Sleep { level: 1 }).await.unwrap();
     b.admin(&AdminOp::WakeUp).await.unwrap();
@@ -368,7 +394,7 @@ fn misaligned_logprobs_are_a_protocol_error() {
                       "output_token_logprobs": [[-0.1, 11, null], [-0.2, 99, null]]}
     }))
     .unwrap();
-    let e = st.on_event("sg", ev, true).unwrap_err();
+    let e = st.on_event("sg", ev, Some(1)).unwrap_err();
     assert!(matches!(e, BackendError::Protocol { .. }), "{e}");
     let mut st = StreamState::default();
     let ev: GenerateOut = serde_json::from_value(json!({
@@ -376,5 +402,5 @@ fn misaligned_logprobs_are_a_protocol_error() {
         "meta_info": {"completion_tokens": 2, "output_token_logprobs": [[-0.1, 11, null]]}
     }))
     .unwrap();
-    assert!(st.on_event("sg", ev, true).is_err(), "too few logprobs");
+    assert!(st.on_event("sg", ev, Some(1)).is_err(), "too few logprobs");
 }

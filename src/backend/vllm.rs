@@ -1,15 +1,20 @@
 //! vLLM client, token in / token out: `POST {url}/v1/completions` with
-//! `prompt` = token ids and `return_token_ids: true`. Logprobs are asked with
-//! `return_tokens_as_token_ids` so alternatives come back keyed by id, never
-//! by ambiguous token text.
+//! `prompt` = token ids, `return_token_ids: true` and always `stream: true`;
+//! the chunks are read by the shared [`pump`](super::pump) through
+//! [`VllmDecoder`]. Logprobs are asked with `return_tokens_as_token_ids` so
+//! alternatives come back keyed by id, never by ambiguous token text.
+//!
+//! A chunk is `{"choices": [{"token_ids": [..], "logprobs": {"token_logprobs":
+//! [..], "top_logprobs": [{"token_id:ID": lp, ..}, ..]} | null,
+//! "finish_reason": null | "stop" | "length" | ..}]}`; a failure inside the
+//! stream is `{"error": {"message", "code"}}` (older vLLM: `{"object":
+//! "error", "message", "code"}`). Null logprob fields mean "no number": the
+//! token gets `logprob: None` and no alternatives, never an error.
 
-use std::time::Duration;
-
-use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
-use super::sse::SseDecoder;
+use super::pump::{EventDecoder, StreamTimeouts};
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
     TokenLogprob,
@@ -21,8 +26,7 @@ pub struct VllmBackend {
     base: String,
     model: Option<String>,
     client: reqwest::Client,
-    first_token_timeout: Duration,
-    idle_timeout: Duration,
+    timeouts: StreamTimeouts,
 }
 
 impl VllmBackend {
@@ -32,28 +36,25 @@ impl VllmBackend {
             base: cfg.url.trim_end_matches('/').to_string(),
             model: (!cfg.model.is_empty()).then(|| cfg.model.clone()),
             client: super::http_client(router)?,
-            first_token_timeout: Duration::from_millis(router.first_token_timeout_ms),
-            idle_timeout: Duration::from_millis(router.idle_stream_timeout_ms),
+            timeouts: StreamTimeouts::from_router(router),
         })
     }
 
     /// The JSON body sent to vLLM for one request.
     pub fn request_body(&self, req: &GenerateRequest) -> Json {
         let p = &req.params;
-        let mut body = json!({
-            "prompt": &*req.prompt_ids,
-            "max_tokens": p.max_tokens,
-            "n": 1,
-            "stream": req.stream,
-            "return_token_ids": true,
-            "skip_special_tokens": false,
-            "spaces_between_special_tokens": false,
-            "request_id": req.request_id,
-        });
-        let obj = body.as_object_mut().expect("json! object");
+        let mut obj = serde_json::Map::new();
         let mut put = |k: &str, v: Json| {
             obj.insert(k.to_string(), v);
         };
+        put("prompt", json!(&*req.prompt_ids));
+        put("max_tokens", json!(p.max_tokens));
+        put("n", json!(1));
+        put("stream", json!(true));
+        put("return_token_ids", json!(true));
+        put("skip_special_tokens", json!(false));
+        put("spaces_between_special_tokens", json!(false));
+        put("request_id", json!(req.request_id));
         if let Some(m) = &self.model {
             put("model", json!(m));
         }
@@ -94,20 +95,25 @@ impl VllmBackend {
             put("logprobs", json!(k));
             put("return_tokens_as_token_ids", json!(true));
         }
-        body
-    }
-
-    fn protocol(&self, message: impl Into<String>) -> BackendError {
-        BackendError::Protocol {
-            backend: self.name.clone(),
-            message: message.into(),
-        }
+        Json::Object(obj)
     }
 }
 
+/// One streamed completion chunk, or an in-stream error.
 #[derive(Deserialize)]
-struct CompletionResponse {
-    choices: Vec<Choice>,
+struct Chunk {
+    #[serde(default)]
+    choices: Option<Vec<Choice>>,
+    /// `{"message", "type", "code"}` (vLLM's `ErrorResponse`).
+    #[serde(default)]
+    error: Option<Json>,
+    /// `"error"` in older vLLM's flat error shape.
+    #[serde(default)]
+    object: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    code: Option<Json>,
 }
 
 #[derive(Deserialize)]
@@ -123,9 +129,9 @@ struct Choice {
 #[derive(Deserialize)]
 struct CompletionLogprobs {
     #[serde(default)]
-    token_logprobs: Vec<Option<f32>>,
+    token_logprobs: Option<Vec<Option<f32>>>,
     #[serde(default)]
-    top_logprobs: Vec<Option<serde_json::Map<String, Json>>>,
+    top_logprobs: Option<Vec<Option<serde_json::Map<String, Json>>>>,
 }
 
 fn finish_reason(s: Option<&str>) -> Option<FinishReason> {
@@ -141,55 +147,124 @@ fn parse_token_key(key: &str) -> Option<u32> {
     key.strip_prefix("token_id:")?.parse().ok()
 }
 
-impl Choice {
-    fn into_events(
-        self,
-        backend: &str,
-        want_logprobs: bool,
-    ) -> Result<Vec<GenEvent>, BackendError> {
-        let protocol = |message: String| BackendError::Protocol {
+/// Turns vLLM completion chunks into events. `logprobs` is the request's
+/// `SamplingParams::logprobs`: when `Some(k)`, every token gets one
+/// `TokenLogprob` with at most `k` alternatives.
+pub struct VllmDecoder {
+    backend: String,
+    logprobs: Option<u32>,
+}
+
+impl VllmDecoder {
+    pub fn new(backend: &str, logprobs: Option<u32>) -> Self {
+        VllmDecoder {
             backend: backend.to_string(),
-            message,
-        };
-        let ids = self.token_ids.ok_or_else(|| {
-            protocol("response has no token_ids (vLLM older than 0.10.2?)".into())
-        })?;
-        let mut logprobs = Vec::new();
-        if want_logprobs && !ids.is_empty() {
-            let lp = self
-                .logprobs
-                .ok_or_else(|| protocol("logprobs were asked for but not returned".into()))?;
-            if lp.token_logprobs.len() != ids.len() {
-                return Err(protocol(format!(
-                    "{} logprobs for {} token ids",
-                    lp.token_logprobs.len(),
-                    ids.len()
-                )));
-            }
-            for (i, l) in lp.token_logprobs.iter().enumerate() {
-                let mut top: Vec<(u32, f32)> = lp
-                    .top_logprobs
-                    .get(i)
-                    .and_then(|m| m.as_ref())
-                    .map(|m| {
-                        m.iter()
-                            .filter_map(|(k, v)| Some((parse_token_key(k)?, v.as_f64()? as f32)))
-                            .collect()
-                    })
-                    .unwrap_or_default();
-                top.sort_by(|a, b| b.1.total_cmp(&a.1));
-                logprobs.push(TokenLogprob {
-                    logprob: l.unwrap_or(f32::NEG_INFINITY),
-                    top,
-                });
-            }
+            logprobs,
         }
+    }
+
+    fn protocol(&self, message: impl Into<String>) -> BackendError {
+        BackendError::Protocol {
+            backend: self.backend.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// The error a chunk reports, if it is an error chunk.
+    fn chunk_error(&self, chunk: &Chunk) -> Option<BackendError> {
+        let (message, code) = match (&chunk.error, chunk.object.as_deref()) {
+            (Some(e), _) => (
+                e.get("message").and_then(Json::as_str).map(str::to_string),
+                e.get("code"),
+            ),
+            (None, Some("error")) => (chunk.message.clone(), chunk.code.as_ref()),
+            _ => return None,
+        };
+        let message = message.unwrap_or_else(|| "error inside the stream".into());
+        let code = code
+            .and_then(Json::as_u64)
+            .and_then(|c| u16::try_from(c).ok());
+        Some(match code {
+            Some(c) if c >= 400 => super::status_error(&self.backend, c, message),
+            _ => self.protocol(message),
+        })
+    }
+
+    fn choice_events(&self, choice: Choice) -> Result<Vec<GenEvent>, BackendError> {
+        let ids = choice
+            .token_ids
+            .ok_or_else(|| self.protocol("chunk has no token_ids (vLLM older than 0.10.2?)"))?;
         let mut events = Vec::with_capacity(2);
         if !ids.is_empty() {
+            let logprobs = match self.logprobs {
+                Some(k) => {
+                    token_logprobs(choice.logprobs, ids.len(), k).map_err(|m| self.protocol(m))?
+                }
+                None => Vec::new(),
+            };
             events.push(GenEvent::Tokens { ids, logprobs });
         }
-        if let Some(fr) = finish_reason(self.finish_reason.as_deref()) {
+        if let Some(fr) = finish_reason(choice.finish_reason.as_deref()) {
             events.push(GenEvent::Done { finish_reason: fr });
+        }
+        Ok(events)
+    }
+}
+
+/// One `TokenLogprob` per token, `n` in all. Missing or null numbers stay
+/// `None` with no alternatives; alternatives are sorted, at most `k`.
+fn token_logprobs(
+    lp: Option<CompletionLogprobs>,
+    n: usize,
+    k: u32,
+) -> Result<Vec<TokenLogprob>, String> {
+    let unknown = TokenLogprob {
+        logprob: None,
+        top: Vec::new(),
+    };
+    let Some(lp) = lp else {
+        return Ok(vec![unknown; n]);
+    };
+    let numbers = lp.token_logprobs.unwrap_or_else(|| vec![None; n]);
+    if numbers.len() != n {
+        return Err(format!("{} logprobs for {n} token ids", numbers.len()));
+    }
+    let tops = lp.top_logprobs.unwrap_or_default();
+    let keep = usize::try_from(k).unwrap_or(usize::MAX);
+    Ok(numbers
+        .into_iter()
+        .enumerate()
+        .map(|(i, logprob)| {
+            let mut top: Vec<(u32, f32)> = tops
+                .get(i)
+                .and_then(Option::as_ref)
+                .map(|m| {
+                    m.iter()
+                        .filter_map(|(k, v)| Some((parse_token_key(k)?, v.as_f64()? as f32)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            // vLLM lists the sampled token besides the top k: keep the top k.
+            top.sort_by(|a, b| b.1.total_cmp(&a.1));
+            top.truncate(keep);
+            TokenLogprob { logprob, top }
+        })
+        .collect())
+}
+
+impl EventDecoder for VllmDecoder {
+    fn on_data(&mut self, data: &str) -> Result<Vec<GenEvent>, BackendError> {
+        let chunk: Chunk = serde_json::from_str(data)
+            .map_err(|e| self.protocol(format!("bad stream chunk: {e}")))?;
+        if let Some(e) = self.chunk_error(&chunk) {
+            return Err(e);
+        }
+        let choices = chunk
+            .choices
+            .ok_or_else(|| self.protocol("chunk has no choices"))?;
+        let mut events = Vec::new();
+        for choice in choices {
+            events.extend(self.choice_events(choice)?);
         }
         Ok(events)
     }
@@ -206,94 +281,12 @@ impl Backend for VllmBackend {
     }
 
     async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError> {
-        let body = self.request_body(&req);
-        let want_logprobs = req.params.logprobs.is_some();
-        let url = format!("{}/v1/completions", self.base);
-        let send = self.client.post(&url).json(&body).send();
-        let resp = tokio::time::timeout(self.first_token_timeout, send)
-            .await
-            .map_err(|_| super::timeout(&self.name, "no response before the first-token timeout"))?
-            .map_err(|e| super::map_reqwest(&self.name, e))?;
-        let resp = super::check_status(&self.name, resp).await?;
-        let this = VllmShared {
-            name: self.name.clone(),
-            idle: self.idle_timeout,
-        };
-        if !req.stream {
-            let bytes = resp
-                .bytes()
-                .await
-                .map_err(|e| super::map_reqwest(&self.name, e))?;
-            let parsed: CompletionResponse = serde_json::from_slice(&bytes)
-                .map_err(|e| self.protocol(format!("bad completion JSON: {e}")))?;
-            let choice = parsed
-                .choices
-                .into_iter()
-                .next()
-                .ok_or_else(|| self.protocol("no choices in response"))?;
-            let mut events = choice.into_events(&self.name, want_logprobs)?;
-            if !events.iter().any(|e| matches!(e, GenEvent::Done { .. })) {
-                events.push(GenEvent::Done {
-                    finish_reason: FinishReason::Abort,
-                });
-            }
-            return Ok(Box::pin(futures::stream::iter(events.into_iter().map(Ok))));
-        }
-        let mut bytes = resp.bytes_stream();
-        let stream = spawn_stream(move |tx| async move {
-            let mut dec = SseDecoder::default();
-            let mut done = false;
-            loop {
-                let chunk = match tokio::time::timeout(this.idle, bytes.next()).await {
-                    Err(_) => {
-                        let _ = tx
-                            .send(Err(super::timeout(&this.name, "stream idle timeout")))
-                            .await;
-                        return;
-                    }
-                    Ok(None) => break,
-                    Ok(Some(Err(e))) => {
-                        let _ = tx.send(Err(super::map_reqwest(&this.name, e))).await;
-                        return;
-                    }
-                    Ok(Some(Ok(c))) => c,
-                };
-                dec.push(&chunk);
-                while let Some(data) = dec.next_event() {
-                    if data.trim() == "[DONE]" {
-                        done = true;
-                        break;
-                    }
-                    let parsed: CompletionResponse = match serde_json::from_str(&data) {
-                        Ok(p) => p,
-                        Err(e) => {
-                            let err = this.protocol(format!("bad stream chunk: {e}"));
-                            let _ = tx.send(Err(err)).await;
-                            return;
-                        }
-                    };
-                    for choice in parsed.choices {
-                        match choice.into_events(&this.name, want_logprobs) {
-                            Ok(events) => {
-                                for ev in events {
-                                    if tx.send(Ok(ev)).await.is_err() {
-                                        return; // client gone: dropping `bytes` cancels upstream
-                                    }
-                                }
-                            }
-                            Err(e) => {
-                                let _ = tx.send(Err(e)).await;
-                                return;
-                            }
-                        }
-                    }
-                }
-                if done {
-                    break;
-                }
-            }
-        });
-        Ok(stream)
+        let request = self
+            .client
+            .post(format!("{}/v1/completions", self.base))
+            .json(&self.request_body(&req));
+        let decoder = VllmDecoder::new(&self.name, req.params.logprobs);
+        super::pump::send_and_pump(&self.name, request, self.timeouts, decoder).await
     }
 
     async fn health(&self) -> Result<(), BackendError> {
@@ -329,33 +322,6 @@ impl Backend for VllmBackend {
     }
 }
 
-/// The parts of the client a streaming task needs after `generate` returns.
-struct VllmShared {
-    name: String,
-    idle: Duration,
-}
-
-impl VllmShared {
-    fn protocol(&self, message: impl Into<String>) -> BackendError {
-        BackendError::Protocol {
-            backend: self.name.clone(),
-            message: message.into(),
-        }
-    }
-}
-
-/// Runs `f` as a task feeding a channel; the returned stream ends when the
-/// task ends, and dropping the stream makes the task's sends fail, which
-/// stops it (and drops its upstream connection).
-fn spawn_stream<F, Fut>(f: F) -> GenStream
-where
-    F: FnOnce(tokio::sync::mpsc::Sender<Result<GenEvent, BackendError>>) -> Fut,
-    Fut: std::future::Future<Output = ()> + Send + 'static,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(64);
-    let task = tokio::spawn(f(tx));
-    Box::pin(super::AbortOnDrop::new(
-        tokio_stream::wrappers::ReceiverStream::new(rx),
-        task,
-    ))
-}
+#[cfg(test)]
+#[path = "vllm_tests.rs"]
+mod tests;

@@ -50,7 +50,6 @@ pub fn request(prompt: &[u32], params: SamplingParams) -> GenerateRequest {
         request_id: "test".into(),
         prompt_ids: Arc::new(prompt.to_vec()),
         params,
-        stream: true,
     }
 }
 

@@ -1,0 +1,267 @@
+//! Tests of the vLLM client's request body and of [`VllmDecoder`] over
+//! completion chunks: ids, logprobs (present, null, partly null), top-k
+//! alternatives, finish reasons and in-stream errors. Streaming over HTTP
+//! and the timeouts are tested in `tests/backend_timeouts.rs`.
+
+#![allow(clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::*;
+use crate::backend::SamplingParams;
+
+fn backend() -> VllmBackend {
+    let cfg = BackendConfig {
+        url: "http://127.0.0.1:1/".into(),
+        kind: crate::config::BackendKind::Vllm,
+        name: "vl".into(),
+        model: "m".into(),
+    };
+    VllmBackend::new(&cfg, &RouterConfig::default()).unwrap()
+}
+
+fn request(logprobs: Option<u32>) -> GenerateRequest {
+    GenerateRequest {
+        request_id: "req-1".into(),
+        prompt_ids: Arc::new(vec![1, 2, 3]),
+        params: SamplingParams {
+            max_tokens: 4,
+            temperature: Some(0.5),
+            seed: Some(7),
+            stop_token_ids: vec![2],
+            logprobs,
+            ..Default::default()
+        },
+    }
+}
+
+fn decode(logprobs: Option<u32>, chunk: serde_json::Value) -> Result<Vec<GenEvent>, BackendError> {
+    VllmDecoder::new("vl", logprobs).on_data(&chunk.to_string())
+}
+
+fn unknown() -> TokenLogprob {
+    TokenLogprob {
+        logprob: None,
+        top: vec![],
+    }
+}
+
+#[test]
+fn request_body_always_streams_and_asks_logprobs_by_id() {
+    let b = backend();
+    assert_eq!(
+        b.request_body(&request(Some(0))),
+        json!({
+            "prompt": [1, 2, 3], "max_tokens": 4, "n": 1, "stream": true,
+            "return_token_ids": true, "skip_special_tokens": false,
+            "spaces_between_special_tokens": false, "request_id": "req-1",
+            "model": "m", "temperature": 0.5, "seed": 7, "stop_token_ids": [2],
+            "logprobs": 0, "return_tokens_as_token_ids": true
+        })
+    );
+    let plain = b.request_body(&request(None));
+    assert_eq!(plain["stream"], json!(true));
+    assert!(plain.get("logprobs").is_none());
+    assert!(plain.get("return_tokens_as_token_ids").is_none());
+}
+
+#[test]
+fn chunk_gives_ids_logprobs_top_k_and_finish() {
+    let events = decode(
+        Some(1),
+        json!({"id": "c", "object": "text_completion", "choices": [{
+            "index": 0, "text": "ab", "token_ids": [5, 6],
+            "logprobs": {
+                "tokens": ["token_id:5", "token_id:6"],
+                "token_logprobs": [-0.5, -0.25],
+                // vLLM lists the sampled token besides the top k.
+                "top_logprobs": [
+                    {"token_id:5": -0.5, "token_id:9": -0.1},
+                    {"token_id:6": -0.25}
+                ],
+                "text_offset": [0, 1]
+            },
+            "finish_reason": "length", "stop_reason": null
+        }]}),
+    )
+    .unwrap();
+    assert_eq!(
+        events,
+        vec![
+            GenEvent::Tokens {
+                ids: vec![5, 6],
+                logprobs: vec![
+                    TokenLogprob {
+                        logprob: Some(-0.5),
+                        top: vec![(9, -0.1)]
+                    },
+                    TokenLogprob {
+                        logprob: Some(-0.25),
+                        top: vec![(6, -0.25)]
+                    },
+                ],
+            },
+            GenEvent::Done {
+                finish_reason: FinishReason::Length
+            },
+        ]
+    );
+}
+
+#[test]
+fn sampled_only_logprobs_have_no_alternatives() {
+    let events = decode(
+        Some(0),
+        json!({"choices": [{"token_ids": [5], "finish_reason": null,
+            "logprobs": {"token_logprobs": [-0.5], "top_logprobs": [{"token_id:5": -0.5}]}}]}),
+    )
+    .unwrap();
+    assert_eq!(
+        events,
+        vec![GenEvent::Tokens {
+            ids: vec![5],
+            logprobs: vec![TokenLogprob {
+                logprob: Some(-0.5),
+                top: vec![]
+            }],
+        }]
+    );
+}
+
+#[test]
+fn null_logprobs_are_unknown_not_errors() {
+    let tokens = |logprobs: serde_json::Value| {
+        let events = decode(
+            Some(2),
+            json!({"choices": [{"token_ids": [5, 6], "logprobs": logprobs, "finish_reason": null}]}),
+        )
+        .unwrap();
+        match &events[..] {
+            [GenEvent::Tokens { ids, logprobs }] => {
+                assert_eq!(ids, &[5, 6]);
+                logprobs.clone()
+            }
+            other => panic!("{other:?}"),
+        }
+    };
+    assert_eq!(tokens(json!(null)), vec![unknown(), unknown()]);
+    assert_eq!(
+        tokens(json!({"token_logprobs": null, "top_logprobs": null})),
+        vec![unknown(), unknown()]
+    );
+    assert_eq!(
+        tokens(json!({"token_logprobs": [null, -0.5], "top_logprobs": null})),
+        vec![
+            unknown(),
+            TokenLogprob {
+                logprob: Some(-0.5),
+                top: vec![]
+            }
+        ]
+    );
+    assert_eq!(
+        tokens(
+            json!({"token_logprobs": [-0.1, -0.5], "top_logprobs": [null, {"token_id:6": -0.5}]})
+        ),
+        vec![
+            TokenLogprob {
+                logprob: Some(-0.1),
+                top: vec![]
+            },
+            TokenLogprob {
+                logprob: Some(-0.5),
+                top: vec![(6, -0.5)]
+            }
+        ]
+    );
+    // A chunk without the field at all reads the same as null.
+    let events = decode(Some(0), json!({"choices": [{"token_ids": [5]}]})).unwrap();
+    assert_eq!(
+        events,
+        vec![GenEvent::Tokens {
+            ids: vec![5],
+            logprobs: vec![unknown()]
+        }]
+    );
+}
+
+#[test]
+fn no_logprobs_asked_gives_none() {
+    let events = decode(
+        None,
+        json!({"choices": [{"token_ids": [5], "finish_reason": "stop",
+            "logprobs": {"token_logprobs": [-0.5], "top_logprobs": null}}]}),
+    )
+    .unwrap();
+    assert_eq!(
+        events,
+        vec![
+            GenEvent::Tokens {
+                ids: vec![5],
+                logprobs: vec![]
+            },
+            GenEvent::Done {
+                finish_reason: FinishReason::Stop
+            },
+        ]
+    );
+}
+
+#[test]
+fn empty_and_usage_chunks_give_no_tokens() {
+    assert_eq!(
+        decode(
+            Some(0),
+            json!({"choices": [], "usage": {"completion_tokens": 3}})
+        )
+        .unwrap(),
+        vec![]
+    );
+    assert_eq!(
+        decode(
+            Some(0),
+            json!({"choices": [{"token_ids": [], "logprobs": null, "finish_reason": "abort"}]})
+        )
+        .unwrap(),
+        vec![GenEvent::Done {
+            finish_reason: FinishReason::Abort
+        }]
+    );
+}
+
+#[test]
+fn malformed_chunks_are_protocol_errors() {
+    let protocol = |r: Result<Vec<GenEvent>, BackendError>| {
+        assert!(matches!(r, Err(BackendError::Protocol { .. })), "{r:?}");
+    };
+    protocol(decode(
+        Some(0),
+        json!({"choices": [{"token_ids": [5, 6], "logprobs": {"token_logprobs": [-0.5]}}]}),
+    ));
+    protocol(decode(None, json!({"choices": [{"text": "a"}]})));
+    protocol(decode(None, json!({"id": "x"})));
+    protocol(VllmDecoder::new("vl", None).on_data("{not json"));
+}
+
+#[test]
+fn in_stream_errors_map_by_code() {
+    let e = decode(
+        None,
+        json!({"error": {"message": "too long", "type": "BadRequestError", "code": 400}}),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&e, BackendError::Rejected { message, .. } if message == "too long"),
+        "{e}"
+    );
+    let e = decode(
+        None,
+        json!({"object": "error", "message": "boom", "type": "InternalServerError", "code": 500}),
+    )
+    .unwrap_err();
+    assert!(matches!(e, BackendError::Status { status: 500, .. }), "{e}");
+    let e = decode(None, json!({"error": {"message": "odd"}})).unwrap_err();
+    assert!(matches!(e, BackendError::Protocol { .. }), "{e}");
+}
