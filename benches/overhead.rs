@@ -59,7 +59,7 @@ async fn main() {
     ))
     .expect("config");
     let store = tito::store::open(&config.store.url).expect("store");
-    let backends = tito::backend::build_backends(&config).expect("backends");
+    let backends = tito::api::build_backends(&config).expect("backends");
     let state = AppState::new(config, renderer.clone(), backends, store).expect("state");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

@@ -172,6 +172,27 @@ pub struct EngineConfig {
     /// Most prompt tokens prefilled per engine step (longer prompts are fed
     /// in chunks, so running sequences keep decoding between chunks).
     pub prefill_chunk: u32,
+    /// Which quantity the engine reports as a sampled token's logprob, with
+    /// vLLM's meanings: `raw_logprobs` is the log-softmax of the model's
+    /// logits; `processed_logprobs` is taken after penalties and temperature.
+    pub logprobs_mode: LogprobsMode,
+}
+
+/// `[engine] logprobs_mode`, named as vLLM names its `--logprobs-mode` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogprobsMode {
+    RawLogprobs,
+    ProcessedLogprobs,
+}
+
+impl LogprobsMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogprobsMode::RawLogprobs => "raw_logprobs",
+            LogprobsMode::ProcessedLogprobs => "processed_logprobs",
+        }
+    }
 }
 
 impl Default for EngineConfig {
@@ -184,6 +205,7 @@ impl Default for EngineConfig {
             threads: 0,
             max_queue: 256,
             prefill_chunk: 256,
+            logprobs_mode: LogprobsMode::RawLogprobs,
         }
     }
 }
@@ -262,6 +284,23 @@ pub struct TrajectoryConfig {
     /// Response-token budget per sample (0 = unlimited). Calls are capped to
     /// what is left; a sample that runs out is marked truncated.
     pub response_length: u32,
+    /// What a call on a sample whose budget is spent gets.
+    pub on_budget_exhausted: OnBudgetExhausted,
+    /// How long an OpenAI SDK retry (`x-stainless-retry-count` >= 1) with the
+    /// same body as a recorded call, or a repeated `Idempotency-Key`, gets the
+    /// recorded answer instead of a new generation.
+    pub retry_window_s: u64,
+}
+
+/// `[trajectory] on_budget_exhausted`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnBudgetExhausted {
+    /// 200 with an empty assistant message and `finish_reason: "length"`,
+    /// as an agent loop ends when its response budget is reached.
+    Length,
+    /// 400 `response_budget_exhausted`.
+    Error,
 }
 
 impl Default for TrajectoryConfig {
@@ -269,6 +308,8 @@ impl Default for TrajectoryConfig {
         Self {
             history: HistoryMode::Exact,
             response_length: 0,
+            on_budget_exhausted: OnBudgetExhausted::Length,
+            retry_window_s: 600,
         }
     }
 }

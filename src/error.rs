@@ -9,6 +9,9 @@ use serde::Serialize;
 
 use crate::backend::BackendError;
 use crate::render::RenderError;
+use crate::router::RouteError;
+use crate::store::StoreError;
+use crate::trajectory::TrajectoryError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -163,6 +166,45 @@ impl From<RenderError> for ApiError {
                 ApiError::bad_request(e.to_string())
             }
             _ => ApiError::internal(e.to_string()),
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match &e {
+            StoreError::NotFound(_) | StoreError::CallNotFound { .. } => {
+                ApiError::not_found(e.to_string())
+            }
+            StoreError::Duplicate { .. } | StoreError::Finished(_) => {
+                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
+                    .with_code("conflict")
+            }
+            StoreError::Invalid(_) => ApiError::bad_request(e.to_string()),
+            _ => ApiError::internal(format!("span store: {e}")),
+        }
+    }
+}
+
+impl From<RouteError> for ApiError {
+    fn from(e: RouteError) -> Self {
+        match e {
+            RouteError::UnknownBackend(_) => ApiError::not_found(e.to_string()),
+            RouteError::DuplicateName(_) => ApiError::bad_request(e.to_string()),
+            _ => ApiError::overloaded(e.to_string()),
+        }
+    }
+}
+
+impl From<TrajectoryError> for ApiError {
+    fn from(e: TrajectoryError) -> Self {
+        match e {
+            TrajectoryError::Finished(_) => {
+                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
+                    .with_code("conflict")
+            }
+            TrajectoryError::Render(r) => r.into(),
+            TrajectoryError::Store(s) => s.into(),
         }
     }
 }

@@ -5,6 +5,9 @@
 //! - [`api`]: axum routes (OpenAI, trajectories, admin, metrics); one straight
 //!   async function per request.
 //! - [`render`]: chat template + tokenizer; prompt token ids are made here.
+//! - [`call`]: one LLM call's life: plan, route + retry before the first
+//!   token, assemble text / ids / logprobs, record (detached from the
+//!   client), and answers replayed to retries.
 //! - [`backend`]: the `Backend` trait and the vLLM / SGLang / engine clients.
 //! - [`router`]: which backend serves a call: policies, sticky pins, health,
 //!   admission control for sleep / wake.
@@ -22,6 +25,7 @@
 
 pub mod api;
 pub mod backend;
+pub mod call;
 pub mod config;
 pub mod engine;
 pub mod error;

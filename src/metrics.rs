@@ -32,6 +32,9 @@ pub const RETRIES: &str = "tito_retries_total";
 pub const MOVES: &str = "tito_trajectory_moves_total";
 pub const DRIFT: &str = "tito_drift_events_total";
 pub const STORE_COMMIT: &str = "tito_store_commit_seconds";
+pub const CALLS_WITHOUT_LOGPROBS: &str = "tito_calls_without_logprobs_total";
+pub const REPLAYS: &str = "tito_replayed_calls_total";
+pub const SERVER_ERRORS: &str = "tito_server_errors_total";
 
 fn handle() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -97,6 +100,21 @@ pub fn drift(cause: &str) {
 
 pub fn retry(backend: &str) {
     counter!(RETRIES, "backend" => backend.to_string()).increment(1);
+}
+
+/// A choice whose backend reported no logprob for some sampled token.
+pub fn call_without_logprobs(backend: &str) {
+    counter!(CALLS_WITHOUT_LOGPROBS, "backend" => backend.to_string()).increment(1);
+}
+
+/// A retry or repeated `Idempotency-Key` answered from a recorded call.
+pub fn replay() {
+    counter!(REPLAYS).increment(1);
+}
+
+/// A 5xx answer, by matched route.
+pub fn server_error(route: &str) {
+    counter!(SERVER_ERRORS, "route" => route.to_string()).increment(1);
 }
 
 pub fn store_commit(d: Duration) {

@@ -308,7 +308,7 @@ async fn backends_are_added_and_removed_at_runtime() {
 }
 
 #[tokio::test]
-async fn router_from_config_builds_vllm_and_sglang_backends() {
+async fn configured_vllm_and_sglang_backends_join_the_router() {
     let text = r#"
 [model]
 tokenizer = "models/tok"
@@ -326,7 +326,14 @@ name = "sg-1"
 policy = "prefix_affinity"
 "#;
     let config = tito::Config::from_toml(text).unwrap();
-    let router = tito::router::Router::from_config(&config).unwrap();
+    let router = tito::router::Router::new(&config.router);
+    for (b, cfg) in tito::api::build_backends(&config)
+        .unwrap()
+        .into_iter()
+        .zip(&config.backends)
+    {
+        router.add_backend(b, cfg.url.clone()).unwrap();
+    }
     assert_eq!(router.policy_name(), "prefix_affinity");
     let snap = router.snapshot();
     let got: Vec<(&str, &str, &str)> = snap

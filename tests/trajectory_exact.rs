@@ -217,7 +217,7 @@ async fn response_budget_caps_max_tokens_and_marks_truncation() {
     let mock = MockVllm::start(Scripted::default()).await;
     let g = start_gateway(config(
         &[mock.url()],
-        "[trajectory]\nresponse_length = 12\n",
+        "[trajectory]\nresponse_length = 12\non_budget_exhausted = \"error\"\n",
     ))
     .await;
     mock.push(Scripted::ids(bytes_of("abcdefghijklmnopqrstuvwxyz")));
@@ -228,7 +228,9 @@ async fn response_budget_caps_max_tokens_and_marks_truncation() {
     let rows = g.export_jsonl("layout=trajectory").await;
     assert_eq!(rows[0]["truncated"], true);
     assert!(rows[0]["response_ids"].as_array().expect("ids").len() <= 12);
-    // The sample is full: a continuation is refused with a clear error.
+    // The sample is full: with on_budget_exhausted = "error", a continuation
+    // is refused with a clear error (the default answers 200 with
+    // finish_reason "length", see tests/call_fidelity.rs).
     let m2 = json!([{"role": "user", "content": "go"}, {"role": "assistant", "content": "abcdefghijkl"},
                     {"role": "user", "content": "more"}]);
     let r = g

@@ -1,27 +1,29 @@
-//! `POST /v1/chat/completions`: validate, render + tokenize, generate token
-//! in / token out, answer in OpenAI's chat shape (streaming or not).
+//! `POST /v1/chat/completions`: parse → prepare (render the exact prompt,
+//! plan the call) → run (see `call`) → respond in OpenAI's chat shape,
+//! streaming or not.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::{RawPathParams, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-
-use futures::FutureExt;
 use serde_json::{json, Value as Json};
 
-use super::generate::{self, CallPlan, ChoiceResult};
 use super::logprobs::chat_logprobs;
-use super::request::{parse_body, ChatRequest};
-use super::sse::{sse_response, usage, ChoiceStream, StreamSpec};
-use super::toolcalls::{self, ParseSetup};
-use super::{finish_str, new_id, unix_now, AppState};
+use super::request::{normalize_messages, parse_body, ChatRequest};
+use super::sse::{sse_response, usage, SseSender};
+use super::{new_id, unix_now, AppState};
+use crate::call::replies::Claim;
+use crate::call::{Answer, CallEvent, ChoiceEvent, Output, ParseSetup, PlanRequest, Running};
 use crate::error::ApiError;
-use crate::parse::ChatOutput;
+use crate::parse::ChatStream;
 use crate::render::{run_render_work, RenderInput};
 use crate::trajectory::messages::content_bytes;
 use crate::trajectory::{CallContext, ChatInput, Prepared};
+
+const ROUTE: &str = "/v1/chat/completions";
 
 pub async fn chat_completions(
     State(state): State<AppState>,
@@ -36,98 +38,114 @@ pub async fn chat_completions(
     }
 }
 
+/// What the client wants in its response (independent of what is recorded).
+#[derive(Clone, Copy)]
+struct Shape {
+    logprobs: bool,
+    token_ids: bool,
+    usage_chunk: bool,
+}
+
 async fn handle(
     state: AppState,
     path_tid: Option<String>,
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let handled = std::time::Instant::now();
+    let handled = Instant::now();
+    // Parse.
     let (mut req, body_json): (ChatRequest, _) = parse_body(&body)?;
     req.check()?;
-    toolcalls::normalize_messages(&mut req.messages);
+    normalize_messages(&mut req.messages);
     state.check_model(req.model.as_deref())?;
-    let tid =
-        super::resolve_trajectory_id(&state, path_tid, headers, req.trajectory_id.as_deref())?;
+    let named = super::named_trajectory_id(path_tid, headers, req.trajectory_id.as_deref())?;
     let logprobs_k = req.logprobs_k()?;
-    let (mut params, max_tokens) = req.sampling.validate(logprobs_k)?;
+    let (params, max_tokens) = req.sampling.validate(logprobs_k)?;
     let n = req.sampling.n()?;
+    let shape = Shape {
+        logprobs: logprobs_k.is_some(),
+        token_ids: req.return_token_ids,
+        usage_chunk: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+    };
+    let owner = match state
+        .calls
+        .claim(super::retry_request(headers, named.clone(), &body)?)
+        .await
+    {
+        Claim::Recorded(answer) => return Ok(replay(&state, answer, &req, shape)),
+        Claim::Owner(owner) => owner,
+    };
 
+    // Prepare.
+    let tid = super::trajectory_id(&state, named);
     let started_at = crate::store::now_ms();
     let prepared = prepare(&state, &tid, &req).await?;
-    state.check_budget(&prepared)?;
-    state.finalize_params(&mut params, &prepared, max_tokens)?;
-    let parsing = ParseSetup::new(&state.config, &req, &prepared.prompt_text)?.map(Arc::new);
-    let skip_special = req.skip_special_tokens.unwrap_or(true)
+    let parsing = ParseSetup::new(
+        &state.config,
+        req.tools.as_ref(),
+        req.tool_choice.as_ref(),
+        &prepared.prompt_text,
+    )?
+    .map(Arc::new);
+    let skip_special_tokens = req.skip_special_tokens.unwrap_or(true)
         && !parsing.as_ref().is_some_and(|p| p.needs_special_tokens);
-    let plan = CallPlan {
-        request_id: new_id("chatcmpl"),
-        trajectory_id: tid.clone(),
-        prompt_ids: prepared.prompt_ids.clone(),
+    let plan = state.calls.plan(PlanRequest {
+        ctx: CallContext {
+            trajectory_id: tid.clone(),
+            request: body_json,
+            messages: Some(Arc::new(req.messages.clone())),
+            started_at,
+            weight_version: state.ops.weight_version(),
+        },
+        prepared,
         params,
+        max_tokens,
         n,
-        skip_special_tokens: skip_special,
-        stream: req.stream,
-    };
-    let resp_headers = super::trajectory_header(&tid);
-    let ctx = CallContext {
-        trajectory_id: tid,
-        request: body_json,
-        messages: Some(Arc::new(req.messages.clone())),
-        started_at,
-        weight_version: state.ops.weight_version(),
-    };
-    if req.stream {
-        return stream(state, plan, req, ctx, prepared, parsing, resp_headers).await;
-    }
-    let gen_start = std::time::Instant::now();
-    let results = generate::run_all(&state, &plan).await?;
-    let backend_time = gen_start.elapsed();
-    let outputs: Vec<Served> = results
-        .iter()
-        .map(|r| served(parsing.as_deref(), r))
-        .collect();
-    state
-        .record_call(&ctx, &prepared, &results, |r| {
-            outputs[r.index as usize].record()
-        })
+        skip_special_tokens,
+        output: Output::Chat(parsing.clone()),
+    })?;
+
+    // Run.
+    let running = state
+        .calls
+        .start(new_id("chatcmpl"), vec![plan], Some(owner))
         .await?;
-    let body = response_body(&state, &plan, &req, &results, &outputs);
-    crate::metrics::gateway_overhead("chat", handled.elapsed().saturating_sub(backend_time));
-    Ok((resp_headers, axum::Json(body)).into_response())
-}
 
-/// What a choice returns to the client: its message and finish reason.
-struct Served {
-    message: Json,
-    finish: &'static str,
-    outcome: Option<String>,
-}
-
-impl Served {
-    fn record(&self) -> (Json, Option<String>) {
-        (self.message.clone(), self.outcome.clone())
+    // Respond.
+    let headers = super::trajectory_header(&tid);
+    if req.stream {
+        let model = state.config.model.name.clone();
+        let renderer = state.renderer.clone();
+        return Ok(sse_response(headers, move |tx| {
+            let chunks = Chunks::new(model, unix_now(), shape, renderer);
+            stream_loop(running, parsing, chunks, tid, tx)
+        }));
     }
+    let answer = running.finish().await?;
+    let body = response_body(&state, &answer, shape);
+    crate::metrics::gateway_overhead(
+        "chat",
+        handled.elapsed().saturating_sub(answer.generated_in),
+    );
+    Ok((headers, axum::Json(body)).into_response())
 }
 
-fn served_from(out: Option<ChatOutput>, r: &ChoiceResult) -> Served {
-    let backend_finish = finish_str(r.finish);
-    match out {
-        Some(o) => Served {
-            message: toolcalls::message_json(&o),
-            finish: toolcalls::finish_reason(&o, backend_finish),
-            outcome: Some(o.outcome.to_string()),
-        },
-        None => Served {
-            message: json!({"role": "assistant", "content": r.text}),
-            finish: backend_finish,
-            outcome: None,
-        },
+/// A recorded answer, given again (an SDK retry or a repeated key).
+fn replay(state: &AppState, answer: Arc<Answer>, req: &ChatRequest, shape: Shape) -> Response {
+    let headers = super::trajectory_header(&answer.trajectory_id);
+    if !req.stream {
+        let body = response_body(state, &answer, shape);
+        return (headers, axum::Json(body)).into_response();
     }
-}
-
-fn served(parsing: Option<&ParseSetup>, r: &ChoiceResult) -> Served {
-    served_from(parsing.map(|p| p.parse(&r.text)), r)
+    let chunks = Chunks::new(
+        state.config.model.name.clone(),
+        answer.created,
+        shape,
+        state.renderer.clone(),
+    );
+    sse_response(headers, move |tx| async move {
+        let _ = replay_stream(&answer, &chunks, &tx).await;
+    })
 }
 
 /// Builds the prompt from the trajectory's history (exact or template mode).
@@ -181,111 +199,87 @@ fn cut_after_final_message(mut text: String, messages: &[Json]) -> Result<String
     }
 }
 
-fn response_body(
-    state: &AppState,
-    plan: &CallPlan,
-    req: &ChatRequest,
-    results: &[ChoiceResult],
-    outputs: &[Served],
-) -> Json {
-    let completion_tokens: usize = results.iter().map(|r| r.ids.len()).sum();
-    let choices: Vec<Json> = results
+fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
+    let choices: Vec<Json> = answer
+        .choices
         .iter()
-        .zip(outputs)
-        .map(|(r, out)| {
+        .map(|r| {
             let mut c = json!({
                 "index": r.index,
-                "message": out.message,
+                "message": r.served,
                 "logprobs": Json::Null,
-                "finish_reason": out.finish,
+                "finish_reason": r.finish_reason,
                 "stop_reason": Json::Null,
             });
-            if plan.params.logprobs.is_some() {
+            if shape.logprobs {
                 c["logprobs"] = chat_logprobs(&state.renderer, &r.ids, &r.logprobs);
             }
-            if req.return_token_ids {
+            if shape.token_ids {
                 c["token_ids"] = json!(r.ids);
             }
             c
         })
         .collect();
     let mut body = json!({
-        "id": plan.request_id,
+        "id": answer.request_id,
         "object": "chat.completion",
-        "created": unix_now(),
+        "created": answer.created,
         "model": state.config.model.name,
         "choices": choices,
-        "usage": usage(plan.prompt_ids.len(), completion_tokens),
+        "usage": usage(answer.prompt_tokens(), answer.completion_tokens()),
     });
-    if req.return_token_ids {
-        body["prompt_token_ids"] = json!(*plan.prompt_ids);
+    if shape.token_ids {
+        if let Some(p) = answer.prompts.first() {
+            body["prompt_token_ids"] = json!(**p);
+        }
     }
     body
 }
 
-async fn stream(
-    state: AppState,
-    plan: CallPlan,
-    req: ChatRequest,
-    ctx: CallContext,
-    prepared: Prepared,
-    parsing: Option<Arc<ParseSetup>>,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    // Start every choice before answering, so failures are plain HTTP errors.
-    let started = futures::future::try_join_all(
-        (0..plan.n).map(|i| generate::start_choice(&state, &plan, i)),
-    )
-    .await?;
-    let id = plan.request_id.clone();
-    let created = unix_now();
-    let model = state.config.model.name.clone();
-    let chunk = {
-        let (id, model) = (id.clone(), model.clone());
-        move |choices: Json| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices})
-    };
-    let mut initial = Vec::new();
-    for i in 0..plan.n {
-        let mut c = chunk(
-            json!([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]),
-        );
-        if i == 0 && req.return_token_ids {
-            c["prompt_token_ids"] = json!(*plan.prompt_ids);
+/// Formats `chat.completion.chunk` objects.
+struct Chunks {
+    model: String,
+    created: u64,
+    shape: Shape,
+    renderer: Arc<crate::render::Renderer>,
+}
+
+impl Chunks {
+    fn new(
+        model: String,
+        created: u64,
+        shape: Shape,
+        renderer: Arc<crate::render::Renderer>,
+    ) -> Self {
+        Chunks {
+            model,
+            created,
+            shape,
+            renderer,
         }
-        initial.push(c);
     }
-    let choices: Vec<ChoiceStream> = started
-        .into_iter()
-        .map(|s| ChoiceStream::new(state.renderer.clone(), s, &plan))
-        .collect();
-    let renderer = state.renderer.clone();
-    let want_logprobs = plan.params.logprobs.is_some();
-    let return_ids = req.return_token_ids;
-    let delta_chunk = chunk.clone();
-    // One incremental parser per choice; its final output is what the
-    // finish chunk and the span record use.
-    let mut parsers: Vec<_> = (0..plan.n)
-        .map(|_| parsing.as_ref().map(|p| p.stream()))
-        .collect();
-    let outputs: Arc<std::sync::Mutex<Vec<Option<ChatOutput>>>> =
-        Arc::new(std::sync::Mutex::new(vec![None; plan.n as usize]));
-    let outputs_in = outputs.clone();
-    let delta = Box::new(move |ev: &generate::ChoiceEvent| {
-        let i = ev.index as usize;
-        let mut deltas: Vec<Json> = match parsers.get_mut(i).and_then(Option::as_mut) {
-            Some(p) => {
-                let mut events = p.push(&ev.text);
-                if ev.finish.is_some() {
-                    events.extend(p.finish());
-                    if let Ok(mut o) = outputs_in.lock() {
-                        o[i] = Some(p.output());
-                    }
-                }
-                events.iter().map(|e| e.to_openai_delta()).collect()
-            }
-            None if !ev.text.is_empty() => vec![json!({"content": ev.text})],
-            None => Vec::new(),
-        };
+
+    fn chunk(&self, id: &str, choices: Json) -> Json {
+        json!({"id": id, "object": "chat.completion.chunk", "created": self.created,
+               "model": self.model, "choices": choices})
+    }
+
+    /// The opening chunk of choice `i` (role; prompt ids on choice 0).
+    fn open(&self, id: &str, i: u32, prompt: Option<&[u32]>) -> Json {
+        let mut c = self.chunk(
+            id,
+            json!([{"index": i, "delta": {"role": "assistant", "content": ""},
+                    "logprobs": null, "finish_reason": null}]),
+        );
+        if let (true, Some(p)) = (self.shape.token_ids, prompt) {
+            c["prompt_token_ids"] = json!(p);
+        }
+        c
+    }
+
+    /// One chunk per message delta; this event's ids and logprobs ride on
+    /// the first (an event with ids but no text still gets one chunk).
+    fn deltas(&self, id: &str, ev: &ChoiceEvent, mut deltas: Vec<Json>) -> Vec<Json> {
         if deltas.is_empty() && !ev.ids.is_empty() {
             deltas.push(json!({}));
         }
@@ -293,52 +287,126 @@ async fn stream(
             .into_iter()
             .enumerate()
             .map(|(k, d)| {
-                let mut c =
-                    json!({"index": ev.index, "delta": d, "logprobs": null, "finish_reason": null});
-                // Ids and logprobs ride on the first chunk of this event.
-                if k == 0 && want_logprobs {
-                    c["logprobs"] = chat_logprobs(&renderer, &ev.ids, &ev.logprobs);
+                let mut c = json!({"index": ev.index, "delta": d, "logprobs": null,
+                                   "finish_reason": null});
+                if k == 0 && self.shape.logprobs {
+                    c["logprobs"] = chat_logprobs(&self.renderer, &ev.ids, &ev.logprobs);
                 }
-                if k == 0 && return_ids {
+                if k == 0 && self.shape.token_ids {
                     c["token_ids"] = json!(ev.ids);
                 }
-                delta_chunk(json!([c]))
+                self.chunk(id, json!([c]))
             })
             .collect()
-    });
-    let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let usage_chunk = include_usage.then(|| (chunk(json!([])), plan.prompt_ids.len()));
-    let finalize = Box::new(move |results: Vec<ChoiceResult>| {
-        async move {
-            let parsed = outputs.lock().map(|o| o.clone()).unwrap_or_default();
-            let served: Vec<Served> = results
-                .iter()
-                .map(|r| served_from(parsed.get(r.index as usize).cloned().flatten(), r))
-                .collect();
-            state
-                .record_call(&ctx, &prepared, &results, |r| {
-                    served[r.index as usize].record()
-                })
-                .await?;
-            Ok(results
-                .iter()
-                .zip(&served)
-                .map(|(r, s)| {
-                    chunk(json!([{"index": r.index, "delta": {}, "logprobs": null,
-                                  "finish_reason": s.finish, "stop_reason": null}]))
-                })
-                .collect())
+    }
+
+    /// Finish chunks, then the usage chunk when asked for.
+    fn end(&self, answer: &Answer) -> Vec<Json> {
+        let mut out: Vec<Json> = answer
+            .choices
+            .iter()
+            .map(|r| {
+                self.chunk(
+                    &answer.request_id,
+                    json!([{"index": r.index, "delta": {}, "logprobs": null,
+                            "finish_reason": r.finish_reason, "stop_reason": null}]),
+                )
+            })
+            .collect();
+        if self.shape.usage_chunk {
+            let mut u = self.chunk(&answer.request_id, json!([]));
+            u["usage"] = usage(answer.prompt_tokens(), answer.completion_tokens());
+            out.push(u);
         }
-        .boxed()
-    });
-    Ok(sse_response(
-        StreamSpec {
-            initial,
-            choices,
-            delta,
-            finalize,
-            usage: usage_chunk,
-        },
-        headers,
-    ))
+        out
+    }
+}
+
+/// The streaming response: role chunks, then each backend delta as it comes
+/// (through the incremental tool / reasoning parser when one applies), then,
+/// once the call is recorded, the finish chunks, usage and `[DONE]`. A
+/// client never sees the end of a response whose call is not recorded.
+async fn stream_loop(
+    mut running: Running,
+    parsing: Option<Arc<ParseSetup>>,
+    chunks: Chunks,
+    tid: String,
+    tx: SseSender,
+) {
+    let id = running.request_id.clone();
+    let prompt = running.prompts.first().cloned();
+    let mut parsers: Vec<Option<ChatStream>> = (0..running.n)
+        .map(|_| parsing.as_ref().map(|p| p.stream()))
+        .collect();
+    for i in 0..running.n {
+        let c = chunks.open(&id, i, prompt.as_deref().filter(|_| i == 0).map(|p| &p[..]));
+        if tx.json(&c).await.is_err() {
+            return;
+        }
+    }
+    while let Some(ev) = running.next().await {
+        let out = match ev {
+            CallEvent::Delta(ev) => {
+                let deltas = match parsers.get_mut(ev.index as usize).and_then(Option::as_mut) {
+                    Some(p) => {
+                        let mut events = p.push(&ev.text);
+                        if ev.finish.is_some() {
+                            events.extend(p.finish());
+                        }
+                        events.iter().map(|e| e.to_openai_delta()).collect()
+                    }
+                    None if !ev.text.is_empty() => vec![json!({"content": ev.text})],
+                    None => Vec::new(),
+                };
+                chunks.deltas(&id, &ev, deltas)
+            }
+            CallEvent::Done(Ok(answer)) => chunks.end(&answer),
+            CallEvent::Done(Err(e)) => return tx.error(ROUTE, &tid, &e).await,
+        };
+        for c in &out {
+            if tx.json(c).await.is_err() {
+                return;
+            }
+        }
+    }
+    let _ = tx.done().await;
+}
+
+/// A recorded answer as a stream: per choice, the role chunk, one delta with
+/// the whole served message (tool calls indexed as OpenAI streams them) and
+/// every id and logprob, then the finish chunks, usage and `[DONE]`.
+async fn replay_stream(
+    answer: &Answer,
+    chunks: &Chunks,
+    tx: &SseSender,
+) -> Result<(), super::sse::Gone> {
+    let id = &answer.request_id;
+    let prompt = answer.prompts.first();
+    for r in &answer.choices {
+        let p = prompt.filter(|_| r.index == 0).map(|p| &p[..]);
+        tx.json(&chunks.open(id, r.index, p)).await?;
+        let mut delta = r.served.clone();
+        if let Some(obj) = delta.as_object_mut() {
+            obj.remove("role");
+            if let Some(Json::Array(calls)) = obj.get_mut("tool_calls") {
+                for (i, c) in calls.iter_mut().enumerate() {
+                    c["index"] = json!(i);
+                }
+            }
+        }
+        let ev = ChoiceEvent {
+            index: r.index,
+            text: r.text.clone(),
+            ids: r.ids.clone(),
+            logprobs: r.logprobs.clone(),
+            finish: r.finish,
+        };
+        for c in chunks.deltas(id, &ev, vec![delta]) {
+            tx.json(&c).await?;
+        }
+    }
+    for c in chunks.end(answer) {
+        tx.json(&c).await?;
+    }
+    tx.done().await
 }

@@ -1,23 +1,26 @@
-//! `POST /v1/completions`: a text prompt (tokenized here) or token ids
-//! (passed through untouched), one or several prompts, streaming or not.
+//! `POST /v1/completions`: parse → prepare (a text prompt tokenized here,
+//! or token ids passed through untouched; one or several prompts, each its
+//! own recorded call) → run (see `call`) → respond, streaming or not.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::body::Bytes;
 use axum::extract::{RawPathParams, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-
-use futures::FutureExt;
 use serde_json::{json, Value as Json};
 
-use super::generate::{self, CallPlan, ChoiceResult};
 use super::logprobs::completion_logprobs;
 use super::request::{parse_body, CompletionRequest, PromptSpec};
-use super::sse::{sse_response, usage, ChoiceStream, StreamSpec};
-use super::{finish_str, new_id, unix_now, AppState};
+use super::sse::{sse_response, usage, SseSender};
+use super::{new_id, unix_now, AppState};
+use crate::call::replies::Claim;
+use crate::call::{Answer, CallEvent, ChoiceEvent, Output, PlanRequest, Running};
 use crate::error::ApiError;
-use crate::trajectory::{CallContext, Prepared};
+use crate::trajectory::CallContext;
+
+const ROUTE: &str = "/v1/completions";
 
 pub async fn completions(
     State(state): State<AppState>,
@@ -78,207 +81,270 @@ async fn handle(
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let handled = std::time::Instant::now();
+    let handled = Instant::now();
+    // Parse.
     let (req, body_json): (CompletionRequest, _) = parse_body(&body)?;
     req.check()?;
     state.check_model(req.model.as_deref())?;
-    let tid =
-        super::resolve_trajectory_id(&state, path_tid, headers, req.trajectory_id.as_deref())?;
+    let named = super::named_trajectory_id(path_tid, headers, req.trajectory_id.as_deref())?;
     let (params, max_tokens) = req.sampling.validate(req.logprobs)?;
     let n = req.sampling.n()?;
-    let request_id = new_id("cmpl");
+    let prompts = prompt_ids(&state, &req)?;
+    let shape = Shape {
+        logprobs: req.logprobs.is_some(),
+        token_ids: req.return_token_ids,
+        usage_chunk: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+    };
+    let owner = match state
+        .calls
+        .claim(super::retry_request(headers, named.clone(), &body)?)
+        .await
+    {
+        Claim::Recorded(answer) => return Ok(replay(&state, answer, req.stream, shape)),
+        Claim::Owner(owner) => owner,
+    };
+
+    // Prepare: one call per prompt.
+    let tid = super::trajectory_id(&state, named);
     let started_at = crate::store::now_ms();
-    let mut plans = Vec::new();
-    let mut prepared_all = Vec::new();
-    for (i, ids) in prompt_ids(&state, &req)?.into_iter().enumerate() {
+    let weight_version = state.ops.weight_version();
+    let mut plans = Vec::with_capacity(prompts.len());
+    for ids in prompts {
         let prepared = state.trajectories.prepare_completion(&tid, ids).await?;
-        state.check_budget(&prepared)?;
-        let mut params = params.clone();
-        state.finalize_params(&mut params, &prepared, max_tokens)?;
-        plans.push(CallPlan {
-            request_id: format!("{request_id}-{i}"),
-            trajectory_id: tid.clone(),
-            prompt_ids: prepared.prompt_ids.clone(),
-            params,
+        plans.push(state.calls.plan(PlanRequest {
+            ctx: CallContext {
+                trajectory_id: tid.clone(),
+                request: body_json.clone(),
+                messages: None,
+                started_at,
+                weight_version: weight_version.clone(),
+            },
+            prepared,
+            params: params.clone(),
+            max_tokens,
             n,
             skip_special_tokens: req.skip_special_tokens.unwrap_or(true),
-            stream: req.stream,
-        });
-        prepared_all.push(prepared);
+            output: Output::Text,
+        })?);
     }
-    let resp_headers = super::trajectory_header(&tid);
-    let ctx = CallContext {
-        trajectory_id: tid,
-        request: body_json,
-        messages: None,
-        started_at,
-        weight_version: state.ops.weight_version(),
-    };
+
+    // Run.
+    let running = state
+        .calls
+        .start(new_id("cmpl"), plans, Some(owner))
+        .await?;
+
+    // Respond.
+    let headers = super::trajectory_header(&tid);
     if req.stream {
-        return stream(
-            state,
-            request_id,
-            plans,
-            prepared_all,
-            req,
-            ctx,
-            resp_headers,
-        )
-        .await;
+        let chunks = Chunks::new(&state, unix_now(), shape);
+        return Ok(sse_response(headers, move |tx| {
+            stream_loop(running, chunks, tid, tx)
+        }));
     }
-    let gen_start = std::time::Instant::now();
-    let all =
-        futures::future::try_join_all(plans.iter().map(|p| generate::run_all(&state, p))).await?;
-    let backend_time = gen_start.elapsed();
-    for (prepared, results) in prepared_all.iter().zip(&all) {
-        state
-            .record_call(&ctx, prepared, results, served_text)
-            .await?;
-    }
-    let mut choices = Vec::new();
-    let mut completion_tokens = 0;
-    let mut prompt_tokens = 0;
-    for (pi, (plan, results)) in plans.iter().zip(&all).enumerate() {
-        prompt_tokens += plan.prompt_ids.len();
-        for r in results {
-            completion_tokens += r.ids.len();
-            let mut c = json!({
-                "index": pi as u32 * n + r.index,
-                "text": r.text,
-                "logprobs": Json::Null,
-                "finish_reason": finish_str(r.finish),
-                "stop_reason": Json::Null,
-            });
-            if plan.params.logprobs.is_some() {
-                c["logprobs"] = completion_logprobs(&state.renderer, &r.ids, &r.logprobs, 0);
-            }
-            if req.return_token_ids {
-                c["prompt_token_ids"] = json!(*plan.prompt_ids);
-                c["token_ids"] = json!(r.ids);
-            }
-            choices.push(c);
-        }
-    }
-    let body = json!({
-        "id": request_id,
-        "object": "text_completion",
-        "created": unix_now(),
-        "model": state.config.model.name,
-        "choices": choices,
-        "usage": usage(prompt_tokens, completion_tokens),
-    });
+    let answer = running.finish().await?;
+    let body = response_body(&state, &answer, shape);
     crate::metrics::gateway_overhead(
         "completions",
-        handled.elapsed().saturating_sub(backend_time),
+        handled.elapsed().saturating_sub(answer.generated_in),
     );
-    Ok((resp_headers, axum::Json(body)).into_response())
+    Ok((headers, axum::Json(body)).into_response())
 }
 
-/// What is recorded as the served output of a completion choice.
-fn served_text(r: &ChoiceResult) -> (Json, Option<String>) {
-    (json!({"text": r.text}), None)
+/// What the client wants in its response (independent of what is recorded).
+#[derive(Clone, Copy)]
+struct Shape {
+    logprobs: bool,
+    token_ids: bool,
+    usage_chunk: bool,
 }
 
-async fn stream(
-    state: AppState,
-    request_id: String,
-    plans: Vec<CallPlan>,
-    prepared_all: Vec<Prepared>,
-    req: CompletionRequest,
-    ctx: CallContext,
-    headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let n = plans.first().map_or(1, |p| p.n);
-    let mut choices: Vec<ChoiceStream> = Vec::new();
-    for (pi, plan) in plans.iter().enumerate() {
-        let started = futures::future::try_join_all(
-            (0..plan.n).map(|i| generate::start_choice(&state, plan, i)),
-        )
-        .await?;
-        for mut s in started {
-            // Global choice index across prompts.
-            s.index += pi as u32 * n;
-            choices.push(ChoiceStream::new(state.renderer.clone(), s, plan));
-        }
+/// A recorded answer, given again (an SDK retry or a repeated key).
+fn replay(state: &AppState, answer: Arc<Answer>, stream: bool, shape: Shape) -> Response {
+    let headers = super::trajectory_header(&answer.trajectory_id);
+    if !stream {
+        let body = response_body(state, &answer, shape);
+        return (headers, axum::Json(body)).into_response();
     }
-    let created = unix_now();
-    let model = state.config.model.name.clone();
-    let chunk = {
-        let id = request_id.clone();
-        move |choices: Json| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices})
-    };
-    let return_ids = req.return_token_ids;
-    let prompts: Vec<Arc<Vec<u32>>> = plans.iter().map(|p| p.prompt_ids.clone()).collect();
-    let mut initial = Vec::new();
-    if return_ids {
-        // vLLM sends each choice's prompt ids in its first chunk.
-        for (pi, p) in prompts.iter().enumerate() {
-            for j in 0..n {
-                initial.push(chunk(
-                    json!([{"index": pi as u32 * n + j, "text": "", "logprobs": null,
-                    "finish_reason": null, "prompt_token_ids": **p}]),
-                ));
+    let chunks = Chunks::new(state, answer.created, shape);
+    sse_response(headers, move |tx| async move {
+        let _ = replay_stream(&answer, &chunks, &tx).await;
+    })
+}
+
+fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
+    let n = answer.n.max(1) as usize;
+    let choices: Vec<Json> = answer
+        .choices
+        .iter()
+        .map(|r| {
+            let mut c = json!({
+                "index": r.index,
+                "text": r.text,
+                "logprobs": Json::Null,
+                "finish_reason": r.finish_reason,
+                "stop_reason": Json::Null,
+            });
+            if shape.logprobs {
+                c["logprobs"] = completion_logprobs(&state.renderer, &r.ids, &r.logprobs, 0);
             }
+            if shape.token_ids {
+                if let Some(p) = answer.prompts.get(r.index as usize / n) {
+                    c["prompt_token_ids"] = json!(**p);
+                }
+                c["token_ids"] = json!(r.ids);
+            }
+            c
+        })
+        .collect();
+    json!({
+        "id": answer.request_id,
+        "object": "text_completion",
+        "created": answer.created,
+        "model": state.config.model.name,
+        "choices": choices,
+        "usage": usage(answer.prompt_tokens(), answer.completion_tokens()),
+    })
+}
+
+/// Formats `text_completion` chunks.
+struct Chunks {
+    model: String,
+    created: u64,
+    shape: Shape,
+    renderer: Arc<crate::render::Renderer>,
+}
+
+impl Chunks {
+    fn new(state: &AppState, created: u64, shape: Shape) -> Self {
+        Chunks {
+            model: state.config.model.name.clone(),
+            created,
+            shape,
+            renderer: state.renderer.clone(),
         }
     }
-    let renderer = state.renderer.clone();
-    let want_logprobs = req.logprobs.is_some();
-    let delta_chunk = chunk.clone();
-    let mut offsets = vec![0usize; choices.len()];
-    let delta = Box::new(move |ev: &generate::ChoiceEvent| {
+
+    fn chunk(&self, id: &str, choices: Json) -> Json {
+        json!({"id": id, "object": "text_completion", "created": self.created,
+               "model": self.model, "choices": choices})
+    }
+
+    /// vLLM sends each choice's prompt ids in a first chunk of its own.
+    fn open(&self, id: &str, index: u32, prompt: &[u32]) -> Option<Json> {
+        self.shape.token_ids.then(|| {
+            self.chunk(
+                id,
+                json!([{"index": index, "text": "", "logprobs": null,
+                        "finish_reason": null, "prompt_token_ids": prompt}]),
+            )
+        })
+    }
+
+    /// A delta; `offset` is the byte offset of its text in the choice.
+    fn delta(&self, id: &str, ev: &ChoiceEvent, offset: usize) -> Option<Json> {
         if ev.ids.is_empty() && ev.text.is_empty() {
-            return Vec::new();
+            return None;
         }
-        let mut c =
-            json!({"index": ev.index, "text": ev.text, "logprobs": null, "finish_reason": null});
-        if want_logprobs {
-            let off = offsets.get(ev.index as usize).copied().unwrap_or(0);
-            c["logprobs"] = completion_logprobs(&renderer, &ev.ids, &ev.logprobs, off);
+        let mut c = json!({"index": ev.index, "text": ev.text, "logprobs": null,
+                           "finish_reason": null});
+        if self.shape.logprobs {
+            c["logprobs"] = completion_logprobs(&self.renderer, &ev.ids, &ev.logprobs, offset);
         }
-        if let Some(o) = offsets.get_mut(ev.index as usize) {
-            *o += ev.text.len();
-        }
-        if return_ids {
+        if self.shape.token_ids {
             c["token_ids"] = json!(ev.ids);
         }
-        vec![delta_chunk(json!([c]))]
-    });
-    let include_usage = req.stream_options.as_ref().is_some_and(|o| o.include_usage);
-    let usage_chunk =
-        include_usage.then(|| (chunk(json!([])), prompts.iter().map(|p| p.len()).sum()));
-    let finalize = Box::new(move |results: Vec<ChoiceResult>| {
-        async move {
-            for (pi, prepared) in prepared_all.iter().enumerate() {
-                let mine: Vec<ChoiceResult> = results
-                    .iter()
-                    .filter(|r| r.index / n == pi as u32)
-                    .map(|r| ChoiceResult {
-                        index: r.index % n,
-                        ..r.clone()
-                    })
-                    .collect();
-                state
-                    .record_call(&ctx, prepared, &mine, served_text)
-                    .await?;
-            }
-            Ok(results
-                .iter()
-                .map(|r| {
-                    chunk(json!([{"index": r.index, "text": "", "logprobs": null,
-                                  "finish_reason": finish_str(r.finish), "stop_reason": null}]))
-                })
-                .collect())
+        Some(self.chunk(id, json!([c])))
+    }
+
+    fn end(&self, answer: &Answer) -> Vec<Json> {
+        let mut out: Vec<Json> = answer
+            .choices
+            .iter()
+            .map(|r| {
+                self.chunk(
+                    &answer.request_id,
+                    json!([{"index": r.index, "text": "", "logprobs": null,
+                            "finish_reason": r.finish_reason, "stop_reason": null}]),
+                )
+            })
+            .collect();
+        if self.shape.usage_chunk {
+            let mut u = self.chunk(&answer.request_id, json!([]));
+            u["usage"] = usage(answer.prompt_tokens(), answer.completion_tokens());
+            out.push(u);
         }
-        .boxed()
-    });
-    Ok(sse_response(
-        StreamSpec {
-            initial,
-            choices,
-            delta,
-            finalize,
-            usage: usage_chunk,
-        },
-        headers,
-    ))
+        out
+    }
+}
+
+/// The streaming response: prompt-id chunks, each delta as it comes, then,
+/// once the call is recorded, the finish chunks, usage and `[DONE]`.
+async fn stream_loop(mut running: Running, chunks: Chunks, tid: String, tx: SseSender) {
+    let id = running.request_id.clone();
+    let n = running.n.max(1);
+    for (pi, p) in running.prompts.iter().enumerate() {
+        for j in 0..n {
+            if let Some(c) = chunks.open(&id, pi as u32 * n + j, p) {
+                if tx.json(&c).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+    let mut offsets = vec![0usize; running.prompts.len() * n as usize];
+    while let Some(ev) = running.next().await {
+        let out = match ev {
+            CallEvent::Delta(ev) => {
+                let slot = offsets.get_mut(ev.index as usize);
+                let offset = slot.as_deref().copied().unwrap_or(0);
+                if let Some(o) = slot {
+                    *o += ev.text.len();
+                }
+                chunks.delta(&id, &ev, offset).into_iter().collect()
+            }
+            CallEvent::Done(Ok(answer)) => chunks.end(&answer),
+            CallEvent::Done(Err(e)) => return tx.error(ROUTE, &tid, &e).await,
+        };
+        for c in &out {
+            if tx.json(c).await.is_err() {
+                return;
+            }
+        }
+    }
+    let _ = tx.done().await;
+}
+
+/// A recorded answer as a stream: prompt-id chunks, one delta per choice
+/// with all its text, ids and logprobs, the finish chunks, usage, `[DONE]`.
+async fn replay_stream(
+    answer: &Answer,
+    chunks: &Chunks,
+    tx: &SseSender,
+) -> Result<(), super::sse::Gone> {
+    let id = &answer.request_id;
+    let n = answer.n.max(1) as usize;
+    for r in &answer.choices {
+        if let Some(p) = answer.prompts.get(r.index as usize / n) {
+            if let Some(c) = chunks.open(id, r.index, p) {
+                tx.json(&c).await?;
+            }
+        }
+    }
+    for r in &answer.choices {
+        let ev = ChoiceEvent {
+            index: r.index,
+            text: r.text.clone(),
+            ids: r.ids.clone(),
+            logprobs: r.logprobs.clone(),
+            finish: r.finish,
+        };
+        if let Some(c) = chunks.delta(id, &ev, 0) {
+            tx.json(&c).await?;
+        }
+    }
+    for c in chunks.end(answer) {
+        tx.json(&c).await?;
+    }
+    tx.done().await
 }

@@ -39,18 +39,19 @@ fn token_text(renderer: &Renderer, id: u32) -> String {
     String::from_utf8_lossy(&token_bytes(renderer, id)).into_owned()
 }
 
-fn clamp(lp: f32) -> f64 {
-    // JSON has no -inf; OpenAI clients accept very negative numbers.
-    if lp.is_finite() {
-        f64::from(lp)
-    } else {
-        -9999.0
+/// A logprob for a client. JSON has no -inf: OpenAI itself writes -9999.0
+/// for such tokens. A logprob the backend did not report is null.
+fn clamp(lp: Option<f32>) -> Json {
+    match lp {
+        Some(lp) if lp.is_finite() => json!(f64::from(lp)),
+        Some(_) => json!(-9999.0),
+        None => Json::Null,
     }
 }
 
 /// `choices[i].logprobs` for chat completions.
 pub fn chat_logprobs(renderer: &Renderer, ids: &[u32], lps: &[TokenLogprob]) -> Json {
-    let entry = |id: u32, lp: f32| {
+    let entry = |id: u32, lp: Option<f32>| {
         let bytes = token_bytes(renderer, id);
         json!({
             "token": String::from_utf8_lossy(&bytes),
@@ -63,7 +64,8 @@ pub fn chat_logprobs(renderer: &Renderer, ids: &[u32], lps: &[TokenLogprob]) -> 
         .zip(lps)
         .map(|(id, lp)| {
             let mut e = entry(*id, lp.logprob);
-            e["top_logprobs"] = Json::Array(lp.top.iter().map(|(t, l)| entry(*t, *l)).collect());
+            e["top_logprobs"] =
+                Json::Array(lp.top.iter().map(|(t, l)| entry(*t, Some(*l))).collect());
             e
         })
         .collect();
@@ -91,7 +93,7 @@ pub fn completion_logprobs(
         token_logprobs.push(clamp(lp.logprob));
         let mut m = serde_json::Map::new();
         for (t, l) in &lp.top {
-            m.insert(token_text(renderer, *t), json!(clamp(*l)));
+            m.insert(token_text(renderer, *t), clamp(Some(*l)));
         }
         top.push(Json::Object(m));
     }

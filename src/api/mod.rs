@@ -7,13 +7,10 @@
 mod admin;
 mod chat;
 mod completions;
-mod detok;
 pub mod export;
-mod generate;
 mod logprobs;
 pub mod request;
 mod sse;
-mod toolcalls;
 pub mod trajectories;
 
 use std::future::Future;
@@ -26,15 +23,15 @@ use axum::routing::{get, post};
 use axum::Json;
 use serde_json::json;
 
-use crate::backend::{DynBackend, FinishReason, SamplingParams};
+use crate::backend::DynBackend;
+use crate::call::{replies, Calls};
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::render::Renderer;
-use crate::router::{RouteError, Router};
+use crate::router::Router;
 use crate::store::DynStore;
-use crate::trajectory::{CallContext, ChoiceOutcome, Prepared, Trajectories, TrajectoryError};
+use crate::trajectory::Trajectories;
 
-pub use generate::{CallPlan, ChoiceResult};
 pub use trajectories::StoreState;
 
 /// Context window used when neither the config nor the model files say.
@@ -48,6 +45,7 @@ pub struct AppState {
     pub router: Arc<Router>,
     pub ops: Arc<admin::Ops>,
     pub trajectories: Arc<Trajectories>,
+    pub calls: Arc<Calls>,
     pub store: StoreState,
 }
 
@@ -87,7 +85,20 @@ impl AppState {
         let dec = renderer.clone();
         let decode: trajectories::DecodeFn =
             Arc::new(move |ids: &[u32]| dec.decode(ids, false).ok());
+        let max_model_len = match config.model.max_model_len {
+            0 => renderer.max_model_len().unwrap_or(DEFAULT_MAX_MODEL_LEN),
+            n => n,
+        };
+        let calls = Arc::new(Calls::new(
+            router.clone(),
+            renderer.clone(),
+            trajectories.clone(),
+            config.trajectory.clone(),
+            max_model_len,
+            config.model.default_max_tokens,
+        ));
         Ok(AppState {
+            calls,
             ops: Arc::new(admin::Ops::new(&config.server.admin_token)),
             config: Arc::new(config),
             renderer,
@@ -103,13 +114,7 @@ impl AppState {
 
     /// The context window in tokens.
     pub fn max_model_len(&self) -> u32 {
-        match self.config.model.max_model_len {
-            0 => self
-                .renderer
-                .max_model_len()
-                .unwrap_or(DEFAULT_MAX_MODEL_LEN),
-            n => n,
-        }
+        self.calls.max_model_len()
     }
 
     fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
@@ -118,129 +123,6 @@ impl AppState {
             _ => Ok(()),
         }
     }
-
-    /// Refuses a call whose sample has no response budget left.
-    fn check_budget(&self, prepared: &Prepared) -> Result<(), ApiError> {
-        if !prepared.truncated {
-            return Ok(());
-        }
-        let limit = self.config.trajectory.response_length;
-        Err(ApiError::bad_request(format!(
-            "this trajectory's sample already holds {} response tokens, its budget is {limit} \
-             (trajectory.response_length); start a new trajectory",
-            prepared.response_used
-        ))
-        .with_code("response_budget_exhausted"))
-    }
-
-    /// Resolves `max_tokens` against the context window and the sample's
-    /// response budget, and adds EOS ids.
-    fn finalize_params(
-        &self,
-        params: &mut SamplingParams,
-        prepared: &Prepared,
-        max_tokens: Option<u32>,
-    ) -> Result<(), ApiError> {
-        let prompt_len = prepared.prompt_ids.len();
-        let window = self.max_model_len() as usize;
-        if prompt_len >= window {
-            return Err(ApiError::bad_request(format!(
-                "the prompt is {prompt_len} tokens long but this model's context window is {window} tokens"
-            ))
-            .with_code("context_length_exceeded"));
-        }
-        let room = window - prompt_len;
-        params.max_tokens = match max_tokens {
-            Some(m) if m as usize > room => {
-                return Err(ApiError::bad_request(format!(
-                    "this model's context window is {window} tokens, but {} were requested \
-                     ({prompt_len} in the prompt, {m} for the completion)",
-                    prompt_len + m as usize
-                ))
-                .with_code("context_length_exceeded"))
-            }
-            Some(m) => m,
-            None => self.config.model.default_max_tokens.min(room as u32),
-        };
-        if let Some(left) = prepared.budget_left(self.config.trajectory.response_length) {
-            params.max_tokens = params.max_tokens.min(left.max(1));
-        }
-        if !params.ignore_eos {
-            for id in self.renderer.eos_token_ids() {
-                if !params.stop_token_ids.contains(id) {
-                    params.stop_token_ids.push(*id);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Hands a finished call to the span store; returns once it is durable.
-    async fn record_call(
-        &self,
-        ctx: &CallContext,
-        prepared: &Prepared,
-        results: &[ChoiceResult],
-        served: impl Fn(&ChoiceResult) -> (serde_json::Value, Option<String>),
-    ) -> Result<Vec<u32>, ApiError> {
-        let outcomes: Vec<ChoiceOutcome> = results
-            .iter()
-            .map(|r| {
-                let (message, parse_outcome) = served(r);
-                ChoiceOutcome {
-                    sampled_ids: r.ids.clone(),
-                    logprobs: r.logprobs.clone(),
-                    finish_reason: r.finish,
-                    served: message,
-                    backend: r.backend.clone(),
-                    moved_from: r.moved_from.clone(),
-                    parse_outcome,
-                }
-            })
-            .collect();
-        let start = std::time::Instant::now();
-        let indices = self.trajectories.commit(ctx, prepared, &outcomes).await?;
-        crate::metrics::store_commit(start.elapsed());
-        let delta = prepared.prompt_ids.len() - prepared.delta_start;
-        let kind = if prepared.parent.is_some() {
-            "observation"
-        } else {
-            "prompt"
-        };
-        crate::metrics::tokens(kind, delta);
-        crate::metrics::tokens("sampled", results.iter().map(|r| r.ids.len()).sum());
-        if let Some(d) = &prepared.drift {
-            crate::metrics::drift(&d.cause);
-        }
-        Ok(indices)
-    }
-}
-
-impl From<RouteError> for ApiError {
-    fn from(e: RouteError) -> Self {
-        match e {
-            RouteError::UnknownBackend(_) => ApiError::not_found(e.to_string()),
-            RouteError::DuplicateName(_) => ApiError::bad_request(e.to_string()),
-            _ => ApiError::overloaded(e.to_string()),
-        }
-    }
-}
-
-impl From<TrajectoryError> for ApiError {
-    fn from(e: TrajectoryError) -> Self {
-        match e {
-            TrajectoryError::Finished(_) => {
-                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
-                    .with_code("conflict")
-            }
-            TrajectoryError::Render(r) => r.into(),
-            TrajectoryError::Store(s) => ApiError::internal(format!("span store: {s}")),
-        }
-    }
-}
-
-pub(crate) fn finish_str(f: Option<FinishReason>) -> &'static str {
-    f.map_or("stop", FinishReason::as_str)
 }
 
 pub(crate) fn unix_now() -> u64 {
@@ -256,15 +138,13 @@ pub(crate) fn new_id(prefix: &str) -> String {
 
 pub const MAX_TRAJECTORY_ID_LEN: usize = 128;
 
-/// Path prefix, else `X-Trajectory-Id`, else body `trajectory_id`, else a
-/// new id. A new id is registered as an empty trajectory so its first call
-/// does not look for history in the store.
-pub fn resolve_trajectory_id(
-    state: &AppState,
+/// The trajectory id the client named: path prefix, else `X-Trajectory-Id`,
+/// else body `trajectory_id`; checked, or None when it named none.
+pub fn named_trajectory_id(
     path: Option<String>,
     headers: &HeaderMap,
     body: Option<&str>,
-) -> Result<String, ApiError> {
+) -> Result<Option<String>, ApiError> {
     let header = match headers.get("x-trajectory-id") {
         Some(v) => Some(
             v.to_str()
@@ -277,11 +157,7 @@ pub fn resolve_trajectory_id(
         (Some(p), _, _) => ("path", p),
         (None, Some(h), _) => ("X-Trajectory-Id", h),
         (None, None, Some(b)) => ("trajectory_id", b.to_string()),
-        (None, None, None) => {
-            let id = new_id("traj");
-            state.trajectories.register_new(&id);
-            return Ok(id);
-        }
+        (None, None, None) => return Ok(None),
     };
     let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.:@".contains(c);
     if id.is_empty() || id.len() > MAX_TRAJECTORY_ID_LEN || !id.chars().all(ok_char) {
@@ -293,7 +169,51 @@ pub fn resolve_trajectory_id(
             ),
         ));
     }
-    Ok(id)
+    Ok(Some(id))
+}
+
+/// The named trajectory, or a new one. A new id is registered as an empty
+/// trajectory so its first call does not look for history in the store.
+pub fn trajectory_id(state: &AppState, named: Option<String>) -> String {
+    named.unwrap_or_else(|| {
+        let id = new_id("traj");
+        state.trajectories.register_new(&id);
+        id
+    })
+}
+
+/// What the retry lookup needs from a request: its `Idempotency-Key`,
+/// whether it is an OpenAI SDK retry, its scope and its exact body.
+fn retry_request(
+    headers: &HeaderMap,
+    scope: Option<String>,
+    body: &axum::body::Bytes,
+) -> Result<replies::Request, ApiError> {
+    let text = |name: &str| -> Result<Option<&str>, ApiError> {
+        headers
+            .get(name)
+            .map(|v| {
+                v.to_str()
+                    .map_err(|_| ApiError::invalid(name, format!("{name} must be ASCII")))
+            })
+            .transpose()
+    };
+    let key = text("idempotency-key")?;
+    if key.is_some_and(|k| k.is_empty() || k.len() > 256) {
+        return Err(ApiError::invalid(
+            "Idempotency-Key",
+            "Idempotency-Key must be 1 to 256 characters",
+        ));
+    }
+    let retry = text("x-stainless-retry-count")?
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .is_some_and(|n| n >= 1);
+    Ok(replies::Request {
+        scope,
+        key: key.map(str::to_string),
+        retry,
+        body: body.clone(),
+    })
 }
 
 fn trajectory_header(tid: &str) -> HeaderMap {
@@ -323,6 +243,48 @@ async fn health() -> &'static str {
 
 async fn not_found() -> ApiError {
     ApiError::not_found("no such route")
+}
+
+/// Logs every 5xx answer once, with the method, matched route, trajectory
+/// id and cause, and counts it. (Errors inside a stream are logged where the
+/// stream reports them, see `sse`.)
+async fn log_server_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    let method = req.method().clone();
+    let route = req
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let named = req
+        .uri()
+        .path()
+        .strip_prefix("/t/")
+        .and_then(|rest| rest.split('/').next())
+        .map(str::to_string)
+        .or_else(|| {
+            req.headers()
+                .get("x-trajectory-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        });
+    let resp = next.run(req).await;
+    if resp.status().is_server_error() {
+        let trajectory = resp
+            .headers()
+            .get("x-trajectory-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .or(named)
+            .unwrap_or_default();
+        let cause = resp
+            .extensions()
+            .get::<ApiError>()
+            .map_or("", |e| e.message.as_str());
+        tracing::error!(%method, route = %route, trajectory = %trajectory,
+            status = %resp.status(), cause, "request failed");
+        crate::metrics::server_error(&route);
+    }
+    resp
 }
 
 /// Maps axum's body-size rejection to an OpenAI-shaped 413.
@@ -376,10 +338,29 @@ pub fn build_app(state: AppState) -> axum::Router {
         .route("/health", get(health))
         .fallback(not_found)
         .layer(axum::middleware::from_fn(crate::metrics::track))
+        .layer(axum::middleware::from_fn(log_server_errors))
         .layer(DefaultBodyLimit::max(limit))
         .layer(axum::middleware::from_fn_with_state(limit, limit_errors))
         .with_state(state)
         .merge(metrics)
+}
+
+/// Builds the configured `[[backends]]`, in order: HTTP clients, and the
+/// bundled engine started in-process for `url = "engine"`. Done at start-up,
+/// here, so that `backend` knows nothing of `engine`.
+pub fn build_backends(config: &Config) -> anyhow::Result<Vec<DynBackend>> {
+    config
+        .backends
+        .iter()
+        .map(|b| match b.kind {
+            crate::config::BackendKind::Engine if b.url == "engine" => {
+                let engine: DynBackend =
+                    crate::engine::EngineBackend::start_named(&config.engine, b.display_name())?;
+                Ok(engine)
+            }
+            _ => crate::backend::build_backend(b, &config.router),
+        })
+        .collect()
 }
 
 pub async fn serve(
@@ -387,7 +368,7 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let renderer = Renderer::load(&config.model)?;
-    let backends = crate::backend::build_backends(&config)?;
+    let backends = build_backends(&config)?;
     let store = crate::store::open(&config.store.url)?;
     let listener = tokio::net::TcpListener::bind(&config.server.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, model = %config.model.name, "tito listening");

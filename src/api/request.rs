@@ -378,6 +378,18 @@ impl CompletionRequest {
     }
 }
 
+/// Agents send `content: null` on assistant tool-call messages; templates
+/// that test `content is string` then fail or differ. Render them as "".
+pub fn normalize_messages(messages: &mut [Json]) {
+    for m in messages {
+        if m.get("role").and_then(Json::as_str) == Some("assistant")
+            && m.get("content").is_some_and(Json::is_null)
+        {
+            m["content"] = Json::String(String::new());
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRef, Path, Query, State};
-use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
@@ -16,8 +15,8 @@ use serde_json::{json, Value};
 
 use crate::error::ApiError;
 use crate::store::{
-    sample_leaves, segments, CallRecord, DynStore, ListQuery, SegmentKind, StoreError,
-    TrajectoryFilter, TrajectoryMeta, TrajectoryStatus,
+    sample_leaves, segments, CallRecord, DynStore, ListQuery, SegmentKind, TrajectoryFilter,
+    TrajectoryMeta, TrajectoryStatus,
 };
 
 /// Turns token ids into text for segment display; `None` on failure.
@@ -49,22 +48,6 @@ where
         .route("/v1/trajectories/{id}", get(show))
         .route("/v1/trajectories/{id}/reward", post(reward))
         .route("/v1/trajectories/{id}/finish", post(finish))
-}
-
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        match &e {
-            StoreError::NotFound(_) | StoreError::CallNotFound { .. } => {
-                ApiError::not_found(e.to_string())
-            }
-            StoreError::Duplicate { .. } | StoreError::Finished(_) => {
-                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
-                    .with_code("conflict")
-            }
-            StoreError::Invalid(_) => ApiError::bad_request(e.to_string()),
-            _ => ApiError::internal(e.to_string()),
-        }
-    }
 }
 
 /// Parses `since`: unix milliseconds, or an RFC 3339 timestamp.

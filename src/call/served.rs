@@ -1,11 +1,14 @@
-//! Chat output parsing per request: which tool-call and reasoning parsers
-//! apply, and how a choice's text becomes the OpenAI assistant message
-//! (`content`, `reasoning_content`, `tool_calls`, finish reason). The token
-//! ids are never touched here: they stay exactly as sampled.
+//! What a choice serves: for chat, which tool-call and reasoning parsers
+//! apply and how the choice's text becomes the OpenAI assistant message
+//! (`content`, `reasoning_content`, `tool_calls`, finish reason); for
+//! completions, the text. The token ids are never touched here: they stay
+//! exactly as sampled.
+
+use std::sync::Arc;
 
 use serde_json::{json, Value as Json};
 
-use super::request::ChatRequest;
+use super::assemble::ChoiceResult;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::parse::{
@@ -27,12 +30,13 @@ impl ParseSetup {
     /// None when no parser applies (plain text content).
     pub fn new(
         config: &Config,
-        req: &ChatRequest,
+        tools: Option<&Vec<Json>>,
+        tool_choice: Option<&Json>,
         prompt_text: &str,
     ) -> Result<Option<Self>, ApiError> {
         let internal = |e: crate::parse::ParseError| ApiError::internal(e.to_string());
-        let tools_on = req.tools.as_ref().is_some_and(|t| !t.is_empty())
-            && req.tool_choice.as_ref().and_then(Json::as_str) != Some("none");
+        let tools_on = tools.is_some_and(|t| !t.is_empty())
+            && tool_choice.and_then(Json::as_str) != Some("none");
         let tp = if tools_on {
             tool_parser(&config.model.tool_parser).map_err(internal)?
         } else {
@@ -46,7 +50,7 @@ impl ParseSetup {
         if tp.is_none() && reasoning.is_none() {
             return Ok(None);
         }
-        let tools = req.tools.as_ref().map(|t| Json::Array(t.clone()));
+        let tools = tools.map(|t| Json::Array(t.clone()));
         Ok(Some(ParseSetup {
             needs_special_tokens: tp.as_ref().is_some_and(|p| p.requires_special_tokens()),
             style: tp.as_ref().map_or(IdStyle::OpenAi, |p| p.id_style()),
@@ -109,14 +113,34 @@ pub fn finish_reason(out: &ChatOutput, backend: &'static str) -> &'static str {
     }
 }
 
-/// Agents send `content: null` on assistant tool-call messages; templates
-/// that test `content is string` then fail or differ. Render them as "".
-pub fn normalize_messages(messages: &mut [Json]) {
-    for m in messages {
-        if m.get("role").and_then(Json::as_str) == Some("assistant")
-            && m.get("content").is_some_and(Json::is_null)
-        {
-            m["content"] = json!("");
+/// How a call's choices are served.
+#[derive(Clone)]
+pub enum Output {
+    /// `/v1/completions`: the text.
+    Text,
+    /// `/v1/chat/completions`: an assistant message, parsed when a parser applies.
+    Chat(Option<Arc<ParseSetup>>),
+}
+
+/// Fills what `r` serves: message or text, client finish reason, parse outcome.
+pub fn serve(output: &Output, r: &mut ChoiceResult) {
+    let backend_finish = r
+        .finish
+        .map_or("stop", crate::backend::FinishReason::as_str);
+    match output {
+        Output::Text => {
+            r.served = json!({"text": r.text});
+            r.finish_reason = backend_finish;
+        }
+        Output::Chat(None) => {
+            r.served = json!({"role": "assistant", "content": r.text});
+            r.finish_reason = backend_finish;
+        }
+        Output::Chat(Some(p)) => {
+            let o = p.parse(&r.text);
+            r.served = message_json(&o);
+            r.finish_reason = finish_reason(&o, backend_finish);
+            r.parse_outcome = Some(o.outcome.to_string());
         }
     }
 }

@@ -188,17 +188,6 @@ impl Router {
         })
     }
 
-    /// A router over the configured `[[backends]]` (built with
-    /// `backend::build_backends`).
-    pub fn from_config(config: &crate::config::Config) -> anyhow::Result<Arc<Router>> {
-        let router = Router::new(&config.router);
-        let backends = crate::backend::build_backends(config)?;
-        for (b, cfg) in backends.into_iter().zip(&config.backends) {
-            router.add_backend(b, cfg.url.clone())?;
-        }
-        Ok(router)
-    }
-
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -363,7 +352,7 @@ impl Router {
             self.moves.fetch_add(1, Ordering::Relaxed);
             tracing::warn!(trajectory_id, from = %from, to = %route.name, "trajectory moved to another backend");
         } else {
-            tracing::info!(trajectory_id, backend = %route.name, "trajectory pinned");
+            tracing::debug!(trajectory_id, backend = %route.name, "trajectory pinned");
         }
         if let Some((key, pin)) = evicted {
             tracing::debug!(trajectory_id = %key, backend = %pin.name, "sticky pin evicted");

@@ -166,6 +166,9 @@ struct HotMap {
 /// Trajectories kept in memory; older ones are reloaded from the store on use.
 const HOT_CAPACITY: usize = 20_000;
 
+/// Store reloads one commit may do after finding its call slot taken.
+const MAX_RELOADS: u32 = 3;
+
 impl Trajectories {
     pub fn new(store: DynStore, renderer: Arc<Renderer>, config: TrajectoryConfig) -> Self {
         let end_of_turn = end_of_turn_tokens(&renderer);
@@ -336,6 +339,10 @@ impl Trajectories {
     /// Records a finished call (one record per choice); returns once durable.
     /// Choice 0 continues the parent's sample unless another call already did
     /// (then it branches into a new sample), further choices always branch.
+    ///
+    /// When the store already holds a call slot the hot view thought free
+    /// (another writer got there first), the view is rebuilt from the store
+    /// and the choice is recorded in the next free slot.
     pub async fn commit(
         &self,
         ctx: &CallContext,
@@ -349,7 +356,9 @@ impl Trajectories {
         }
         let finished_at = now_ms();
         let mut indices = Vec::with_capacity(choices.len());
-        for (i, choice) in choices.iter().enumerate() {
+        let mut reloads = 0;
+        let mut i = 0;
+        while let Some(choice) = choices.get(i) {
             let call_index = st.next_call;
             let parent = prepared.parent.as_ref();
             let sample_index = match parent {
@@ -378,7 +387,7 @@ impl Trajectories {
                     .logprobs
                     .iter()
                     .map(|l| l.logprob)
-                    .chain(std::iter::repeat(0.0))
+                    .chain(std::iter::repeat(None))
                     .take(choice.sampled_ids.len())
                     .collect(),
                 finish_reason: choice
@@ -401,6 +410,20 @@ impl Trajectories {
                 Err(StoreError::Finished(t)) => {
                     st.finished = true;
                     return Err(TrajectoryError::Finished(t));
+                }
+                Err(StoreError::Duplicate { .. }) if reloads < MAX_RELOADS => {
+                    reloads += 1;
+                    tracing::warn!(trajectory = %ctx.trajectory_id, call = call_index,
+                        "call slot already taken in the store; reloading the trajectory");
+                    *st = TrajState::default();
+                    if let Some(t) = self.store.get_trajectory(&ctx.trajectory_id).await? {
+                        self.rebuild(&mut st, t)?;
+                    }
+                    st.loaded = true;
+                    if st.finished {
+                        return Err(TrajectoryError::Finished(ctx.trajectory_id.clone()));
+                    }
+                    continue;
                 }
                 Err(e) => return Err(e.into()),
             }
@@ -428,6 +451,7 @@ impl Trajectories {
             });
             st.calls.push(call);
             indices.push(call_index);
+            i += 1;
         }
         Ok(indices)
     }

@@ -31,6 +31,10 @@ pub struct Scripted {
     pub hang_after: Option<usize>,
     /// Answer with this HTTP error instead.
     pub error: Option<(u16, String)>,
+    /// Send `"logprobs": null` even when logprobs were asked for.
+    pub no_logprobs: bool,
+    /// Wait this long before each streamed token (a slow backend).
+    pub token_delay_ms: u64,
 }
 
 impl Scripted {
@@ -57,6 +61,8 @@ pub struct MockState {
     pub quiet: std::sync::atomic::AtomicBool,
     /// Content of the text `/v1/chat/completions` answer ("ok" when unset).
     pub chat_content: Mutex<Option<String>>,
+    /// (prompt, sampled ids) of every streamed answer sent to its end.
+    pub completed: Mutex<Vec<(Vec<u32>, Vec<u32>)>>,
 }
 
 pub struct MockVllm {
@@ -111,6 +117,11 @@ impl MockVllm {
 
     pub fn log(&self) -> Vec<String> {
         self.state.log.lock().expect("lock").clone()
+    }
+
+    /// (prompt, sampled ids) of every streamed answer sent to its end.
+    pub fn completed(&self) -> Vec<(Vec<u32>, Vec<u32>)> {
+        self.state.completed.lock().expect("lock").clone()
     }
 
     pub fn requests(&self) -> Vec<Value> {
@@ -189,11 +200,17 @@ async fn health(State(s): State<Arc<MockState>>) -> StatusCode {
 struct CancelGuard {
     state: Arc<MockState>,
     finished: bool,
+    /// Prompt and sampled ids of this request, logged when it completes.
+    sample: Option<(Vec<u32>, Vec<u32>)>,
 }
 
 impl Drop for CancelGuard {
     fn drop(&mut self) {
-        if !self.finished {
+        if self.finished {
+            if let Some(s) = self.sample.take() {
+                self.state.completed.lock().expect("lock").push(s);
+            }
+        } else {
             self.state.cancelled.fetch_add(1, Ordering::SeqCst);
             self.state.cancel_notify.notify_waiters();
         }
@@ -265,7 +282,7 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
         Some(l) => l.iter().take(ids.len()).copied().collect(),
         None => (0..ids.len()).map(|i| -0.5 - i as f32 / 100.0).collect(),
     };
-    let k = body["logprobs"].as_u64();
+    let k = body["logprobs"].as_u64().filter(|_| !script.no_logprobs);
     if !body["stream"].as_bool().unwrap_or(false) {
         let mut choice = json!({"index": 0, "text": "", "finish_reason": finish, "stop_reason": null,
             "prompt_token_ids": prompt, "token_ids": ids, "logprobs": null});
@@ -282,9 +299,19 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
     let guard = CancelGuard {
         state: s.clone(),
         finished: false,
+        sample: Some((prompt.clone(), ids.clone())),
     };
-    let stream = async_stream_events(ids, lps, k, finish, prompt, hang_after, guard);
+    let delay = std::time::Duration::from_millis(script.token_delay_ms);
+    let pace = Pace { hang_after, delay };
+    let stream = async_stream_events(ids, lps, k, finish, prompt, pace, guard);
     Sse::new(stream).into_response()
+}
+
+/// When a streamed answer stalls: forever after `hang_after` tokens, and
+/// `delay` before every token.
+struct Pace {
+    hang_after: Option<usize>,
+    delay: std::time::Duration,
 }
 
 fn async_stream_events(
@@ -293,9 +320,10 @@ fn async_stream_events(
     k: Option<u64>,
     finish: String,
     prompt: Vec<u32>,
-    hang_after: Option<usize>,
+    pace: Pace,
     guard: CancelGuard,
 ) -> impl futures::Stream<Item = Result<Event, Infallible>> {
+    let Pace { hang_after, delay } = pace;
     let n = ids.len();
     let steps = futures::stream::iter(0..=n);
     steps
@@ -307,6 +335,9 @@ fn async_stream_events(
             async move {
                 if hang_after == Some(i) {
                     std::future::pending::<()>().await;
+                }
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
                 }
                 if i == n {
                     return json!({"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": finish}]});

@@ -90,7 +90,7 @@ pub async fn start_gateway_on(
     renderer: Arc<Renderer>,
     store: tito::store::DynStore,
 ) -> Gateway {
-    let backends = tito::backend::build_backends(&config).expect("backends");
+    let backends = tito::api::build_backends(&config).expect("backends");
     let state = AppState::new(config, renderer.clone(), backends, store).expect("state");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await

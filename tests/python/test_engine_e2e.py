@@ -63,6 +63,36 @@ def test_chat_and_streaming_chat_on_the_engine(server):
     assert text == choice.message.content
 
 
+def test_engine_logprobs_are_recorded_without_being_asked(server):
+    """The client asks for no logprobs; the store still holds the engine's
+    logprob of every sampled token, equal to what a client asking for them
+    is answered for the same greedy tokens."""
+    import json
+    import urllib.request
+
+    client = OpenAI(base_url=f"http://{server}/t/engine-lp/v1", api_key="unused")
+    plain = client.chat.completions.create(
+        model="smollm2-135m-instruct", messages=MESSAGES, max_tokens=12,
+        temperature=0, extra_body={"return_token_ids": True},
+    )
+    asked = OpenAI(base_url=f"http://{server}/v1", api_key="unused").chat.completions.create(
+        model="smollm2-135m-instruct", messages=MESSAGES, max_tokens=12,
+        temperature=0, logprobs=True, extra_body={"return_token_ids": True},
+    )
+    ids = plain.choices[0].model_extra["token_ids"]
+    assert asked.choices[0].model_extra["token_ids"] == ids
+    with urllib.request.urlopen(
+        f"http://{server}/v1/export?format=jsonl&layout=per_call"
+    ) as r:
+        rows = [json.loads(line) for line in r.read().decode().splitlines()]
+    row = next(r for r in rows if r["trajectory_id"] == "engine-lp")
+    assert row["response_ids"] == ids
+    recorded = row["response_logprobs"]
+    answered = [c.logprob for c in asked.choices[0].logprobs.content]
+    assert all(isinstance(x, float) for x in recorded), recorded
+    assert recorded == pytest.approx(answered, abs=1e-5)
+
+
 @tool
 def add(a: int, b: int) -> int:
     """Add two integers."""

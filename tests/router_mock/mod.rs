@@ -12,6 +12,7 @@ use tito::backend::{
     AdminOp, Backend, BackendError, DynBackend, FinishReason, GenEvent, GenStream, GenerateRequest,
     Generation, SamplingParams,
 };
+use tito::call::start_sequence;
 use tito::config::{PolicyKind, RouterConfig};
 use tito::router::{BackendId, Router};
 
@@ -163,69 +164,36 @@ pub struct Outcome {
     pub generation: Generation,
 }
 
-/// The API layer's loop: route → generate → on an error before the first
-/// token, report it and route again without that backend, up to
-/// `max_attempts`. Errors after the first token are not retried.
+/// One call through the gateway's own retry loop
+/// ([`tito::call::start_sequence`]): route → generate → on an error before
+/// the first token, report it and route again without that backend, up to
+/// `max_attempts`; then the rest of the stream is collected.
 pub async fn call(router: &Router, trajectory: &str, prompt: &[u32]) -> Result<Outcome, String> {
-    let mut exclude: Vec<BackendId> = Vec::new();
-    let mut moved_from = None;
-    let mut last_error = String::from("no attempt made");
-    for attempt in 1..=router.max_attempts() {
-        let route = router
-            .route(trajectory, prompt, &exclude)
-            .map_err(|e| format!("{e} (after: {last_error})"))?;
-        if moved_from.is_none() {
-            moved_from = route.moved_from.clone();
-        }
-        let req = GenerateRequest {
-            request_id: format!("{trajectory}-{attempt}"),
-            prompt_ids: Arc::new(prompt.to_vec()),
-            params: SamplingParams {
-                max_tokens: 2,
-                ..Default::default()
-            },
-            stream: true,
-        };
-        let first = match route.backend.generate(req).await {
-            Ok(mut stream) => match stream.next().await {
-                Some(Ok(ev)) => Ok((stream, ev)),
-                Some(Err(e)) => Err(e),
-                None => Err(BackendError::Protocol {
-                    backend: route.name.to_string(),
-                    message: "empty stream".into(),
-                }),
-            },
-            Err(e) => Err(e),
-        };
-        match first {
-            Ok((mut stream, ev)) => {
-                router.report_success(route.id);
-                let mut generation = Generation::default();
-                generation.push(ev);
-                while let Some(ev) = stream.next().await {
-                    generation.push(ev.map_err(|e| e.to_string())?);
-                }
-                return Ok(Outcome {
-                    backend: route.name.to_string(),
-                    sticky: route.sticky,
-                    moved_from,
-                    attempts: attempt,
-                    generation,
-                });
-                // `route` (and its in-flight count) is dropped here, after
-                // the last token.
-            }
-            Err(e) => {
-                router.report_error(route.id, &e);
-                last_error = e.to_string();
-                if !e.is_retryable() {
-                    return Err(last_error);
-                }
-                exclude.push(route.id);
-            }
-        }
+    let req = GenerateRequest {
+        request_id: format!("{trajectory}-{}", prompt.len()),
+        prompt_ids: Arc::new(prompt.to_vec()),
+        params: SamplingParams {
+            max_tokens: 2,
+            ..Default::default()
+        },
+    };
+    let started = start_sequence(router, trajectory, req)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut generation = Generation::default();
+    let mut stream = started.stream;
+    while let Some(ev) = stream.next().await {
+        generation.push(ev.map_err(|e| e.to_string())?);
     }
-    Err(format!("all attempts failed: {last_error}"))
+    // `stream` (and the route's in-flight count) is dropped here, after the
+    // last token.
+    Ok(Outcome {
+        backend: started.backend,
+        sticky: started.sticky,
+        moved_from: started.moved_from,
+        attempts: started.attempts,
+        generation,
+    })
 }
 
 /// A prompt of `len` ids starting at `seed`.

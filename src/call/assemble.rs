@@ -1,0 +1,138 @@
+//! One choice's assembly from backend events: exact ids and logprobs as the
+//! backend sent them, text released incrementally (stop strings applied, see
+//! [`super::detok`]), and the finish reason. A backend that overshoots
+//! `max_tokens` is cut here; a stop string ends the choice at the token that
+//! completed it.
+
+use std::sync::Arc;
+
+use crate::backend::{FinishReason, GenEvent, SamplingParams, TokenLogprob};
+use crate::render::Renderer;
+
+use super::detok::TextAssembler;
+
+/// A delta of one choice, as the endpoint formats it for the client.
+#[derive(Debug, Clone, Default)]
+pub struct ChoiceEvent {
+    /// Global choice index (prompt index × n + choice, for completions).
+    pub index: u32,
+    pub text: String,
+    pub ids: Vec<u32>,
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish: Option<FinishReason>,
+}
+
+/// A whole choice, collected, with what was served for it.
+#[derive(Debug, Clone, Default)]
+pub struct ChoiceResult {
+    pub index: u32,
+    pub text: String,
+    pub ids: Vec<u32>,
+    /// Aligned with `ids`.
+    pub logprobs: Vec<TokenLogprob>,
+    pub finish: Option<FinishReason>,
+    /// Backend name; empty when no backend was called (spent budget).
+    pub backend: String,
+    pub moved_from: Option<String>,
+    /// The message (chat) or `{"text": ..}` (completions) returned.
+    pub served: serde_json::Value,
+    /// The client-facing finish reason (`tool_calls` when calls were parsed).
+    pub finish_reason: &'static str,
+    /// Tool-call / reasoning parse outcome, when a parser ran.
+    pub parse_outcome: Option<String>,
+}
+
+/// Turns one choice's backend events into deltas and a result.
+pub struct ChoiceAssembly {
+    asm: TextAssembler,
+    stop_ids: Vec<u32>,
+    max_tokens: usize,
+    pub result: ChoiceResult,
+}
+
+impl ChoiceAssembly {
+    pub fn new(
+        renderer: Arc<Renderer>,
+        params: &SamplingParams,
+        skip_special_tokens: bool,
+        index: u32,
+    ) -> Self {
+        ChoiceAssembly {
+            asm: TextAssembler::new(renderer, skip_special_tokens, params.stop.clone()),
+            stop_ids: params.stop_token_ids.clone(),
+            max_tokens: params.max_tokens as usize,
+            result: ChoiceResult {
+                index,
+                ..Default::default()
+            },
+        }
+    }
+
+    /// A choice that generates nothing (its sample's budget is spent).
+    pub fn spent(renderer: Arc<Renderer>, index: u32) -> Self {
+        let mut a = ChoiceAssembly {
+            asm: TextAssembler::new(renderer, true, Vec::new()),
+            stop_ids: Vec::new(),
+            max_tokens: 0,
+            result: ChoiceResult {
+                index,
+                ..Default::default()
+            },
+        };
+        a.result.finish = Some(FinishReason::Length);
+        a
+    }
+
+    pub fn done(&self) -> bool {
+        self.result.finish.is_some()
+    }
+
+    /// Takes one backend event; returns the delta for the client, if any.
+    /// Stop-token ids end the sequence; they stay in the ids but not the text.
+    pub fn push(&mut self, ev: GenEvent) -> Option<ChoiceEvent> {
+        if self.done() {
+            return None;
+        }
+        let mut out = ChoiceEvent {
+            index: self.result.index,
+            ..Default::default()
+        };
+        match ev {
+            GenEvent::Tokens { ids, logprobs } => {
+                let mut logprobs = logprobs.into_iter();
+                for id in ids {
+                    if !self.stop_ids.contains(&id) {
+                        out.text.push_str(&self.asm.push(id));
+                    }
+                    out.ids.push(id);
+                    // Backends send logprobs aligned with ids; a missing one
+                    // is recorded as unknown, never as a number.
+                    out.logprobs.push(logprobs.next().unwrap_or(TokenLogprob {
+                        logprob: None,
+                        top: Vec::new(),
+                    }));
+                    if self.asm.stopped() {
+                        out.finish = Some(FinishReason::Stop);
+                        break;
+                    }
+                    if self.max_tokens > 0
+                        && self.result.ids.len() + out.ids.len() >= self.max_tokens
+                    {
+                        out.finish = Some(FinishReason::Length);
+                        break;
+                    }
+                }
+            }
+            GenEvent::Done { finish_reason } => out.finish = Some(finish_reason),
+        }
+        if out.finish.is_some() {
+            out.text.push_str(&self.asm.finish());
+        }
+        let r = &mut self.result;
+        r.text.push_str(&out.text);
+        r.ids.extend_from_slice(&out.ids);
+        r.logprobs.extend(out.logprobs.iter().cloned());
+        r.finish = out.finish;
+        (out.finish.is_some() || !out.ids.is_empty() || !out.text.is_empty()).then_some(out)
+    }
+}

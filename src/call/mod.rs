@@ -1,0 +1,455 @@
+//! One LLM call's life, from a prepared prompt to a recorded answer:
+//!
+//! 1. **plan** ([`Calls::plan`]): sampling parameters resolved against the
+//!    context window and the sample's response budget; the sampled token's
+//!    logprob is always asked for, whatever the client asked.
+//! 2. **start** ([`Calls::start`]): every choice is routed and started, with
+//!    retries on another backend before its first token ([`start`]); errors
+//!    here are plain HTTP errors.
+//! 3. **run**: one task per call (the pump) reads the backends' events,
+//!    assembles each choice ([`assemble`]) and forwards deltas to whoever
+//!    answers the client. If that reader goes away before the last token,
+//!    the backends are cancelled and nothing is recorded.
+//! 4. **record**: after the last token the pump commits the call to the
+//!    trajectory store itself, detached from the client connection, so a
+//!    disconnect at any moment after the last token still records the call
+//!    and advances the trajectory. Then it hands the [`Answer`] to the
+//!    reader and to [`replies`] (retries and `Idempotency-Key`).
+//!
+//! Must not: parse HTTP requests or shape OpenAI responses (see `api`).
+
+pub mod assemble;
+pub mod detok;
+pub mod replies;
+pub mod served;
+pub mod start;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use tokio::sync::mpsc;
+use tokio_stream::StreamMap;
+
+pub use assemble::{ChoiceEvent, ChoiceResult};
+pub use served::{Output, ParseSetup};
+pub use start::{start_sequence, Started};
+
+use crate::backend::{GenStream, GenerateRequest, SamplingParams};
+use crate::config::{OnBudgetExhausted, TrajectoryConfig};
+use crate::error::ApiError;
+use crate::render::Renderer;
+use crate::router::Router;
+use crate::trajectory::{CallContext, ChoiceOutcome, Prepared, Trajectories};
+use assemble::ChoiceAssembly;
+
+/// Runs calls: shared by every endpoint.
+pub struct Calls {
+    router: Arc<Router>,
+    renderer: Arc<Renderer>,
+    trajectories: Arc<Trajectories>,
+    replies: Arc<replies::Replies>,
+    config: TrajectoryConfig,
+    max_model_len: u32,
+    default_max_tokens: u32,
+}
+
+/// One prompt's call: what to generate, and what to record it against.
+pub struct CallPlan {
+    pub ctx: CallContext,
+    pub prepared: Prepared,
+    /// What the backend is asked (logprobs always on).
+    pub params: SamplingParams,
+    pub n: u32,
+    pub skip_special_tokens: bool,
+    pub output: Output,
+    /// The sample's response budget is spent: answer without a backend call.
+    pub spent: bool,
+}
+
+/// What the client asked, before it becomes a [`CallPlan`].
+pub struct PlanRequest {
+    pub ctx: CallContext,
+    pub prepared: Prepared,
+    pub params: SamplingParams,
+    pub max_tokens: Option<u32>,
+    pub n: u32,
+    pub skip_special_tokens: bool,
+    pub output: Output,
+}
+
+/// A finished, recorded call: what is answered, and answered again to
+/// retries.
+#[derive(Debug)]
+pub struct Answer {
+    pub request_id: String,
+    pub created: u64,
+    pub trajectory_id: String,
+    /// One prompt per plan (completions may have several).
+    pub prompts: Vec<Arc<Vec<u32>>>,
+    pub n: u32,
+    /// By global index: prompt index × n + choice.
+    pub choices: Vec<ChoiceResult>,
+    /// From the first backend event to the last token.
+    pub generated_in: Duration,
+}
+
+impl Answer {
+    pub fn completion_tokens(&self) -> usize {
+        self.choices.iter().map(|c| c.ids.len()).sum()
+    }
+
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompts.iter().map(|p| p.len()).sum()
+    }
+
+    /// Rough memory held, for the retry cache's bound.
+    pub fn approx_bytes(&self) -> usize {
+        let choices: usize = self
+            .choices
+            .iter()
+            .map(|c| c.text.len() * 2 + c.ids.len() * 16 + 256)
+            .sum();
+        choices + self.prompts.iter().map(|p| p.len() * 4).sum::<usize>()
+    }
+}
+
+/// What the reader of a running call receives.
+#[derive(Debug)]
+pub enum CallEvent {
+    Delta(ChoiceEvent),
+    /// Every choice finished and the call is recorded (or it failed).
+    Done(Result<Arc<Answer>, ApiError>),
+}
+
+/// A started call. Dropping it before the last token cancels the backends.
+pub struct Running {
+    rx: mpsc::Receiver<CallEvent>,
+    pub request_id: String,
+    pub prompts: Vec<Arc<Vec<u32>>>,
+    pub n: u32,
+}
+
+impl Running {
+    pub async fn next(&mut self) -> Option<CallEvent> {
+        self.rx.recv().await
+    }
+
+    /// Waits for the recorded answer (the non-streaming path).
+    pub async fn finish(mut self) -> Result<Arc<Answer>, ApiError> {
+        while let Some(ev) = self.rx.recv().await {
+            if let CallEvent::Done(result) = ev {
+                return result;
+            }
+        }
+        Err(ApiError::internal("the call ended without an answer"))
+    }
+}
+
+impl Calls {
+    pub fn new(
+        router: Arc<Router>,
+        renderer: Arc<Renderer>,
+        trajectories: Arc<Trajectories>,
+        config: TrajectoryConfig,
+        max_model_len: u32,
+        default_max_tokens: u32,
+    ) -> Calls {
+        Calls {
+            replies: replies::Replies::new(Duration::from_secs(config.retry_window_s)),
+            router,
+            renderer,
+            trajectories,
+            config,
+            max_model_len,
+            default_max_tokens,
+        }
+    }
+
+    pub fn max_model_len(&self) -> u32 {
+        self.max_model_len
+    }
+
+    /// Looks a request up among recorded answers (see [`replies`]).
+    pub async fn claim(&self, req: replies::Request) -> replies::Claim {
+        self.replies.claim(req).await
+    }
+
+    /// Resolves `max_tokens` against the context window and the sample's
+    /// response budget, adds EOS ids, and always asks for logprobs.
+    pub fn plan(&self, req: PlanRequest) -> Result<CallPlan, ApiError> {
+        let PlanRequest {
+            ctx,
+            prepared,
+            mut params,
+            max_tokens,
+            n,
+            skip_special_tokens,
+            output,
+        } = req;
+        let spent = prepared.truncated;
+        if spent && self.config.on_budget_exhausted == OnBudgetExhausted::Error {
+            return Err(ApiError::bad_request(format!(
+                "this trajectory's sample already holds {} response tokens, its budget is {} \
+                 (trajectory.response_length); start a new trajectory",
+                prepared.response_used, self.config.response_length
+            ))
+            .with_code("response_budget_exhausted"));
+        }
+        let prompt_len = prepared.prompt_ids.len();
+        let window = self.max_model_len as usize;
+        if prompt_len >= window {
+            return Err(ApiError::bad_request(format!(
+                "the prompt is {prompt_len} tokens long but this model's context window is {window} tokens"
+            ))
+            .with_code("context_length_exceeded"));
+        }
+        let room = window - prompt_len;
+        params.max_tokens = match max_tokens {
+            Some(m) if m as usize > room => {
+                return Err(ApiError::bad_request(format!(
+                    "this model's context window is {window} tokens, but {} were requested \
+                     ({prompt_len} in the prompt, {m} for the completion)",
+                    prompt_len + m as usize
+                ))
+                .with_code("context_length_exceeded"))
+            }
+            Some(m) => m,
+            None => self.default_max_tokens.min(room as u32),
+        };
+        if let Some(left) = prepared.budget_left(self.config.response_length) {
+            params.max_tokens = params.max_tokens.min(left.max(1));
+        }
+        if !params.ignore_eos {
+            for id in self.renderer.eos_token_ids() {
+                if !params.stop_token_ids.contains(id) {
+                    params.stop_token_ids.push(*id);
+                }
+            }
+        }
+        // The sampled token's logprob is recorded on every call; the client's
+        // own request only decides what its response carries.
+        params.logprobs = Some(params.logprobs.unwrap_or(0));
+        Ok(CallPlan {
+            ctx,
+            prepared,
+            params,
+            n,
+            skip_special_tokens,
+            output,
+            spent,
+        })
+    }
+
+    /// Starts every choice of every plan, then runs the call in its own task.
+    /// `owner`, when given, is completed with the recorded answer.
+    pub async fn start(
+        self: &Arc<Self>,
+        request_id: String,
+        plans: Vec<CallPlan>,
+        owner: Option<replies::Owner>,
+    ) -> Result<Running, ApiError> {
+        let mut choices = Vec::new();
+        let mut starts = Vec::new();
+        for (pi, plan) in plans.iter().enumerate() {
+            for i in 0..plan.n {
+                let index = pi as u32 * plan.n + i;
+                if plan.spent {
+                    choices.push(ChoiceAssembly::spent(self.renderer.clone(), index));
+                    continue;
+                }
+                let mut params = plan.params.clone();
+                if let Some(seed) = params.seed {
+                    params.seed = Some(seed.wrapping_add(u64::from(i)));
+                }
+                let req = GenerateRequest {
+                    request_id: format!("{request_id}-{pi}-{i}"),
+                    prompt_ids: plan.prepared.prompt_ids.clone(),
+                    params,
+                };
+                let tid = &plan.ctx.trajectory_id;
+                starts.push(async move {
+                    start_sequence(&self.router, tid, req)
+                        .await
+                        .map(|s| (index, s))
+                });
+                choices.push(ChoiceAssembly::new(
+                    self.renderer.clone(),
+                    &plan.params,
+                    plan.skip_special_tokens,
+                    index,
+                ));
+            }
+        }
+        // Start all choices together; the first failure fails the call.
+        let started = futures::future::try_join_all(starts).await?;
+        let mut map = StreamMap::new();
+        for (index, s) in started {
+            if let Some(c) = choices.get_mut(index as usize) {
+                c.result.backend = s.backend;
+                c.result.moved_from = s.moved_from;
+            }
+            map.insert(index, s.stream);
+        }
+        let (tx, rx) = mpsc::channel(64);
+        let running = Running {
+            rx,
+            request_id: request_id.clone(),
+            prompts: plans
+                .iter()
+                .map(|p| p.prepared.prompt_ids.clone())
+                .collect(),
+            n: plans.first().map_or(1, |p| p.n),
+        };
+        let pump = Pump {
+            calls: self.clone(),
+            request_id,
+            plans,
+            choices,
+            tx,
+            owner,
+        };
+        tokio::spawn(pump.run(map));
+        Ok(running)
+    }
+}
+
+/// The task that runs a started call to its recorded end.
+struct Pump {
+    calls: Arc<Calls>,
+    request_id: String,
+    plans: Vec<CallPlan>,
+    choices: Vec<ChoiceAssembly>,
+    tx: mpsc::Sender<CallEvent>,
+    owner: Option<replies::Owner>,
+}
+
+impl Pump {
+    async fn run(mut self, mut streams: StreamMap<u32, GenStream>) {
+        let t0 = Instant::now();
+        while !streams.is_empty() {
+            let next = tokio::select! {
+                ev = streams.next() => ev,
+                // The reader left before the last token: dropping the
+                // streams cancels the backends; nothing is recorded.
+                () = self.tx.closed() => return,
+            };
+            let Some((index, ev)) = next else { break };
+            let Some(choice) = self.choices.get_mut(index as usize) else {
+                continue;
+            };
+            match ev {
+                Ok(ev) => {
+                    let delta = choice.push(ev);
+                    if choice.done() {
+                        // A stop string or max_tokens may end a choice before
+                        // its backend does: stop that backend now.
+                        streams.remove(&index);
+                    }
+                    if let Some(d) = delta {
+                        let _ = self.tx.send(CallEvent::Delta(d)).await;
+                    }
+                }
+                Err(e) => {
+                    let _ = self.tx.send(CallEvent::Done(Err(e.into()))).await;
+                    return;
+                }
+            }
+        }
+        if let Some(c) = self.choices.iter().find(|c| !c.done()) {
+            let e = ApiError::from(crate::backend::BackendError::Protocol {
+                backend: c.result.backend.clone(),
+                message: "stream ended without a finish reason".into(),
+            });
+            let _ = self.tx.send(CallEvent::Done(Err(e))).await;
+            return;
+        }
+        let generated_in = t0.elapsed();
+        // After the last token: record whatever the reader does meanwhile.
+        let result = self.record(generated_in).await;
+        if let (Ok(answer), Some(owner)) = (&result, self.owner.take()) {
+            owner.complete(answer.clone());
+        }
+        let _ = self.tx.send(CallEvent::Done(result)).await;
+    }
+
+    async fn record(&mut self, generated_in: Duration) -> Result<Arc<Answer>, ApiError> {
+        let calls = &self.calls;
+        let mut results: Vec<ChoiceResult> = std::mem::take(&mut self.choices)
+            .into_iter()
+            .map(|c| c.result)
+            .collect();
+        // Choices are in global index order: plan pi holds pi*n .. pi*n + n.
+        for (pi, plan) in self.plans.iter().enumerate() {
+            let n = plan.n as usize;
+            let Some(mine) = results.get_mut(pi * n..pi * n + n) else {
+                continue;
+            };
+            for r in mine.iter_mut() {
+                served::serve(&plan.output, r);
+            }
+            record_plan(calls, plan, mine).await?;
+        }
+        Ok(Arc::new(Answer {
+            request_id: self.request_id.clone(),
+            created: crate::api::unix_now(),
+            trajectory_id: self
+                .plans
+                .first()
+                .map(|p| p.ctx.trajectory_id.clone())
+                .unwrap_or_default(),
+            prompts: self
+                .plans
+                .iter()
+                .map(|p| p.prepared.prompt_ids.clone())
+                .collect(),
+            n: self.plans.first().map_or(1, |p| p.n),
+            choices: results,
+            generated_in,
+        }))
+    }
+}
+
+/// Commits one plan's choices to its trajectory; returns once durable.
+async fn record_plan(
+    calls: &Calls,
+    plan: &CallPlan,
+    results: &[ChoiceResult],
+) -> Result<(), ApiError> {
+    let outcomes: Vec<ChoiceOutcome> = results
+        .iter()
+        .map(|r| ChoiceOutcome {
+            sampled_ids: r.ids.clone(),
+            logprobs: r.logprobs.clone(),
+            finish_reason: r.finish,
+            served: r.served.clone(),
+            backend: r.backend.clone(),
+            moved_from: r.moved_from.clone(),
+            parse_outcome: r.parse_outcome.clone(),
+        })
+        .collect();
+    let start = Instant::now();
+    calls
+        .trajectories
+        .commit(&plan.ctx, &plan.prepared, &outcomes)
+        .await?;
+    crate::metrics::store_commit(start.elapsed());
+    let prepared = &plan.prepared;
+    let delta = prepared.prompt_ids.len() - prepared.delta_start;
+    let kind = if prepared.parent.is_some() {
+        "observation"
+    } else {
+        "prompt"
+    };
+    crate::metrics::tokens(kind, delta);
+    crate::metrics::tokens("sampled", results.iter().map(|r| r.ids.len()).sum());
+    for r in results {
+        if r.logprobs.iter().any(|l| l.logprob.is_none()) {
+            crate::metrics::call_without_logprobs(&r.backend);
+        }
+    }
+    if let Some(d) = &prepared.drift {
+        crate::metrics::drift(&d.cause);
+    }
+    Ok(())
+}

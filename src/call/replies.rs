@@ -1,0 +1,274 @@
+//! Recorded answers for retries. A request carrying `Idempotency-Key: K`
+//! that matches a recorded call, or an OpenAI SDK retry
+//! (`x-stainless-retry-count` >= 1) whose body is byte-identical to the last
+//! call of its trajectory, gets the recorded answer instead of a new
+//! generation, within `[trajectory] retry_window_s`. A retry that arrives
+//! while the original is still running waits for it; if the original fails
+//! or is cancelled (its client left before the last token), the first waiter
+//! generates instead.
+//!
+//! Scope: the trajectory id the client named (path, header or body field),
+//! or none when it named none (every such call is a trajectory of its own).
+//! Answers are kept in memory, bounded by count and bytes: a retry of a call
+//! made before a gateway restart generates again.
+
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::sync::watch;
+
+use super::Answer;
+
+/// Most answers kept, whatever their age.
+const MAX_ANSWERS: usize = 100_000;
+/// Most bytes of answers kept (approximate).
+const MAX_BYTES: usize = 256 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Key {
+    Explicit { scope: Option<String>, key: String },
+    Body { scope: Option<String>, hash: u64 },
+}
+
+/// What a request brings to the lookup.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The trajectory id the client named, if any.
+    pub scope: Option<String>,
+    /// `Idempotency-Key`.
+    pub key: Option<String>,
+    /// `x-stainless-retry-count` >= 1.
+    pub retry: bool,
+    pub body: Bytes,
+}
+
+impl Request {
+    fn body_key(&self) -> Key {
+        let mut h = rustc_hash::FxHasher::default();
+        self.body.hash(&mut h);
+        Key::Body {
+            scope: self.scope.clone(),
+            hash: h.finish(),
+        }
+    }
+
+    fn explicit_key(&self) -> Option<Key> {
+        self.key.as_ref().map(|k| Key::Explicit {
+            scope: self.scope.clone(),
+            key: k.clone(),
+        })
+    }
+}
+
+enum Slot {
+    Running {
+        owner: u64,
+        rx: watch::Receiver<Option<Arc<Answer>>>,
+    },
+    Done {
+        answer: Arc<Answer>,
+        body: Bytes,
+        at: Instant,
+    },
+}
+
+#[derive(Default)]
+struct Inner {
+    slots: HashMap<Key, Slot>,
+    /// Completion order, for expiry and the bounds.
+    order: VecDeque<(Instant, Key)>,
+    /// Per named trajectory: the body key of its last recorded call.
+    latest: HashMap<String, Key>,
+    bytes: usize,
+    next_owner: u64,
+}
+
+pub struct Replies {
+    inner: Mutex<Inner>,
+    window: Duration,
+}
+
+/// The outcome of a lookup.
+pub enum Claim {
+    /// Answer this recorded call again.
+    Recorded(Arc<Answer>),
+    /// Nothing recorded: generate, then [`Owner::complete`].
+    Owner(Owner),
+}
+
+/// The right (and duty) to generate for a set of keys. Dropping it without
+/// completing releases the keys and wakes any waiter.
+pub struct Owner {
+    replies: Arc<Replies>,
+    id: u64,
+    keys: Vec<Key>,
+    scope: Option<String>,
+    body: Bytes,
+    tx: watch::Sender<Option<Arc<Answer>>>,
+}
+
+impl Replies {
+    pub fn new(window: Duration) -> Arc<Replies> {
+        Arc::new(Replies {
+            inner: Mutex::new(Inner::default()),
+            window,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Looks `req` up; waits for a running original. Without a key and
+    /// without the retry header nothing is looked up, but the call is still
+    /// registered so that its retries find it.
+    pub async fn claim(self: &Arc<Self>, req: Request) -> Claim {
+        let body_key = req.body_key();
+        let lookup = match req.explicit_key() {
+            Some(k) => Some(k),
+            None if req.retry => Some(body_key.clone()),
+            None => None,
+        };
+        loop {
+            let mut wait = None;
+            {
+                let mut inner = self.lock();
+                inner.expire(self.window);
+                if let Some(key) = &lookup {
+                    match inner.slots.get(key) {
+                        Some(Slot::Done { answer, body, .. })
+                            if inner.is_current(key, &req, body) =>
+                        {
+                            crate::metrics::replay();
+                            return Claim::Recorded(answer.clone());
+                        }
+                        Some(Slot::Running { rx, .. }) => wait = Some(rx.clone()),
+                        _ => {}
+                    }
+                }
+                if wait.is_none() {
+                    let id = inner.next_owner;
+                    inner.next_owner += 1;
+                    let (tx, rx) = watch::channel(None);
+                    let mut keys = vec![body_key.clone()];
+                    keys.extend(req.explicit_key());
+                    for k in &keys {
+                        inner.slots.insert(
+                            k.clone(),
+                            Slot::Running {
+                                owner: id,
+                                rx: rx.clone(),
+                            },
+                        );
+                    }
+                    return Claim::Owner(Owner {
+                        replies: self.clone(),
+                        id,
+                        keys,
+                        scope: req.scope.clone(),
+                        body: req.body.clone(),
+                        tx,
+                    });
+                }
+            }
+            if let Some(mut rx) = wait {
+                // The original finishes (Some), or goes away (Err): look again.
+                let answer = rx
+                    .wait_for(Option::is_some)
+                    .await
+                    .ok()
+                    .and_then(|a| a.clone());
+                if let Some(answer) = answer {
+                    crate::metrics::replay();
+                    return Claim::Recorded(answer);
+                }
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// A recorded answer counts for `req` when the bodies are identical and,
+    /// for a body match in a named trajectory, it is that trajectory's last call.
+    fn is_current(&self, key: &Key, req: &Request, body: &Bytes) -> bool {
+        match key {
+            Key::Explicit { .. } => true,
+            Key::Body { scope, .. } => {
+                *body == req.body
+                    && scope
+                        .as_ref()
+                        .is_none_or(|s| self.latest.get(s) == Some(key))
+            }
+        }
+    }
+
+    fn expire(&mut self, window: Duration) {
+        let now = Instant::now();
+        while let Some((at, _)) = self.order.front() {
+            let old = now.duration_since(*at) > window;
+            if !old && self.order.len() <= MAX_ANSWERS && self.bytes <= MAX_BYTES {
+                break;
+            }
+            let Some((at, key)) = self.order.pop_front() else {
+                break;
+            };
+            if let Some(Slot::Done { at: done_at, .. }) = self.slots.get(&key) {
+                if *done_at == at {
+                    if let Some(Slot::Done { answer, .. }) = self.slots.remove(&key) {
+                        self.bytes = self.bytes.saturating_sub(answer.approx_bytes());
+                    }
+                    if let Key::Body { scope: Some(s), .. } = &key {
+                        if self.latest.get(s) == Some(&key) {
+                            self.latest.remove(s);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Owner {
+    /// Records the answer for the owned keys and wakes waiters.
+    pub fn complete(self, answer: Arc<Answer>) {
+        let at = Instant::now();
+        {
+            let mut inner = self.replies.lock();
+            for k in &self.keys {
+                let ours = matches!(inner.slots.get(k), Some(Slot::Running { owner, .. }) if *owner == self.id);
+                if !ours {
+                    continue;
+                }
+                inner.bytes += answer.approx_bytes();
+                inner.slots.insert(
+                    k.clone(),
+                    Slot::Done {
+                        answer: answer.clone(),
+                        body: self.body.clone(),
+                        at,
+                    },
+                );
+                inner.order.push_back((at, k.clone()));
+            }
+            if let (Some(scope), Some(k)) = (&self.scope, self.keys.first()) {
+                inner.latest.insert(scope.clone(), k.clone());
+            }
+        }
+        self.tx.send_replace(Some(answer));
+    }
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        let mut inner = self.replies.lock();
+        for k in &self.keys {
+            let ours = matches!(inner.slots.get(k), Some(Slot::Running { owner, .. }) if *owner == self.id);
+            if ours {
+                inner.slots.remove(k);
+            }
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Starting one sequence: route, generate, wait for the first event; a
+//! backend that fails before its first event is reported to the router and
+//! another one is tried, up to `router.max_attempts`. After the first event
+//! nothing is retried (tokens may already be on their way to the client).
+//!
+//! This is the only retry loop in tito: the API and the router tests both
+//! call [`start_sequence`].
+
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+
+use crate::backend::{BackendError, GenStream, GenerateRequest};
+use crate::error::ApiError;
+use crate::router::{RouteError, Router};
+
+/// How long a call waits for admission while backends sleep.
+pub const ADMISSION_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A sequence that produced its first event. The stream starts with that
+/// event and holds the router's in-flight guard until it is dropped.
+pub struct Started {
+    pub backend: String,
+    /// The trajectory was already pinned to this backend.
+    pub sticky: bool,
+    /// Where the trajectory was pinned before, when this call moved it.
+    pub moved_from: Option<String>,
+    /// Backends tried, this one included.
+    pub attempts: u32,
+    pub stream: GenStream,
+}
+
+/// Routes `req` for `trajectory_id` and waits for its first event, retrying
+/// on another backend while nothing has been generated.
+pub async fn start_sequence(
+    router: &Router,
+    trajectory_id: &str,
+    req: GenerateRequest,
+) -> Result<Started, ApiError> {
+    let t0 = Instant::now();
+    let mut exclude = Vec::new();
+    let mut moved_from: Option<String> = None;
+    let mut last_err: Option<BackendError> = None;
+    let attempts = router.max_attempts().max(1);
+    for attempt in 1..=attempts {
+        let route = match router
+            .route_admitted(trajectory_id, &req.prompt_ids, &exclude, ADMISSION_TIMEOUT)
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => return Err(no_route(e, last_err)),
+        };
+        if moved_from.is_none() {
+            moved_from = route.moved_from.clone();
+        }
+        if route.moved_from.is_some() || !route.sticky {
+            tracing::debug!(trajectory = %trajectory_id, backend = %route.name,
+                moved_from = route.moved_from.as_deref().unwrap_or(""), "trajectory routed");
+        }
+        let first = match route.backend.generate(req.clone()).await {
+            Ok(mut stream) => match stream.next().await {
+                Some(Ok(ev)) => Ok((stream, ev)),
+                Some(Err(e)) => Err(e),
+                None => Err(BackendError::Protocol {
+                    backend: route.name.to_string(),
+                    message: "stream ended before any event".into(),
+                }),
+            },
+            Err(e) => Err(e),
+        };
+        match first {
+            Ok((stream, first)) => {
+                router.report_success(route.id);
+                crate::metrics::time_to_first_token(t0.elapsed());
+                let backend = route.name.to_string();
+                let sticky = route.sticky;
+                // The route (and its in-flight guard) lives as long as the stream.
+                let stream: GenStream = Box::pin(
+                    futures::stream::once(async { Ok(first) })
+                        .chain(stream)
+                        .map(move |ev| {
+                            let _keep = &route;
+                            ev
+                        }),
+                );
+                return Ok(Started {
+                    backend,
+                    sticky,
+                    moved_from,
+                    attempts: attempt,
+                    stream,
+                });
+            }
+            Err(e) => {
+                router.report_error(route.id, &e);
+                if !e.is_retryable() {
+                    return Err(e.into());
+                }
+                tracing::warn!(backend = %route.name, error = %e,
+                    "backend failed before the first token; trying another");
+                crate::metrics::retry(&route.name);
+                exclude.push(route.id);
+                last_err = Some(e);
+            }
+        }
+    }
+    Err(match last_err {
+        Some(e) => e.into(),
+        None => ApiError::overloaded("no healthy backend is available"),
+    })
+}
+
+/// The error of a call that found no backend: the last backend error when
+/// some backend was tried and failed, else the router's reason.
+fn no_route(e: RouteError, last: Option<BackendError>) -> ApiError {
+    match last {
+        Some(b) => b.into(),
+        None => e.into(),
+    }
+}
