@@ -329,6 +329,9 @@ impl Pump {
         let t0 = Instant::now();
         while !streams.is_empty() {
             let next = tokio::select! {
+                // A ready backend event goes first: a call whose last event
+                // already arrived is recorded even if its reader just left.
+                biased;
                 ev = streams.next() => ev,
                 // The reader left before the last token: dropping the
                 // streams cancels the backends; nothing is recorded.

@@ -27,7 +27,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use crate::backend::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
 };
-use crate::config::{Device, EngineConfig};
+use crate::config::{Device, EngineConfig, LogprobsMode};
 
 pub use worker::EngineStats;
 
@@ -66,6 +66,8 @@ pub(crate) struct EngineSettings {
     threads: u32,
     prefill_chunk: u32,
     gpu_layers: u32,
+    /// The logprob quantity every sampler reports (`[engine] logprobs_mode`).
+    logprobs_mode: LogprobsMode,
 }
 
 impl EngineSettings {
@@ -98,6 +100,7 @@ impl EngineSettings {
             threads,
             prefill_chunk: cfg.prefill_chunk.max(1),
             gpu_layers,
+            logprobs_mode: cfg.logprobs_mode,
         })
     }
 }
@@ -150,6 +153,7 @@ impl EngineBackend {
             engine = name,
             n_ctx = info.n_ctx,
             max_batch = info.max_batch,
+            logprobs_mode = cfg.logprobs_mode.as_str(),
             "bundled engine ready"
         );
         Ok(Arc::new(EngineBackend {

@@ -7,6 +7,8 @@
 //! tokenizer for text prompts and `text` fields. Must not: render chat
 //! templates or apply stop *strings* (clients such as the tito gateway apply
 //! those on decoded text; only stop token ids and EOS stop the engine).
+//! Logprobs go on the wire only when the client asks for them, in the
+//! quantity `[engine] logprobs_mode` names (raw by default, as vLLM).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -241,7 +243,7 @@ impl CompletionCtx {
             }
         };
         let tokens: Vec<String> = ids.iter().map(|&id| token_str(id)).collect();
-        let token_logprobs: Vec<f32> = lps.iter().map(|l| l.logprob).collect();
+        let token_logprobs: Vec<Option<f32>> = lps.iter().map(|l| l.logprob).collect();
         let top: Vec<Json_> = ids
             .iter()
             .zip(lps)
@@ -353,7 +355,6 @@ async fn completions(
         request_id: ctx.id.clone(),
         prompt_ids: prompt.clone(),
         params,
-        stream: b.stream,
     };
     let mut stream = start(&s, req).await?;
     if !b.stream {
@@ -464,7 +465,6 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
         request_id: rid.clone(),
         prompt_ids: Arc::new(prompt),
         params,
-        stream: b.stream,
     };
     let mut stream = start(&s, req).await?;
     let want_lp = b.return_logprob;

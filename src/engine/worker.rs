@@ -205,7 +205,7 @@ impl Worker {
     }
 
     fn enqueue(&mut self, job: Job) {
-        let sampler = Sampler::new(&job.params, &job.prompt);
+        let sampler = Sampler::new(&job.params, &job.prompt, self.settings.logprobs_mode);
         self.waiting.push_back(Seq {
             slot: -1,
             prompt_len: job.prompt.len(),
@@ -403,14 +403,12 @@ impl Worker {
             .fetch_add(1, Ordering::Relaxed);
         s.sampler.observe(out.token);
         s.tokens.push(out.token);
-        let logprobs = if s.params.logprobs.is_some() {
-            vec![TokenLogprob {
-                logprob: out.logprob,
-                top: out.top,
-            }]
-        } else {
-            Vec::new()
-        };
+        // Always the sampled token's logprob (every call records it); the
+        // top alternatives only when the request asked for k > 0.
+        let logprobs = vec![TokenLogprob {
+            logprob: Some(out.logprob),
+            top: out.top,
+        }];
         let sent = s.tx.send(Ok(GenEvent::Tokens {
             ids: vec![out.token],
             logprobs,
