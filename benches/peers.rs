@@ -202,29 +202,36 @@ async fn main() {
     mock.set_chat_content(REPLY);
     let dir = tempfile::tempdir().expect("tempdir");
 
-    let tito_port = free_port();
-    let config = dir.path().join("tito.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[server]\nlisten = \"127.0.0.1:{tito_port}\"\n\
-             [model]\nname = \"m\"\ntokenizer = \"{}\"\n\
-             [[backends]]\nurl = \"{}\"\nkind = \"vllm\"\n\
-             [store]\nurl = \"sqlite://{}/spans.db\"\n",
-            tokenizer_dir.display(),
-            mock.url(),
-            dir.path().display()
-        ),
-    )
-    .expect("tito config");
-    let mut tito = spawn(
-        "tito",
-        dir.path(),
-        Command::new(&tito_bin)
-            .args(["serve", "--config"])
-            .arg(&config)
-            .env("NO_COLOR", "1"),
-    );
+    // tito twice: the default `[store] ack = "committed"` (answer after the
+    // commit) and `ack = "queued"` (answer once the commit is queued).
+    let start_tito = |ack: &str| {
+        let port = free_port();
+        let config = dir.path().join(format!("tito-{ack}.toml"));
+        std::fs::write(
+            &config,
+            format!(
+                "[server]\nlisten = \"127.0.0.1:{port}\"\n\
+                 [model]\nname = \"m\"\ntokenizer = \"{}\"\n\
+                 [[backends]]\nurl = \"{}\"\nkind = \"vllm\"\n\
+                 [store]\nurl = \"sqlite://{}/spans-{ack}.db\"\nack = \"{ack}\"\n",
+                tokenizer_dir.display(),
+                mock.url(),
+                dir.path().display()
+            ),
+        )
+        .expect("tito config");
+        let proc = spawn(
+            "tito",
+            dir.path(),
+            Command::new(&tito_bin)
+                .args(["serve", "--config"])
+                .arg(&config)
+                .env("NO_COLOR", "1"),
+        );
+        (port, proc)
+    };
+    let (tito_port, mut tito) = start_tito("committed");
+    let (tito_q_port, mut tito_q) = start_tito("queued");
 
     let sgl_port = free_port();
     let mut sgl = spawn(
@@ -279,6 +286,14 @@ async fn main() {
         vary: true,
     };
     wait_ready(&client, &tito_t, &mut tito).await;
+    let tito_q_t = Target {
+        name: "tito (ack queued)",
+        url: format!("http://127.0.0.1:{tito_q_port}/v1/chat/completions"),
+        body: chat.clone(),
+        bearer: None,
+        vary: true,
+    };
+    wait_ready(&client, &tito_q_t, &mut tito_q).await;
     // The direct token-id call carries exactly the prompt tito sends.
     let prompt_ids = {
         let mut body = (*chat).clone();
@@ -338,7 +353,7 @@ async fn main() {
     println!("|---|---|---|---|---|---|---|---|");
     let mut summary = Vec::new();
     for concurrency in [1usize, 64] {
-        let targets = [&direct_ids, &direct_text, &tito_t, &sgl_t, &lite_t];
+        let targets = [&direct_ids, &direct_text, &tito_t, &tito_q_t, &sgl_t, &lite_t];
         // Rounds interleave the targets, so a slow spell of the machine hits
         // all of them; each cell reports its median round.
         let mut rounds: Vec<Vec<Stats>> = targets.iter().map(|_| Vec::new()).collect();
@@ -359,8 +374,8 @@ async fn main() {
         for (i, (name, s)) in stats.iter().enumerate() {
             // tito calls the token-id endpoint; the peers call the text one.
             let base = match i {
-                2 => Some(&stats[0].1),
-                3 | 4 => Some(&stats[1].1),
+                2 | 3 => Some(&stats[0].1),
+                4 | 5 => Some(&stats[1].1),
                 _ => None,
             };
             let (ap50, ap99) = base
@@ -374,14 +389,18 @@ async fn main() {
                 s.errors
             );
         }
-        summary.push((concurrency, stats[2].1.rps, stats[3].1.rps, stats[4].1.rps));
+        let rps = |i: usize| stats[i].1.rps;
+        summary.push((concurrency, rps(2), rps(3), rps(4), rps(5)));
     }
     println!();
-    for (c, tito_rps, sgl_rps, lite_rps) in summary {
+    for (c, tito_rps, queued_rps, sgl_rps, lite_rps) in summary {
         println!(
-            "concurrency {c}: tito / sglang-router = {:.2}x, tito / litellm = {:.1}x",
+            "concurrency {c}: tito / sglang-router = {:.2}x, tito / litellm = {:.1}x; \
+             with ack queued: {:.2}x and {:.1}x",
             tito_rps / sgl_rps,
-            tito_rps / lite_rps
+            tito_rps / lite_rps,
+            queued_rps / sgl_rps,
+            queued_rps / lite_rps
         );
     }
 }

@@ -260,12 +260,15 @@ impl Default for RouterConfig {
 pub struct StoreConfig {
     /// `sqlite://path`, or `memory://` (tests only: nothing is durable).
     pub url: String,
+    /// When a call is answered: after its commit, or once queued for it.
+    pub ack: crate::store::Ack,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             url: "sqlite://tito-data/spans.db".into(),
+            ack: crate::store::Ack::Committed,
         }
     }
 }

@@ -481,3 +481,39 @@ async fn sglang_logprobs_are_recorded_and_missing_ones_are_null() {
         assert_eq!(rows[0]["response_logprobs"], json!(want), "bare = {bare}");
     }
 }
+
+#[tokio::test]
+async fn queued_acks_answer_before_the_commit_and_still_record_in_order() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mock = MockVllm::start(Scripted::default()).await;
+    let extra = format!(
+        "[store]\nurl = \"sqlite://{}/spans.db\"\nack = \"queued\"\n",
+        dir.path().display()
+    );
+    let g = start_gateway(config(&[mock.url()], &extra)).await;
+    mock.push(scripted(&g, "first"));
+    mock.push(scripted(&g, "second"));
+    let path = "/t/queued-1/v1/chat/completions";
+    let m1 = json!([{"role": "user", "content": "a"}]);
+    let r1: Value = g
+        .post(path, json!({"messages": m1}))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let served = r1["choices"][0]["message"]["content"].clone();
+    let m2 = json!([{"role": "user", "content": "a"}, {"role": "assistant", "content": served},
+                    {"role": "user", "content": "b"}]);
+    let r2 = g.post(path, json!({"messages": m2})).await;
+    assert_eq!(r2.status(), 200);
+    // `finish` is committed after every call answered before it.
+    let f = g
+        .post("/v1/trajectories/queued-1/finish", json!({}))
+        .await;
+    assert_eq!(f.status(), 200);
+    let calls = calls_of(&g, "queued-1").await;
+    assert_eq!(calls.len(), 2);
+    assert_eq!(calls[1]["parent_call"], 0);
+    let t = g.get_json("/v1/trajectories/queued-1").await;
+    assert_eq!(t["incomplete"], false);
+}

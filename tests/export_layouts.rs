@@ -188,7 +188,8 @@ async fn jsonl_lines_have_the_design_columns() {
             "tokenizer_sha256",
             "template_sha256",
             "finish_reason",
-            "truncated"
+            "truncated",
+            "incomplete"
         ]
     );
 }
@@ -491,6 +492,7 @@ fn export_row(logprobs: Vec<Option<f32>>) -> ExportRow {
         template_sha256: "tpl".into(),
         finish_reason: "stop".into(),
         truncated: false,
+        incomplete: false,
         verl: None,
     }
 }

@@ -11,9 +11,11 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
 use store_support::{call, ids};
-use tito::store::TrajectoryFilter;
+use tito::store::{Ack, TrajectoryFilter};
 
 const DB_ENV: &str = "TITO_CRASH_CHILD_DB";
+/// Set (to anything) for a child running as a gateway with `ack = "queued"`.
+const QUEUED_ENV: &str = "TITO_CRASH_CHILD_QUEUED";
 const WORKERS: u32 = 16;
 
 /// Deterministic content of call `i` of worker `w`, checked after the crash.
@@ -37,7 +39,13 @@ async fn crash_child() {
     let Ok(path) = std::env::var(DB_ENV) else {
         return;
     };
-    let store = tito::store::open(&format!("sqlite://{path}")).expect("child opens store");
+    let queued = std::env::var(QUEUED_ENV).is_ok();
+    let ack = if queued { Ack::Queued } else { Ack::Committed };
+    let store = tito::store::open_with(&format!("sqlite://{path}"), ack).expect("child opens store");
+    if queued {
+        // As `tito serve` does before taking calls.
+        store.begin_run(ack).await.expect("begin run");
+    }
     let mut tasks = Vec::new();
     for w in 0..WORKERS {
         let store = store.clone();
@@ -55,12 +63,15 @@ async fn crash_child() {
     }
 }
 
-#[tokio::test]
-async fn crash_kill9_keeps_every_acknowledged_call() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let db = dir.path().join("spans.db");
+/// Runs the child on `db` until it has acknowledged 600 calls, then
+/// SIGKILLs it; returns every call it acknowledged.
+fn run_and_kill_child(db: &std::path::Path, queued: bool) -> BTreeSet<(u32, u32)> {
     let exe = std::env::current_exe().expect("test binary path");
-    let mut child = Command::new(exe)
+    let mut cmd = Command::new(exe);
+    if queued {
+        cmd.env(QUEUED_ENV, "1");
+    }
+    let mut child = cmd
         .args([
             "--exact",
             "crash_child",
@@ -68,7 +79,7 @@ async fn crash_kill9_keeps_every_acknowledged_call() {
             "--nocapture",
             "--test-threads=1",
         ])
-        .env(DB_ENV, &db)
+        .env(DB_ENV, db)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -95,6 +106,14 @@ async fn crash_kill9_keeps_every_acknowledged_call() {
     }
     let status = child.wait().expect("reap child");
     assert!(!status.success(), "child was killed, not finished");
+    acked
+}
+
+#[tokio::test]
+async fn crash_kill9_keeps_every_acknowledged_call() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("spans.db");
+    let acked = run_and_kill_child(&db, false);
 
     let conn = rusqlite::Connection::open(&db).expect("raw open");
     let check: String = conn
@@ -135,4 +154,48 @@ fn parse_ack(line: &str) -> Option<(u32, u32)> {
     let w = parts.next()?.parse().ok()?;
     let i = parts.next()?.parse().ok()?;
     (parts.next()? == "END").then_some((w, i))
+}
+
+#[tokio::test]
+async fn crash_of_a_queued_run_marks_its_active_trajectories_incomplete() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("spans.db");
+    let url = format!("sqlite://{}", db.display());
+    // An earlier, clean queued run: w-99 finished, w-98 still active.
+    {
+        let store = tito::store::open_with(&url, Ack::Queued).expect("open");
+        assert_eq!(store.begin_run(Ack::Queued).await.expect("begin"), 0);
+        store.append_call(record(99, 0)).await.expect("append");
+        store.finish("w-99").await.expect("finish");
+        store.append_call(record(98, 0)).await.expect("append");
+    }
+    let acked = run_and_kill_child(&db, true);
+    assert!(acked.len() >= 600);
+
+    // Queued appends may all have been lost with the child; whatever is in
+    // the store and active is marked, the finished trajectory is not.
+    let active: i64 = rusqlite::Connection::open(&db)
+        .expect("raw open")
+        .query_row("SELECT count(*) FROM trajectories WHERE status = 0", [], |r| r.get(0))
+        .expect("count");
+    let store = tito::store::open(&url).expect("reopen");
+    let marked = store.begin_run(Ack::Committed).await.expect("begin");
+    assert!(active >= 1);
+    assert_eq!(marked as i64, active, "every active trajectory is marked");
+    for t in store.scan(&TrajectoryFilter::default()).expect("scan") {
+        let t = t.expect("trajectory reads");
+        assert_eq!(t.meta.incomplete, t.meta.id != "w-99", "{}", t.meta.id);
+        for c in &t.calls {
+            let w: u32 = t.meta.id.trim_start_matches("w-").parse().expect("worker id");
+            assert_eq!(c, &record(w, c.call_index), "what was committed is intact");
+        }
+    }
+    drop(store);
+    // This run was committed-mode: a crash of it marks nothing more, and a
+    // clean end of a queued run marks nothing either.
+    let store = tito::store::open(&url).expect("reopen");
+    assert_eq!(store.begin_run(Ack::Queued).await.expect("begin"), 0);
+    drop(store);
+    let store = tito::store::open(&url).expect("reopen");
+    assert_eq!(store.begin_run(Ack::Committed).await.expect("begin"), 0);
 }

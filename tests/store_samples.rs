@@ -20,6 +20,7 @@ fn traj(reward: Option<f64>) -> Trajectory {
             num_calls: calls.len() as u32,
             next_call_index: 6,
             next_sample_index: 3,
+            incomplete: false,
         },
         calls,
     }

@@ -369,9 +369,15 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let renderer = Renderer::load(&config.model)?;
     let backends = build_backends(&config)?;
-    let store = crate::store::open(&config.store.url)?;
+    let store = crate::store::open_with(&config.store.url, config.store.ack)?;
     let listener = tokio::net::TcpListener::bind(&config.server.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, model = %config.model.name, "tito listening");
+    let ack = config.store.ack;
+    let marked = store.begin_run(ack).await?;
+    if marked > 0 {
+        tracing::warn!(marked, "the previous run used store.ack = \"queued\" and did not end \
+            cleanly: its active trajectories are marked incomplete");
+    }
     let state = AppState::new(config, renderer, backends, store)?;
     let health = state.router.start_health_checks();
     axum::serve(listener, build_app(state))

@@ -130,6 +130,11 @@ fn columns(layout: Layout) -> Vec<Column> {
             |r| Cell::Bool(r.truncated),
             Buf::Bool(Vec::new()),
         ),
+        col(
+            "incomplete",
+            |r| Cell::Bool(r.incomplete),
+            Buf::Bool(Vec::new()),
+        ),
     ]);
     if layout == Layout::Verl {
         cols.extend([

@@ -34,6 +34,9 @@ pub struct ExportRow {
     pub template_sha256: String,
     pub finish_reason: String,
     pub truncated: bool,
+    /// The trajectory may miss calls answered just before a crash of a
+    /// gateway running with `[store] ack = "queued"`.
+    pub incomplete: bool,
     /// Only in the `verl` layout.
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub verl: Option<VerlColumns>,
@@ -79,6 +82,7 @@ pub fn rows_of(
                     template_sha256: s.template_sha256,
                     finish_reason: s.finish_reason,
                     truncated: s.truncated,
+                    incomplete: trajectory.meta.incomplete,
                     verl: None,
                 };
                 push(row, opts, stats, out);
@@ -102,6 +106,7 @@ pub fn rows_of(
                     template_sha256: call.template_sha256.clone(),
                     finish_reason: call.finish_reason.clone(),
                     truncated: call.truncated,
+                    incomplete: trajectory.meta.incomplete,
                     verl: None,
                 };
                 push(row, opts, stats, out);

@@ -92,6 +92,7 @@ impl SpanStore for MemoryStore {
                             num_calls: 0,
                             next_call_index: 0,
                             next_sample_index: 0,
+                            incomplete: false,
                         },
                         calls: Vec::new(),
                     },

@@ -73,6 +73,21 @@ pub enum StoreError {
     Task(String),
 }
 
+/// When [`SpanStore::append_call`] returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ack {
+    /// Once the transaction holding the call has committed (the default):
+    /// an answered call survives `kill -9`.
+    #[default]
+    Committed,
+    /// Once the call is queued for the writer: the answer does not wait for
+    /// the commit. A crash loses what was queued and not yet committed; on the
+    /// next start every trajectory that was still active is marked
+    /// `incomplete`. Errors of such writes are logged, not returned.
+    Queued,
+}
+
 /// Iterator over whole trajectories, one at a time (constant memory in the
 /// number of trajectories).
 pub type TrajectoryIter = Box<dyn Iterator<Item = Result<Trajectory, StoreError>> + Send>;
@@ -119,16 +134,31 @@ pub trait SpanStore: Send + Sync + 'static {
     /// Blocking. Streams matching trajectories in creation order; each one is
     /// read consistently (its meta and calls in one read transaction).
     fn scan(&self, filter: &TrajectoryFilter) -> Result<TrajectoryIter, StoreError>;
+
+    /// Called once by a serving gateway before it takes calls: records the
+    /// run's [`Ack`] mode, and when the previous run used `Queued` and did not
+    /// end cleanly, marks every trajectory that was still active `incomplete`.
+    /// Returns how many were marked. Stores without durability have nothing
+    /// to do.
+    async fn begin_run(&self, _ack: Ack) -> Result<u64, StoreError> {
+        Ok(0)
+    }
 }
 
 /// Opens the store named by `[store] url`: `memory://` or `sqlite://PATH`
-/// (parent directories are created). See [`SqliteStore::open`] for URL options.
+/// (parent directories are created), acknowledging committed writes. See
+/// [`SqliteStore::open`] for URL options.
 pub fn open(url: &str) -> Result<DynStore, StoreError> {
+    open_with(url, Ack::Committed)
+}
+
+/// [`open`] with an acknowledgement mode (`[store] ack`).
+pub fn open_with(url: &str, ack: Ack) -> Result<DynStore, StoreError> {
     if url == "memory://" {
         return Ok(Arc::new(MemoryStore::new()));
     }
     if url.starts_with("sqlite://") {
-        return Ok(Arc::new(SqliteStore::open(url)?));
+        return Ok(Arc::new(SqliteStore::open_with(url, ack)?));
     }
     Err(StoreError::BadUrl(url.to_string()))
 }

@@ -103,6 +103,11 @@ pub struct TrajectoryMeta {
     pub next_call_index: u32,
     /// `max(sample_index) + 1`.
     pub next_sample_index: u32,
+    /// The gateway crashed while running with `[store] ack = "queued"` and
+    /// this trajectory was active: calls answered just before the crash may
+    /// be missing.
+    #[serde(default)]
+    pub incomplete: bool,
 }
 
 /// A trajectory with all its calls, sorted by `call_index`.

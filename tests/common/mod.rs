@@ -79,7 +79,7 @@ pub async fn start_gateway(config: Config) -> Gateway {
 }
 
 pub async fn start_gateway_with(config: Config, renderer: Arc<Renderer>) -> Gateway {
-    let store = tito::store::open(&config.store.url).expect("store opens");
+    let store = tito::store::open_with(&config.store.url, config.store.ack).expect("store opens");
     start_gateway_on(config, renderer, store).await
 }
 

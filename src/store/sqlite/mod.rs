@@ -34,6 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::types::{clamp_limit, parse_cursor};
 use super::{
+    Ack,
     validate_call, CallRecord, ListQuery, Page, SpanStore, StoreError, Trajectory,
     TrajectoryFilter, TrajectoryIter, TrajectoryMeta,
 };
@@ -136,6 +137,7 @@ impl Readers {
 }
 
 pub struct SqliteStore {
+    ack: Ack,
     jobs: Option<mpsc::Sender<Job>>,
     writer: Option<JoinHandle<()>>,
     readers: Arc<Readers>,
@@ -145,8 +147,15 @@ impl SqliteStore {
     /// Opens (creating it and its parent directories if needed) and migrates
     /// the database, then starts the writer thread.
     pub fn open(url: &str) -> Result<Self, StoreError> {
+        Self::open_with(url, Ack::Committed)
+    }
+
+    /// [`SqliteStore::open`], acknowledging appends as `ack` says.
+    pub fn open_with(url: &str, ack: Ack) -> Result<Self, StoreError> {
         let url = SqliteUrl::parse(url)?;
-        Self::open_path(&url.path, url.synchronous)
+        let mut store = Self::open_path(&url.path, url.synchronous)?;
+        store.ack = ack;
+        Ok(store)
     }
 
     pub fn open_path(path: &Path, synchronous: Synchronous) -> Result<Self, StoreError> {
@@ -175,6 +184,7 @@ impl SqliteStore {
             .name("tito-store-writer".into())
             .spawn(move || writer::run(conn, rx))?;
         Ok(SqliteStore {
+            ack: Ack::Committed,
             jobs: Some(tx),
             writer: Some(writer),
             readers: Arc::new(Readers {
@@ -185,12 +195,18 @@ impl SqliteStore {
     }
 
     async fn submit(&self, op: Op) -> writer::Outcome {
+        let done = self.queue(op).await?;
+        done.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Queues a job for the writer; the receiver gets its outcome.
+    async fn queue(&self, op: Op) -> Result<oneshot::Receiver<writer::Outcome>, StoreError> {
         let jobs = self.jobs.as_ref().ok_or(StoreError::Closed)?;
         let (ack, done) = oneshot::channel();
         jobs.send(Job { op, ack })
             .await
             .map_err(|_| StoreError::Closed)?;
-        done.await.map_err(|_| StoreError::Closed)?
+        Ok(done)
     }
 
     async fn read<T: Send + 'static>(
@@ -214,15 +230,33 @@ impl Drop for SqliteStore {
     }
 }
 
-fn need_meta(outcome: Option<TrajectoryMeta>) -> Result<TrajectoryMeta, StoreError> {
-    outcome.ok_or_else(|| StoreError::Task("writer returned no trajectory".into()))
+fn need_meta(outcome: writer::Done) -> Result<TrajectoryMeta, StoreError> {
+    match outcome {
+        writer::Done::Meta(m) => Ok(m),
+        _ => Err(StoreError::Task("writer returned no trajectory".into())),
+    }
 }
 
 #[async_trait]
 impl SpanStore for SqliteStore {
     async fn append_call(&self, call: CallRecord) -> Result<(), StoreError> {
         validate_call(&call)?;
-        self.submit(Op::Append(Box::new(call))).await.map(|_| ())
+        let op = Op::Append(Box::new(call));
+        match self.ack {
+            Ack::Committed => self.submit(op).await.map(|_| ()),
+            // The writer logs a failure nobody waits for.
+            Ack::Queued => self.queue(op).await.map(|_| ()),
+        }
+    }
+
+    async fn begin_run(&self, ack: Ack) -> Result<u64, StoreError> {
+        let op = Op::BeginRun {
+            queued: ack == Ack::Queued,
+        };
+        match self.submit(op).await? {
+            writer::Done::Marked(n) => Ok(n),
+            _ => Err(StoreError::Task("writer returned no run".into())),
+        }
     }
 
     async fn set_reward(

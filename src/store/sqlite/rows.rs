@@ -70,8 +70,8 @@ fn status_from(code: i64) -> TrajectoryStatus {
     }
 }
 
-pub(crate) const META_COLS: &str =
-    "seq, id, status, created_at, updated_at, reward, num_calls, next_call_index, next_sample_index";
+pub(crate) const META_COLS: &str = "seq, id, status, created_at, updated_at, reward, num_calls, \
+     next_call_index, next_sample_index, incomplete";
 
 /// Maps a row selected with [`META_COLS`] to `(seq, meta)`.
 pub(crate) fn meta_from_row(row: &Row<'_>) -> rusqlite::Result<(i64, TrajectoryMeta)> {
@@ -86,6 +86,7 @@ pub(crate) fn meta_from_row(row: &Row<'_>) -> rusqlite::Result<(i64, TrajectoryM
             num_calls: row.get(6)?,
             next_call_index: row.get(7)?,
             next_sample_index: row.get(8)?,
+            incomplete: row.get(9)?,
         },
     ))
 }

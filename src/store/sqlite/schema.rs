@@ -52,6 +52,18 @@ const MIGRATIONS: &[&str] = &[
     r#"
     CREATE INDEX trajectories_status_updated ON trajectories(status, updated_at);
     "#,
+    // 3: `[store] ack = "queued"`: the serving gateway's run (was it queued,
+    // did it end cleanly), and trajectories a crashed queued run may have
+    // lost calls of.
+    r#"
+    ALTER TABLE trajectories ADD COLUMN incomplete INTEGER NOT NULL DEFAULT 0;
+    CREATE TABLE gateway_run (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        ack_queued INTEGER NOT NULL,
+        clean INTEGER NOT NULL,
+        started_at INTEGER NOT NULL
+    );
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -24,19 +24,33 @@ pub(crate) enum Op {
     Finish {
         trajectory: String,
     },
+    /// A serving gateway starts: see [`crate::store::SpanStore::begin_run`].
+    BeginRun {
+        queued: bool,
+    },
 }
 
-/// What a job returns: appends return nothing, the rest the updated meta.
-pub(crate) type Outcome = Result<Option<TrajectoryMeta>, StoreError>;
+/// What a job returns.
+#[derive(Debug)]
+pub(crate) enum Done {
+    Appended,
+    Meta(TrajectoryMeta),
+    /// Trajectories marked incomplete when a run began.
+    Marked(u64),
+}
+
+pub(crate) type Outcome = Result<Done, StoreError>;
 
 pub(crate) struct Job {
     pub op: Op,
     pub ack: oneshot::Sender<Outcome>,
 }
 
-/// Runs until every sender is dropped and the queue is drained.
+/// Runs until every sender is dropped and the queue is drained; a gateway
+/// run begun on this writer is then recorded as ended cleanly.
 pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Job>) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+    let mut run_begun = false;
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
         while batch.len() < MAX_BATCH {
@@ -45,11 +59,19 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Job>) {
                 Err(_) => break,
             }
         }
+        run_begun |= batch.iter().any(|j| matches!(j.op, Op::BeginRun { .. }));
         let outcomes = commit_batch(&mut conn, &batch);
         for (job, outcome) in batch.drain(..).zip(outcomes) {
-            // The caller may have gone away (request cancelled): the write
-            // is committed regardless, nothing to do.
-            let _ = job.ack.send(outcome);
+            // Nobody waits for a queued append (or its request was cancelled):
+            // a failure can only be logged.
+            if let Err(Err(e)) = job.ack.send(outcome) {
+                tracing::error!(error = %e, "span store write failed with nobody waiting for it");
+            }
+        }
+    }
+    if run_begun {
+        if let Err(e) = conn.execute("UPDATE gateway_run SET clean = 1 WHERE id = 1", []) {
+            tracing::error!(error = %e, "could not record the clean end of this run");
         }
     }
 }
@@ -120,14 +142,43 @@ fn commit_each(conn: &mut Connection, batch: &[Job]) -> Vec<Outcome> {
 
 fn apply(conn: &Connection, op: &Op, now: i64) -> Outcome {
     match op {
-        Op::Append(call) => append(conn, call, now).map(|()| None),
+        Op::Append(call) => append(conn, call, now).map(|()| Done::Appended),
         Op::Reward {
             trajectory,
             call,
             reward,
-        } => set_reward(conn, trajectory, *call, *reward, now).map(Some),
-        Op::Finish { trajectory } => finish(conn, trajectory, now).map(Some),
+        } => set_reward(conn, trajectory, *call, *reward, now).map(Done::Meta),
+        Op::Finish { trajectory } => finish(conn, trajectory, now).map(Done::Meta),
+        Op::BeginRun { queued } => begin_run(conn, *queued, now).map(Done::Marked),
     }
+}
+
+/// Marks the active trajectories of a crashed queued run, then records this run.
+fn begin_run(conn: &Connection, queued: bool, now: i64) -> Result<u64, StoreError> {
+    let previous: Option<(bool, bool)> = conn
+        .query_row(
+            "SELECT ack_queued, clean FROM gateway_run WHERE id = 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .map(Some)
+        .or_else(|e| match e {
+            rusqlite::Error::QueryReturnedNoRows => Ok(None),
+            e => Err(e),
+        })?;
+    let mut marked = 0;
+    if previous == Some((true, false)) {
+        marked = conn.execute(
+            "UPDATE trajectories SET incomplete = 1 WHERE status = ?1",
+            params![status_code(TrajectoryStatus::Active)],
+        )? as u64;
+    }
+    conn.execute(
+        "INSERT INTO gateway_run (id, ack_queued, clean, started_at) VALUES (1, ?1, 0, ?2) \
+         ON CONFLICT(id) DO UPDATE SET ack_queued = ?1, clean = 0, started_at = ?2",
+        params![queued, now],
+    )?;
+    Ok(marked)
 }
 
 fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreError> {
