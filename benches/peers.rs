@@ -353,7 +353,14 @@ async fn main() {
     println!("|---|---|---|---|---|---|---|---|");
     let mut summary = Vec::new();
     for concurrency in [1usize, 64] {
-        let targets = [&direct_ids, &direct_text, &tito_t, &tito_q_t, &sgl_t, &lite_t];
+        let targets = [
+            &direct_ids,
+            &direct_text,
+            &tito_t,
+            &tito_q_t,
+            &sgl_t,
+            &lite_t,
+        ];
         // Rounds interleave the targets, so a slow spell of the machine hits
         // all of them; each cell reports its median round.
         let mut rounds: Vec<Vec<Stats>> = targets.iter().map(|_| Vec::new()).collect();

@@ -507,9 +507,7 @@ async fn queued_acks_answer_before_the_commit_and_still_record_in_order() {
     let r2 = g.post(path, json!({"messages": m2})).await;
     assert_eq!(r2.status(), 200);
     // `finish` is committed after every call answered before it.
-    let f = g
-        .post("/v1/trajectories/queued-1/finish", json!({}))
-        .await;
+    let f = g.post("/v1/trajectories/queued-1/finish", json!({})).await;
     assert_eq!(f.status(), 200);
     let calls = calls_of(&g, "queued-1").await;
     assert_eq!(calls.len(), 2);

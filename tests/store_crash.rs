@@ -41,7 +41,8 @@ async fn crash_child() {
     };
     let queued = std::env::var(QUEUED_ENV).is_ok();
     let ack = if queued { Ack::Queued } else { Ack::Committed };
-    let store = tito::store::open_with(&format!("sqlite://{path}"), ack).expect("child opens store");
+    let store =
+        tito::store::open_with(&format!("sqlite://{path}"), ack).expect("child opens store");
     if queued {
         // As `tito serve` does before taking calls.
         store.begin_run(ack).await.expect("begin run");
@@ -176,7 +177,11 @@ async fn crash_of_a_queued_run_marks_its_active_trajectories_incomplete() {
     // the store and active is marked, the finished trajectory is not.
     let active: i64 = rusqlite::Connection::open(&db)
         .expect("raw open")
-        .query_row("SELECT count(*) FROM trajectories WHERE status = 0", [], |r| r.get(0))
+        .query_row(
+            "SELECT count(*) FROM trajectories WHERE status = 0",
+            [],
+            |r| r.get(0),
+        )
         .expect("count");
     let store = tito::store::open(&url).expect("reopen");
     let marked = store.begin_run(Ack::Committed).await.expect("begin");
@@ -186,7 +191,12 @@ async fn crash_of_a_queued_run_marks_its_active_trajectories_incomplete() {
         let t = t.expect("trajectory reads");
         assert_eq!(t.meta.incomplete, t.meta.id != "w-99", "{}", t.meta.id);
         for c in &t.calls {
-            let w: u32 = t.meta.id.trim_start_matches("w-").parse().expect("worker id");
+            let w: u32 = t
+                .meta
+                .id
+                .trim_start_matches("w-")
+                .parse()
+                .expect("worker id");
             assert_eq!(c, &record(w, c.call_index), "what was committed is intact");
         }
     }

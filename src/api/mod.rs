@@ -375,8 +375,11 @@ pub async fn serve(
     let ack = config.store.ack;
     let marked = store.begin_run(ack).await?;
     if marked > 0 {
-        tracing::warn!(marked, "the previous run used store.ack = \"queued\" and did not end \
-            cleanly: its active trajectories are marked incomplete");
+        tracing::warn!(
+            marked,
+            "the previous run used store.ack = \"queued\" and did not end \
+            cleanly: its active trajectories are marked incomplete"
+        );
     }
     let state = AppState::new(config, renderer, backends, store)?;
     let health = state.router.start_health_checks();

@@ -34,8 +34,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::types::{clamp_limit, parse_cursor};
 use super::{
-    Ack,
-    validate_call, CallRecord, ListQuery, Page, SpanStore, StoreError, Trajectory,
+    validate_call, Ack, CallRecord, ListQuery, Page, SpanStore, StoreError, Trajectory,
     TrajectoryFilter, TrajectoryIter, TrajectoryMeta,
 };
 use writer::{Job, Op};
