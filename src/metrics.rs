@@ -35,6 +35,7 @@ pub const STORE_COMMIT: &str = "tito_store_commit_seconds";
 pub const CALLS_WITHOUT_LOGPROBS: &str = "tito_calls_without_logprobs_total";
 pub const REPLAYS: &str = "tito_replayed_calls_total";
 pub const SERVER_ERRORS: &str = "tito_server_errors_total";
+pub const BACKEND_PROTOCOL_ERRORS: &str = "tito_backend_protocol_errors_total";
 
 fn handle() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -110,6 +111,11 @@ pub fn call_without_logprobs(backend: &str) {
 /// A retry or repeated `Idempotency-Key` answered from a recorded call.
 pub fn replay() {
     counter!(REPLAYS).increment(1);
+}
+
+/// A backend answer the gateway could not decode.
+pub fn backend_protocol_error(backend: &str) {
+    counter!(BACKEND_PROTOCOL_ERRORS, "backend" => backend.to_string()).increment(1);
 }
 
 /// A 5xx answer, by matched route.

@@ -114,10 +114,8 @@ async fn handle(
     // Respond.
     let headers = super::trajectory_header(&tid);
     if req.stream {
-        let model = state.config.model.name.clone();
-        let renderer = state.renderer.clone();
+        let chunks = Chunks::new(&state, unix_now(), shape);
         return Ok(sse_response(headers, move |tx| {
-            let chunks = Chunks::new(model, unix_now(), shape, renderer);
             stream_loop(running, parsing, chunks, tid, tx)
         }));
     }
@@ -137,12 +135,7 @@ fn replay(state: &AppState, answer: Arc<Answer>, req: &ChatRequest, shape: Shape
         let body = response_body(state, &answer, shape);
         return (headers, axum::Json(body)).into_response();
     }
-    let chunks = Chunks::new(
-        state.config.model.name.clone(),
-        answer.created,
-        shape,
-        state.renderer.clone(),
-    );
+    let chunks = Chunks::new(state, answer.created, shape);
     sse_response(headers, move |tx| async move {
         let _ = replay_stream(&answer, &chunks, &tx).await;
     })
@@ -211,6 +204,9 @@ fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
                 "finish_reason": r.finish_reason,
                 "stop_reason": Json::Null,
             });
+            // OpenAI's shape; tito never refuses (what it served is recorded
+            // without this field).
+            c["message"]["refusal"] = Json::Null;
             if shape.logprobs {
                 c["logprobs"] = chat_logprobs(&state.renderer, &r.ids, &r.logprobs);
             }
@@ -225,6 +221,7 @@ fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
         "object": "chat.completion",
         "created": answer.created,
         "model": state.config.model.name,
+        "system_fingerprint": state.system_fingerprint(),
         "choices": choices,
         "usage": usage(answer.prompt_tokens(), answer.completion_tokens()),
     });
@@ -239,29 +236,26 @@ fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
 /// Formats `chat.completion.chunk` objects.
 struct Chunks {
     model: String,
+    fingerprint: String,
     created: u64,
     shape: Shape,
     renderer: Arc<crate::render::Renderer>,
 }
 
 impl Chunks {
-    fn new(
-        model: String,
-        created: u64,
-        shape: Shape,
-        renderer: Arc<crate::render::Renderer>,
-    ) -> Self {
+    fn new(state: &AppState, created: u64, shape: Shape) -> Self {
         Chunks {
-            model,
+            model: state.config.model.name.clone(),
+            fingerprint: state.system_fingerprint(),
             created,
             shape,
-            renderer,
+            renderer: state.renderer.clone(),
         }
     }
 
     fn chunk(&self, id: &str, choices: Json) -> Json {
         json!({"id": id, "object": "chat.completion.chunk", "created": self.created,
-               "model": self.model, "choices": choices})
+               "model": self.model, "system_fingerprint": self.fingerprint, "choices": choices})
     }
 
     /// The opening chunk of choice `i` (role; prompt ids on choice 0).

@@ -202,6 +202,7 @@ fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
         "object": "text_completion",
         "created": answer.created,
         "model": state.config.model.name,
+        "system_fingerprint": state.system_fingerprint(),
         "choices": choices,
         "usage": usage(answer.prompt_tokens(), answer.completion_tokens()),
     })
@@ -210,6 +211,7 @@ fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
 /// Formats `text_completion` chunks.
 struct Chunks {
     model: String,
+    fingerprint: String,
     created: u64,
     shape: Shape,
     renderer: Arc<crate::render::Renderer>,
@@ -219,6 +221,7 @@ impl Chunks {
     fn new(state: &AppState, created: u64, shape: Shape) -> Self {
         Chunks {
             model: state.config.model.name.clone(),
+            fingerprint: state.system_fingerprint(),
             created,
             shape,
             renderer: state.renderer.clone(),
@@ -227,7 +230,7 @@ impl Chunks {
 
     fn chunk(&self, id: &str, choices: Json) -> Json {
         json!({"id": id, "object": "text_completion", "created": self.created,
-               "model": self.model, "choices": choices})
+               "model": self.model, "system_fingerprint": self.fingerprint, "choices": choices})
     }
 
     /// vLLM sends each choice's prompt ids in a first chunk of its own.

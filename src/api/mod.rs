@@ -47,6 +47,8 @@ pub struct AppState {
     pub trajectories: Arc<Trajectories>,
     pub calls: Arc<Calls>,
     pub store: StoreState,
+    /// Unix seconds when this state was built: the model's `created`.
+    pub started: u64,
 }
 
 impl FromRef<AppState> for StoreState {
@@ -98,6 +100,7 @@ impl AppState {
             config.model.default_max_tokens,
         ));
         Ok(AppState {
+            started: unix_now(),
             calls,
             ops: Arc::new(admin::Ops::new(&config.server.admin_token)),
             config: Arc::new(config),
@@ -115,6 +118,16 @@ impl AppState {
     /// The context window in tokens.
     pub fn max_model_len(&self) -> u32 {
         self.calls.max_model_len()
+    }
+
+    /// OpenAI's `system_fingerprint`: this build and the served weights.
+    pub fn system_fingerprint(&self) -> String {
+        let weights = self.ops.weight_version();
+        format!(
+            "tito-{}-{}",
+            env!("CARGO_PKG_VERSION"),
+            weights.as_deref().unwrap_or("initial")
+        )
     }
 
     fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
@@ -224,21 +237,43 @@ fn trajectory_header(tid: &str) -> HeaderMap {
     h
 }
 
+fn model_json(state: &AppState) -> serde_json::Value {
+    json!({
+        "id": state.config.model.name,
+        "object": "model",
+        "created": state.started,
+        "owned_by": "tito",
+        "max_model_len": state.max_model_len(),
+    })
+}
+
 async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
-    Json(json!({
-        "object": "list",
-        "data": [{
-            "id": state.config.model.name,
-            "object": "model",
-            "created": unix_now(),
-            "owned_by": "tito",
-            "max_model_len": state.max_model_len(),
-        }]
-    }))
+    Json(json!({"object": "list", "data": [model_json(&state)]}))
+}
+
+/// `GET /v1/models/{model}`.
+async fn model(
+    State(state): State<AppState>,
+    axum::extract::Path(params): axum::extract::Path<std::collections::HashMap<String, String>>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let id = params.get("model").map(String::as_str).unwrap_or_default();
+    if id != state.config.model.name {
+        return Err(ApiError::model_not_found(id));
+    }
+    Ok(Json(model_json(&state)))
 }
 
 async fn health() -> &'static str {
     "ok"
+}
+
+async fn method_not_allowed(method: axum::http::Method) -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "invalid_request_error",
+        format!("method {method} is not allowed on this route"),
+    )
+    .with_code("method_not_allowed")
 }
 
 async fn not_found() -> ApiError {
@@ -315,6 +350,7 @@ fn v1_routes() -> axum::Router<AppState> {
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models))
+        .route("/v1/models/{model}", get(model))
 }
 
 pub fn build_app(state: AppState) -> axum::Router {
@@ -337,6 +373,7 @@ pub fn build_app(state: AppState) -> axum::Router {
         .merge(guarded)
         .route("/health", get(health))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(crate::metrics::track))
         .layer(axum::middleware::from_fn(log_server_errors))
         .layer(DefaultBodyLimit::max(limit))

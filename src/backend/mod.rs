@@ -136,6 +136,18 @@ impl BackendError {
     pub fn is_retryable(&self) -> bool {
         !matches!(self, BackendError::Rejected { .. })
     }
+
+    /// True when the failure says the backend itself is unwell and counts
+    /// toward opening its circuit: it could not be reached, timed out, was
+    /// overloaded or answered a 5xx. An answer the gateway could not decode
+    /// is that call's error only (one client's odd request must not take a
+    /// backend away from everyone), and a rejected request is the request's.
+    pub fn counts_against_health(&self) -> bool {
+        !matches!(
+            self,
+            BackendError::Rejected { .. } | BackendError::Protocol { .. }
+        )
+    }
 }
 
 /// Admin operations a backend may support (sleep/wake, weight reload).

@@ -387,10 +387,15 @@ impl Router {
         }
     }
 
-    /// Like `report_failure`, keeping the message, except for errors that are
-    /// the request's fault (`Rejected`), which say nothing about the backend.
+    /// Like `report_failure`, keeping the message, for errors that say the
+    /// backend is unwell ([`BackendError::counts_against_health`]); an answer
+    /// that could not be decoded is only counted
+    /// (`tito_backend_protocol_errors_total`).
     pub fn report_error(&self, id: BackendId, error: &BackendError) {
-        if !error.is_retryable() {
+        if let BackendError::Protocol { backend, .. } = error {
+            crate::metrics::backend_protocol_error(backend);
+        }
+        if !error.counts_against_health() {
             return;
         }
         if let Some(slot) = self.slot(id) {

@@ -35,6 +35,8 @@ pub struct Scripted {
     pub no_logprobs: bool,
     /// Wait this long before each streamed token (a slow backend).
     pub token_delay_ms: u64,
+    /// Answer a stream whose first event is not a completion chunk.
+    pub garbage: bool,
 }
 
 impl Scripted {
@@ -255,6 +257,10 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
             Json(json!({"error": {"message": message, "type": "mock", "code": status}})),
         )
             .into_response();
+    }
+    if script.garbage {
+        let text = "data: {\"choices\": \"not a list\"}\n\ndata: [DONE]\n\n";
+        return ([("content-type", "text/event-stream")], text).into_response();
     }
     let prompt: Vec<u32> = serde_json::from_value(body["prompt"].clone()).unwrap_or_default();
     let max_tokens = body["max_tokens"].as_u64().unwrap_or(16) as usize;

@@ -1,0 +1,102 @@
+//! OpenAI response shapes the SDKs read: `message.refusal`,
+//! `system_fingerprint`, `GET /v1/models/{id}` with a stable `created`, and
+//! OpenAI-shaped 404 / 405 bodies.
+
+mod common;
+
+use common::mock_vllm::{MockVllm, Scripted};
+use common::{config, sse_events, start_gateway};
+use serde_json::{json, Value};
+use tito::render::testing::IM_END;
+
+#[tokio::test]
+async fn chat_and_completions_carry_refusal_and_fingerprint() {
+    let mock = MockVllm::start(Scripted::ids(vec![b'o' as u32, b'k' as u32, IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let r = g.post("/v1/chat/completions", chat.clone()).await;
+    let tid = r.headers()["x-trajectory-id"]
+        .to_str()
+        .expect("ascii")
+        .to_string();
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["choices"][0]["message"]["refusal"], Value::Null);
+    assert!(v["choices"][0]["message"]
+        .as_object()
+        .expect("message")
+        .contains_key("refusal"));
+    let fp = v["system_fingerprint"]
+        .as_str()
+        .expect("fingerprint")
+        .to_string();
+    assert!(fp.starts_with("tito-"), "{fp}");
+    // What was recorded is what was served, without the added field.
+    let t = g.get_json(&format!("/v1/trajectories/{tid}")).await;
+    assert_eq!(
+        t["calls"][0]["response"],
+        json!({"role": "assistant", "content": "ok"})
+    );
+
+    let mut streamed = chat;
+    streamed["stream"] = json!(true);
+    let events = sse_events(g.post("/v1/chat/completions", streamed).await).await;
+    for e in events.iter().filter(|e| e.as_str() != "[DONE]") {
+        let c: Value = serde_json::from_str(e).expect("chunk");
+        assert_eq!(c["system_fingerprint"], json!(fp), "{c}");
+    }
+
+    let c: Value = g
+        .post("/v1/completions", json!({"prompt": [1, 2]}))
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(c["system_fingerprint"], json!(fp));
+}
+
+#[tokio::test]
+async fn models_retrieve_and_openai_shaped_route_errors() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let list = g.get_json("/v1/models").await;
+    let one = g.get_json("/v1/models/test-model").await;
+    assert_eq!(one, list["data"][0]);
+    assert_eq!(one["object"], "model");
+    // `created` is stable across calls.
+    assert_eq!(
+        g.get_json("/v1/models").await["data"][0]["created"],
+        one["created"]
+    );
+    assert_eq!(g.get_json("/t/x/v1/models/test-model").await, one);
+
+    let r = g
+        .client
+        .get(g.url("/v1/models/other"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(r.status(), 404);
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["code"], "model_not_found");
+
+    let r = g
+        .client
+        .get(g.url("/v1/chat/completions"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(r.status(), 405);
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["type"], "invalid_request_error");
+    assert_eq!(e["error"]["code"], "method_not_allowed");
+
+    let r = g
+        .client
+        .get(g.url("/v2/nothing"))
+        .send()
+        .await
+        .expect("sent");
+    assert_eq!(r.status(), 404);
+    let e: Value = r.json().await.expect("json");
+    assert!(e["error"]["message"].is_string());
+}
