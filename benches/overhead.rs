@@ -66,7 +66,7 @@ async fn main() {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        let _ = axum::serve(listener, build_app(state)).await;
+        let _ = axum::serve(tito::api::no_delay(listener), build_app(state)).await;
     });
     let messages = json!([
         {"role": "system", "content": "You are a helpful assistant."},

@@ -108,7 +108,7 @@ async fn handle(
     // Run.
     let running = state
         .calls
-        .start(new_id("chatcmpl"), vec![plan], Some(owner))
+        .start(new_id("chatcmpl"), vec![plan], Some(owner), req.stream)
         .await?;
 
     // Respond.

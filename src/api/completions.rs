@@ -131,7 +131,7 @@ async fn handle(
     // Run.
     let running = state
         .calls
-        .start(new_id("cmpl"), plans, Some(owner))
+        .start(new_id("cmpl"), plans, Some(owner), req.stream)
         .await?;
 
     // Respond.

@@ -400,6 +400,22 @@ pub fn build_backends(config: &Config) -> anyhow::Result<Vec<DynBackend>> {
         .collect()
 }
 
+/// A listener whose connections have Nagle's algorithm off, as servers of
+/// small streamed writes need: with it on, each SSE chunk after the first
+/// waits for the client's delayed ACK (up to 40 ms on Linux).
+pub type NoDelayListener =
+    axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>;
+
+pub fn no_delay(listener: tokio::net::TcpListener) -> NoDelayListener {
+    use axum::serve::ListenerExt;
+    fn set(tcp: &mut tokio::net::TcpStream) {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "could not set TCP_NODELAY");
+        }
+    }
+    listener.tap_io(set as fn(&mut tokio::net::TcpStream))
+}
+
 pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -420,7 +436,7 @@ pub async fn serve(
     }
     let state = AppState::new(config, renderer, backends, store)?;
     let health = state.router.start_health_checks();
-    axum::serve(listener, build_app(state))
+    axum::serve(no_delay(listener), build_app(state))
         .with_graceful_shutdown(shutdown)
         .await?;
     health.stop().await;

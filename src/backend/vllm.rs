@@ -131,7 +131,38 @@ struct CompletionLogprobs {
     #[serde(default)]
     token_logprobs: Option<Vec<Option<f32>>>,
     #[serde(default)]
-    top_logprobs: Option<Vec<Option<serde_json::Map<String, Json>>>>,
+    top_logprobs: Option<Vec<Option<TopLogprobs>>>,
+}
+
+/// One position's `{"token_id:ID": logprob, ...}` read straight into
+/// `(id, logprob)` pairs (no JSON map built per token); entries whose key is
+/// not a token id or whose value is not a number are skipped.
+struct TopLogprobs(Vec<(u32, f32)>);
+
+impl<'de> Deserialize<'de> for TopLogprobs {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = TopLogprobs;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of token_id:ID to logprob")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<TopLogprobs, A::Error> {
+                let mut out = Vec::with_capacity(m.size_hint().unwrap_or(1));
+                while let Some(key) = m.next_key::<std::borrow::Cow<'de, str>>()? {
+                    let value: Json = m.next_value()?;
+                    if let (Some(id), Some(v)) = (parse_token_key(&key), value.as_f64()) {
+                        out.push((id, v as f32));
+                    }
+                }
+                Ok(TopLogprobs(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
 }
 
 fn finish_reason(s: Option<&str>) -> Option<FinishReason> {
@@ -229,20 +260,16 @@ fn token_logprobs(
     if numbers.len() != n {
         return Err(format!("{} logprobs for {n} token ids", numbers.len()));
     }
-    let tops = lp.top_logprobs.unwrap_or_default();
+    let mut tops = lp.top_logprobs.unwrap_or_default();
     let keep = usize::try_from(k).unwrap_or(usize::MAX);
     Ok(numbers
         .into_iter()
         .enumerate()
         .map(|(i, logprob)| {
             let mut top: Vec<(u32, f32)> = tops
-                .get(i)
-                .and_then(Option::as_ref)
-                .map(|m| {
-                    m.iter()
-                        .filter_map(|(k, v)| Some((parse_token_key(k)?, v.as_f64()? as f32)))
-                        .collect()
-                })
+                .get_mut(i)
+                .and_then(Option::take)
+                .map(|m| m.0)
                 .unwrap_or_default();
             // vLLM lists the sampled token besides the top k: keep the top k.
             top.sort_by(|a, b| b.1.total_cmp(&a.1));

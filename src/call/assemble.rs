@@ -87,52 +87,51 @@ impl ChoiceAssembly {
         self.result.finish.is_some()
     }
 
-    /// Takes one backend event; returns the delta for the client, if any.
-    /// Stop-token ids end the sequence; they stay in the ids but not the text.
-    pub fn push(&mut self, ev: GenEvent) -> Option<ChoiceEvent> {
+    /// Takes one backend event into the result. With `delta`, returns what
+    /// it added, for a streaming client. Stop-token ids end the sequence;
+    /// they stay in the ids but not the text.
+    pub fn push(&mut self, ev: GenEvent, delta: bool) -> Option<ChoiceEvent> {
         if self.done() {
             return None;
         }
-        let mut out = ChoiceEvent {
-            index: self.result.index,
-            ..Default::default()
-        };
+        let r = &mut self.result;
+        let (text0, ids0) = (r.text.len(), r.ids.len());
         match ev {
             GenEvent::Tokens { ids, logprobs } => {
                 let mut logprobs = logprobs.into_iter();
                 for id in ids {
                     if !self.stop_ids.contains(&id) {
-                        out.text.push_str(&self.asm.push(id));
+                        r.text.push_str(&self.asm.push(id));
                     }
-                    out.ids.push(id);
+                    r.ids.push(id);
                     // Backends send logprobs aligned with ids; a missing one
                     // is recorded as unknown, never as a number.
-                    out.logprobs.push(logprobs.next().unwrap_or(TokenLogprob {
+                    r.logprobs.push(logprobs.next().unwrap_or(TokenLogprob {
                         logprob: None,
                         top: Vec::new(),
                     }));
                     if self.asm.stopped() {
-                        out.finish = Some(FinishReason::Stop);
+                        r.finish = Some(FinishReason::Stop);
                         break;
                     }
-                    if self.max_tokens > 0
-                        && self.result.ids.len() + out.ids.len() >= self.max_tokens
-                    {
-                        out.finish = Some(FinishReason::Length);
+                    if self.max_tokens > 0 && r.ids.len() >= self.max_tokens {
+                        r.finish = Some(FinishReason::Length);
                         break;
                     }
                 }
             }
-            GenEvent::Done { finish_reason } => out.finish = Some(finish_reason),
+            GenEvent::Done { finish_reason } => r.finish = Some(finish_reason),
         }
-        if out.finish.is_some() {
-            out.text.push_str(&self.asm.finish());
+        if r.finish.is_some() {
+            r.text.push_str(&self.asm.finish());
         }
-        let r = &mut self.result;
-        r.text.push_str(&out.text);
-        r.ids.extend_from_slice(&out.ids);
-        r.logprobs.extend(out.logprobs.iter().cloned());
-        r.finish = out.finish;
-        (out.finish.is_some() || !out.ids.is_empty() || !out.text.is_empty()).then_some(out)
+        let changed = r.finish.is_some() || r.ids.len() > ids0 || r.text.len() > text0;
+        (delta && changed).then(|| ChoiceEvent {
+            index: r.index,
+            text: r.text[text0..].to_string(),
+            ids: r.ids[ids0..].to_vec(),
+            logprobs: r.logprobs[ids0..].to_vec(),
+            finish: r.finish,
+        })
     }
 }

@@ -243,11 +243,14 @@ impl Calls {
 
     /// Starts every choice of every plan, then runs the call in its own task.
     /// `owner`, when given, is completed with the recorded answer.
+    /// `deltas`: the reader streams, so send it each choice's deltas (a
+    /// non-streaming reader only gets the answer).
     pub async fn start(
         self: &Arc<Self>,
         request_id: String,
         plans: Vec<CallPlan>,
         owner: Option<replies::Owner>,
+        deltas: bool,
     ) -> Result<Running, ApiError> {
         let mut choices = Vec::new();
         let mut starts = Vec::new();
@@ -308,6 +311,7 @@ impl Calls {
             choices,
             tx,
             owner,
+            deltas,
         };
         tokio::spawn(pump.run(map));
         Ok(running)
@@ -322,6 +326,7 @@ struct Pump {
     choices: Vec<ChoiceAssembly>,
     tx: mpsc::Sender<CallEvent>,
     owner: Option<replies::Owner>,
+    deltas: bool,
 }
 
 impl Pump {
@@ -343,7 +348,7 @@ impl Pump {
             };
             match ev {
                 Ok(ev) => {
-                    let delta = choice.push(ev);
+                    let delta = choice.push(ev, self.deltas);
                     if choice.done() {
                         // A stop string or max_tokens may end a choice before
                         // its backend does: stop that backend now.

@@ -94,7 +94,8 @@ impl MockVllm {
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
+            // vLLM and SGLang (uvicorn on asyncio) send with TCP_NODELAY.
+            let _ = axum::serve(tito::api::no_delay(listener), app).await;
         });
         MockVllm { addr, state }
     }

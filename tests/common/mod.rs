@@ -97,7 +97,7 @@ pub async fn start_gateway_on(
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        let _ = axum::serve(listener, build_app(state)).await;
+        let _ = axum::serve(tito::api::no_delay(listener), build_app(state)).await;
     });
     Gateway {
         addr,
