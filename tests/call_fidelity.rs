@@ -515,3 +515,45 @@ async fn queued_acks_answer_before_the_commit_and_still_record_in_order() {
     let t = g.get_json("/v1/trajectories/queued-1").await;
     assert_eq!(t["incomplete"], false);
 }
+
+#[tokio::test]
+async fn a_call_slot_taken_by_another_gateway_reloads_instead_of_failing() {
+    // Two gateways over one store: each keeps its own hot view, so the
+    // second to record a turn finds its call slot taken.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/spans.db", dir.path().display());
+    let mock = MockVllm::start(Scripted::default()).await;
+    let cfg = || config(&[mock.url()], &format!("[store]\nurl = \"{url}\"\n"));
+    let store = tito::store::open(&url).expect("store");
+    let renderer = tito::render::testing::chatml_renderer();
+    let a = common::start_gateway_on(cfg(), renderer.clone(), store.clone()).await;
+    let b = common::start_gateway_on(cfg(), renderer, store).await;
+    for t in ["one", "two", "three"] {
+        mock.push(scripted(&a, t));
+    }
+    let path = "/t/shared-1/v1/chat/completions";
+    let m1 = json!([{"role": "user", "content": "start"}]);
+    let r: Value = a
+        .post(path, json!({"messages": m1}))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let served = r["choices"][0]["message"]["content"].clone();
+    let m2 = json!([{"role": "user", "content": "start"}, {"role": "assistant", "content": served},
+                    {"role": "user", "content": "go on"}]);
+    // B loads the trajectory (one call) and records call 1.
+    assert_eq!(b.post(path, json!({"messages": m2})).await.status(), 200);
+    // A still thinks slot 1 is free: its commit meets the store's call 1,
+    // reloads, and records in slot 2.
+    let resp = a.post(path, json!({"messages": m2})).await;
+    assert_eq!(resp.status(), 200);
+    let calls = calls_of(&a, "shared-1").await;
+    let idx: Vec<u64> = calls
+        .iter()
+        .filter_map(|c| c["call_index"].as_u64())
+        .collect();
+    assert_eq!(idx, vec![0, 1, 2]);
+    assert_eq!(calls[2]["parent_call"], 0);
+    assert_ne!(calls[2]["sample_index"], calls[1]["sample_index"]);
+}

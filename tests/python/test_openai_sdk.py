@@ -106,6 +106,48 @@ def test_trajectory_is_recorded(env):
     assert t["calls"][0]["sampled_ids"] == reply
 
 
+def test_logprobs_are_recorded_when_the_sdk_asks_for_none(env):
+    """An unmodified SDK call (no logprobs parameter): the export still has
+    the backend's logprob of every sampled token (the mock answers
+    -0.5 - i/100 for the i-th token), never a fabricated 0.0."""
+    _, reply, client, addr = env
+    resp = client.chat.completions.create(
+        model="test-model", messages=MESSAGES, extra_headers={"X-Trajectory-Id": "sdk-lp-1"}
+    )
+    assert resp.choices[0].logprobs is None
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{addr}/v1/export?format=jsonl&layout=trajectory") as r:
+        rows = [json.loads(line) for line in r.read().decode().splitlines()]
+    row = next(r for r in rows if r["trajectory_id"] == "sdk-lp-1")
+    assert row["response_ids"] == reply
+    want = [-0.5 - i / 100 for i in range(len(reply))]
+    assert row["response_logprobs"] == pytest.approx(want, abs=1e-6)
+
+
+def test_sdk_retry_header_with_the_same_body_replays(env):
+    """What the SDK sends when it retries: the same body with
+    x-stainless-retry-count >= 1 gets the recorded answer, not a new call."""
+    _, _, client, addr = env
+    headers = {"X-Trajectory-Id": "sdk-retry-1"}
+    first = client.chat.completions.create(
+        model="test-model", messages=MESSAGES, extra_headers=headers
+    )
+    again = client.chat.completions.create(
+        model="test-model",
+        messages=MESSAGES,
+        extra_headers={**headers, "x-stainless-retry-count": "1"},
+    )
+    assert again.id == first.id
+    assert again.choices[0].message.content == first.choices[0].message.content
+    import json
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{addr}/v1/trajectories/sdk-retry-1") as r:
+        assert len(json.load(r)["calls"]) == 1
+
+
 TOOLS = [
     {
         "type": "function",
