@@ -1,7 +1,8 @@
 //! Added latency of the gateway over a direct call to the same backend.
 //!
 //! One run, side by side: a mock vLLM (in-process, loopback) is called
-//! directly with token ids (`/v1/completions`), then through tito
+//! directly with token ids (`/v1/completions`, streamed with the sampled
+//! token's logprob, exactly as tito calls it), then through tito
 //! (`/v1/chat/completions`: template render + tokenization + decode + a
 //! durable SQLite span commit), at 1 and 64 concurrent clients. Prints p50 /
 //! p99 latency, requests/s and the added latency. Run:
@@ -80,7 +81,10 @@ async fn main() {
             ..Default::default()
         })
         .expect("render");
-    let direct_body = json!({"prompt": prompt, "max_tokens": 64, "return_token_ids": true});
+    // The direct call is the one tito makes: streamed, with the sampled
+    // token's logprob.
+    let direct_body = json!({"prompt": prompt, "max_tokens": 64, "return_token_ids": true,
+                             "stream": true, "logprobs": 0, "return_tokens_as_token_ids": true});
     let tito_body = json!({"messages": messages, "max_tokens": 64});
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(256)

@@ -314,9 +314,10 @@ async fn main() {
     let direct_ids = Target {
         name: "direct (token ids)",
         url: format!("{}/v1/completions", mock.url()),
+        // As tito calls it: streamed, with the sampled token's logprob.
         body: Arc::new(json!({"model": "m", "prompt": prompt_ids, "max_tokens": 64,
             "return_token_ids": true, "skip_special_tokens": false, "logprobs": 0,
-            "return_tokens_as_token_ids": true})),
+            "return_tokens_as_token_ids": true, "stream": true})),
         bearer: None,
         vary: false,
     };
