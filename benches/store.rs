@@ -36,6 +36,7 @@ fn call(traj: &str, i: u32, delta: u32, sampled: u32) -> CallRecord {
         template_sha256: "b".repeat(64),
         reward: None,
         truncated: false,
+        normalized: Vec::new(),
     }
 }
 

@@ -72,6 +72,7 @@ async fn main() {
             messages: Some(Arc::new(messages.clone())),
             started_at: 0,
             weight_version: None,
+            normalized: Vec::new(),
         };
         let outcome = ChoiceOutcome {
             logprobs: Vec::new(),

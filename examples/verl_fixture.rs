@@ -34,6 +34,7 @@ fn call(traj: &str, i: u32, parent: Option<u32>, delta: Vec<u32>, sampled: Vec<u
         template_sha256: "p".into(),
         reward: None,
         truncated: false,
+        normalized: Vec::new(),
     }
 }
 

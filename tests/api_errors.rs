@@ -69,7 +69,7 @@ async fn bad_requests_are_400_with_reasons() {
         ("max_tokens", json!(0)),
         ("max_tokens", json!(-3)),
         ("n", json!(0)),
-        ("seed", json!(-1)),
+        ("seed", json!(1.5)),
         ("frequency_penalty", json!(9)),
         ("top_logprobs", json!(50)),
     ];

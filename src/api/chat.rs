@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value as Json};
 
 use super::logprobs::chat_logprobs;
-use super::request::{normalize_messages, parse_body, ChatRequest};
+use super::request::{parse_body, ChatRequest};
 use super::sse::{sse_response, usage, SseSender};
 use super::{new_id, unix_now, AppState};
 use crate::call::replies::Claim;
@@ -56,7 +56,8 @@ async fn handle(
     // Parse.
     let (mut req, body_json): (ChatRequest, _) = parse_body(&body)?;
     req.check()?;
-    normalize_messages(&mut req.messages);
+    let normalized =
+        crate::trajectory::normalize::messages(&mut req.messages, state.renderer.content_format());
     state.check_model(req.model.as_deref())?;
     let named = super::named_trajectory_id(path_tid, headers, req.trajectory_id.as_deref())?;
     let logprobs_k = req.logprobs_k()?;
@@ -96,6 +97,7 @@ async fn handle(
             messages: Some(Arc::new(req.messages.clone())),
             started_at,
             weight_version: state.ops.weight_version(),
+            normalized,
         },
         prepared,
         params,

@@ -49,10 +49,11 @@ fn prompt_ids(state: &AppState, req: &CompletionRequest) -> Result<Vec<Vec<u32>>
         Ok(enc.get_ids().to_vec())
     };
     let prompts = match &req.prompt {
-        PromptSpec::Text(t) => vec![encode(t)?],
-        PromptSpec::Ids(ids) => vec![ids.clone()],
-        PromptSpec::Texts(ts) => ts.iter().map(|t| encode(t)).collect::<Result<_, _>>()?,
-        PromptSpec::IdLists(ls) => ls.clone(),
+        Some(PromptSpec::Text(t)) => vec![encode(t)?],
+        Some(PromptSpec::Ids(ids)) => vec![ids.clone()],
+        Some(PromptSpec::Texts(ts)) => ts.iter().map(|t| encode(t)).collect::<Result<_, _>>()?,
+        Some(PromptSpec::IdLists(ls)) => ls.clone(),
+        None => Vec::new(),
     };
     if prompts.is_empty() || prompts.len() > MAX_PROMPTS {
         return Err(ApiError::invalid(
@@ -118,6 +119,7 @@ async fn handle(
                 messages: None,
                 started_at,
                 weight_version: weight_version.clone(),
+                normalized: Vec::new(),
             },
             prepared,
             params: params.clone(),

@@ -78,12 +78,16 @@ pub struct StreamOptions {
 /// Sampling fields shared by chat and completions (vLLM extensions included).
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SamplingFields {
+    #[serde(default, deserialize_with = "lenient::int")]
     pub max_tokens: Option<u32>,
+    #[serde(default, deserialize_with = "lenient::int")]
     pub max_completion_tokens: Option<u32>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
+    #[serde(default, deserialize_with = "lenient::int")]
     pub top_k: Option<i32>,
     pub min_p: Option<f32>,
+    #[serde(default, deserialize_with = "lenient::int")]
     pub seed: Option<i64>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
@@ -91,6 +95,7 @@ pub struct SamplingFields {
     pub stop: Option<StopSpec>,
     pub stop_token_ids: Option<Vec<u32>>,
     pub ignore_eos: Option<bool>,
+    #[serde(default, deserialize_with = "lenient::int")]
     pub n: Option<u32>,
 }
 
@@ -115,13 +120,9 @@ impl SamplingFields {
             }
         }
         let temperature = range("temperature", self.temperature, 0.0, 2.0)?;
-        let top_p = range("top_p", self.top_p, 0.0, 1.0)?;
-        if top_p == Some(0.0) {
-            return Err(ApiError::invalid(
-                "top_p",
-                "`top_p` must be in (0, 1], got 0",
-            ));
-        }
+        // OpenAI allows `top_p: 0` (keep only the most likely token); the
+        // backends want it positive: the smallest positive value does that.
+        let top_p = range("top_p", self.top_p, 0.0, 1.0)?.map(|p| p.max(f32::MIN_POSITIVE));
         let min_p = range("min_p", self.min_p, 0.0, 1.0)?;
         let presence_penalty = range("presence_penalty", self.presence_penalty, -2.0, 2.0)?;
         let frequency_penalty = range("frequency_penalty", self.frequency_penalty, -2.0, 2.0)?;
@@ -140,16 +141,9 @@ impl SamplingFields {
                 ));
             }
         }
-        let seed = match self.seed {
-            Some(s) if s < 0 => {
-                return Err(ApiError::invalid(
-                    "seed",
-                    format!("`seed` must be non-negative, got {s}"),
-                ))
-            }
-            Some(s) => Some(s as u64),
-            None => None,
-        };
+        // OpenAI allows any 64-bit seed: a negative one is used as its
+        // two's-complement bits (the same seed always gives the same value).
+        let seed = self.seed.map(|s| s as u64);
         let stop = match &self.stop {
             None => Vec::new(),
             Some(StopSpec::One(s)) => vec![s.clone()],
@@ -216,11 +210,12 @@ pub struct ChatRequest {
     pub messages: Vec<Json>,
     #[serde(skip)]
     pub sampling: SamplingFields,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::flag")]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::flag")]
     pub logprobs: bool,
+    #[serde(default, deserialize_with = "lenient::int")]
     pub top_logprobs: Option<u32>,
     pub tools: Option<Vec<Json>>,
     pub tool_choice: Option<Json>,
@@ -228,7 +223,7 @@ pub struct ChatRequest {
     pub chat_template_kwargs: Option<serde_json::Map<String, Json>>,
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::flag")]
     pub return_token_ids: bool,
     pub skip_special_tokens: Option<bool>,
     pub trajectory_id: Option<String>,
@@ -282,7 +277,8 @@ impl ChatRequest {
                 ));
             }
             match obj.get("content") {
-                None | Some(Json::Null) | Some(Json::String(_)) | Some(Json::Array(_)) => {}
+                None | Some(Json::Null) | Some(Json::String(_)) => {}
+                Some(Json::Array(parts)) => check_parts(&param, parts)?,
                 Some(_) => {
                     return Err(ApiError::invalid(
                         &format!("{param}.content"),
@@ -326,9 +322,42 @@ impl ChatRequest {
     }
 }
 
+/// Content parts must be text: tito serves text-only models, and an image or
+/// audio part silently dropped would change what the model is asked.
+fn check_parts(param: &str, parts: &[Json]) -> Result<(), ApiError> {
+    for (j, part) in parts.iter().enumerate() {
+        let p = format!("{param}.content[{j}]");
+        let kind = part.get("type").and_then(Json::as_str);
+        match kind {
+            Some("text") if part.get("text").is_some_and(Json::is_string) => {}
+            Some("text") => {
+                return Err(ApiError::invalid(
+                    &p,
+                    format!("`{p}.text` must be a string"),
+                ))
+            }
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    &p,
+                    format!(
+                        "content part type `{other}` is not supported: this gateway serves a \
+                         text-only model; send text parts"
+                    ),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    &p,
+                    format!("`{p}` must be an object with a `type`"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// A completions prompt: text, or token ids passed through untouched.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone)]
 pub enum PromptSpec {
     Text(String),
     Ids(Vec<u32>),
@@ -336,22 +365,50 @@ pub enum PromptSpec {
     IdLists(Vec<Vec<u32>>),
 }
 
+impl<'de> Deserialize<'de> for PromptSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        const WANT: &str = "expected a string, a list of strings, a list of token ids \
+            (integers from 0), or a list of such lists";
+        let v = Json::deserialize(d)?;
+        let parsed = match &v {
+            Json::String(s) => Some(PromptSpec::Text(s.clone())),
+            Json::Array(items) if items.iter().all(Json::is_string) => Some(PromptSpec::Texts(
+                items
+                    .iter()
+                    .filter_map(Json::as_str)
+                    .map(str::to_string)
+                    .collect(),
+            )),
+            Json::Array(_) => serde_json::from_value(v.clone())
+                .map(PromptSpec::Ids)
+                .or_else(|_| serde_json::from_value(v.clone()).map(PromptSpec::IdLists))
+                .ok(),
+            _ => None,
+        };
+        parsed.ok_or_else(|| D::Error::custom(WANT))
+    }
+}
+
 /// `POST /v1/completions`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct CompletionRequest {
     pub model: Option<String>,
-    pub prompt: PromptSpec,
+    /// `null` reads as absent, and is refused by [`CompletionRequest::check`].
+    #[serde(default)]
+    pub prompt: Option<PromptSpec>,
     #[serde(skip)]
     pub sampling: SamplingFields,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::flag")]
     pub stream: bool,
     pub stream_options: Option<StreamOptions>,
     /// Legacy completions: an int asks for that many top alternatives.
+    #[serde(default, deserialize_with = "lenient::int")]
     pub logprobs: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::flag")]
     pub echo: bool,
     pub suffix: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "lenient::flag")]
     pub return_token_ids: bool,
     pub skip_special_tokens: Option<bool>,
     pub add_special_tokens: Option<bool>,
@@ -360,6 +417,9 @@ pub struct CompletionRequest {
 
 impl CompletionRequest {
     pub fn check(&self) -> Result<(), ApiError> {
+        if self.prompt.is_none() {
+            return Err(ApiError::invalid("prompt", "`prompt` is required"));
+        }
         if self.echo {
             return Err(ApiError::invalid("echo", "`echo` is not supported"));
         }
@@ -378,15 +438,37 @@ impl CompletionRequest {
     }
 }
 
-/// Agents send `content: null` on assistant tool-call messages; templates
-/// that test `content is string` then fail or differ. Render them as "".
-pub fn normalize_messages(messages: &mut [Json]) {
-    for m in messages {
-        if m.get("role").and_then(Json::as_str) == Some("assistant")
-            && m.get("content").is_some_and(Json::is_null)
-        {
-            m["content"] = Json::String(String::new());
-        }
+/// Deserializers for fields where JSON Schema (and so OpenAI's spec) is more
+/// permissive than serde: `null` for an optional flag, and integers written
+/// as floats (`4.0` is an integer in JSON Schema).
+mod lenient {
+    use serde::de::{Deserializer, Error};
+    use serde::Deserialize;
+
+    pub fn flag<'de, D: Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+        Ok(Option::<bool>::deserialize(d)?.unwrap_or(false))
+    }
+
+    pub fn int<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+    where
+        D: Deserializer<'de>,
+        T: TryFrom<i64>,
+    {
+        let Some(n) = Option::<serde_json::Number>::deserialize(d)? else {
+            return Ok(None);
+        };
+        let whole = if let Some(i) = n.as_i64() {
+            Some(i)
+        } else if let Some(f) = n.as_f64() {
+            (f.fract() == 0.0 && f >= i64::MIN as f64 && f <= i64::MAX as f64).then_some(f as i64)
+        } else {
+            None
+        };
+        let whole =
+            whole.ok_or_else(|| D::Error::custom(format!("expected an integer, got {n}")))?;
+        T::try_from(whole)
+            .map(Some)
+            .map_err(|_| D::Error::custom(format!("{n} is out of range")))
     }
 }
 
@@ -417,15 +499,17 @@ mod tests {
         assert!(r.check().is_ok());
     }
 
+    /// (`top_p: 0` and negative seeds are valid OpenAI values: see
+    /// `nulls_are_absent_and_integral_floats_are_integers`.)
     #[test]
     fn sampling_ranges_are_checked() {
         let bad = [
             r#"{"temperature": 3}"#,
-            r#"{"top_p": 0}"#,
+            r#"{"top_p": 1.5}"#,
+            r#"{"top_p": -0.1}"#,
             r#"{"top_k": 0}"#,
             r#"{"max_tokens": 0}"#,
             r#"{"presence_penalty": -5}"#,
-            r#"{"seed": -1}"#,
             r#"{"stop": [""]}"#,
         ];
         for b in bad {
@@ -460,9 +544,30 @@ mod tests {
     #[test]
     fn prompt_forms() {
         let r: CompletionRequest = parse(r#"{"prompt": [1, 2, 3]}"#).expect("ids");
-        assert!(matches!(r.prompt, PromptSpec::Ids(ref v) if v == &[1, 2, 3]));
+        assert!(matches!(r.prompt, Some(PromptSpec::Ids(ref v)) if v == &[1, 2, 3]));
         let r: CompletionRequest = parse(r#"{"prompt": "hi"}"#).expect("text");
-        assert!(matches!(r.prompt, PromptSpec::Text(_)));
-        assert!(parse::<CompletionRequest>(r#"{"prompt": [-1]}"#).is_err());
+        assert!(matches!(r.prompt, Some(PromptSpec::Text(_))));
+        let e = parse::<CompletionRequest>(r#"{"prompt": [-1]}"#).expect_err("negative id");
+        assert!(e.message.contains("list of token ids"), "{}", e.message);
+        assert!(!e.message.contains("PromptSpec"), "{}", e.message);
+        let r: CompletionRequest = parse(r#"{"prompt": null}"#).expect("null is absent");
+        assert_eq!(r.check().map_err(|e| e.param), Err(Some("prompt".into())));
+    }
+
+    #[test]
+    fn nulls_are_absent_and_integral_floats_are_integers() {
+        let r: ChatRequest = parse(
+            r#"{"messages": [{"role": "user", "content": "x"}], "stream": null,
+                "logprobs": null, "max_tokens": 4.0, "n": 2.0, "seed": -3, "top_p": 0}"#,
+        )
+        .expect("valid per OpenAI's schema");
+        assert!(!r.stream && !r.logprobs);
+        assert_eq!(r.sampling.max_tokens, Some(4));
+        assert_eq!(r.sampling.n, Some(2));
+        let (p, max) = r.sampling.validate(None).expect("valid");
+        assert_eq!(max, Some(4));
+        assert_eq!(p.seed, Some((-3i64) as u64));
+        assert!(p.top_p.is_some_and(|t| t > 0.0 && t < 1e-30));
+        assert!(parse::<ChatRequest>(r#"{"messages": [], "max_tokens": 4.5}"#).is_err());
     }
 }

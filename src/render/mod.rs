@@ -82,6 +82,30 @@ pub struct Renderer {
     /// Variables every render sees first (transformers' `special_tokens_map`:
     /// `bos_token`, `eos_token`, ... and named extra special tokens).
     template_vars: serde_json::Map<String, Json>,
+    content_format: ContentFormat,
+}
+
+/// How a chat template reads `message.content`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContentFormat {
+    /// As one string: OpenAI's lists of text parts must be flattened first.
+    String,
+    /// It iterates over OpenAI's list of parts (or reads their `type`), so a
+    /// list is passed through as sent.
+    Parts,
+}
+
+/// Detects [`ContentFormat`] from the template source, as vLLM does for the
+/// same choice: a template that loops over a message's `content` or looks at
+/// a part's `type` takes parts; any other takes strings.
+pub fn detect_content_format(template: &str) -> ContentFormat {
+    // `{% for part in message.content %}` / `message['content']`, or a
+    // part's type compared with "text" / "image".
+    const PARTS: &str = r#"for\s+\w+\s+in\s+\w+(\.content|\[\s*['"]content['"]\s*\])|(\[\s*['"]type['"]\s*\]|\.type)\s*==\s*['"](text|image)"#;
+    match fancy_regex::Regex::new(PARTS) {
+        Ok(re) if re.is_match(template).unwrap_or(false) => ContentFormat::Parts,
+        _ => ContentFormat::String,
+    }
 }
 
 impl Renderer {
@@ -111,6 +135,7 @@ impl Renderer {
             .or(source.chat_template)
             .ok_or(RenderError::NoTemplate)?;
         let template_sha256 = sha256_hex(template.as_bytes());
+        let content_format = detect_content_format(&template);
         let env = template::build_env(template)?;
         let mut template_vars = serde_json::Map::new();
         for (name, value) in [
@@ -136,7 +161,13 @@ impl Renderer {
             tokenizer_sha256: source.sha256,
             template_sha256,
             template_vars,
+            content_format,
         })
+    }
+
+    /// How this template reads `message.content` (see [`ContentFormat`]).
+    pub fn content_format(&self) -> ContentFormat {
+        self.content_format
     }
 
     /// Renders the chat template to text, with the variables transformers'

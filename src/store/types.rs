@@ -87,6 +87,10 @@ pub struct CallRecord {
     pub reward: Option<f64>,
     /// The call (or its sample) ran out of its token budget.
     pub truncated: bool,
+    /// Normalization rules that changed the request before it was rendered
+    /// (e.g. `developer_as_system`); `request` holds it as received.
+    #[serde(default)]
+    pub normalized: Vec<String>,
 }
 
 /// Summary row of a trajectory (no calls).

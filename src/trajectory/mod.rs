@@ -9,6 +9,7 @@
 
 mod drift;
 pub mod messages;
+pub mod normalize;
 mod prepare;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -147,6 +148,9 @@ pub struct CallContext {
     pub messages: Option<Arc<Vec<Json>>>,
     pub started_at: i64,
     pub weight_version: Option<String>,
+    /// Normalization rules applied to the request before rendering
+    /// (see [`normalize`]).
+    pub normalized: Vec<&'static str>,
 }
 
 pub struct Trajectories {
@@ -259,11 +263,17 @@ impl Trajectories {
         let mut by_index: HashMap<u32, Arc<HotCall>> = HashMap::new();
         for rec in &t.calls {
             let parent = rec.parent_call.and_then(|p| by_index.get(&p).cloned());
+            // The stored request is as received: normalize it as the live
+            // call was, so history matches the same messages.
             let messages = rec
                 .request
                 .get("messages")
                 .and_then(Json::as_array)
-                .map(|m| Arc::new(m.clone()));
+                .map(|m| {
+                    let mut m = m.clone();
+                    normalize::messages(&mut m, self.renderer.content_format());
+                    Arc::new(m)
+                });
             let (prompt_ids, segments, used) = match &parent {
                 Some(p) => {
                     let mut ids = Vec::with_capacity(p.full_len() + rec.prompt_delta_ids.len());
@@ -404,6 +414,7 @@ impl Trajectories {
                 template_sha256: self.renderer.template_sha256().to_string(),
                 reward: None,
                 truncated,
+                normalized: ctx.normalized.iter().map(|s| s.to_string()).collect(),
             };
             match self.store.append_call(record).await {
                 Ok(()) => {}

@@ -38,6 +38,7 @@ pub fn call(
         template_sha256: "tpl-sha".into(),
         reward: None,
         truncated: false,
+        normalized: Vec::new(),
     }
 }
 

@@ -94,7 +94,7 @@ pub(crate) fn meta_from_row(row: &Row<'_>) -> rusqlite::Result<(i64, TrajectoryM
 pub(crate) const CALL_COLS: &str = "call_index, sample_index, parent_call, backend, started_at, \
      finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, response, \
      drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, template_sha256, reward, \
-     truncated";
+     truncated, normalized";
 
 fn call_from_row(row: &Row<'_>, trajectory_id: &str) -> rusqlite::Result<CallRecord> {
     let drift: Option<String> = row.get(12)?;
@@ -127,6 +127,12 @@ fn call_from_row(row: &Row<'_>, trajectory_id: &str) -> rusqlite::Result<CallRec
         template_sha256: row.get(17)?,
         reward: row.get(18)?,
         truncated: row.get(19)?,
+        normalized: match row.get_ref(20)?.as_str_or_null()? {
+            Some(text) => serde_json::from_str(text).map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(20, Type::Text, Box::new(e))
+            })?,
+            None => Vec::new(),
+        },
     })
 }
 

@@ -64,6 +64,11 @@ const MIGRATIONS: &[&str] = &[
         started_at INTEGER NOT NULL
     );
     "#,
+    // 4: normalization rules applied to a call's request before rendering
+    // (a JSON list; NULL when none).
+    r#"
+    ALTER TABLE calls ADD COLUMN normalized TEXT;
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -217,8 +217,8 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             "INSERT INTO calls (traj, call_index, sample_index, parent_call, backend, started_at, \
              finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
              response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
-             template_sha256, reward, truncated) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
-             ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21)",
+             template_sha256, reward, truncated, normalized) VALUES (?1, ?2, ?3, ?4, ?5, ?6, \
+             ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
         )?
         .execute(params![
             seq,
@@ -242,6 +242,8 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             call.template_sha256,
             call.reward,
             call.truncated,
+            (!call.normalized.is_empty())
+                .then(|| serde_json::Value::from(call.normalized.clone()).to_string()),
         ]);
     match inserted {
         Ok(_) => {}
@@ -361,6 +363,7 @@ mod tests {
             template_sha256: String::new(),
             reward: None,
             truncated: false,
+            normalized: Vec::new(),
         }
     }
 
