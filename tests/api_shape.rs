@@ -100,3 +100,51 @@ async fn models_retrieve_and_openai_shaped_route_errors() {
     let e: Value = r.json().await.expect("json");
     assert!(e["error"]["message"].is_string());
 }
+
+#[tokio::test]
+async fn openai_fields_tito_does_not_implement_are_refused_by_name() {
+    let mock = MockVllm::start(Scripted::ids(vec![b'o' as u32, IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let refused = [
+        ("audio", json!({"voice": "alloy", "format": "wav"})),
+        ("modalities", json!(["text", "audio"])),
+        ("prediction", json!({"type": "content", "content": "x"})),
+        ("web_search_options", json!({})),
+        ("logit_bias", json!({"50256": -100})),
+        ("reasoning_effort", json!("low")),
+        ("verbosity", json!("low")),
+        ("response_format", json!({"type": "json_object"})),
+        ("functions", json!([{"name": "f", "parameters": {}}])),
+        ("function_call", json!("auto")),
+        ("tool_choice", json!("required")),
+        ("parallel_tool_calls", json!(false)),
+    ];
+    for (field, value) in refused {
+        let mut body = json!({"messages": [{"role": "user", "content": "x"}]});
+        body[field] = value;
+        let r = g.post("/v1/chat/completions", body).await;
+        assert_eq!(r.status(), 400, "{field}");
+        let e: Value = r.json().await.expect("json");
+        assert_eq!(e["error"]["param"], field);
+        assert_eq!(e["error"]["code"], "unsupported_parameter");
+    }
+    for (field, value) in [("logit_bias", json!({"1": 5})), ("best_of", json!(3))] {
+        let mut body = json!({"prompt": [1, 2]});
+        body[field] = value;
+        let r = g.post("/v1/completions", body).await;
+        assert_eq!(r.status(), 400, "{field}");
+    }
+    assert!(
+        mock.requests().is_empty(),
+        "nothing refused reached the backend"
+    );
+
+    // Neutral values and fields without effect on generation are served.
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "modalities": ["text"],
+        "response_format": {"type": "text"}, "logit_bias": {}, "tool_choice": "auto",
+        "parallel_tool_calls": true, "user": "u-1", "metadata": {"k": "v"}, "store": true,
+        "service_tier": "auto", "prompt_cache_key": "p", "safety_identifier": "s"});
+    assert_eq!(g.post("/v1/chat/completions", body).await.status(), 200);
+    let body = json!({"prompt": [1, 2], "best_of": 1, "user": "u-1"});
+    assert_eq!(g.post("/v1/completions", body).await.status(), 200);
+}

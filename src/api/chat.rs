@@ -56,6 +56,7 @@ async fn handle(
     // Parse.
     let (mut req, body_json): (ChatRequest, _) = parse_body(&body)?;
     req.check()?;
+    super::unsupported::chat(&body_json)?;
     let normalized =
         crate::trajectory::normalize::messages(&mut req.messages, state.renderer.content_format());
     state.check_model(req.model.as_deref())?;

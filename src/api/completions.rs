@@ -86,6 +86,7 @@ async fn handle(
     // Parse.
     let (req, body_json): (CompletionRequest, _) = parse_body(&body)?;
     req.check()?;
+    super::unsupported::completions(&body_json)?;
     state.check_model(req.model.as_deref())?;
     let named = super::named_trajectory_id(path_tid, headers, req.trajectory_id.as_deref())?;
     let (params, max_tokens) = req.sampling.validate(req.logprobs)?;

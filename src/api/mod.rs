@@ -12,6 +12,7 @@ mod logprobs;
 pub mod request;
 mod sse;
 pub mod trajectories;
+mod unsupported;
 
 use std::future::Future;
 use std::sync::Arc;

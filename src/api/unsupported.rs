@@ -1,0 +1,135 @@
+//! OpenAI request fields tito does not implement, refused by name instead of
+//! ignored: a request that asks for something the answer will not honour
+//! (audio, a JSON schema, a forced tool call) gets a 400 naming the field.
+//! A field at its neutral value (`null`, `"text"`, `{}`, `"auto"`) is
+//! accepted. Fields without effect on generation (`user`, `metadata`,
+//! `store`, `service_tier`, `prompt_cache_*`, `safety_identifier`) are
+//! accepted and kept with the recorded request. Fields OpenAI does not
+//! define (other engines' extensions) stay ignored unless tito implements
+//! them (docs/api.md lists both).
+
+use serde_json::Value as Json;
+
+use crate::error::ApiError;
+
+/// A field and why a non-neutral value of it is refused.
+struct Rule {
+    field: &'static str,
+    neutral: fn(&Json) -> bool,
+    why: &'static str,
+}
+
+fn is_null(v: &Json) -> bool {
+    v.is_null()
+}
+
+fn null_or_empty_object(v: &Json) -> bool {
+    v.is_null() || v.as_object().is_some_and(serde_json::Map::is_empty)
+}
+
+const CHAT: &[Rule] = &[
+    Rule {
+        field: "audio",
+        neutral: is_null,
+        why: "audio output is not supported: the served model is text-only",
+    },
+    Rule {
+        field: "modalities",
+        neutral: |v| v.is_null() || *v == serde_json::json!(["text"]),
+        why: "only the `text` modality is supported",
+    },
+    Rule {
+        field: "prediction",
+        neutral: is_null,
+        why: "predicted outputs are not supported",
+    },
+    Rule {
+        field: "web_search_options",
+        neutral: is_null,
+        why: "web search is not supported",
+    },
+    Rule {
+        field: "logit_bias",
+        neutral: null_or_empty_object,
+        why: "logit_bias is not supported",
+    },
+    Rule {
+        field: "reasoning_effort",
+        neutral: is_null,
+        why: "reasoning_effort is not supported; templates that can switch reasoning take \
+              `chat_template_kwargs` (e.g. {\"enable_thinking\": false})",
+    },
+    Rule {
+        field: "verbosity",
+        neutral: is_null,
+        why: "verbosity is not supported",
+    },
+    Rule {
+        field: "moderation",
+        neutral: is_null,
+        why: "moderation is not supported",
+    },
+    Rule {
+        field: "response_format",
+        neutral: |v| v.is_null() || v.get("type").and_then(Json::as_str) == Some("text"),
+        why: "structured outputs (json_object, json_schema) are not supported yet",
+    },
+    Rule {
+        field: "functions",
+        neutral: is_null,
+        why: "the deprecated `functions` are not supported: send `tools`",
+    },
+    Rule {
+        field: "function_call",
+        neutral: is_null,
+        why: "the deprecated `function_call` is not supported: send `tool_choice`",
+    },
+    Rule {
+        field: "tool_choice",
+        neutral: |v| v.is_null() || v.as_str().is_some_and(|s| s == "auto" || s == "none"),
+        why: "only tool_choice \"auto\" and \"none\" are supported: forcing a tool call needs \
+              constrained decoding, which is not supported yet",
+    },
+    Rule {
+        field: "parallel_tool_calls",
+        neutral: |v| v.is_null() || v.as_bool() == Some(true),
+        why: "parallel_tool_calls: false is not supported: the model's output is returned as \
+              sampled, with every tool call it made",
+    },
+];
+
+const COMPLETIONS: &[Rule] = &[
+    Rule {
+        field: "logit_bias",
+        neutral: null_or_empty_object,
+        why: "logit_bias is not supported",
+    },
+    Rule {
+        field: "best_of",
+        neutral: |v| v.is_null() || v.as_f64() == Some(1.0),
+        why: "best_of above 1 is not supported: ask for `n` choices",
+    },
+];
+
+fn check(body: &Json, rules: &[Rule]) -> Result<(), ApiError> {
+    for rule in rules {
+        if let Some(v) = body.get(rule.field) {
+            if !(rule.neutral)(v) {
+                return Err(
+                    ApiError::invalid(rule.field, rule.why).with_code("unsupported_parameter")
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses the chat fields tito does not implement.
+pub fn chat(body: &Json) -> Result<(), ApiError> {
+    check(body, CHAT)
+}
+
+/// Refuses the completions fields tito does not implement.
+pub fn completions(body: &Json) -> Result<(), ApiError> {
+    check(body, COMPLETIONS)
+}
