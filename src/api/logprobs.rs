@@ -69,7 +69,8 @@ pub fn chat_logprobs(renderer: &Renderer, ids: &[u32], lps: &[TokenLogprob]) -> 
             e
         })
         .collect();
-    json!({ "content": content })
+    // OpenAI's shape has both lists; tito never refuses.
+    json!({ "content": content, "refusal": Json::Null })
 }
 
 /// `choices[i].logprobs` for legacy completions; `text_offset` counts bytes

@@ -1,0 +1,188 @@
+"""tito's answers against OpenAI's own published OpenAPI document
+(`../shared/openai/openapi.yaml`, see its README): for a table of SDK-shaped
+requests, every JSON body and every SSE chunk must validate against the
+spec's schema for it (`CreateChatCompletionResponse`,
+`CreateChatCompletionStreamResponse`, `CreateCompletionResponse`,
+`ListModelsResponse`, `Model`, `ErrorResponse`).
+
+Known quirks of the document (its README lists them), handled here and
+nowhere else: it is an OpenAPI 3.1 file that still marks optional values
+with 3.0's `nullable: true`, read here as "or null"; and its stream chunk
+schemas do not allow the `finish_reason: null` that OpenAI itself sends on
+every chunk but the last, so exactly that is not counted as a violation."""
+
+import json
+import pathlib
+import urllib.error
+import urllib.request
+
+import pytest
+import yaml
+from jsonschema import Draft202012Validator
+from referencing import Registry, Resource
+from referencing.jsonschema import DRAFT202012
+from transformers import AutoTokenizer
+
+import harness
+
+SPEC = harness.ROOT.parent / "shared" / "openai" / "openapi.yaml"
+TOKENIZER = harness.ROOT / ".cache" / "tokenizers" / "qwen3"
+BASE = "urn:openai-spec"
+
+
+def nullable_as_null(node):
+    """OpenAPI 3.0's `nullable: true` as JSON Schema's `null` alternative."""
+    if isinstance(node, list):
+        return [nullable_as_null(x) for x in node]
+    if not isinstance(node, dict):
+        return node
+    node = {k: nullable_as_null(v) for k, v in node.items()}
+    if node.pop("nullable", False) is True:
+        t = node.get("type")
+        if isinstance(t, str):
+            node["type"] = [t, "null"]
+        elif isinstance(t, list):
+            node["type"] = t + ["null"]
+        else:
+            node = {"anyOf": [node, {"type": "null"}]}
+    return node
+
+
+@pytest.fixture(scope="module")
+def validators():
+    if not SPEC.exists():
+        pytest.fail(f"missing {SPEC}: the OpenAI spec is expected in shared/openai/")
+    spec = nullable_as_null(yaml.safe_load(SPEC.read_text()))
+    registry = Registry().with_resource(BASE, Resource(contents=spec, specification=DRAFT202012))
+
+    def validator(name):
+        schema = {"$ref": f"{BASE}#/components/schemas/{name}"}
+        return Draft202012Validator(schema, registry=registry)
+
+    return validator
+
+
+@pytest.fixture(scope="module")
+def gateway():
+    if not (TOKENIZER / "tokenizer.json").exists():
+        pytest.fail("missing .cache/tokenizers/qwen3: run scripts/fetch-tokenizers.sh")
+    harness.build()
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    plain = tok.encode("Hello! 你好 🎉", add_special_tokens=False) + [im_end]
+    call = tok.encode(
+        'Let me compute.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "6*7"}}\n</tool_call>',
+        add_special_tokens=False,
+    ) + [im_end]
+    # The tool-call requests of the table come first, in order.
+    mock, mock_addr = harness.start_mock(plain, script=[call, call])
+    tito, addr = harness.start_tito(TOKENIZER, f"http://{mock_addr}")
+    try:
+        yield addr
+    finally:
+        for p in (tito, mock):
+            p.terminate()
+            p.wait(timeout=30)
+
+
+def request(addr, method, path, body=None):
+    """(status, content type, body text) of one request."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://{addr}{path}", data=data, method=method)
+    req.add_header("content-type", "application/json")
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, r.headers.get("content-type", ""), r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.headers.get("content-type", ""), e.read().decode()
+
+
+def sse_chunks(text):
+    out = []
+    for event in text.split("\n\n"):
+        data = [line[5:].lstrip() for line in event.splitlines() if line.startswith("data:")]
+        if data and data != ["[DONE]"]:
+            out.append(json.loads("\n".join(data)))
+    return out
+
+
+MESSAGES = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate arithmetic",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
+
+# (name, method, path, body, status, schema of the body or of every chunk)
+CASES = [
+    ("chat tool call", "POST", "/v1/chat/completions",
+     {"model": "test-model", "messages": MESSAGES, "tools": TOOLS}, 200, "CreateChatCompletionResponse"),
+    ("chat tool call stream", "POST", "/v1/chat/completions",
+     {"model": "test-model", "messages": MESSAGES, "tools": TOOLS, "stream": True},
+     200, "CreateChatCompletionStreamResponse"),
+    ("chat", "POST", "/v1/chat/completions",
+     {"model": "test-model", "messages": MESSAGES}, 200, "CreateChatCompletionResponse"),
+    ("chat logprobs n=2", "POST", "/v1/chat/completions",
+     {"model": "test-model", "messages": MESSAGES, "logprobs": True, "top_logprobs": 2, "n": 2},
+     200, "CreateChatCompletionResponse"),
+    ("chat parts + developer", "POST", "/v1/chat/completions",
+     {"model": "test-model", "messages": [{"role": "developer", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hi"}]}]},
+     200, "CreateChatCompletionResponse"),
+    ("chat stream usage", "POST", "/v1/chat/completions",
+     {"model": "test-model", "messages": MESSAGES, "stream": True,
+      "stream_options": {"include_usage": True}, "logprobs": True},
+     200, "CreateChatCompletionStreamResponse"),
+    ("completion", "POST", "/v1/completions",
+     {"model": "test-model", "prompt": "Say hi", "logprobs": 2}, 200, "CreateCompletionResponse"),
+    ("completion stream", "POST", "/v1/completions",
+     {"model": "test-model", "prompt": ["a", "b"], "stream": True}, 200, "CreateCompletionResponse"),
+    ("models", "GET", "/v1/models", None, 200, "ListModelsResponse"),
+    ("model", "GET", "/v1/models/test-model", None, 200, "Model"),
+    ("bad temperature", "POST", "/v1/chat/completions",
+     {"model": "test-model", "messages": MESSAGES, "temperature": 9}, 400, "ErrorResponse"),
+    ("unsupported field", "POST", "/v1/chat/completions",
+     {"model": "test-model", "messages": MESSAGES, "audio": {"voice": "alloy", "format": "wav"}},
+     400, "ErrorResponse"),
+    ("unknown model", "POST", "/v1/chat/completions",
+     {"model": "gpt-9", "messages": MESSAGES}, 404, "ErrorResponse"),
+    ("unknown route", "GET", "/v1/nothing", None, 404, "ErrorResponse"),
+    ("wrong method", "GET", "/v1/chat/completions", None, 405, "ErrorResponse"),
+]
+
+
+def test_every_answer_validates_against_openais_schemas(gateway, validators):
+    violations = []
+    for name, method, path, body, want_status, schema in CASES:
+        status, ctype, text = request(gateway, method, path, body)
+        assert status == want_status, f"{name}: {status} {text[:300]}"
+        streamed = body is not None and body.get("stream")
+        if streamed:
+            assert ctype.startswith("text/event-stream"), f"{name}: {ctype}"
+            docs = sse_chunks(text)
+            assert docs and text.rstrip().endswith("data: [DONE]"), f"{name}: {text[-200:]}"
+        else:
+            docs = [json.loads(text)]
+        v = validators(schema)
+        for i, doc in enumerate(docs):
+            for err in v.iter_errors(doc):
+                where = "/".join(map(str, err.absolute_path))
+                if streamed and where.endswith("finish_reason") and err.instance is None:
+                    continue
+                violations.append(f"{name} [{i}] at {where}: {err.message[:200]}")
+    assert not violations, "\n".join(violations)
+
+
+def test_stream_finish_reason_is_null_until_the_last_choice_chunk(gateway):
+    """Beyond the schema, as OpenAI streams: `finish_reason` is null on every
+    chunk but the last one carrying a choice."""
+    _, _, text = request(gateway, "POST", "/v1/chat/completions",
+                         {"model": "test-model", "messages": MESSAGES, "stream": True})
+    chunks = sse_chunks(text)
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
+    assert finishes[-1] == "stop" and all(f is None for f in finishes[:-1])
