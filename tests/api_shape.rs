@@ -113,7 +113,6 @@ async fn openai_fields_tito_does_not_implement_are_refused_by_name() {
         ("logit_bias", json!({"50256": -100})),
         ("reasoning_effort", json!("low")),
         ("verbosity", json!("low")),
-        ("response_format", json!({"type": "json_object"})),
         ("functions", json!([{"name": "f", "parameters": {}}])),
         ("function_call", json!("auto")),
         ("tool_choice", json!("required")),
@@ -147,4 +146,47 @@ async fn openai_fields_tito_does_not_implement_are_refused_by_name() {
     assert_eq!(g.post("/v1/chat/completions", body).await.status(), 200);
     let body = json!({"prompt": [1, 2], "best_of": 1, "user": "u-1"});
     assert_eq!(g.post("/v1/completions", body).await.status(), 200);
+}
+
+#[tokio::test]
+async fn response_format_reaches_the_backend_as_a_constraint() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let mut answer = g.renderer.encode(r#"{"city": "Paris"}"#).expect("encodes");
+    answer.push(IM_END);
+    mock.push(Scripted::ids(answer));
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}},
+                        "required": ["city"], "additionalProperties": false});
+    let body = json!({"messages": [{"role": "user", "content": "capital of France?"}],
+        "response_format": {"type": "json_schema",
+                            "json_schema": {"name": "answer", "schema": schema, "strict": true}}});
+    let v: Value = g
+        .post("/v1/chat/completions", body)
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        r#"{"city": "Paris"}"#
+    );
+    assert_eq!(
+        mock.last_request()["structured_outputs"],
+        json!({"json": schema})
+    );
+
+    let body = json!({"messages": [{"role": "user", "content": "x"}],
+                      "response_format": {"type": "json_object"}});
+    assert_eq!(g.post("/v1/chat/completions", body).await.status(), 200);
+    assert_eq!(
+        mock.last_request()["structured_outputs"],
+        json!({"json_object": true})
+    );
+
+    let body = json!({"messages": [{"role": "user", "content": "x"}],
+                      "response_format": {"type": "yaml"}});
+    let r = g.post("/v1/chat/completions", body).await;
+    assert_eq!(r.status(), 400);
+    let e: Value = r.json().await.expect("json");
+    assert_eq!(e["error"]["param"], "response_format.type");
 }

@@ -115,3 +115,24 @@ async fn raw_and_processed_modes_report_different_numbers_for_the_same_draw() {
         "raw {raw_lp:?} vs processed {processed_lp:?}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_engine_refuses_structured_outputs_instead_of_ignoring_them() {
+    use tito::backend::{Backend, BackendError, GenerateRequest, StructuredOutput};
+    let engine = engine(LogprobsMode::RawLogprobs);
+    let req = GenerateRequest {
+        request_id: "s".into(),
+        prompt_ids: std::sync::Arc::new(encode(PROMPT)),
+        params: SamplingParams {
+            structured: Some(StructuredOutput::JsonObject),
+            ..greedy(4)
+        },
+    };
+    match engine.generate(req).await {
+        Err(BackendError::Rejected { message, .. }) => {
+            assert!(message.contains("structured outputs"), "{message}")
+        }
+        Err(e) => panic!("expected a rejection, got {e}"),
+        Ok(_) => panic!("expected a rejection, got a stream"),
+    }
+}

@@ -62,7 +62,8 @@ async fn handle(
     state.check_model(req.model.as_deref())?;
     let named = super::named_trajectory_id(path_tid, headers, req.trajectory_id.as_deref())?;
     let logprobs_k = req.logprobs_k()?;
-    let (params, max_tokens) = req.sampling.validate(logprobs_k)?;
+    let (mut params, max_tokens) = req.sampling.validate(logprobs_k)?;
+    params.structured = req.structured()?;
     let n = req.sampling.n()?;
     let shape = Shape {
         logprobs: logprobs_k.is_some(),

@@ -9,7 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value as Json;
 
-use crate::backend::SamplingParams;
+use crate::backend::{SamplingParams, StructuredOutput};
 use crate::error::ApiError;
 
 /// Request types that carry the shared sampling fields.
@@ -174,6 +174,7 @@ impl SamplingFields {
             ));
         }
         let params = SamplingParams {
+            structured: None,
             max_tokens: 0,
             temperature,
             top_p,
@@ -219,6 +220,7 @@ pub struct ChatRequest {
     pub top_logprobs: Option<u32>,
     pub tools: Option<Vec<Json>>,
     pub tool_choice: Option<Json>,
+    pub response_format: Option<Json>,
     pub parallel_tool_calls: Option<bool>,
     pub chat_template_kwargs: Option<serde_json::Map<String, Json>>,
     pub add_generation_prompt: Option<bool>,
@@ -303,6 +305,34 @@ impl ChatRequest {
             ));
         }
         Ok(())
+    }
+
+    /// OpenAI's `response_format` as an output constraint: `text` (or none)
+    /// is none; `json_object` any JSON object; `json_schema` its `schema`.
+    pub fn structured(&self) -> Result<Option<StructuredOutput>, ApiError> {
+        let Some(rf) = self.response_format.as_ref().filter(|v| !v.is_null()) else {
+            return Ok(None);
+        };
+        match rf.get("type").and_then(Json::as_str) {
+            Some("text") => Ok(None),
+            Some("json_object") => Ok(Some(StructuredOutput::JsonObject)),
+            Some("json_schema") => match rf.pointer("/json_schema/schema") {
+                Some(schema) if schema.is_object() => {
+                    Ok(Some(StructuredOutput::JsonSchema(schema.clone())))
+                }
+                _ => Err(ApiError::invalid(
+                    "response_format.json_schema.schema",
+                    "`response_format.json_schema.schema` must be a JSON Schema object",
+                )),
+            },
+            other => Err(ApiError::invalid(
+                "response_format.type",
+                format!(
+                    "`response_format.type` must be text, json_object or json_schema, got {}",
+                    other.unwrap_or("nothing")
+                ),
+            )),
+        }
     }
 
     /// `Some(k)` when logprobs are asked for.

@@ -70,11 +70,6 @@ const CHAT: &[Rule] = &[
         why: "moderation is not supported",
     },
     Rule {
-        field: "response_format",
-        neutral: |v| v.is_null() || v.get("type").and_then(Json::as_str) == Some("text"),
-        why: "structured outputs (json_object, json_schema) are not supported yet",
-    },
-    Rule {
         field: "functions",
         neutral: is_null,
         why: "the deprecated `functions` are not supported: send `tools`",

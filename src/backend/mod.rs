@@ -46,6 +46,18 @@ pub struct SamplingParams {
     /// logprobs needed. A backend that answers without numbers yields
     /// `TokenLogprob { logprob: None, top: [] }` per token, not an error.
     pub logprobs: Option<u32>,
+    /// Constrain the output (OpenAI's `response_format`), with each
+    /// backend's structured-output support.
+    pub structured: Option<StructuredOutput>,
+}
+
+/// An output constraint.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum StructuredOutput {
+    /// Any JSON object.
+    JsonObject,
+    /// JSON valid under this JSON Schema.
+    JsonSchema(serde_json::Value),
 }
 
 /// One generation request for one sequence. The caller always consumes a

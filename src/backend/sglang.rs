@@ -37,7 +37,7 @@ use serde_json::{json, Value as Json};
 use super::pump::{EventDecoder, StreamTimeouts};
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
-    TokenLogprob,
+    StructuredOutput, TokenLogprob,
 };
 use crate::config::{BackendConfig, RouterConfig};
 
@@ -98,6 +98,12 @@ impl SglangBackend {
         }
         if p.ignore_eos {
             put("ignore_eos", json!(true));
+        }
+        match &p.structured {
+            // SGLang takes the schema as a JSON string.
+            Some(StructuredOutput::JsonObject) => put("json_schema", json!(r#"{"type":"object"}"#)),
+            Some(StructuredOutput::JsonSchema(s)) => put("json_schema", json!(s.to_string())),
+            None => {}
         }
         // Token in, token out: keep every sampled token, trim nothing.
         put("skip_special_tokens", json!(false));

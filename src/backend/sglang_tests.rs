@@ -404,3 +404,25 @@ fn misaligned_logprobs_are_a_protocol_error() {
     .unwrap();
     assert!(st.on_event("sg", ev, Some(1)).is_err(), "too few logprobs");
 }
+
+#[test]
+fn structured_outputs_are_sglang_json_schema_strings() {
+    let b = backend_at("http://127.0.0.1:1/");
+    let mut req = request(None);
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    req.params.structured = Some(crate::backend::StructuredOutput::JsonSchema(schema.clone()));
+    let body = b.request_body(&req);
+    let sent: serde_json::Value = serde_json::from_str(
+        body["sampling_params"]["json_schema"]
+            .as_str()
+            .expect("a string"),
+    )
+    .expect("json");
+    assert_eq!(sent, schema);
+    req.params.structured = Some(crate::backend::StructuredOutput::JsonObject);
+    let body = b.request_body(&req);
+    assert_eq!(
+        body["sampling_params"]["json_schema"],
+        json!(r#"{"type":"object"}"#)
+    );
+}

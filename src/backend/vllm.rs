@@ -17,7 +17,7 @@ use serde_json::{json, Value as Json};
 use super::pump::{EventDecoder, StreamTimeouts};
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
-    TokenLogprob,
+    StructuredOutput, TokenLogprob,
 };
 use crate::config::{BackendConfig, RouterConfig};
 
@@ -90,6 +90,13 @@ impl VllmBackend {
         }
         if p.ignore_eos {
             put("ignore_eos", json!(true));
+        }
+        match &p.structured {
+            Some(StructuredOutput::JsonObject) => {
+                put("structured_outputs", json!({"json_object": true}))
+            }
+            Some(StructuredOutput::JsonSchema(s)) => put("structured_outputs", json!({"json": s})),
+            None => {}
         }
         if let Some(k) = p.logprobs {
             put("logprobs", json!(k));

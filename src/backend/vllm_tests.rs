@@ -265,3 +265,22 @@ fn in_stream_errors_map_by_code() {
     let e = decode(None, json!({"error": {"message": "odd"}})).unwrap_err();
     assert!(matches!(e, BackendError::Protocol { .. }), "{e}");
 }
+
+#[test]
+fn structured_outputs_use_vllms_structured_outputs_field() {
+    let b = backend();
+    let mut req = request(Some(0));
+    let schema = json!({"type": "object", "required": ["a"]});
+    req.params.structured = Some(crate::backend::StructuredOutput::JsonSchema(schema.clone()));
+    assert_eq!(
+        b.request_body(&req)["structured_outputs"],
+        json!({"json": schema})
+    );
+    req.params.structured = Some(crate::backend::StructuredOutput::JsonObject);
+    assert_eq!(
+        b.request_body(&req)["structured_outputs"],
+        json!({"json_object": true})
+    );
+    req.params.structured = None;
+    assert!(b.request_body(&req).get("structured_outputs").is_none());
+}

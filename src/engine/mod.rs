@@ -186,6 +186,13 @@ impl EngineBackend {
     }
 
     fn check(&self, req: &GenerateRequest) -> Result<(), BackendError> {
+        if req.params.structured.is_some() {
+            return Err(self.rejected(
+                "structured outputs (response_format json_object / json_schema) are not \
+                 supported by the bundled engine"
+                    .into(),
+            ));
+        }
         let prompt = &req.prompt_ids;
         if prompt.is_empty() {
             return Err(self.rejected("the prompt is empty".into()));

@@ -339,6 +339,7 @@ async fn completions(
         stop_token_ids: b.stop_token_ids.unwrap_or_default(),
         ignore_eos: b.ignore_eos,
         logprobs: b.logprobs,
+        structured: None,
     };
     let ctx = CompletionCtx {
         id: format!("cmpl-{}", b.request_id.as_deref().unwrap_or("engine")),
@@ -457,6 +458,7 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
         stop_token_ids: sp.stop_token_ids.unwrap_or_default(),
         ignore_eos: sp.ignore_eos,
         logprobs: b.return_logprob.then_some(0),
+        structured: None,
     };
     let skip_special = sp.skip_special_tokens.unwrap_or(true);
     let rid = b.rid.unwrap_or_else(|| "engine".to_string());

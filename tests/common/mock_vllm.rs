@@ -65,6 +65,9 @@ pub struct MockState {
     pub chat_content: Mutex<Option<String>>,
     /// (prompt, sampled ids) of every streamed answer sent to its end.
     pub completed: Mutex<Vec<(Vec<u32>, Vec<u32>)>>,
+    /// The answer to a request carrying `structured_outputs`, as a backend
+    /// honouring the constraint would give (unset: the script applies).
+    pub structured_reply: Mutex<Option<Vec<u32>>>,
 }
 
 pub struct MockVllm {
@@ -246,10 +249,14 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
         s.requests.lock().expect("lock").push(body.clone());
         s.log.lock().expect("lock").push("/v1/completions".into());
     }
-    let script = {
-        let mut q = s.script.lock().expect("lock");
-        q.pop_front()
-            .unwrap_or_else(|| s.default.lock().expect("lock").clone())
+    let structured = body.get("structured_outputs").is_some();
+    let script = match s.structured_reply.lock().expect("lock").clone() {
+        Some(ids) if structured => Scripted::ids(ids),
+        _ => {
+            let mut q = s.script.lock().expect("lock");
+            q.pop_front()
+                .unwrap_or_else(|| s.default.lock().expect("lock").clone())
+        }
     };
     if let Some((status, message)) = &script.error {
         let code = StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -40,11 +40,14 @@ def _start(cmd, pattern, env=None):
     raise RuntimeError(f"{cmd[0]} exited before printing its address:\n{''.join(seen)}")
 
 
-def start_mock(reply_ids, script=None):
+def start_mock(reply_ids, script=None, structured_reply_ids=None):
     """The mock answers the requests with `script` (a list of id lists) in
-    order, then with `reply_ids`."""
+    order, then with `reply_ids`; a request constrained with
+    `structured_outputs` gets `structured_reply_ids` when given."""
     exe = TARGET / "debug" / "examples" / "mock_backend"
     cmd = [str(exe), "--reply-ids", ",".join(map(str, reply_ids))]
+    if structured_reply_ids is not None:
+        cmd += ["--structured-reply-ids", ",".join(map(str, structured_reply_ids))]
     if script is not None:
         path = pathlib.Path(tempfile.mkdtemp(prefix="tito-mock-")) / "script.json"
         path.write_text(json.dumps(script))

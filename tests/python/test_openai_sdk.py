@@ -203,3 +203,36 @@ def test_streaming_with_tools_accumulates_to_the_message():
         for p in (tito, mock):
             p.terminate()
             p.wait(timeout=30)
+
+
+def test_parse_with_a_pydantic_model_gets_a_constrained_answer():
+    """`client.chat.completions.parse(response_format=Model)`: the SDK sends a
+    strict json_schema; tito passes it to vLLM as `structured_outputs`, and
+    the mock, honouring it, answers schema-valid JSON (without the
+    constraint it would answer plain text, which the SDK cannot parse)."""
+    from pydantic import BaseModel
+
+    class Capital(BaseModel):
+        city: str
+
+    if not (TOKENIZER / "tokenizer.json").exists():
+        pytest.fail("missing .cache/tokenizers/qwen3: run scripts/fetch-tokenizers.sh")
+    harness.build()
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    plain = tok.encode("Paris, of course.", add_special_tokens=False) + [im_end]
+    constrained = tok.encode('{"city": "Paris"}', add_special_tokens=False) + [im_end]
+    mock, mock_addr = harness.start_mock(plain, structured_reply_ids=constrained)
+    tito, addr = harness.start_tito(TOKENIZER, f"http://{mock_addr}")
+    try:
+        client = OpenAI(base_url=f"http://{addr}/v1", api_key="unused")
+        resp = client.chat.completions.parse(
+            model="test-model",
+            messages=[{"role": "user", "content": "Capital of France?"}],
+            response_format=Capital,
+        )
+        assert resp.choices[0].message.parsed == Capital(city="Paris")
+    finally:
+        for p in (tito, mock):
+            p.terminate()
+            p.wait(timeout=30)
