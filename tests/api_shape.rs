@@ -115,7 +115,6 @@ async fn openai_fields_tito_does_not_implement_are_refused_by_name() {
         ("verbosity", json!("low")),
         ("functions", json!([{"name": "f", "parameters": {}}])),
         ("function_call", json!("auto")),
-        ("tool_choice", json!("required")),
         ("parallel_tool_calls", json!(false)),
     ];
     for (field, value) in refused {
@@ -189,4 +188,95 @@ async fn response_format_reaches_the_backend_as_a_constraint() {
     assert_eq!(r.status(), 400);
     let e: Value = r.json().await.expect("json");
     assert_eq!(e["error"]["param"], "response_format.type");
+}
+
+fn calculator() -> Value {
+    json!([{"type": "function", "function": {"name": "calculator",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                       "required": ["expression"]}}},
+           {"type": "function", "function": {"name": "clock"}}])
+}
+
+#[tokio::test]
+async fn forced_tool_choice_constrains_the_output_and_answers_tool_calls() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let reply = |text: &str| {
+        let mut ids = g.renderer.encode(text).expect("encodes");
+        ids.push(IM_END);
+        Scripted::ids(ids)
+    };
+    let messages = json!([{"role": "user", "content": "6*7?"}]);
+
+    // "required": a list of {name, parameters} over the tools.
+    mock.push(reply(
+        r#"[{"name": "calculator", "parameters": {"expression": "6*7"}}]"#,
+    ));
+    let body = json!({"messages": messages, "tools": calculator(), "tool_choice": "required"});
+    let v: Value = g
+        .post("/v1/chat/completions", body)
+        .await
+        .json()
+        .await
+        .expect("json");
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls", "{v}");
+    assert_eq!(c["message"]["content"], Value::Null);
+    assert_eq!(
+        c["message"]["tool_calls"][0]["function"]["name"],
+        "calculator"
+    );
+    assert_eq!(
+        c["message"]["tool_calls"][0]["function"]["arguments"],
+        r#"{"expression":"6*7"}"#
+    );
+    let schema = &mock.last_request()["structured_outputs"]["json"];
+    assert_eq!(schema["type"], "array");
+    assert_eq!(
+        schema["items"]["anyOf"][0]["properties"]["name"]["enum"],
+        json!(["calculator"])
+    );
+
+    // A named function: its arguments object, streamed as a tool call.
+    mock.push(reply(r#"{"expression": "1+1"}"#));
+    let body = json!({"messages": messages, "tools": calculator(), "stream": true,
+        "tool_choice": {"type": "function", "function": {"name": "calculator"}}});
+    let events = sse_events(g.post("/v1/chat/completions", body).await).await;
+    let chunks: Vec<Value> = events
+        .iter()
+        .filter(|e| e.as_str() != "[DONE]")
+        .map(|e| serde_json::from_str(e).expect("chunk"))
+        .collect();
+    assert!(
+        chunks.iter().all(|c| {
+            let content = &c["choices"][0]["delta"]["content"];
+            content.is_null() || content == ""
+        }),
+        "no JSON streamed as content"
+    );
+    let call = chunks
+        .iter()
+        .find_map(|c| c["choices"][0]["delta"]["tool_calls"].get(0).cloned())
+        .expect("a tool-call delta");
+    assert_eq!(call["index"], 0);
+    assert_eq!(call["function"]["arguments"], r#"{"expression":"1+1"}"#);
+    assert_eq!(
+        chunks
+            .iter()
+            .rev()
+            .find_map(|c| c["choices"][0]["finish_reason"].as_str()),
+        Some("tool_calls")
+    );
+    assert_eq!(
+        mock.last_request()["structured_outputs"]["json"]["required"],
+        json!(["expression"])
+    );
+
+    // A name not among the tools, or "required" without tools: 400.
+    let body = json!({"messages": messages, "tools": calculator(),
+        "tool_choice": {"type": "function", "function": {"name": "nope"}}});
+    let r = g.post("/v1/chat/completions", body).await;
+    assert_eq!(r.status(), 400);
+    let body = json!({"messages": messages, "tool_choice": "required"});
+    assert_eq!(g.post("/v1/chat/completions", body).await.status(), 400);
 }

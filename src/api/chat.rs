@@ -64,6 +64,10 @@ async fn handle(
     let logprobs_k = req.logprobs_k()?;
     let (mut params, max_tokens) = req.sampling.validate(logprobs_k)?;
     params.structured = req.structured()?;
+    let forced = req.forced_tools()?;
+    if let Some((schema, _)) = &forced {
+        params.structured = Some(crate::backend::StructuredOutput::JsonSchema(schema.clone()));
+    }
     let n = req.sampling.n()?;
     let shape = Shape {
         logprobs: logprobs_k.is_some(),
@@ -83,13 +87,22 @@ async fn handle(
     let tid = super::trajectory_id(&state, named);
     let started_at = crate::store::now_ms();
     let prepared = prepare(&state, &tid, &req).await?;
-    let parsing = ParseSetup::new(
-        &state.config,
-        req.tools.as_ref(),
-        req.tool_choice.as_ref(),
-        &prepared.prompt_text,
-    )?
-    .map(Arc::new);
+    // A forced tool call is constrained JSON: no tool parser reads it.
+    let parsing = match forced {
+        Some(_) => None,
+        None => ParseSetup::new(
+            &state.config,
+            req.tools.as_ref(),
+            req.tool_choice.as_ref(),
+            &prepared.prompt_text,
+        )?
+        .map(Arc::new),
+    };
+    let is_forced = forced.is_some();
+    let output = match forced {
+        Some((_, name)) => Output::ForcedTools(name),
+        None => Output::Chat(parsing.clone()),
+    };
     let skip_special_tokens = req.skip_special_tokens.unwrap_or(true)
         && !parsing.as_ref().is_some_and(|p| p.needs_special_tokens);
     let plan = state.calls.plan(PlanRequest {
@@ -106,7 +119,7 @@ async fn handle(
         max_tokens,
         n,
         skip_special_tokens,
-        output: Output::Chat(parsing.clone()),
+        output,
     })?;
 
     // Run.
@@ -120,7 +133,7 @@ async fn handle(
     if req.stream {
         let chunks = Chunks::new(&state, unix_now(), shape);
         return Ok(sse_response(headers, move |tx| {
-            stream_loop(running, parsing, chunks, tid, tx)
+            stream_loop(running, parsing, is_forced, chunks, tid, tx)
         }));
     }
     let answer = running.finish().await?;
@@ -324,9 +337,12 @@ impl Chunks {
 /// (through the incremental tool / reasoning parser when one applies), then,
 /// once the call is recorded, the finish chunks, usage and `[DONE]`. A
 /// client never sees the end of a response whose call is not recorded.
+/// With `forced` (a forced tool call), the constrained JSON is not streamed
+/// as content: the tool calls are sent once the call is recorded.
 async fn stream_loop(
     mut running: Running,
     parsing: Option<Arc<ParseSetup>>,
+    forced: bool,
     chunks: Chunks,
     tid: String,
     tx: SseSender,
@@ -353,10 +369,22 @@ async fn stream_loop(
                         }
                         events.iter().map(|e| e.to_openai_delta()).collect()
                     }
-                    None if !ev.text.is_empty() => vec![json!({"content": ev.text})],
+                    None if !ev.text.is_empty() && !forced => vec![json!({"content": ev.text})],
                     None => Vec::new(),
                 };
                 chunks.deltas(&id, &ev, deltas)
+            }
+            CallEvent::Done(Ok(answer)) if forced => {
+                let mut out = Vec::new();
+                for r in &answer.choices {
+                    let ev = ChoiceEvent {
+                        index: r.index,
+                        ..Default::default()
+                    };
+                    out.extend(chunks.deltas(&id, &ev, vec![served_delta(&r.served)]));
+                }
+                out.extend(chunks.end(&answer));
+                out
             }
             CallEvent::Done(Ok(answer)) => chunks.end(&answer),
             CallEvent::Done(Err(e)) => return tx.error(ROUTE, &tid, &e).await,
@@ -368,6 +396,21 @@ async fn stream_loop(
         }
     }
     let _ = tx.done().await;
+}
+
+/// A served message as one stream delta: no role (the opening chunk has
+/// it), tool calls indexed as OpenAI streams them.
+fn served_delta(served: &Json) -> Json {
+    let mut delta = served.clone();
+    if let Some(obj) = delta.as_object_mut() {
+        obj.remove("role");
+        if let Some(Json::Array(calls)) = obj.get_mut("tool_calls") {
+            for (i, c) in calls.iter_mut().enumerate() {
+                c["index"] = json!(i);
+            }
+        }
+    }
+    delta
 }
 
 /// A recorded answer as a stream: per choice, the role chunk, one delta with
@@ -383,15 +426,7 @@ async fn replay_stream(
     for r in &answer.choices {
         let p = prompt.filter(|_| r.index == 0).map(|p| &p[..]);
         tx.json(&chunks.open(id, r.index, p)).await?;
-        let mut delta = r.served.clone();
-        if let Some(obj) = delta.as_object_mut() {
-            obj.remove("role");
-            if let Some(Json::Array(calls)) = obj.get_mut("tool_calls") {
-                for (i, c) in calls.iter_mut().enumerate() {
-                    c["index"] = json!(i);
-                }
-            }
-        }
+        let delta = served_delta(&r.served);
         let ev = ChoiceEvent {
             index: r.index,
             text: r.text.clone(),

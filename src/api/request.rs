@@ -335,6 +335,80 @@ impl ChatRequest {
         }
     }
 
+    /// A `tool_choice` that forces a call: `"required"` (any of the tools) or
+    /// `{"type": "function", "function": {"name": N}}`. Returns the JSON
+    /// Schema the output is constrained to and the forced name, if one;
+    /// `"auto"` / `"none"` / absent force nothing.
+    pub fn forced_tools(&self) -> Result<Option<(Json, Option<String>)>, ApiError> {
+        let tools = self.tools.as_deref().unwrap_or_default();
+        let params_of = |t: &Json| {
+            t.pointer("/function/parameters")
+                .cloned()
+                .unwrap_or_else(|| serde_json::json!({"type": "object"}))
+        };
+        let forced = match self.tool_choice.as_ref() {
+            None | Some(Json::Null) => return Ok(None),
+            Some(Json::String(s)) if s == "auto" || s == "none" => return Ok(None),
+            Some(Json::String(s)) if s == "required" => {
+                if tools.is_empty() {
+                    return Err(ApiError::invalid(
+                        "tool_choice",
+                        "`tool_choice: \"required\"` needs `tools`",
+                    ));
+                }
+                let one_of: Vec<Json> = tools
+                    .iter()
+                    .map(|t| {
+                        let name = t.pointer("/function/name").cloned().unwrap_or(Json::Null);
+                        serde_json::json!({"type": "object", "properties": {
+                            "name": {"type": "string", "enum": [name]},
+                            "parameters": params_of(t)},
+                            "required": ["name", "parameters"]})
+                    })
+                    .collect();
+                let schema = serde_json::json!({"type": "array", "minItems": 1,
+                                                "items": {"anyOf": one_of}});
+                (schema, None)
+            }
+            Some(v @ Json::Object(_)) => {
+                let name = v.pointer("/function/name").and_then(Json::as_str).ok_or_else(|| {
+                    ApiError::invalid(
+                        "tool_choice",
+                        "`tool_choice` must be \"auto\", \"none\", \"required\" or \
+                         {\"type\": \"function\", \"function\": {\"name\": ...}}",
+                    )
+                })?;
+                let tool = tools
+                    .iter()
+                    .find(|t| t.pointer("/function/name").and_then(Json::as_str) == Some(name))
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "tool_choice.function.name",
+                            format!("`tool_choice` names `{name}`, which is not among `tools`"),
+                        )
+                    })?;
+                (params_of(tool), Some(name.to_string()))
+            }
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "tool_choice",
+                    format!("`tool_choice` must be \"auto\", \"none\", \"required\" or a named function, got {other}"),
+                ))
+            }
+        };
+        if self
+            .response_format
+            .as_ref()
+            .is_some_and(|r| !r.is_null() && r.get("type").and_then(Json::as_str) != Some("text"))
+        {
+            return Err(ApiError::invalid(
+                "response_format",
+                "a forced `tool_choice` and a JSON `response_format` cannot be combined",
+            ));
+        }
+        Ok(Some(forced))
+    }
+
     /// `Some(k)` when logprobs are asked for.
     pub fn logprobs_k(&self) -> Result<Option<u32>, ApiError> {
         match (self.logprobs, self.top_logprobs) {

@@ -80,12 +80,6 @@ const CHAT: &[Rule] = &[
         why: "the deprecated `function_call` is not supported: send `tool_choice`",
     },
     Rule {
-        field: "tool_choice",
-        neutral: |v| v.is_null() || v.as_str().is_some_and(|s| s == "auto" || s == "none"),
-        why: "only tool_choice \"auto\" and \"none\" are supported: forcing a tool call needs \
-              constrained decoding, which is not supported yet",
-    },
-    Rule {
         field: "parallel_tool_calls",
         neutral: |v| v.is_null() || v.as_bool() == Some(true),
         why: "parallel_tool_calls: false is not supported: the model's output is returned as \

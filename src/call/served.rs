@@ -120,6 +120,10 @@ pub enum Output {
     Text,
     /// `/v1/chat/completions`: an assistant message, parsed when a parser applies.
     Chat(Option<Arc<ParseSetup>>),
+    /// `tool_choice` forced a call, so the output was constrained to JSON:
+    /// the named function's arguments, or (`None`, `"required"`) a list of
+    /// `{"name", "parameters"}`.
+    ForcedTools(Option<String>),
 }
 
 /// Fills what `r` serves: message or text, client finish reason, parse outcome.
@@ -136,11 +140,50 @@ pub fn serve(output: &Output, r: &mut ChoiceResult) {
             r.served = json!({"role": "assistant", "content": r.text});
             r.finish_reason = backend_finish;
         }
+        Output::ForcedTools(name) => match forced_calls(name.as_deref(), &r.text) {
+            Ok(calls) => {
+                let n = calls.len();
+                r.served = json!({"role": "assistant", "content": null, "tool_calls": calls});
+                r.finish_reason = "tool_calls";
+                r.parse_outcome = Some(crate::parse::ParseOutcome::Calls(n).to_string());
+            }
+            Err(why) => {
+                r.served = json!({"role": "assistant", "content": r.text});
+                r.finish_reason = backend_finish;
+                r.parse_outcome = Some(crate::parse::ParseOutcome::Malformed(why).to_string());
+            }
+        },
         Output::Chat(Some(p)) => {
             let o = p.parse(&r.text);
             r.served = message_json(&o);
             r.finish_reason = finish_reason(&o, backend_finish);
             r.parse_outcome = Some(o.outcome.to_string());
         }
+    }
+}
+
+/// The tool calls of a constrained answer (see [`Output::ForcedTools`]).
+fn forced_calls(name: Option<&str>, text: &str) -> Result<Vec<Json>, String> {
+    let v: Json = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
+    let mut ids = IdGen::random(IdStyle::OpenAi);
+    let mut call = |name: &str, args: &Json| {
+        json!({"id": ids.next_id(), "type": "function",
+               "function": {"name": name, "arguments": args.to_string()}})
+    };
+    match (name, &v) {
+        (Some(n), Json::Object(_)) => Ok(vec![call(n, &v)]),
+        (None, Json::Array(items)) if !items.is_empty() => items
+            .iter()
+            .map(|it| {
+                let n = it
+                    .get("name")
+                    .and_then(Json::as_str)
+                    .ok_or("a call without a name")?;
+                let args = it.get("parameters").ok_or("a call without parameters")?;
+                Ok(call(n, args))
+            })
+            .collect::<Result<_, &str>>()
+            .map_err(str::to_string),
+        _ => Err("not the constrained shape".into()),
     }
 }

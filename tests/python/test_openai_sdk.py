@@ -1,6 +1,7 @@
 """The official OpenAI Python SDK against a running `tito serve` (real
 binary, real Qwen3 tokenizer) in front of a deterministic mock vLLM."""
 
+import json
 import pathlib
 
 import pytest
@@ -232,6 +233,41 @@ def test_parse_with_a_pydantic_model_gets_a_constrained_answer():
             response_format=Capital,
         )
         assert resp.choices[0].message.parsed == Capital(city="Paris")
+    finally:
+        for p in (tito, mock):
+            p.terminate()
+            p.wait(timeout=30)
+
+
+def test_tool_choice_required_answers_tool_calls():
+    """`tool_choice="required"` through the SDK: the output is constrained to
+    a list of calls (the mock answers that list only when constrained) and
+    comes back as `tool_calls` with finish_reason `tool_calls`."""
+    if not (TOKENIZER / "tokenizer.json").exists():
+        pytest.fail("missing .cache/tokenizers/qwen3: run scripts/fetch-tokenizers.sh")
+    harness.build()
+    tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    plain = tok.encode("I will not call a tool.", add_special_tokens=False) + [im_end]
+    calls = tok.encode(
+        '[{"name": "calculator", "parameters": {"expression": "6*7"}}]', add_special_tokens=False
+    ) + [im_end]
+    mock, mock_addr = harness.start_mock(plain, structured_reply_ids=calls)
+    tito, addr = harness.start_tito(TOKENIZER, f"http://{mock_addr}")
+    try:
+        client = OpenAI(base_url=f"http://{addr}/v1", api_key="unused")
+        resp = client.chat.completions.create(
+            model="test-model",
+            messages=[{"role": "user", "content": "What is 6*7?"}],
+            tools=TOOLS,
+            tool_choice="required",
+        )
+        choice = resp.choices[0]
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.tool_calls[0].function.name == "calculator"
+        assert json.loads(choice.message.tool_calls[0].function.arguments) == {"expression": "6*7"}
+        model = client.models.retrieve("test-model")
+        assert model.id == "test-model"
     finally:
         for p in (tito, mock):
             p.terminate()
