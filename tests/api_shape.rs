@@ -113,8 +113,6 @@ async fn openai_fields_tito_does_not_implement_are_refused_by_name() {
         ("logit_bias", json!({"50256": -100})),
         ("reasoning_effort", json!("low")),
         ("verbosity", json!("low")),
-        ("functions", json!([{"name": "f", "parameters": {}}])),
-        ("function_call", json!("auto")),
         ("parallel_tool_calls", json!(false)),
     ];
     for (field, value) in refused {
@@ -279,4 +277,61 @@ async fn forced_tool_choice_constrains_the_output_and_answers_tool_calls() {
     assert_eq!(r.status(), 400);
     let body = json!({"messages": messages, "tool_choice": "required"});
     assert_eq!(g.post("/v1/chat/completions", body).await.status(), 400);
+}
+
+#[tokio::test]
+async fn deprecated_functions_map_to_tools_and_answer_function_call() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let call = "<tool_call>\n{\"name\": \"calculator\", \"arguments\": {\"expression\": \"6*7\"}}\n</tool_call>";
+    let mut ids = g.renderer.encode(call).expect("encodes");
+    ids.push(IM_END);
+    mock.push(Scripted::ids(ids));
+    let mut answer = g.renderer.encode("42").expect("encodes");
+    answer.push(IM_END);
+    mock.push(Scripted::ids(answer));
+    let functions = json!([{"name": "calculator",
+        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}]);
+    let path = "/t/legacy-1/v1/chat/completions";
+    let m1 = json!([{"role": "user", "content": "6*7?"}]);
+    let v: Value = g
+        .post(
+            path,
+            json!({"messages": m1, "functions": functions, "function_call": "auto"}),
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "function_call", "{v}");
+    assert!(c["message"].get("tool_calls").is_none(), "{v}");
+    assert_eq!(c["message"]["function_call"]["name"], "calculator");
+    assert_eq!(
+        c["message"]["function_call"]["arguments"],
+        r#"{"expression":"6*7"}"#
+    );
+    // The old-style next turn: the assistant's function_call, then the
+    // function's result.
+    let m2 = json!([{"role": "user", "content": "6*7?"},
+        {"role": "assistant", "content": null, "function_call": c["message"]["function_call"]},
+        {"role": "function", "name": "calculator", "content": "42"}]);
+    let r = g
+        .post(path, json!({"messages": m2, "functions": functions}))
+        .await;
+    assert_eq!(r.status(), 200);
+    let t = g.get_json("/v1/trajectories/legacy-1").await;
+    assert_eq!(t["calls"][1]["parent_call"], 0, "{t}");
+    assert_eq!(
+        t["calls"][1]["normalized"],
+        json!([
+            "function_as_tool",
+            "assistant_content_empty",
+            "function_call_as_tool_calls"
+        ])
+    );
+    // Both styles at once is a 400.
+    let body = json!({"messages": m1, "functions": functions, "tools": [{"type": "function",
+        "function": {"name": "x"}}]});
+    assert_eq!(g.post(path, body).await.status(), 400);
 }

@@ -44,6 +44,8 @@ struct Shape {
     logprobs: bool,
     token_ids: bool,
     usage_chunk: bool,
+    /// The request used the deprecated `functions`: answer `function_call`.
+    legacy_functions: bool,
 }
 
 async fn handle(
@@ -55,6 +57,7 @@ async fn handle(
     let handled = Instant::now();
     // Parse.
     let (mut req, body_json): (ChatRequest, _) = parse_body(&body)?;
+    let legacy_functions = req.map_legacy_functions()?;
     req.check()?;
     super::unsupported::chat(&body_json)?;
     let normalized =
@@ -73,6 +76,7 @@ async fn handle(
         logprobs: logprobs_k.is_some(),
         token_ids: req.return_token_ids,
         usage_chunk: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        legacy_functions,
     };
     let owner = match state
         .calls
@@ -224,6 +228,10 @@ fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
             // OpenAI's shape; tito never refuses (what it served is recorded
             // without this field).
             c["message"]["refusal"] = Json::Null;
+            if shape.legacy_functions {
+                as_function_call(&mut c["message"]);
+                c["finish_reason"] = json!(legacy_finish(r.finish_reason));
+            }
             if shape.logprobs {
                 c["logprobs"] = chat_logprobs(&state.renderer, &r.ids, &r.logprobs);
             }
@@ -297,7 +305,10 @@ impl Chunks {
         deltas
             .into_iter()
             .enumerate()
-            .map(|(k, d)| {
+            .map(|(k, mut d)| {
+                if self.shape.legacy_functions {
+                    as_function_call(&mut d);
+                }
                 let mut c = json!({"index": ev.index, "delta": d, "logprobs": null,
                                    "finish_reason": null});
                 if k == 0 && self.shape.logprobs {
@@ -320,7 +331,12 @@ impl Chunks {
                 self.chunk(
                     &answer.request_id,
                     json!([{"index": r.index, "delta": {}, "logprobs": null,
-                            "finish_reason": r.finish_reason, "stop_reason": null}]),
+                            "finish_reason": if self.shape.legacy_functions {
+                                legacy_finish(r.finish_reason)
+                            } else {
+                                r.finish_reason
+                            },
+                            "stop_reason": null}]),
                 )
             })
             .collect();
@@ -396,6 +412,31 @@ async fn stream_loop(
         }
     }
     let _ = tx.done().await;
+}
+
+/// The deprecated function-calling shape of a message or delta: its first
+/// tool call (index 0) as `function_call`, no `tool_calls`.
+fn as_function_call(v: &mut Json) {
+    let Some(obj) = v.as_object_mut() else {
+        return;
+    };
+    if let Some(Json::Array(calls)) = obj.remove("tool_calls") {
+        let first = calls
+            .iter()
+            .find(|c| c.get("index").is_none_or(|i| i == 0))
+            .and_then(|c| c.get("function"));
+        if let Some(f) = first {
+            obj.insert("function_call".into(), f.clone());
+        }
+    }
+}
+
+fn legacy_finish(finish: &'static str) -> &'static str {
+    if finish == "tool_calls" {
+        "function_call"
+    } else {
+        finish
+    }
 }
 
 /// A served message as one stream delta: no role (the opening chunk has

@@ -229,6 +229,10 @@ pub struct ChatRequest {
     pub return_token_ids: bool,
     pub skip_special_tokens: Option<bool>,
     pub trajectory_id: Option<String>,
+    /// Deprecated OpenAI function calling, mapped onto `tools` / `tool_choice`
+    /// by [`ChatRequest::map_legacy_functions`].
+    pub functions: Option<Vec<Json>>,
+    pub function_call: Option<Json>,
 }
 
 impl WithSampling for ChatRequest {
@@ -333,6 +337,57 @@ impl ChatRequest {
                 ),
             )),
         }
+    }
+
+    /// Maps the deprecated `functions` / `function_call` onto `tools` /
+    /// `tool_choice`; true when the request used them (its answer then
+    /// speaks `function_call` too, see `api::chat`).
+    pub fn map_legacy_functions(&mut self) -> Result<bool, ApiError> {
+        let Some(functions) = self.functions.take() else {
+            if self.function_call.as_ref().is_some_and(|f| !f.is_null()) {
+                return Err(ApiError::invalid(
+                    "function_call",
+                    "`function_call` needs `functions`",
+                ));
+            }
+            return Ok(false);
+        };
+        if self.tools.is_some() || self.tool_choice.is_some() {
+            return Err(ApiError::invalid(
+                "functions",
+                "send either `functions` / `function_call` or `tools` / `tool_choice`",
+            ));
+        }
+        self.tools = Some(
+            functions
+                .into_iter()
+                .map(|f| serde_json::json!({"type": "function", "function": f}))
+                .collect(),
+        );
+        self.tool_choice = match self.function_call.take() {
+            None | Some(Json::Null) => None,
+            Some(Json::String(s)) if s == "auto" || s == "none" => Some(Json::String(s)),
+            Some(Json::Object(o)) => match o.get("name").and_then(Json::as_str) {
+                Some(name) => {
+                    Some(serde_json::json!({"type": "function", "function": {"name": name}}))
+                }
+                None => {
+                    return Err(ApiError::invalid(
+                        "function_call",
+                        "`function_call` must be \"auto\", \"none\" or {\"name\": ...}",
+                    ))
+                }
+            },
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    "function_call",
+                    format!(
+                    "`function_call` must be \"auto\", \"none\" or {{\"name\": ...}}, got {other}"
+                ),
+                ))
+            }
+        };
+        Ok(true)
     }
 
     /// A `tool_choice` that forces a call: `"required"` (any of the tools) or

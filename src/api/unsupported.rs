@@ -70,16 +70,6 @@ const CHAT: &[Rule] = &[
         why: "moderation is not supported",
     },
     Rule {
-        field: "functions",
-        neutral: is_null,
-        why: "the deprecated `functions` are not supported: send `tools`",
-    },
-    Rule {
-        field: "function_call",
-        neutral: is_null,
-        why: "the deprecated `function_call` is not supported: send `tool_choice`",
-    },
-    Rule {
         field: "parallel_tool_calls",
         neutral: |v| v.is_null() || v.as_bool() == Some(true),
         why: "parallel_tool_calls: false is not supported: the model's output is returned as \

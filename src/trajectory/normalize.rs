@@ -13,7 +13,9 @@
 //!   as a string (and always for tool results);
 //! - `assistant_content_empty`: an assistant message without content (or with
 //!   `null`, a tool-call-only turn) gets `""`, which templates that test
-//!   `content is string` need.
+//!   `content is string` need;
+//! - `function_call_as_tool_calls`: a deprecated assistant `function_call`
+//!   becomes a one-element `tool_calls` (without an id), as templates render.
 //!
 //! Must not: reject requests (see `api::request` for that) or touch anything
 //! but `role` and `content`.
@@ -26,7 +28,7 @@ use crate::render::ContentFormat;
 /// `format`; returns the rules that changed something, each once, in the
 /// order above.
 pub fn messages(messages: &mut [Json], format: ContentFormat) -> Vec<&'static str> {
-    let mut applied = [false; 4];
+    let mut applied = [false; 5];
     for m in messages.iter_mut() {
         let Some(obj) = m.as_object_mut() else {
             continue;
@@ -44,6 +46,15 @@ pub fn messages(messages: &mut [Json], format: ContentFormat) -> Vec<&'static st
         let role = obj.get("role").and_then(Json::as_str).unwrap_or_default();
         let is_tool = role == "tool";
         let is_assistant = role == "assistant";
+        if is_assistant && !obj.contains_key("tool_calls") {
+            if let Some(f) = obj.get("function_call").filter(|f| f.is_object()).cloned() {
+                // No id: the old shape has none, and history matching then
+                // compares the call by name and arguments.
+                let call = serde_json::json!({"type": "function", "function": f});
+                obj.insert("tool_calls".into(), Json::Array(vec![call]));
+                applied[4] = true;
+            }
+        }
         match obj.get("content") {
             Some(Json::Array(parts)) if is_tool || format == ContentFormat::String => {
                 let text = join_text_parts(parts);
@@ -57,11 +68,12 @@ pub fn messages(messages: &mut [Json], format: ContentFormat) -> Vec<&'static st
             _ => {}
         }
     }
-    const NAMES: [&str; 4] = [
+    const NAMES: [&str; 5] = [
         "developer_as_system",
         "function_as_tool",
         "text_parts_joined",
         "assistant_content_empty",
+        "function_call_as_tool_calls",
     ];
     NAMES
         .iter()
