@@ -16,7 +16,8 @@
 //!    and advances the trajectory. Then it hands the [`Answer`] to the
 //!    reader and to [`replies`] (retries and `Idempotency-Key`).
 //!
-//! Must not: parse HTTP requests or shape OpenAI responses (see `api`).
+//! Must not: parse HTTP requests or format response bodies and stream chunks
+//! (see `api`); the assistant message it records is built in [`served`].
 
 pub mod assemble;
 pub mod detok;
