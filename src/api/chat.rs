@@ -13,7 +13,7 @@ use serde_json::{json, Value as Json};
 
 use super::logprobs::chat_logprobs;
 use super::request::{parse_body, ChatRequest};
-use super::sse::{sse_response, usage, SseSender};
+use super::sse::{sse_response, usage, ChunkHead, SseSender};
 use super::{new_id, unix_now, AppState};
 use crate::call::replies::Claim;
 use crate::call::{Answer, CallEvent, ChoiceEvent, Output, ParseSetup, PlanRequest, Running};
@@ -260,9 +260,7 @@ fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
 
 /// Formats `chat.completion.chunk` objects.
 struct Chunks {
-    model: String,
-    fingerprint: String,
-    created: u64,
+    head: ChunkHead,
     shape: Shape,
     renderer: Arc<crate::render::Renderer>,
 }
@@ -270,17 +268,19 @@ struct Chunks {
 impl Chunks {
     fn new(state: &AppState, created: u64, shape: Shape) -> Self {
         Chunks {
-            model: state.config.model.name.clone(),
-            fingerprint: state.system_fingerprint(),
-            created,
+            head: ChunkHead {
+                object: "chat.completion.chunk",
+                created,
+                model: state.config.model.name.clone(),
+                fingerprint: state.system_fingerprint(),
+            },
             shape,
             renderer: state.renderer.clone(),
         }
     }
 
     fn chunk(&self, id: &str, choices: Json) -> Json {
-        json!({"id": id, "object": "chat.completion.chunk", "created": self.created,
-               "model": self.model, "system_fingerprint": self.fingerprint, "choices": choices})
+        self.head.chunk(id, choices)
     }
 
     /// The opening chunk of choice `i` (role; prompt ids on choice 0).
@@ -324,28 +324,17 @@ impl Chunks {
 
     /// Finish chunks, then the usage chunk when asked for.
     fn end(&self, answer: &Answer) -> Vec<Json> {
-        let mut out: Vec<Json> = answer
-            .choices
-            .iter()
-            .map(|r| {
-                self.chunk(
-                    &answer.request_id,
-                    json!([{"index": r.index, "delta": {}, "logprobs": null,
-                            "finish_reason": if self.shape.legacy_functions {
-                                legacy_finish(r.finish_reason)
-                            } else {
-                                r.finish_reason
-                            },
-                            "stop_reason": null}]),
-                )
+        let legacy = self.shape.legacy_functions;
+        self.head
+            .end(answer, self.shape.usage_chunk, |index, finish| {
+                let finish = if legacy {
+                    legacy_finish(finish)
+                } else {
+                    finish
+                };
+                json!({"index": index, "delta": {}, "logprobs": null,
+                   "finish_reason": finish, "stop_reason": null})
             })
-            .collect();
-        if self.shape.usage_chunk {
-            let mut u = self.chunk(&answer.request_id, json!([]));
-            u["usage"] = usage(answer.prompt_tokens(), answer.completion_tokens());
-            out.push(u);
-        }
-        out
     }
 }
 

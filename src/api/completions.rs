@@ -13,7 +13,7 @@ use serde_json::{json, Value as Json};
 
 use super::logprobs::completion_logprobs;
 use super::request::{parse_body, CompletionRequest, PromptSpec};
-use super::sse::{sse_response, usage, SseSender};
+use super::sse::{sse_response, usage, ChunkHead, SseSender};
 use super::{new_id, unix_now, AppState};
 use crate::call::replies::Claim;
 use crate::call::{Answer, CallEvent, ChoiceEvent, Output, PlanRequest, Running};
@@ -213,9 +213,7 @@ fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
 
 /// Formats `text_completion` chunks.
 struct Chunks {
-    model: String,
-    fingerprint: String,
-    created: u64,
+    head: ChunkHead,
     shape: Shape,
     renderer: Arc<crate::render::Renderer>,
 }
@@ -223,17 +221,19 @@ struct Chunks {
 impl Chunks {
     fn new(state: &AppState, created: u64, shape: Shape) -> Self {
         Chunks {
-            model: state.config.model.name.clone(),
-            fingerprint: state.system_fingerprint(),
-            created,
+            head: ChunkHead {
+                object: "text_completion",
+                created,
+                model: state.config.model.name.clone(),
+                fingerprint: state.system_fingerprint(),
+            },
             shape,
             renderer: state.renderer.clone(),
         }
     }
 
     fn chunk(&self, id: &str, choices: Json) -> Json {
-        json!({"id": id, "object": "text_completion", "created": self.created,
-               "model": self.model, "system_fingerprint": self.fingerprint, "choices": choices})
+        self.head.chunk(id, choices)
     }
 
     /// vLLM sends each choice's prompt ids in a first chunk of its own.
@@ -264,23 +264,11 @@ impl Chunks {
     }
 
     fn end(&self, answer: &Answer) -> Vec<Json> {
-        let mut out: Vec<Json> = answer
-            .choices
-            .iter()
-            .map(|r| {
-                self.chunk(
-                    &answer.request_id,
-                    json!([{"index": r.index, "text": "", "logprobs": null,
-                            "finish_reason": r.finish_reason, "stop_reason": null}]),
-                )
+        self.head
+            .end(answer, self.shape.usage_chunk, |index, finish| {
+                json!({"index": index, "text": "", "logprobs": null,
+                   "finish_reason": finish, "stop_reason": null})
             })
-            .collect();
-        if self.shape.usage_chunk {
-            let mut u = self.chunk(&answer.request_id, json!([]));
-            u["usage"] = usage(answer.prompt_tokens(), answer.completion_tokens());
-            out.push(u);
-        }
-        out
     }
 }
 

@@ -65,6 +65,44 @@ where
     resp
 }
 
+/// What every chunk of one streamed answer repeats: `id` aside, the object
+/// name, creation time, model and system fingerprint.
+pub struct ChunkHead {
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub fingerprint: String,
+}
+
+impl ChunkHead {
+    pub fn chunk(&self, id: &str, choices: Json) -> Json {
+        serde_json::json!({"id": id, "object": self.object, "created": self.created,
+            "model": self.model, "system_fingerprint": self.fingerprint, "choices": choices})
+    }
+
+    /// Each choice's finish chunk (`finish(index, reason)` makes the choice
+    /// object), then the usage chunk when `with_usage`.
+    pub fn end(
+        &self,
+        answer: &crate::call::Answer,
+        with_usage: bool,
+        finish: impl Fn(u32, &'static str) -> Json,
+    ) -> Vec<Json> {
+        let id = &answer.request_id;
+        let mut out: Vec<Json> = answer
+            .choices
+            .iter()
+            .map(|r| self.chunk(id, Json::Array(vec![finish(r.index, r.finish_reason)])))
+            .collect();
+        if with_usage {
+            let mut u = self.chunk(id, Json::Array(Vec::new()));
+            u["usage"] = usage(answer.prompt_tokens(), answer.completion_tokens());
+            out.push(u);
+        }
+        out
+    }
+}
+
 /// OpenAI `usage` object.
 pub fn usage(prompt: usize, completion: usize) -> Json {
     serde_json::json!({

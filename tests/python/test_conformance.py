@@ -197,6 +197,7 @@ def test_bounded_schemathesis_run(gateway):
     import os
     import re
     import subprocess
+    import tempfile
 
     env = {**os.environ, "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
            "PYTHONPATH": str(pathlib.Path(__file__).parent)}
@@ -208,7 +209,9 @@ def test_bounded_schemathesis_run(gateway):
            "--checks", "not_a_server_error,response_schema_conformance,error_names_its_cause"]
     for op in ops:
         cmd += ["--include-operation-id", op]
-    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    # Schemathesis keeps state in its working directory: not the repository.
+    with tempfile.TemporaryDirectory() as work:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, cwd=work)
     summary = re.search(r"(\d+) generated, (\d+) passed(.*)", r.stdout)
     assert r.returncode == 0 and summary, r.stdout[-8000:] + r.stderr[-2000:]
     generated, passed = int(summary.group(1)), int(summary.group(2))
