@@ -117,22 +117,51 @@ async fn raw_and_processed_modes_report_different_numbers_for_the_same_draw() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_engine_refuses_structured_outputs_instead_of_ignoring_them() {
-    use tito::backend::{Backend, BackendError, GenerateRequest, StructuredOutput};
+async fn a_json_schema_constrains_the_engines_output() {
+    use tito::backend::StructuredOutput;
     let engine = engine(LogprobsMode::RawLogprobs);
-    let req = GenerateRequest {
-        request_id: "s".into(),
-        prompt_ids: std::sync::Arc::new(encode(PROMPT)),
-        params: SamplingParams {
-            structured: Some(StructuredOutput::JsonObject),
-            ..greedy(4)
-        },
+    let schema = serde_json::json!({
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": false
+    });
+    let prompt = encode("<|im_start|>user\nWhat is the capital of France? Answer in JSON.<|im_end|>\n<|im_start|>assistant\n");
+    let params = SamplingParams {
+        structured: Some(StructuredOutput::JsonSchema(schema)),
+        ..greedy(40)
     };
-    match engine.generate(req).await {
-        Err(BackendError::Rejected { message, .. }) => {
-            assert!(message.contains("structured outputs"), "{message}")
-        }
-        Err(e) => panic!("expected a rejection, got {e}"),
-        Ok(_) => panic!("expected a rejection, got a stream"),
-    }
+    let g = collect(&engine, &prompt, params).await;
+    let src = tito::render::gguf::load_tokenizer(&engine_support::model_path()).expect("tokenizer");
+    let text = src.tokenizer.decode(&g.ids, true).expect("decodes");
+    let v: serde_json::Value =
+        serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+    let obj = v.as_object().expect("an object");
+    assert_eq!(obj.keys().collect::<Vec<_>>(), vec!["city"], "{text}");
+    assert!(
+        obj["city"]
+            .as_str()
+            .is_some_and(|c| c.chars().count() <= 12),
+        "{text}"
+    );
+    assert!(g
+        .logprobs
+        .iter()
+        .all(|l| l.logprob.is_some_and(f32::is_finite)));
+
+    // A schema llama.cpp cannot turn into a grammar is refused up front.
+    let bad = SamplingParams {
+        structured: Some(StructuredOutput::JsonSchema(serde_json::json!({"type": 7}))),
+        ..greedy(4)
+    };
+    let req = tito::backend::GenerateRequest {
+        request_id: "bad".into(),
+        prompt_ids: std::sync::Arc::new(prompt),
+        params: bad,
+    };
+    use tito::backend::Backend;
+    assert!(matches!(
+        engine.generate(req).await,
+        Err(tito::backend::BackendError::Rejected { .. })
+    ));
 }

@@ -134,6 +134,24 @@ async fn engine_server_speaks_vllm_and_sglang() {
         assert_eq!(gen.logprobs.len(), 5);
         assert_eq!(gen.finish_reason, Some(tito::backend::FinishReason::Length));
     }
+    // An output constraint travels over the wire (vLLM's
+    // `structured_outputs`) and the engine honours it.
+    {
+        let mut req = engine_support::request(&prompt, engine_support::greedy(64));
+        req.params.structured = Some(tito::backend::StructuredOutput::JsonSchema(json!({
+            "type": "object", "properties": {"ok": {"type": "boolean"}},
+            "required": ["ok"], "additionalProperties": false})));
+        let mut s = client.generate(req).await.expect("generate");
+        let mut gen = tito::backend::Generation::default();
+        while let Some(ev) = s.next().await {
+            gen.push(ev.expect("event"));
+        }
+        let src = tito::render::gguf::load_tokenizer(&engine_support::model_path()).expect("tok");
+        let text = src.tokenizer.decode(&gen.ids, true).expect("decodes");
+        let v: serde_json::Value = serde_json::from_str(text.trim())
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {text:?}"));
+        assert!(v["ok"].is_boolean(), "{text}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

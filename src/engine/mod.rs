@@ -26,6 +26,7 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::backend::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
+    StructuredOutput,
 };
 use crate::config::{Device, EngineConfig, LogprobsMode};
 
@@ -185,14 +186,20 @@ impl EngineBackend {
         }
     }
 
+    /// The GBNF grammar of an output constraint: llama.cpp's own conversion
+    /// of the JSON schema (any object for `json_object`).
+    fn grammar(&self, req: &GenerateRequest) -> Result<Option<String>, BackendError> {
+        let schema = match &req.params.structured {
+            None => return Ok(None),
+            Some(StructuredOutput::JsonObject) => serde_json::json!({"type": "object"}),
+            Some(StructuredOutput::JsonSchema(s)) => s.clone(),
+        };
+        llama_cpp_2::json_schema_to_grammar(&schema.to_string())
+            .map(Some)
+            .map_err(|e| self.rejected(format!("cannot turn the JSON schema into a grammar: {e}")))
+    }
+
     fn check(&self, req: &GenerateRequest) -> Result<(), BackendError> {
-        if req.params.structured.is_some() {
-            return Err(self.rejected(
-                "structured outputs (response_format json_object / json_schema) are not \
-                 supported by the bundled engine"
-                    .into(),
-            ));
-        }
         let prompt = &req.prompt_ids;
         if prompt.is_empty() {
             return Err(self.rejected("the prompt is empty".into()));
@@ -226,6 +233,7 @@ impl Backend for EngineBackend {
 
     async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError> {
         self.check(&req)?;
+        let grammar = self.grammar(&req)?;
         if req.params.max_tokens == 0 {
             let done = GenEvent::Done {
                 finish_reason: FinishReason::Length,
@@ -243,6 +251,7 @@ impl Backend for EngineBackend {
         let job = worker::Job {
             prompt: req.prompt_ids.to_vec(),
             params: req.params,
+            grammar,
             tx,
         };
         if self.tx.send(job).is_err() {

@@ -10,11 +10,13 @@
 //! 2. frequency / presence penalties over output tokens
 //!    (`l -= frequency * count + presence`);
 //! 3. temperature: `z = l / T` (greedy when `T == 0`, and then `z = l`);
+//!    with an output constraint (a JSON grammar), `z = -inf` on the tokens
+//!    it does not allow ([`Sampler::sample_allowed`]);
 //! 4. logprobs, with vLLM's `--logprobs-mode` meanings, before truncation:
 //!    - `raw_logprobs` (the default): **`log_softmax(l)`** of the model's
 //!      unmodified row (before steps 1-3);
-//!    - `processed_logprobs`: **`log_softmax(z)`**, after penalties and
-//!      temperature.
+//!    - `processed_logprobs`: **`log_softmax(z)`**, after penalties,
+//!      temperature and the constraint.
 //!
 //!    The sampled token's logprob and the top-k alternatives (chosen by, and
 //!    reported under, that same distribution) come from it. When steps 1-3
@@ -149,10 +151,29 @@ impl Sampler {
     /// Samples one token from a row of logits. Returns `None` only for an
     /// empty row.
     pub fn sample(&mut self, logits: &[f32]) -> Option<Sampled> {
+        self.sample_allowed(logits, None)
+    }
+
+    /// [`Sampler::sample`] where only tokens with `allowed[id]` may be drawn
+    /// (an output constraint). The mask is part of the processing: the
+    /// processed logprobs are over the allowed tokens, the raw ones over all
+    /// (the model's own distribution). `None` when nothing is allowed.
+    pub fn sample_allowed(&mut self, logits: &[f32], allowed: Option<&[bool]>) -> Option<Sampled> {
         if logits.is_empty() {
             return None;
         }
-        let changed = self.process(logits);
+        let mut changed = self.process(logits);
+        if let Some(allowed) = allowed {
+            if !allowed.iter().any(|a| *a) {
+                return None;
+            }
+            for (z, ok) in self.scratch.iter_mut().zip(allowed) {
+                if !ok {
+                    *z = f32::NEG_INFINITY;
+                }
+            }
+            changed = true;
+        }
         let (argmax, max, sum_exp) = max_and_sum_exp(&self.scratch);
         let token = if self.temperature == 0.0 {
             argmax as u32

@@ -28,7 +28,8 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::EngineBackend;
 use crate::backend::{
-    Backend, FinishReason, GenEvent, GenStream, GenerateRequest, SamplingParams, TokenLogprob,
+    Backend, FinishReason, GenEvent, GenStream, GenerateRequest, SamplingParams, StructuredOutput,
+    TokenLogprob,
 };
 use crate::config::EngineConfig;
 use crate::error::ApiError;
@@ -124,6 +125,42 @@ struct CompletionBody {
     stream: bool,
     n: Option<u32>,
     request_id: Option<String>,
+    /// vLLM's `{"json": schema}` or `{"json_object": true}`.
+    structured_outputs: Option<serde_json::Value>,
+}
+
+/// vLLM's `structured_outputs` as a constraint; other kinds are refused.
+fn vllm_structured(v: Option<&serde_json::Value>) -> Result<Option<StructuredOutput>, ApiError> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    if let Some(schema) = v.get("json").filter(|s| !s.is_null()) {
+        // vLLM also takes the schema as a JSON string.
+        let schema = match schema.as_str() {
+            Some(text) => serde_json::from_str(text).map_err(|e| {
+                ApiError::invalid("structured_outputs.json", format!("not a JSON schema: {e}"))
+            })?,
+            None => schema.clone(),
+        };
+        return Ok(Some(StructuredOutput::JsonSchema(schema)));
+    }
+    if v.get("json_object").and_then(serde_json::Value::as_bool) == Some(true) {
+        return Ok(Some(StructuredOutput::JsonObject));
+    }
+    Err(ApiError::invalid(
+        "structured_outputs",
+        "only `json` and `json_object` structured outputs are supported",
+    ))
+}
+
+/// SGLang's `json_schema` (a JSON string) as a constraint.
+fn sglang_structured(v: Option<&str>) -> Result<Option<StructuredOutput>, ApiError> {
+    v.map(|text| {
+        serde_json::from_str(text)
+            .map(StructuredOutput::JsonSchema)
+            .map_err(|e| ApiError::invalid("sampling_params.json_schema", format!("not JSON: {e}")))
+    })
+    .transpose()
 }
 
 #[derive(Deserialize, Default)]
@@ -142,6 +179,7 @@ struct SglSampling {
     stop_token_ids: Option<Vec<u32>>,
     ignore_eos: bool,
     skip_special_tokens: Option<bool>,
+    json_schema: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -339,7 +377,7 @@ async fn completions(
         stop_token_ids: b.stop_token_ids.unwrap_or_default(),
         ignore_eos: b.ignore_eos,
         logprobs: b.logprobs,
-        structured: None,
+        structured: vllm_structured(b.structured_outputs.as_ref())?,
     };
     let ctx = CompletionCtx {
         id: format!("cmpl-{}", b.request_id.as_deref().unwrap_or("engine")),
@@ -458,7 +496,7 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
         stop_token_ids: sp.stop_token_ids.unwrap_or_default(),
         ignore_eos: sp.ignore_eos,
         logprobs: b.return_logprob.then_some(0),
-        structured: None,
+        structured: sglang_structured(sp.json_schema.as_deref())?,
     };
     let skip_special = sp.skip_special_tokens.unwrap_or(true);
     let rid = b.rid.unwrap_or_else(|| "engine".to_string());

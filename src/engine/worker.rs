@@ -24,6 +24,9 @@ use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::data::LlamaTokenData;
+use llama_cpp_2::token::data_array::LlamaTokenDataArray;
 use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::DecodeError;
 use tokio::sync::mpsc::UnboundedSender;
@@ -38,6 +41,8 @@ pub(crate) type EventTx = UnboundedSender<Result<GenEvent, BackendError>>;
 pub(crate) struct Job {
     pub prompt: Vec<u32>,
     pub params: SamplingParams,
+    /// GBNF grammar constraining the output (from a JSON schema).
+    pub grammar: Option<String>,
     pub tx: EventTx,
 }
 
@@ -68,6 +73,8 @@ struct Seq {
     fed: usize,
     params: SamplingParams,
     sampler: Sampler,
+    /// llama.cpp's grammar sampler, used only to mask the logits row.
+    grammar: Option<LlamaSampler>,
     tx: EventTx,
 }
 
@@ -151,7 +158,7 @@ pub(crate) fn run(
     };
     w.free_slots = (0..w.settings.max_batch as i32).rev().collect();
     let _ = ready.send(Ok(info));
-    w.run(&mut ctx, &rx);
+    w.run(&mut ctx, &rx, &model);
     w.shared.alive.store(false, Ordering::SeqCst);
 }
 
@@ -170,7 +177,7 @@ struct Worker {
 }
 
 impl Worker {
-    fn run(&mut self, ctx: &mut LlamaContext<'_>, rx: &Receiver<Job>) {
+    fn run(&mut self, ctx: &mut LlamaContext<'_>, rx: &Receiver<Job>, model: &LlamaModel) {
         let mut open = true;
         loop {
             if self.running.is_empty() && self.waiting.is_empty() {
@@ -178,13 +185,13 @@ impl Worker {
                     return;
                 }
                 match rx.recv() {
-                    Ok(job) => self.enqueue(job),
+                    Ok(job) => self.enqueue(job, model),
                     Err(_) => return,
                 }
             }
             while open {
                 match rx.try_recv() {
-                    Ok(job) => self.enqueue(job),
+                    Ok(job) => self.enqueue(job, model),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => open = false,
                 }
@@ -204,9 +211,24 @@ impl Worker {
         }
     }
 
-    fn enqueue(&mut self, job: Job) {
+    fn enqueue(&mut self, job: Job, model: &LlamaModel) {
+        let grammar = match job.grammar.as_deref() {
+            Some(g) => match LlamaSampler::grammar(model, g, "root") {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    let _ = job.tx.send(Err(BackendError::Rejected {
+                        backend: self.settings.name.clone(),
+                        message: format!("the output constraint's grammar is invalid: {e}"),
+                    }));
+                    return;
+                }
+            },
+            None => None,
+        };
         let sampler = Sampler::new(&job.params, &job.prompt, self.settings.logprobs_mode);
         self.waiting.push_back(Seq {
+            grammar,
             slot: -1,
             prompt_len: job.prompt.len(),
             tokens: job.prompt,
@@ -394,9 +416,13 @@ impl Worker {
     fn sample_one(&mut self, i: usize, logits: &[f32]) -> Option<FinishReason> {
         let max_seq_len = self.info.max_seq_len as usize;
         let s = &mut self.running[i];
-        let Some(out) = s.sampler.sample(logits) else {
+        let allowed = s.grammar.as_mut().map(|g| allowed_by(g, logits));
+        let Some(out) = s.sampler.sample_allowed(logits, allowed.as_deref()) else {
             return Some(FinishReason::Abort);
         };
+        if let Some(g) = s.grammar.as_mut() {
+            g.accept(LlamaToken::new(out.token as i32));
+        }
         self.shared
             .stats
             .sampled_tokens
@@ -442,4 +468,22 @@ impl Worker {
             self.release(ctx, &seq);
         }
     }
+}
+
+/// Which tokens the grammar allows next: llama.cpp's grammar sampler sets
+/// the logit of every other candidate to -inf, in place and in order.
+fn allowed_by(grammar: &mut LlamaSampler, logits: &[f32]) -> Vec<bool> {
+    let mut candidates = LlamaTokenDataArray::from_iter(
+        logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| LlamaTokenData::new(LlamaToken::new(i as i32), l, 0.0)),
+        false,
+    );
+    candidates.apply_sampler(grammar);
+    candidates
+        .data
+        .iter()
+        .map(|d| d.logit() != f32::NEG_INFINITY)
+        .collect()
 }

@@ -112,3 +112,22 @@ def test_langgraph_agent_runs_on_the_engine(server):
     result = make_agent(llm, [add]).invoke({"messages": [("user", "What is 2 plus 3? Use the add tool.")]})
     # The small model may or may not call the tool; the plumbing must hold.
     assert result["messages"][-1].type == "ai"
+
+
+def test_structured_output_on_the_engine(server):
+    """`chat.completions.parse` with a pydantic model on the bundled engine:
+    llama.cpp's grammar from the JSON schema constrains the sampled tokens."""
+    from pydantic import BaseModel
+
+    class Verdict(BaseModel):
+        ok: bool
+
+    client = OpenAI(base_url=f"http://{server}/v1", api_key="unused")
+    resp = client.chat.completions.parse(
+        model="smollm2-135m-instruct",
+        messages=[{"role": "user", "content": "Is the sky blue? Answer in JSON."}],
+        response_format=Verdict,
+        max_tokens=64,
+        temperature=0,
+    )
+    assert isinstance(resp.choices[0].message.parsed, Verdict)
