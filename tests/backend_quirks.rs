@@ -50,3 +50,31 @@ async fn undecodable_answers_fail_their_call_and_leave_the_circuit_closed() {
         "{metrics}"
     );
 }
+
+#[tokio::test]
+async fn null_optional_fields_in_a_backend_answer_are_served() {
+    let mock = MockVllm::start(Scripted {
+        ids: vec![5, 6, IM_END],
+        null_optionals: true,
+        ..Default::default()
+    })
+    .await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let body = json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true,
+                      "top_logprobs": 2, "return_token_ids": true});
+    let r = g.post("/v1/chat/completions", body).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.expect("json");
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .expect("content");
+    assert_eq!(content.len(), 3);
+    assert!(content
+        .iter()
+        .all(|c| c["logprob"].is_f64() && c["top_logprobs"].as_array().is_some_and(Vec::is_empty)));
+    let backends = g.get_json("/admin/backends").await;
+    assert_eq!(
+        backends["backends"][0]["consecutive_failures"], 0,
+        "{backends}"
+    );
+}

@@ -37,6 +37,8 @@ pub struct Scripted {
     pub token_delay_ms: u64,
     /// Answer a stream whose first event is not a completion chunk.
     pub garbage: bool,
+    /// Send `null` for every optional logprobs field but the numbers.
+    pub null_optionals: bool,
 }
 
 impl Scripted {
@@ -316,7 +318,11 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
         sample: Some((prompt.clone(), ids.clone())),
     };
     let delay = std::time::Duration::from_millis(script.token_delay_ms);
-    let pace = Pace { hang_after, delay };
+    let pace = Pace {
+        hang_after,
+        delay,
+        null_optionals: script.null_optionals,
+    };
     let stream = async_stream_events(ids, lps, k, finish, prompt, pace, guard);
     Sse::new(stream).into_response()
 }
@@ -326,6 +332,7 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
 struct Pace {
     hang_after: Option<usize>,
     delay: std::time::Duration,
+    null_optionals: bool,
 }
 
 fn async_stream_events(
@@ -337,7 +344,11 @@ fn async_stream_events(
     pace: Pace,
     guard: CancelGuard,
 ) -> impl futures::Stream<Item = Result<Event, Infallible>> {
-    let Pace { hang_after, delay } = pace;
+    let Pace {
+        hang_after,
+        delay,
+        null_optionals,
+    } = pace;
     let n = ids.len();
     let steps = futures::stream::iter(0..=n);
     steps
@@ -362,6 +373,12 @@ fn async_stream_events(
                 }
                 if let Some(k) = k {
                     c["logprobs"] = logprobs_json(&ids[i..=i], &lps[i..=i], k);
+                    if null_optionals {
+                        for field in ["tokens", "top_logprobs", "text_offset"] {
+                            c["logprobs"][field] = Value::Null;
+                        }
+                        c["stop_reason"] = Value::Null;
+                    }
                 }
                 json!({"choices": [c]})
             }

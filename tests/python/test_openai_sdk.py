@@ -272,3 +272,25 @@ def test_tool_choice_required_answers_tool_calls():
         for p in (tito, mock):
             p.terminate()
             p.wait(timeout=30)
+
+
+def test_developer_role_and_content_parts_through_the_sdk(env):
+    """What the SDK sends for newer models: a `developer` message and a user
+    message as a list of text parts. The prompt is the template's render of
+    a `system` message and the parts joined with newlines."""
+    tok, _, client, _ = env
+    resp = client.chat.completions.create(
+        model="test-model",
+        messages=[
+            {"role": "developer", "content": "Always answer in French."},
+            {"role": "user", "content": [{"type": "text", "text": "Hello"},
+                                         {"type": "text", "text": "there"}]},
+        ],
+        extra_body={"return_token_ids": True},
+    )
+    want = tok.apply_chat_template(
+        [{"role": "system", "content": "Always answer in French."},
+         {"role": "user", "content": "Hello\nthere"}],
+        tokenize=False, add_generation_prompt=True,
+    )
+    assert resp.model_extra["prompt_token_ids"] == tok.encode(want, add_special_tokens=False)
