@@ -46,6 +46,24 @@ async fn post_with(
     req.send().await.expect("gateway reachable")
 }
 
+/// Posts a first user turn on `path`, then returns that answer and the
+/// messages of the next turn (first turn, the served reply, `then`).
+async fn first_turn(g: &Gateway, path: &str, first: &str, then: &str) -> (Value, Value) {
+    let r: Value = g
+        .post(
+            path,
+            json!({"messages": [{"role": "user", "content": first}]}),
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+    let served = r["choices"][0]["message"]["content"].clone();
+    let next = json!([{"role": "user", "content": first}, {"role": "assistant", "content": served},
+                      {"role": "user", "content": then}]);
+    (r, next)
+}
+
 async fn calls_of(g: &Gateway, tid: &str) -> Vec<Value> {
     g.get_json(&format!("/v1/trajectories/{tid}")).await["calls"]
         .as_array()
@@ -311,18 +329,9 @@ async fn a_spent_budget_ends_the_sample_with_length() {
     let mock = MockVllm::start(Scripted::default()).await;
     let g = start_gateway(config(&[mock.url()], "[trajectory]\nresponse_length = 6\n")).await;
     mock.push(scripted(&g, "a long answer that will not fit"));
-    let m1 = json!([{"role": "user", "content": "go"}]);
     let path = "/t/budget-1/v1/chat/completions";
-    let r: Value = g
-        .post(path, json!({"messages": m1}))
-        .await
-        .json()
-        .await
-        .expect("json");
+    let (r, m2) = first_turn(&g, path, "go", "more").await;
     assert_eq!(r["choices"][0]["finish_reason"], "length");
-    let served = r["choices"][0]["message"]["content"].clone();
-    let m2 = json!([{"role": "user", "content": "go"}, {"role": "assistant", "content": served},
-                    {"role": "user", "content": "more"}]);
     let resp = g.post(path, json!({"messages": m2})).await;
     assert_eq!(resp.status(), 200);
     let r2: Value = resp.json().await.expect("json");
@@ -354,16 +363,7 @@ async fn a_spent_budget_can_still_be_an_error() {
     let g = start_gateway(config(&[mock.url()], extra)).await;
     mock.push(scripted(&g, "too long to fit"));
     let path = "/t/budget-2/v1/chat/completions";
-    let m1 = json!([{"role": "user", "content": "go"}]);
-    let r: Value = g
-        .post(path, json!({"messages": m1}))
-        .await
-        .json()
-        .await
-        .expect("json");
-    let served = r["choices"][0]["message"]["content"].clone();
-    let m2 = json!([{"role": "user", "content": "go"}, {"role": "assistant", "content": served},
-                    {"role": "user", "content": "more"}]);
+    let (_, m2) = first_turn(&g, path, "go", "more").await;
     let resp = g.post(path, json!({"messages": m2})).await;
     assert_eq!(resp.status(), 400);
     let e: Value = resp.json().await.expect("json");
@@ -494,16 +494,7 @@ async fn queued_acks_answer_before_the_commit_and_still_record_in_order() {
     mock.push(scripted(&g, "first"));
     mock.push(scripted(&g, "second"));
     let path = "/t/queued-1/v1/chat/completions";
-    let m1 = json!([{"role": "user", "content": "a"}]);
-    let r1: Value = g
-        .post(path, json!({"messages": m1}))
-        .await
-        .json()
-        .await
-        .expect("json");
-    let served = r1["choices"][0]["message"]["content"].clone();
-    let m2 = json!([{"role": "user", "content": "a"}, {"role": "assistant", "content": served},
-                    {"role": "user", "content": "b"}]);
+    let (_, m2) = first_turn(&g, path, "a", "b").await;
     let r2 = g.post(path, json!({"messages": m2})).await;
     assert_eq!(r2.status(), 200);
     // `finish` is committed after every call answered before it.
@@ -532,16 +523,7 @@ async fn a_call_slot_taken_by_another_gateway_reloads_instead_of_failing() {
         mock.push(scripted(&a, t));
     }
     let path = "/t/shared-1/v1/chat/completions";
-    let m1 = json!([{"role": "user", "content": "start"}]);
-    let r: Value = a
-        .post(path, json!({"messages": m1}))
-        .await
-        .json()
-        .await
-        .expect("json");
-    let served = r["choices"][0]["message"]["content"].clone();
-    let m2 = json!([{"role": "user", "content": "start"}, {"role": "assistant", "content": served},
-                    {"role": "user", "content": "go on"}]);
+    let (_, m2) = first_turn(&a, path, "start", "go on").await;
     // B loads the trajectory (one call) and records call 1.
     assert_eq!(b.post(path, json!({"messages": m2})).await.status(), 200);
     // A still thinks slot 1 is free: its commit meets the store's call 1,

@@ -268,12 +268,7 @@ struct Chunks {
 impl Chunks {
     fn new(state: &AppState, created: u64, shape: Shape) -> Self {
         Chunks {
-            head: ChunkHead {
-                object: "chat.completion.chunk",
-                created,
-                model: state.config.model.name.clone(),
-                fingerprint: state.system_fingerprint(),
-            },
+            head: ChunkHead::new(state, "chat.completion.chunk", created),
             shape,
             renderer: state.renderer.clone(),
         }
@@ -457,13 +452,7 @@ async fn replay_stream(
         let p = prompt.filter(|_| r.index == 0).map(|p| &p[..]);
         tx.json(&chunks.open(id, r.index, p)).await?;
         let delta = served_delta(&r.served);
-        let ev = ChoiceEvent {
-            index: r.index,
-            text: r.text.clone(),
-            ids: r.ids.clone(),
-            logprobs: r.logprobs.clone(),
-            finish: r.finish,
-        };
+        let ev = r.as_event();
         for c in chunks.deltas(id, &ev, vec![delta]) {
             tx.json(&c).await?;
         }

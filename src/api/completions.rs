@@ -221,12 +221,7 @@ struct Chunks {
 impl Chunks {
     fn new(state: &AppState, created: u64, shape: Shape) -> Self {
         Chunks {
-            head: ChunkHead {
-                object: "text_completion",
-                created,
-                model: state.config.model.name.clone(),
-                fingerprint: state.system_fingerprint(),
-            },
+            head: ChunkHead::new(state, "text_completion", created),
             shape,
             renderer: state.renderer.clone(),
         }
@@ -326,13 +321,7 @@ async fn replay_stream(
         }
     }
     for r in &answer.choices {
-        let ev = ChoiceEvent {
-            index: r.index,
-            text: r.text.clone(),
-            ids: r.ids.clone(),
-            logprobs: r.logprobs.clone(),
-            finish: r.finish,
-        };
+        let ev = r.as_event();
         if let Some(c) = chunks.delta(id, &ev, 0) {
             tx.json(&c).await?;
         }

@@ -75,6 +75,15 @@ pub struct ChunkHead {
 }
 
 impl ChunkHead {
+    pub fn new(state: &super::AppState, object: &'static str, created: u64) -> Self {
+        ChunkHead {
+            object,
+            created,
+            model: state.config.model.name.clone(),
+            fingerprint: state.system_fingerprint(),
+        }
+    }
+
     pub fn chunk(&self, id: &str, choices: Json) -> Json {
         serde_json::json!({"id": id, "object": self.object, "created": self.created,
             "model": self.model, "system_fingerprint": self.fingerprint, "choices": choices})

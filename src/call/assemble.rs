@@ -42,6 +42,19 @@ pub struct ChoiceResult {
     pub parse_outcome: Option<String>,
 }
 
+impl ChoiceResult {
+    /// The whole choice as one delta (a recorded answer, streamed again).
+    pub fn as_event(&self) -> ChoiceEvent {
+        ChoiceEvent {
+            index: self.index,
+            text: self.text.clone(),
+            ids: self.ids.clone(),
+            logprobs: self.logprobs.clone(),
+            finish: self.finish,
+        }
+    }
+}
+
 /// Turns one choice's backend events into deltas and a result.
 pub struct ChoiceAssembly {
     asm: TextAssembler,

@@ -235,6 +235,7 @@ impl Owner {
     /// Records the answer for the owned keys and wakes waiters.
     pub fn complete(self, answer: Arc<Answer>) {
         let at = Instant::now();
+        let bytes = answer.approx_bytes();
         {
             let mut inner = self.replies.lock();
             for k in &self.keys {
@@ -242,7 +243,7 @@ impl Owner {
                 if !ours {
                     continue;
                 }
-                inner.bytes += answer.approx_bytes();
+                inner.bytes += bytes;
                 inner.slots.insert(
                     k.clone(),
                     Slot::Done {

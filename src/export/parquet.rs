@@ -191,36 +191,18 @@ fn schema_text(cols: &[Column]) -> String {
     s
 }
 
-/// Appends one list to (values, def, rep): an empty list is one level pair
-/// with no value; otherwise one pair per element (rep 0 starts the row).
+/// Appends one list to (values, def, rep). Definition levels: 0 for an
+/// empty list (one level pair, no value); for an element, `full` when `f`
+/// gives a value and one less when it gives none (a null element of a list
+/// of OPTIONAL elements, max level 2; REQUIRED elements, max level 1, always
+/// have a value). Repetition level 0 starts the row.
 fn push_list<T: Copy, U>(
     vals: &mut Vec<U>,
     def: &mut Vec<i16>,
     rep: &mut Vec<i16>,
     xs: &[T],
-    f: impl Fn(T) -> U,
-) -> usize {
-    if xs.is_empty() {
-        def.push(0);
-        rep.push(0);
-        return 0;
-    }
-    for (i, x) in xs.iter().enumerate() {
-        def.push(1);
-        rep.push(i16::from(i > 0));
-        vals.push(f(*x));
-    }
-    xs.len()
-}
-
-/// Appends one list of optional elements to (values, def, rep). Max
-/// definition level 2 (REPEATED list + OPTIONAL element): an empty list is def
-/// 0, a null element def 1 (no value), a present element def 2.
-fn push_opt_list(
-    vals: &mut Vec<f32>,
-    def: &mut Vec<i16>,
-    rep: &mut Vec<i16>,
-    xs: &[Option<f32>],
+    full: i16,
+    f: impl Fn(T) -> Option<U>,
 ) -> usize {
     if xs.is_empty() {
         def.push(0);
@@ -229,12 +211,12 @@ fn push_opt_list(
     }
     for (i, x) in xs.iter().enumerate() {
         rep.push(i16::from(i > 0));
-        match x {
-            Some(x) => {
-                def.push(2);
-                vals.push(*x);
+        match f(*x) {
+            Some(v) => {
+                def.push(full);
+                vals.push(v);
             }
-            None => def.push(1),
+            None => def.push(full - 1),
         }
     }
     xs.len()
@@ -261,10 +243,16 @@ impl Column {
                 }
                 None => d.push(0),
             },
-            (Buf::ListI32(v, d, r), Cell::Ids(xs)) => return push_list(v, d, r, xs, |x| x as i32),
-            (Buf::ListI32(v, d, r), Cell::Mask(xs)) => return push_list(v, d, r, xs, i32::from),
-            (Buf::ListF32(v, d, r), Cell::Floats(xs)) => return push_list(v, d, r, xs, |x| x),
-            (Buf::ListOptF32(v, d, r), Cell::OptFloats(xs)) => return push_opt_list(v, d, r, xs),
+            (Buf::ListI32(v, d, r), Cell::Ids(xs)) => {
+                return push_list(v, d, r, xs, 1, |x| Some(x as i32))
+            }
+            (Buf::ListI32(v, d, r), Cell::Mask(xs)) => {
+                return push_list(v, d, r, xs, 1, |x| Some(i32::from(x)))
+            }
+            (Buf::ListF32(v, d, r), Cell::Floats(xs)) => return push_list(v, d, r, xs, 1, Some),
+            (Buf::ListOptF32(v, d, r), Cell::OptFloats(xs)) => {
+                return push_list(v, d, r, xs, 2, |x| x)
+            }
             // `columns` pairs every getter with its buffer shape.
             _ => {}
         }

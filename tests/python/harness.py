@@ -2,6 +2,7 @@
 the `tito serve` binary (built with cargo if needed), each on a port chosen
 by the OS, and reads the bound address from their output."""
 
+import contextlib
 import json
 import os
 import pathlib
@@ -96,3 +97,24 @@ def start_tito_with_default_config():
         r"tito listening addr=(\S+)",
         env={"RUST_LOG": "info", "NO_COLOR": "1"},
     )
+
+
+@contextlib.contextmanager
+def mock_gateway(tokenizer_dir, reply_ids, script=None, structured_reply_ids=None):
+    """`tito serve` in front of a mock backend (see `start_mock`); yields
+    tito's address and stops both on exit."""
+    build()
+    mock, mock_addr = start_mock(reply_ids, script=script, structured_reply_ids=structured_reply_ids)
+    try:
+        tito, addr = start_tito(tokenizer_dir, f"http://{mock_addr}")
+    except BaseException:
+        mock.terminate()
+        mock.wait(timeout=30)
+        raise
+    try:
+        yield addr
+    finally:
+        for p in (tito, mock):
+            p.terminate()
+            p.wait(timeout=30)
+

@@ -66,7 +66,6 @@ def validators():
 def gateway():
     if not (TOKENIZER / "tokenizer.json").exists():
         pytest.fail("missing .cache/tokenizers/qwen3: run scripts/fetch-tokenizers.sh")
-    harness.build()
     tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     plain = tok.encode("Hello! 你好 🎉", add_special_tokens=False) + [im_end]
@@ -75,14 +74,8 @@ def gateway():
         add_special_tokens=False,
     ) + [im_end]
     # The tool-call requests of the table come first, in order.
-    mock, mock_addr = harness.start_mock(plain, script=[call, call])
-    tito, addr = harness.start_tito(TOKENIZER, f"http://{mock_addr}")
-    try:
+    with harness.mock_gateway(TOKENIZER, plain, script=[call, call]) as addr:
         yield addr
-    finally:
-        for p in (tito, mock):
-            p.terminate()
-            p.wait(timeout=30)
 
 
 def request(addr, method, path, body=None):

@@ -218,14 +218,11 @@ def test_parse_with_a_pydantic_model_gets_a_constrained_answer():
 
     if not (TOKENIZER / "tokenizer.json").exists():
         pytest.fail("missing .cache/tokenizers/qwen3: run scripts/fetch-tokenizers.sh")
-    harness.build()
     tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     plain = tok.encode("Paris, of course.", add_special_tokens=False) + [im_end]
     constrained = tok.encode('{"city": "Paris"}', add_special_tokens=False) + [im_end]
-    mock, mock_addr = harness.start_mock(plain, structured_reply_ids=constrained)
-    tito, addr = harness.start_tito(TOKENIZER, f"http://{mock_addr}")
-    try:
+    with harness.mock_gateway(TOKENIZER, plain, structured_reply_ids=constrained) as addr:
         client = OpenAI(base_url=f"http://{addr}/v1", api_key="unused")
         resp = client.chat.completions.parse(
             model="test-model",
@@ -233,10 +230,6 @@ def test_parse_with_a_pydantic_model_gets_a_constrained_answer():
             response_format=Capital,
         )
         assert resp.choices[0].message.parsed == Capital(city="Paris")
-    finally:
-        for p in (tito, mock):
-            p.terminate()
-            p.wait(timeout=30)
 
 
 def test_tool_choice_required_answers_tool_calls():
@@ -245,16 +238,13 @@ def test_tool_choice_required_answers_tool_calls():
     comes back as `tool_calls` with finish_reason `tool_calls`."""
     if not (TOKENIZER / "tokenizer.json").exists():
         pytest.fail("missing .cache/tokenizers/qwen3: run scripts/fetch-tokenizers.sh")
-    harness.build()
     tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     plain = tok.encode("I will not call a tool.", add_special_tokens=False) + [im_end]
     calls = tok.encode(
         '[{"name": "calculator", "parameters": {"expression": "6*7"}}]', add_special_tokens=False
     ) + [im_end]
-    mock, mock_addr = harness.start_mock(plain, structured_reply_ids=calls)
-    tito, addr = harness.start_tito(TOKENIZER, f"http://{mock_addr}")
-    try:
+    with harness.mock_gateway(TOKENIZER, plain, structured_reply_ids=calls) as addr:
         client = OpenAI(base_url=f"http://{addr}/v1", api_key="unused")
         resp = client.chat.completions.create(
             model="test-model",
@@ -268,10 +258,6 @@ def test_tool_choice_required_answers_tool_calls():
         assert json.loads(choice.message.tool_calls[0].function.arguments) == {"expression": "6*7"}
         model = client.models.retrieve("test-model")
         assert model.id == "test-model"
-    finally:
-        for p in (tito, mock):
-            p.terminate()
-            p.wait(timeout=30)
 
 
 def test_developer_role_and_content_parts_through_the_sdk(env):
