@@ -65,7 +65,9 @@ async fn main() -> anyhow::Result<()> {
                 .append_call(call(&id, turn, turn.checked_sub(1), delta, ids(12)))
                 .await?;
         }
-        store.set_reward(&id, None, f64::from(k) / 10.0).await?;
+        store
+            .set_reward(&id, None, f64::from(k) / 10.0, None)
+            .await?;
         store.finish(&id).await?;
     }
     let mut opts = ExportOptions::new(Format::Parquet, Layout::Verl);

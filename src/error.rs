@@ -101,6 +101,11 @@ impl ApiError {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
     }
 
+    pub fn with_param(mut self, param: &str) -> Self {
+        self.param = Some(param.to_string());
+        self
+    }
+
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self
@@ -176,9 +181,14 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound(_) | StoreError::CallNotFound { .. } => {
                 ApiError::not_found(e.to_string())
             }
-            StoreError::Duplicate { .. } | StoreError::Finished(_) => {
+            StoreError::Duplicate { .. } | StoreError::Finished(_) | StoreError::Conflict(_) => {
                 ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
                     .with_code("conflict")
+            }
+            StoreError::CursorNotFound(_) => {
+                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
+                    .with_param("cursor")
+                    .with_code("cursor_expired")
             }
             StoreError::Invalid(_) => ApiError::bad_request(e.to_string()),
             _ => ApiError::internal(format!("span store: {e}")),

@@ -198,7 +198,11 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
                 .timestamp_millis(),
         }),
     };
-    let filter = TrajectoryFilter { status, since };
+    let filter = TrajectoryFilter {
+        status,
+        since,
+        ..Default::default()
+    };
     let url = &config.store.url;
     if url == "memory://" {
         bail!("store.url is memory://: nothing persisted to export");

@@ -28,7 +28,7 @@ async fn populate(db: &Path) {
         }
         if i != 4 {
             store
-                .set_reward(&id, None, f64::from(i))
+                .set_reward(&id, None, f64::from(i), None)
                 .await
                 .expect("reward");
             store.finish(&id).await.expect("finish");

@@ -47,7 +47,7 @@ async fn store_with(trajs: &[(&str, bool, Option<f64>)]) -> Arc<MemoryStore> {
             store.append_call(c).await.expect("append");
         }
         if let Some(r) = reward {
-            store.set_reward(id, None, *r).await.expect("reward");
+            store.set_reward(id, None, *r, None).await.expect("reward");
         }
         if *finish {
             store.finish(id).await.expect("finish");
@@ -198,7 +198,7 @@ async fn jsonl_lines_have_the_design_columns() {
 async fn per_call_layout_has_full_prompts_and_all_ones_masks() {
     let store = store_with(&[("a", true, Some(1.0))]).await;
     store
-        .set_reward("a", Some(4), 0.25)
+        .set_reward("a", Some(4), 0.25, None)
         .await
         .expect("call reward");
     let (rows, _) = both(&*store, Layout::PerCall, |_| {});
@@ -332,6 +332,7 @@ async fn export_from_sqlite_scan_with_status_filter() {
     let filter = TrajectoryFilter {
         status: Some(TrajectoryStatus::Finished),
         since: None,
+        ..Default::default()
     };
     let mut opts = ExportOptions::new(Format::Parquet, Layout::Trajectory);
     opts.row_group_values = 100;

@@ -129,18 +129,21 @@ async fn reward_and_finish() {
         for c in branching("t") {
             store.append_call(c).await.expect("append");
         }
-        let m = store.set_reward("t", None, 1.0).await.expect("reward");
+        let m = store
+            .set_reward("t", None, 1.0, None)
+            .await
+            .expect("reward");
         assert_eq!(m.reward, Some(1.0), "{name}");
         store
-            .set_reward("t", Some(2), 0.25)
+            .set_reward("t", Some(2), 0.25, None)
             .await
             .expect("call reward");
         assert!(matches!(
-            store.set_reward("t", Some(99), 0.5).await,
+            store.set_reward("t", Some(99), 0.5, None).await,
             Err(StoreError::CallNotFound { call: 99, .. })
         ));
         assert!(matches!(
-            store.set_reward("nope", None, 0.5).await,
+            store.set_reward("nope", None, 0.5, None).await,
             Err(StoreError::NotFound(_))
         ));
         assert!(matches!(
@@ -159,7 +162,10 @@ async fn reward_and_finish() {
             "{name}: {late:?}"
         );
         // Rewards are still accepted after finish.
-        store.set_reward("t", None, 0.5).await.expect("late reward");
+        store
+            .set_reward("t", None, 0.5, None)
+            .await
+            .expect("late reward");
 
         let t = store
             .get_trajectory("t")
@@ -212,6 +218,7 @@ async fn pagination_and_filters() {
         let finished = TrajectoryFilter {
             status: Some(TrajectoryStatus::Finished),
             since: None,
+            ..Default::default()
         };
         let page = store
             .list_trajectories(&ListQuery {
@@ -237,11 +244,13 @@ async fn pagination_and_filters() {
         let future = TrajectoryFilter {
             status: None,
             since: Some(tito::store::now_ms() + 60_000),
+            ..Default::default()
         };
         assert_eq!(store.count(&future).expect("count"), 0, "{name}");
         let past = TrajectoryFilter {
             status: None,
             since: Some(0),
+            ..Default::default()
         };
         assert_eq!(store.count(&past).expect("count"), 25, "{name}");
         let bad = store

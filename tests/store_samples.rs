@@ -21,8 +21,11 @@ fn traj(reward: Option<f64>) -> Trajectory {
             next_call_index: 6,
             next_sample_index: 3,
             incomplete: false,
+            metadata: Default::default(),
+            reward_extra: None,
         },
         calls,
+        replays: Vec::new(),
     }
 }
 

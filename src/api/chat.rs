@@ -31,8 +31,8 @@ pub async fn chat_completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let path_tid = super::path_tid(&path);
-    match handle(state, path_tid, &headers, body).await {
+    let ids = super::PathIds::of(&path);
+    match handle(state, ids, &headers, body).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     }
@@ -50,7 +50,7 @@ struct Shape {
 
 async fn handle(
     state: AppState,
-    path_tid: Option<String>,
+    path: super::PathIds,
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -63,7 +63,13 @@ async fn handle(
     let normalized =
         crate::trajectory::normalize::messages(&mut req.messages, state.renderer.content_format());
     state.check_model(req.model.as_deref())?;
-    let named = super::named_trajectory_id(path_tid, headers, req.trajectory_id.as_deref())?;
+    let named = super::named_trajectory_id(path.tid, headers, req.trajectory_id.as_deref())?;
+    let tag = super::named_metadata(
+        path.gid,
+        headers,
+        req.trajectory_group.as_deref(),
+        req.trajectory_metadata.as_ref(),
+    )?;
     let logprobs_k = req.logprobs_k()?;
     let (mut params, max_tokens) = req.sampling.validate(logprobs_k)?;
     params.structured = req.structured()?;
@@ -89,6 +95,7 @@ async fn handle(
 
     // Prepare.
     let tid = super::trajectory_id(&state, named);
+    state.trajectories.tag(&tid, &tag).await?;
     let started_at = crate::store::now_ms();
     let prepared = prepare(&state, &tid, &req).await?;
     // A forced tool call is constrained JSON: no tool parser reads it.

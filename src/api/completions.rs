@@ -28,8 +28,8 @@ pub async fn completions(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let path_tid = super::path_tid(&path);
-    match handle(state, path_tid, &headers, body).await {
+    let ids = super::PathIds::of(&path);
+    match handle(state, ids, &headers, body).await {
         Ok(resp) => resp,
         Err(e) => e.into_response(),
     }
@@ -78,7 +78,7 @@ fn prompt_ids(state: &AppState, req: &CompletionRequest) -> Result<Vec<Vec<u32>>
 
 async fn handle(
     state: AppState,
-    path_tid: Option<String>,
+    path: super::PathIds,
     headers: &HeaderMap,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -88,7 +88,13 @@ async fn handle(
     req.check()?;
     super::unsupported::completions(&body_json)?;
     state.check_model(req.model.as_deref())?;
-    let named = super::named_trajectory_id(path_tid, headers, req.trajectory_id.as_deref())?;
+    let named = super::named_trajectory_id(path.tid, headers, req.trajectory_id.as_deref())?;
+    let tag = super::named_metadata(
+        path.gid,
+        headers,
+        req.trajectory_group.as_deref(),
+        req.trajectory_metadata.as_ref(),
+    )?;
     let (params, max_tokens) = req.sampling.validate(req.logprobs)?;
     let n = req.sampling.n()?;
     let prompts = prompt_ids(&state, &req)?;
@@ -108,6 +114,7 @@ async fn handle(
 
     // Prepare: one call per prompt.
     let tid = super::trajectory_id(&state, named);
+    state.trajectories.tag(&tid, &tag).await?;
     let started_at = crate::store::now_ms();
     let weight_version = state.ops.weight_version();
     let mut plans = Vec::with_capacity(prompts.len());

@@ -18,7 +18,7 @@ use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::trajectories::{filter_from, StoreState};
+use super::trajectories::{FilterParams, StoreState};
 use crate::error::ApiError;
 use crate::export::{export as run_export, ExportOptions, Format, Layout};
 
@@ -41,6 +41,9 @@ pub struct ExportParams {
     pub layout: Option<String>,
     pub status: Option<String>,
     pub since: Option<String>,
+    pub group: Option<String>,
+    pub complete_groups: Option<bool>,
+    pub group_size: Option<u32>,
     pub prompt_length: Option<usize>,
     pub response_length: Option<usize>,
     pub pad_id: Option<u32>,
@@ -112,7 +115,14 @@ async fn export(
 ) -> Result<Response, ApiError> {
     let Query(p) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let opts = p.options()?;
-    let filter = filter_from(p.status.as_deref(), p.since.as_deref())?;
+    let filter = FilterParams {
+        status: p.status.clone(),
+        since: p.since.clone(),
+        group: p.group.clone(),
+        complete_groups: p.complete_groups,
+        group_size: p.group_size,
+    }
+    .filter()?;
     let format = opts.format;
     let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
     let store = st.store.clone();

@@ -30,7 +30,7 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::render::Renderer;
 use crate::router::Router;
-use crate::store::DynStore;
+use crate::store::{DynStore, TrajectoryMetadata};
 use crate::trajectory::Trajectories;
 
 pub use trajectories::StoreState;
@@ -58,12 +58,27 @@ impl FromRef<AppState> for StoreState {
     }
 }
 
-/// The `{tid}` of a `/t/{tid}/v1/...` route, if the route has one.
-fn path_tid(params: &axum::extract::RawPathParams) -> Option<String> {
-    params
-        .iter()
-        .find(|(k, _)| *k == "tid")
-        .map(|(_, v)| v.to_string())
+/// What a route's path names: the `{tid}` of `/t/{tid}/v1/...` and the
+/// `{gid}` of `/g/{gid}/t/{tid}/v1/...`.
+#[derive(Debug, Default)]
+pub struct PathIds {
+    pub tid: Option<String>,
+    pub gid: Option<String>,
+}
+
+impl PathIds {
+    fn of(params: &axum::extract::RawPathParams) -> PathIds {
+        let get = |name: &str| {
+            params
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.to_string())
+        };
+        PathIds {
+            tid: get("tid"),
+            gid: get("gid"),
+        }
+    }
 }
 
 impl AppState {
@@ -152,6 +167,50 @@ pub(crate) fn new_id(prefix: &str) -> String {
 
 pub const MAX_TRAJECTORY_ID_LEN: usize = 128;
 
+/// A trajectory or group id as the client named it: path, else header, else
+/// body field; checked, or None when it named none.
+fn named_id(
+    what: &str,
+    path: Option<String>,
+    (header_name, header): (&str, Option<&HeaderValue>),
+    (field, body): (&str, Option<&str>),
+) -> Result<Option<String>, ApiError> {
+    let header = match header {
+        Some(v) => Some(
+            v.to_str()
+                .map_err(|_| {
+                    ApiError::invalid(header_name, format!("{header_name} must be ASCII"))
+                })?
+                .to_string(),
+        ),
+        None => None,
+    };
+    let (source, id) = match (path, header, body) {
+        (Some(p), _, _) => ("path", p),
+        (None, Some(h), _) => (header_name, h),
+        (None, None, Some(b)) => (field, b.to_string()),
+        (None, None, None) => return Ok(None),
+    };
+    check_id(what, source, &id)?;
+    Ok(Some(id))
+}
+
+/// Ids (trajectories, groups) are path segments: 1 to
+/// [`MAX_TRAJECTORY_ID_LEN`] characters from a safe set.
+pub(crate) fn check_id(what: &str, source: &str, id: &str) -> Result<(), ApiError> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.:@".contains(c);
+    if id.is_empty() || id.len() > MAX_TRAJECTORY_ID_LEN || !id.chars().all(ok_char) {
+        return Err(ApiError::invalid(
+            source,
+            format!(
+                "invalid {what} id {id:?} (from {source}): use 1 to {MAX_TRAJECTORY_ID_LEN} \
+                 characters from A-Z a-z 0-9 - _ . : @"
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// The trajectory id the client named: path prefix, else `X-Trajectory-Id`,
 /// else body `trajectory_id`; checked, or None when it named none.
 pub fn named_trajectory_id(
@@ -159,31 +218,50 @@ pub fn named_trajectory_id(
     headers: &HeaderMap,
     body: Option<&str>,
 ) -> Result<Option<String>, ApiError> {
-    let header = match headers.get("x-trajectory-id") {
-        Some(v) => Some(
-            v.to_str()
-                .map_err(|_| ApiError::invalid("X-Trajectory-Id", "X-Trajectory-Id must be ASCII"))?
-                .to_string(),
-        ),
-        None => None,
+    named_id(
+        "trajectory",
+        path,
+        ("X-Trajectory-Id", headers.get("x-trajectory-id")),
+        ("trajectory_id", body),
+    )
+}
+
+/// The group and task metadata a call names for its trajectory: group from
+/// the `/g/{gid}` path, else `X-Trajectory-Group`, else body
+/// `trajectory_group`, else `trajectory_metadata.group`; the rest from body
+/// `trajectory_metadata`.
+pub fn named_metadata(
+    path_gid: Option<String>,
+    headers: &HeaderMap,
+    group: Option<&str>,
+    metadata: Option<&TrajectoryMetadata>,
+) -> Result<TrajectoryMetadata, ApiError> {
+    let mut tag = metadata.cloned().unwrap_or_default();
+    let body = group.or(tag.group.as_deref());
+    let field = if group.is_some() {
+        "trajectory_group"
+    } else {
+        "trajectory_metadata.group"
     };
-    let (source, id) = match (path, header, body) {
-        (Some(p), _, _) => ("path", p),
-        (None, Some(h), _) => ("X-Trajectory-Id", h),
-        (None, None, Some(b)) => ("trajectory_id", b.to_string()),
-        (None, None, None) => return Ok(None),
-    };
-    let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.:@".contains(c);
-    if id.is_empty() || id.len() > MAX_TRAJECTORY_ID_LEN || !id.chars().all(ok_char) {
-        return Err(ApiError::invalid(
-            source,
-            format!(
-                "invalid trajectory id {id:?} (from {source}): use 1 to {MAX_TRAJECTORY_ID_LEN} \
-                 characters from A-Z a-z 0-9 - _ . : @"
-            ),
-        ));
+    tag.group = named_id(
+        "group",
+        path_gid,
+        ("X-Trajectory-Group", headers.get("x-trajectory-group")),
+        (field, body),
+    )?;
+    check_extra_info(tag.extra_info.as_ref(), "trajectory_metadata.extra_info")?;
+    Ok(tag)
+}
+
+/// `extra_info` is a JSON object (verl keeps it as a dict per sample).
+pub(crate) fn check_extra_info(v: Option<&serde_json::Value>, param: &str) -> Result<(), ApiError> {
+    match v {
+        None | Some(serde_json::Value::Object(_)) => Ok(()),
+        Some(_) => Err(ApiError::invalid(
+            param,
+            format!("`{param}` must be a JSON object"),
+        )),
     }
-    Ok(Some(id))
 }
 
 /// The named trajectory, or a new one. A new id is registered as an empty
@@ -370,6 +448,7 @@ pub fn build_app(state: AppState) -> axum::Router {
     axum::Router::new()
         .merge(v1_routes())
         .nest("/t/{tid}", v1_routes())
+        .nest("/g/{gid}/t/{tid}", v1_routes())
         .merge(trajectories::routes())
         .merge(guarded)
         .route("/health", get(health))

@@ -229,6 +229,8 @@ pub struct ChatRequest {
     pub return_token_ids: bool,
     pub skip_special_tokens: Option<bool>,
     pub trajectory_id: Option<String>,
+    pub trajectory_group: Option<String>,
+    pub trajectory_metadata: Option<crate::store::TrajectoryMetadata>,
     /// Deprecated OpenAI function calling, mapped onto `tools` / `tool_choice`
     /// by [`ChatRequest::map_legacy_functions`].
     pub functions: Option<Vec<Json>>,
@@ -572,6 +574,8 @@ pub struct CompletionRequest {
     pub skip_special_tokens: Option<bool>,
     pub add_special_tokens: Option<bool>,
     pub trajectory_id: Option<String>,
+    pub trajectory_group: Option<String>,
+    pub trajectory_metadata: Option<crate::store::TrajectoryMetadata>,
 }
 
 impl CompletionRequest {

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 use crate::error::ApiError;
 use crate::store::{
     sample_leaves, segments, CallRecord, DynStore, ListQuery, SegmentKind, TrajectoryFilter,
-    TrajectoryMeta, TrajectoryStatus,
+    TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
 };
 
 /// Turns token ids into text for segment display; `None` on failure.
@@ -37,7 +37,8 @@ pub struct StoreState {
 }
 
 /// `GET /v1/trajectories`, `GET /v1/trajectories/{id}`,
-/// `POST /v1/trajectories/{id}/reward`, `POST /v1/trajectories/{id}/finish`.
+/// `POST /v1/trajectories/{id}/reward`, `POST /v1/trajectories/{id}/finish`,
+/// `POST /v1/trajectories/{id}/metadata`, `GET /v1/groups/{group}`.
 pub fn routes<S>() -> Router<S>
 where
     StoreState: FromRef<S>,
@@ -48,6 +49,8 @@ where
         .route("/v1/trajectories/{id}", get(show))
         .route("/v1/trajectories/{id}/reward", post(reward))
         .route("/v1/trajectories/{id}/finish", post(finish))
+        .route("/v1/trajectories/{id}/metadata", post(metadata))
+        .route("/v1/groups/{group}", get(group))
 }
 
 /// Parses `since`: unix milliseconds, or an RFC 3339 timestamp.
@@ -65,26 +68,62 @@ pub(crate) fn parse_status(s: &str) -> Result<TrajectoryStatus, ApiError> {
         .ok_or_else(|| ApiError::invalid("status", "expected `active` or `finished`"))
 }
 
-pub(crate) fn filter_from(
-    status: Option<&str>,
-    since: Option<&str>,
-) -> Result<TrajectoryFilter, ApiError> {
-    Ok(TrajectoryFilter {
-        status: status
-            .filter(|s| !s.is_empty())
-            .map(parse_status)
-            .transpose()?,
-        since: since
-            .filter(|s| !s.is_empty())
-            .map(parse_since)
-            .transpose()?,
-    })
+/// The filter query parameters shared by listing and export: `status`,
+/// `since`, `group`, `complete_groups`, `group_size`.
+#[derive(Debug, Default, Deserialize)]
+pub struct FilterParams {
+    pub status: Option<String>,
+    pub since: Option<String>,
+    pub group: Option<String>,
+    pub complete_groups: Option<bool>,
+    pub group_size: Option<u32>,
+}
+
+impl FilterParams {
+    pub(crate) fn filter(&self) -> Result<TrajectoryFilter, ApiError> {
+        let group = self.group.clone().filter(|g| !g.is_empty());
+        if let Some(g) = &group {
+            super::check_id("group", "group", g)?;
+        }
+        if self.group_size.is_some() && self.complete_groups != Some(true) {
+            return Err(ApiError::invalid(
+                "group_size",
+                "`group_size` only applies with `complete_groups=true`",
+            ));
+        }
+        if self.group_size == Some(0) {
+            return Err(ApiError::invalid(
+                "group_size",
+                "`group_size` must be positive",
+            ));
+        }
+        Ok(TrajectoryFilter {
+            status: self
+                .status
+                .as_deref()
+                .filter(|s| !s.is_empty())
+                .map(parse_status)
+                .transpose()?,
+            since: self
+                .since
+                .as_deref()
+                .filter(|s| !s.is_empty())
+                .map(parse_since)
+                .transpose()?,
+            group,
+            complete_groups: self.complete_groups.unwrap_or(false),
+            group_size: self.group_size,
+        })
+    }
 }
 
 #[derive(Deserialize)]
 struct ListParams {
     status: Option<String>,
     since: Option<String>,
+    group: Option<String>,
+    complete_groups: Option<bool>,
+    group_size: Option<u32>,
     limit: Option<usize>,
     cursor: Option<String>,
 }
@@ -109,8 +148,15 @@ async fn list(
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let Query(p) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let filter = FilterParams {
+        status: p.status,
+        since: p.since,
+        group: p.group,
+        complete_groups: p.complete_groups,
+        group_size: p.group_size,
+    };
     let query = ListQuery {
-        filter: filter_from(p.status.as_deref(), p.since.as_deref())?,
+        filter: filter.filter()?,
         limit: p.limit.unwrap_or(100),
         cursor: p.cursor,
     };
@@ -156,8 +202,10 @@ async fn show(
                     ids: s.ids,
                 })
                 .collect();
+            let replay = traj.replays.iter().find(|r| r.sample == built.sample);
             samples.push(json!({
                 "sample": built.sample,
+                "replay": replay,
                 "calls": built.calls,
                 "segments": segs,
                 "prompt_ids": built.prompt_ids,
@@ -198,6 +246,9 @@ struct RewardBody {
     reward: f64,
     #[serde(default)]
     call: Option<u32>,
+    /// Named reward parts, exported as `reward_extra_info`.
+    #[serde(default)]
+    extra: Option<Value>,
 }
 
 async fn reward(
@@ -209,8 +260,94 @@ async fn reward(
     if !b.reward.is_finite() {
         return Err(ApiError::invalid("reward", "must be a finite number"));
     }
-    let meta = st.store.set_reward(&id, b.call, b.reward).await?;
+    super::check_extra_info(b.extra.as_ref(), "extra")?;
+    if b.extra.is_some() && b.call.is_some() {
+        return Err(ApiError::invalid(
+            "extra",
+            "reward parts (`extra`) belong to the trajectory: send them without `call`",
+        ));
+    }
+    let meta = st.store.set_reward(&id, b.call, b.reward, b.extra).await?;
     Ok(Json(meta_json(&meta)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MetadataBody {
+    #[serde(default)]
+    group: Option<String>,
+    #[serde(default)]
+    data_source: Option<String>,
+    #[serde(default)]
+    index: Option<i64>,
+    #[serde(default)]
+    extra_info: Option<Value>,
+}
+
+/// Sets group and task metadata; creates the trajectory when it does not
+/// exist yet (a trainer may register a task before its agent starts).
+async fn metadata(
+    State(st): State<StoreState>,
+    Path(id): Path<String>,
+    body: Result<Json<MetadataBody>, JsonRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let Json(b) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    super::check_id("trajectory", "id", &id)?;
+    if let Some(g) = &b.group {
+        super::check_id("group", "group", g)?;
+    }
+    super::check_extra_info(b.extra_info.as_ref(), "extra_info")?;
+    let update = TrajectoryMetadata {
+        group: b.group,
+        data_source: b.data_source,
+        index: b.index,
+        extra_info: b.extra_info,
+    };
+    if update.is_empty() {
+        return Err(ApiError::bad_request(
+            "set at least one of `group`, `data_source`, `index`, `extra_info`",
+        ));
+    }
+    // The gateway's in-memory view may now be behind: harmless, as the store
+    // decides group conflicts and a stale view only costs a redundant write.
+    let meta = st.store.set_metadata(&id, &update).await?;
+    Ok(Json(meta_json(&meta)))
+}
+
+/// `GET /v1/groups/{group}`: its trajectories and rewards; complete when
+/// every member is finished.
+async fn group(
+    State(st): State<StoreState>,
+    Path(group): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    super::check_id("group", "group", &group)?;
+    let members = st.store.group(&group).await?;
+    if members.is_empty() {
+        return Err(ApiError::not_found(format!("group `{group}` not found")));
+    }
+    let finished = members
+        .iter()
+        .filter(|m| m.status == TrajectoryStatus::Finished)
+        .count();
+    let rewards: Vec<f64> = members.iter().filter_map(|m| m.reward).collect();
+    let mean = (!rewards.is_empty()).then(|| rewards.iter().sum::<f64>() / rewards.len() as f64);
+    Ok(Json(json!({
+        "object": "group",
+        "id": group,
+        "size": members.len(),
+        "finished": finished,
+        "complete": finished == members.len(),
+        "rewarded": rewards.len(),
+        "mean_reward": mean,
+        "trajectories": members.iter().map(|m| json!({
+            "id": m.id,
+            "status": m.status,
+            "reward": m.reward,
+            "reward_extra_info": m.reward_extra,
+            "num_calls": m.num_calls,
+            "updated_at": m.updated_at,
+        })).collect::<Vec<_>>(),
+    })))
 }
 
 async fn finish(

@@ -283,6 +283,14 @@ impl Renderer {
         self.pad_token.as_deref()
     }
 
+    /// The id verl pads with: the tokenizer's `pad_token`, else its first
+    /// EOS id (as Hugging Face tokenizers without a pad token are used).
+    pub fn pad_token_id(&self) -> Option<u32> {
+        self.pad_token()
+            .and_then(|t| self.token_to_id(t))
+            .or_else(|| self.eos_token_ids.first().copied())
+    }
+
     pub fn max_model_len(&self) -> Option<u32> {
         self.max_model_len
     }

@@ -1,15 +1,16 @@
 //! In-memory [`SpanStore`] for unit tests and `memory://`. Same semantics as
 //! the SQLite store (validation, errors, ordering, cursors), nothing durable.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use async_trait::async_trait;
 
 use super::types::{clamp_limit, now_ms, parse_cursor};
 use super::{
-    validate_call, CallRecord, ListQuery, Page, SpanStore, StoreError, Trajectory,
-    TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryStatus,
+    new_cursor, validate_call, Acked, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore,
+    StoreError, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
+    TrajectoryStatus,
 };
 
 #[derive(Default)]
@@ -18,6 +19,12 @@ struct Inner {
     by_seq: BTreeMap<u64, Trajectory>,
     seq_of: HashMap<String, u64>,
     next_seq: u64,
+    /// (consumer, seq) -> (cursor, expires_at).
+    leases: HashMap<(String, u64), (String, i64)>,
+    /// (consumer, seq) acknowledged.
+    acks: HashSet<(String, u64)>,
+    /// (consumer, cursor) acknowledged.
+    acked_cursors: HashSet<(String, String)>,
 }
 
 #[derive(Clone, Default)]
@@ -37,9 +44,20 @@ impl MemoryStore {
     }
 }
 
-fn matches(meta: &TrajectoryMeta, filter: &TrajectoryFilter) -> bool {
-    filter.status.is_none_or(|s| meta.status == s)
-        && filter.since.is_none_or(|t| meta.updated_at >= t)
+fn new_meta(id: &str, now: i64) -> TrajectoryMeta {
+    TrajectoryMeta {
+        id: id.to_string(),
+        status: TrajectoryStatus::Active,
+        created_at: now,
+        updated_at: now,
+        reward: None,
+        num_calls: 0,
+        next_call_index: 0,
+        next_sample_index: 0,
+        incomplete: false,
+        metadata: TrajectoryMetadata::default(),
+        reward_extra: None,
+    }
 }
 
 impl Inner {
@@ -56,6 +74,54 @@ impl Inner {
     fn get(&self, id: &str) -> Option<&Trajectory> {
         self.seq_of.get(id).and_then(|s| self.by_seq.get(s))
     }
+
+    /// The trajectory `id`, created (with no calls) when absent.
+    fn get_or_create(&mut self, id: &str, now: i64) -> Result<&mut Trajectory, StoreError> {
+        let seq = match self.seq_of.get(id) {
+            Some(s) => *s,
+            None => {
+                self.next_seq += 1;
+                let seq = self.next_seq;
+                self.seq_of.insert(id.to_string(), seq);
+                let meta = new_meta(id, now);
+                self.by_seq.insert(
+                    seq,
+                    Trajectory {
+                        meta,
+                        calls: Vec::new(),
+                        replays: Vec::new(),
+                    },
+                );
+                seq
+            }
+        };
+        self.by_seq
+            .get_mut(&seq)
+            .ok_or_else(|| StoreError::NotFound(id.to_string()))
+    }
+
+    /// Every member of the group finished, and at least `size` of them.
+    fn group_complete(&self, group: &str, size: Option<u32>) -> bool {
+        let mut n = 0u32;
+        for t in self.by_seq.values() {
+            if t.meta.metadata.group.as_deref() == Some(group) {
+                if t.meta.status != TrajectoryStatus::Finished {
+                    return false;
+                }
+                n += 1;
+            }
+        }
+        n > 0 && size.is_none_or(|s| n >= s)
+    }
+
+    fn matches(&self, meta: &TrajectoryMeta, filter: &TrajectoryFilter) -> bool {
+        let group = meta.metadata.group.as_deref();
+        filter.status.is_none_or(|s| meta.status == s)
+            && filter.since.is_none_or(|t| meta.updated_at >= t)
+            && filter.group.as_deref().is_none_or(|g| group == Some(g))
+            && (!filter.complete_groups
+                || group.is_some_and(|g| self.group_complete(g, filter.group_size)))
+    }
 }
 
 #[async_trait]
@@ -71,39 +137,10 @@ impl SpanStore for MemoryStore {
         }
         let now = now_ms();
         let mut inner = self.lock();
-        let seq = match inner.seq_of.get(&call.trajectory_id) {
-            Some(s) => *s,
-            None => {
-                if call.parent_call.is_some() {
-                    return Err(missing_parent(&call));
-                }
-                inner.next_seq += 1;
-                let seq = inner.next_seq;
-                inner.seq_of.insert(call.trajectory_id.clone(), seq);
-                inner.by_seq.insert(
-                    seq,
-                    Trajectory {
-                        meta: TrajectoryMeta {
-                            id: call.trajectory_id.clone(),
-                            status: TrajectoryStatus::Active,
-                            created_at: now,
-                            updated_at: now,
-                            reward: None,
-                            num_calls: 0,
-                            next_call_index: 0,
-                            next_sample_index: 0,
-                            incomplete: false,
-                        },
-                        calls: Vec::new(),
-                    },
-                );
-                seq
-            }
-        };
-        let traj = inner
-            .by_seq
-            .get_mut(&seq)
-            .ok_or_else(|| StoreError::NotFound(call.trajectory_id.clone()))?;
+        if call.parent_call.is_some() && !inner.seq_of.contains_key(&call.trajectory_id) {
+            return Err(missing_parent(&call));
+        }
+        let traj = inner.get_or_create(&call.trajectory_id, now)?;
         if traj.meta.status == TrajectoryStatus::Finished {
             return Err(StoreError::Finished(call.trajectory_id.clone()));
         }
@@ -138,6 +175,7 @@ impl SpanStore for MemoryStore {
         trajectory_id: &str,
         call: Option<u32>,
         reward: f64,
+        extra: Option<serde_json::Value>,
     ) -> Result<TrajectoryMeta, StoreError> {
         let now = now_ms();
         let mut inner = self.lock();
@@ -157,6 +195,9 @@ impl SpanStore for MemoryStore {
                 }
             }
         }
+        if extra.is_some() {
+            traj.meta.reward_extra = extra;
+        }
         traj.meta.updated_at = traj.meta.updated_at.max(now);
         Ok(traj.meta.clone())
     }
@@ -170,6 +211,118 @@ impl SpanStore for MemoryStore {
             traj.meta.updated_at = traj.meta.updated_at.max(now);
         }
         Ok(traj.meta.clone())
+    }
+
+    async fn set_metadata(
+        &self,
+        trajectory_id: &str,
+        update: &TrajectoryMetadata,
+    ) -> Result<TrajectoryMeta, StoreError> {
+        let now = now_ms();
+        let mut inner = self.lock();
+        let traj = inner.get_or_create(trajectory_id, now)?;
+        traj.meta.metadata = traj.meta.metadata.merged(trajectory_id, update)?;
+        traj.meta.updated_at = traj.meta.updated_at.max(now);
+        Ok(traj.meta.clone())
+    }
+
+    async fn set_replays(
+        &self,
+        trajectory_id: &str,
+        replays: Vec<SampleReplay>,
+    ) -> Result<(), StoreError> {
+        let mut inner = self.lock();
+        let traj = inner.get_mut(trajectory_id)?;
+        for r in replays {
+            traj.replays.retain(|old| old.sample != r.sample);
+            traj.replays.push(r);
+        }
+        traj.replays.sort_by_key(|r| r.sample);
+        Ok(())
+    }
+
+    async fn group(&self, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .by_seq
+            .values()
+            .filter(|t| t.meta.metadata.group.as_deref() == Some(group))
+            .map(|t| t.meta.clone())
+            .collect())
+    }
+
+    async fn lease(
+        &self,
+        consumer: &str,
+        filter: &TrajectoryFilter,
+        limit: usize,
+        lease_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let now = now_ms();
+        let expires_at = now.saturating_add(lease_ms);
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let mut filter = filter.clone();
+        filter.status = Some(TrajectoryStatus::Finished);
+        let mut picked = Vec::new();
+        for (seq, t) in &inner.by_seq {
+            if picked.len() >= limit {
+                break;
+            }
+            let key = (consumer.to_string(), *seq);
+            let leased = inner.leases.get(&key).is_some_and(|(_, exp)| *exp > now);
+            if !inner.acks.contains(&key) && !leased && inner.matches(&t.meta, &filter) {
+                picked.push((*seq, t.meta.id.clone()));
+            }
+        }
+        if picked.is_empty() {
+            return Ok(Lease {
+                cursor: None,
+                ids: Vec::new(),
+                expires_at,
+            });
+        }
+        let cursor = new_cursor();
+        for (seq, _) in &picked {
+            inner
+                .leases
+                .insert((consumer.to_string(), *seq), (cursor.clone(), expires_at));
+        }
+        Ok(Lease {
+            cursor: Some(cursor),
+            ids: picked.into_iter().map(|(_, id)| id).collect(),
+            expires_at,
+        })
+    }
+
+    async fn ack(&self, consumer: &str, cursor: &str) -> Result<Acked, StoreError> {
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let done = (consumer.to_string(), cursor.to_string());
+        if inner.acked_cursors.contains(&done) {
+            return Ok(Acked {
+                trajectories: 0,
+                already: true,
+            });
+        }
+        let keys: Vec<(String, u64)> = inner
+            .leases
+            .iter()
+            .filter(|((c, _), (cur, _))| c == consumer && cur == cursor)
+            .map(|(k, _)| k.clone())
+            .collect();
+        if keys.is_empty() {
+            return Err(StoreError::CursorNotFound(cursor.to_string()));
+        }
+        for k in &keys {
+            inner.leases.remove(k);
+            inner.acks.insert(k.clone());
+        }
+        inner.acked_cursors.insert(done);
+        Ok(Acked {
+            trajectories: keys.len() as u64,
+            already: false,
+        })
     }
 
     async fn get_meta(&self, trajectory_id: &str) -> Result<Option<TrajectoryMeta>, StoreError> {
@@ -205,7 +358,7 @@ impl SpanStore for MemoryStore {
         let mut last_seq = None;
         let mut more = false;
         for (seq, t) in inner.by_seq.range(after + 1..) {
-            if !matches(&t.meta, &query.filter) {
+            if !inner.matches(&t.meta, &query.filter) {
                 continue;
             }
             if items.len() == limit {
@@ -230,7 +383,7 @@ impl SpanStore for MemoryStore {
         Ok(inner
             .by_seq
             .values()
-            .filter(|t| matches(&t.meta, filter))
+            .filter(|t| inner.matches(&t.meta, filter))
             .count() as u64)
     }
 
@@ -243,9 +396,20 @@ impl SpanStore for MemoryStore {
             let (seq, t) = inner
                 .by_seq
                 .range(after + 1..)
-                .find(|(_, t)| matches(&t.meta, &filter))?;
+                .find(|(_, t)| inner.matches(&t.meta, &filter))?;
             after = *seq;
             Some(Ok(t.clone()))
+        })))
+    }
+
+    fn scan_ids(&self, ids: Vec<String>) -> Result<TrajectoryIter, StoreError> {
+        let store = self.clone();
+        let mut ids = ids.into_iter();
+        Ok(Box::new(std::iter::from_fn(move || loop {
+            let id = ids.next()?;
+            if let Some(t) = store.lock().get(&id) {
+                return Some(Ok(t.clone()));
+            }
         })))
     }
 }

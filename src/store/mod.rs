@@ -37,8 +37,8 @@ pub use sample::{
 };
 pub use sqlite::SqliteStore;
 pub use types::{
-    now_ms, CallRecord, Drift, ListQuery, Page, Trajectory, TrajectoryFilter, TrajectoryMeta,
-    TrajectoryStatus,
+    now_ms, Acked, CallRecord, Drift, Lease, ListQuery, Page, ReplayPosition, SampleReplay,
+    Trajectory, TrajectoryFilter, TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -53,6 +53,10 @@ pub enum StoreError {
     Finished(String),
     #[error("trajectory `{trajectory}`: parent chain of call {call} is broken")]
     BrokenChain { trajectory: String, call: u32 },
+    #[error("{0}")]
+    Conflict(String),
+    #[error("export cursor `{0}` is unknown to this consumer (never leased, or its lease expired and its trajectories were leased again)")]
+    CursorNotFound(String),
     #[error("invalid record: {0}")]
     Invalid(String),
     #[error("bad store url `{0}`: expected sqlite://PATH or memory://")]
@@ -102,13 +106,51 @@ pub trait SpanStore: Send + Sync + 'static {
     /// not stored).
     async fn append_call(&self, call: CallRecord) -> Result<(), StoreError>;
 
-    /// Sets the trajectory reward (`call: None`) or one call's reward.
+    /// Sets the trajectory reward (`call: None`) or one call's reward, and
+    /// the trajectory's named reward parts when `extra` is given.
     async fn set_reward(
         &self,
         trajectory_id: &str,
         call: Option<u32>,
         reward: f64,
+        extra: Option<serde_json::Value>,
     ) -> Result<TrajectoryMeta, StoreError>;
+
+    /// Merges `update` into the trajectory's metadata, creating the
+    /// trajectory (with no calls) when it does not exist yet. A group other
+    /// than the one set is a [`StoreError::Conflict`].
+    async fn set_metadata(
+        &self,
+        trajectory_id: &str,
+        update: &TrajectoryMetadata,
+    ) -> Result<TrajectoryMeta, StoreError>;
+
+    /// Stores replay checks, replacing earlier ones of the same samples.
+    async fn set_replays(
+        &self,
+        trajectory_id: &str,
+        replays: Vec<SampleReplay>,
+    ) -> Result<(), StoreError>;
+
+    /// Every trajectory of a group, in creation order.
+    async fn group(&self, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError>;
+
+    /// Leases up to `limit` finished trajectories matching `filter` that
+    /// `consumer` has not acknowledged and that no unexpired lease of
+    /// `consumer` holds, until `now + lease_ms`. Leases of one consumer never
+    /// overlap, so workers sharing a consumer name read disjoint pages.
+    async fn lease(
+        &self,
+        consumer: &str,
+        filter: &TrajectoryFilter,
+        limit: usize,
+        lease_ms: i64,
+    ) -> Result<Lease, StoreError>;
+
+    /// Marks the trajectories of a lease consumed by `consumer`. Acking a
+    /// cursor twice is not an error (`already`); a cursor whose lease expired
+    /// and was leased again is [`StoreError::CursorNotFound`].
+    async fn ack(&self, consumer: &str, cursor: &str) -> Result<Acked, StoreError>;
 
     /// Marks the trajectory finished (idempotent).
     async fn finish(&self, trajectory_id: &str) -> Result<TrajectoryMeta, StoreError>;
@@ -134,6 +176,10 @@ pub trait SpanStore: Send + Sync + 'static {
     /// Blocking. Streams matching trajectories in creation order; each one is
     /// read consistently (its meta and calls in one read transaction).
     fn scan(&self, filter: &TrajectoryFilter) -> Result<TrajectoryIter, StoreError>;
+
+    /// Blocking. Streams the named trajectories in the order given, skipping
+    /// ids that do not exist.
+    fn scan_ids(&self, ids: Vec<String>) -> Result<TrajectoryIter, StoreError>;
 
     /// Called once by a serving gateway before it takes calls: records the
     /// run's [`Ack`] mode, and when the previous run used `Queued` and did not
@@ -185,4 +231,9 @@ pub(crate) fn validate_call(call: &CallRecord) -> Result<(), StoreError> {
         }
     }
     Ok(())
+}
+
+/// A fresh export cursor: 128 random bits, hex.
+pub(crate) fn new_cursor() -> String {
+    format!("{:032x}", rand::random::<u128>())
 }

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::StoreError;
+
 /// Lifecycle of a trajectory. A finished trajectory accepts rewards but no
 /// further calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -112,6 +114,98 @@ pub struct TrajectoryMeta {
     /// be missing.
     #[serde(default)]
     pub incomplete: bool,
+    /// Group and task metadata (see [`TrajectoryMetadata`]).
+    #[serde(flatten)]
+    pub metadata: TrajectoryMetadata,
+    /// Named parts of the reward (`{"acc": 1, "format": 0.5}`), exported as
+    /// `reward_extra_info`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward_extra: Option<serde_json::Value>,
+}
+
+/// What task a trajectory came from: its GRPO/RLOO group and the dataset
+/// fields verl carries (`data_source`, `index`, `extra_info`). Set when the
+/// trajectory is created (by its first call, or by `POST
+/// /v1/trajectories/{id}/metadata` before it) or later; a group, once set,
+/// never changes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct TrajectoryMetadata {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_source: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<i64>,
+    /// Free JSON.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub extra_info: Option<serde_json::Value>,
+}
+
+impl TrajectoryMetadata {
+    pub fn is_empty(&self) -> bool {
+        self == &TrajectoryMetadata::default()
+    }
+
+    /// `self` with every field `update` sets replaced. A different group
+    /// than the one already set is a [`StoreError::Conflict`].
+    pub fn merged(&self, id: &str, update: &TrajectoryMetadata) -> Result<Self, StoreError> {
+        if let (Some(old), Some(new)) = (&self.group, &update.group) {
+            if old != new {
+                return Err(StoreError::Conflict(format!(
+                    "trajectory `{id}` is in group `{old}`, not `{new}`: a group never changes"
+                )));
+            }
+        }
+        Ok(TrajectoryMetadata {
+            group: update.group.clone().or_else(|| self.group.clone()),
+            data_source: update
+                .data_source
+                .clone()
+                .or_else(|| self.data_source.clone()),
+            index: update.index.or(self.index),
+            extra_info: update
+                .extra_info
+                .clone()
+                .or_else(|| self.extra_info.clone()),
+        })
+    }
+}
+
+/// The teacher-forced replay check of one sample: the recorded logprob of
+/// every sampled token against the logprob a backend computes for the same
+/// token given the same prefix.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SampleReplay {
+    pub sample: u32,
+    /// The backend that recomputed the logprobs.
+    pub backend: String,
+    /// Unix milliseconds.
+    pub checked_at: i64,
+    /// Sampled tokens compared (those with a recorded and a replayed logprob).
+    pub compared: u32,
+    /// `None` when no token could be compared.
+    pub max_abs_diff: Option<f64>,
+    pub mean_abs_diff: Option<f64>,
+    /// The |Δ| above which a position is listed in `positions`.
+    pub threshold: f64,
+    /// Positions (into the sample's `response_ids`) whose |Δ| is above the
+    /// threshold, largest first, at most [`SampleReplay::MAX_POSITIONS`].
+    pub positions: Vec<ReplayPosition>,
+    /// Share of compared tokens that are not the replay's most likely token;
+    /// `None` when the backend reports no ranks.
+    pub argmax_mismatch_share: Option<f64>,
+}
+
+impl SampleReplay {
+    pub const MAX_POSITIONS: usize = 256;
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplayPosition {
+    pub position: u32,
+    pub token_id: u32,
+    pub recorded: f32,
+    pub replayed: f32,
 }
 
 /// A trajectory with all its calls, sorted by `call_index`.
@@ -120,6 +214,9 @@ pub struct Trajectory {
     #[serde(flatten)]
     pub meta: TrajectoryMeta,
     pub calls: Vec<CallRecord>,
+    /// Replay checks of its samples, by sample index (empty when none ran).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replays: Vec<SampleReplay>,
 }
 
 /// Which trajectories a listing or an export covers.
@@ -130,6 +227,32 @@ pub struct TrajectoryFilter {
     /// trajectory's `updated_at` is its finish (or last reward) time, so
     /// `status=finished&since=T` is "finished since T".
     pub since: Option<i64>,
+    /// Only trajectories of this group.
+    pub group: Option<String>,
+    /// Only trajectories whose group is complete: every trajectory of the
+    /// group finished (and at least `group_size` of them, when set).
+    pub complete_groups: bool,
+    pub group_size: Option<u32>,
+}
+
+/// A page of an export consumer's queue, leased until `expires_at`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Lease {
+    /// `None` when nothing was left to lease.
+    pub cursor: Option<String>,
+    /// Leased trajectory ids, in creation order.
+    pub ids: Vec<String>,
+    /// Unix milliseconds.
+    pub expires_at: i64,
+}
+
+/// What `POST /v1/export/ack` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Acked {
+    /// Trajectories acknowledged by this call.
+    pub trajectories: u64,
+    /// The cursor had been acknowledged before (a retried ack).
+    pub already: bool,
 }
 
 /// One page request of [`crate::store::SpanStore::list_trajectories`].

@@ -23,7 +23,7 @@ pub use prepare::{ChatInput, Prepared};
 use crate::backend::{FinishReason, TokenLogprob};
 use crate::config::{HistoryMode, TrajectoryConfig};
 use crate::render::Renderer;
-use crate::store::{now_ms, CallRecord, DynStore, SegmentKind, StoreError};
+use crate::store::{now_ms, CallRecord, DynStore, SegmentKind, StoreError, TrajectoryMetadata};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrajectoryError {
@@ -119,6 +119,8 @@ struct TrajState {
     /// Calls that already have a continuation in their own sample.
     continued: HashSet<u32>,
     served: HashMap<u32, Served>,
+    /// The group and task metadata as stored.
+    metadata: TrajectoryMetadata,
 }
 
 /// What the hot view derives from a call's sampled ids.
@@ -224,6 +226,23 @@ impl Trajectories {
         }
     }
 
+    /// Records a trajectory's group and task metadata before its call runs;
+    /// writes to the store only when `tag` adds something (in practice on a
+    /// trajectory's first call). A group other than its own is a conflict,
+    /// answered before anything is generated.
+    pub async fn tag(&self, tid: &str, tag: &TrajectoryMetadata) -> Result<(), TrajectoryError> {
+        if tag.is_empty() {
+            return Ok(());
+        }
+        let state = self.loaded(tid).await?;
+        let mut st = state.lock().await;
+        let merged = st.metadata.merged(tid, tag)?;
+        if merged != st.metadata {
+            st.metadata = self.store.set_metadata(tid, tag).await?.metadata;
+        }
+        Ok(())
+    }
+
     /// Drops a trajectory from the hot view (e.g. when it is finished).
     pub fn forget(&self, tid: &str) {
         let mut hot = self.hot.lock().unwrap_or_else(|e| e.into_inner());
@@ -258,6 +277,7 @@ impl Trajectories {
         t: crate::store::Trajectory,
     ) -> Result<(), TrajectoryError> {
         st.finished = t.meta.status == crate::store::TrajectoryStatus::Finished;
+        st.metadata = t.meta.metadata.clone();
         st.next_call = t.meta.next_call_index;
         st.next_sample = t.meta.next_sample_index;
         let mut by_index: HashMap<u32, Arc<HotCall>> = HashMap::new();

@@ -19,6 +19,7 @@
 //! but a lone call waits for a whole `fsync` (milliseconds on most disks),
 //! which is why it is opt-in.
 
+mod consumers;
 mod rows;
 pub mod schema;
 mod writer;
@@ -34,8 +35,8 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::types::{clamp_limit, parse_cursor};
 use super::{
-    validate_call, Ack, CallRecord, ListQuery, Page, SpanStore, StoreError, Trajectory,
-    TrajectoryFilter, TrajectoryIter, TrajectoryMeta,
+    validate_call, Ack, Acked, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore,
+    StoreError, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
 };
 use writer::{Job, Op};
 
@@ -263,13 +264,74 @@ impl SpanStore for SqliteStore {
         trajectory_id: &str,
         call: Option<u32>,
         reward: f64,
+        extra: Option<serde_json::Value>,
     ) -> Result<TrajectoryMeta, StoreError> {
         let op = Op::Reward {
             trajectory: trajectory_id.to_string(),
             call,
             reward,
+            extra,
         };
         need_meta(self.submit(op).await?)
+    }
+
+    async fn set_metadata(
+        &self,
+        trajectory_id: &str,
+        update: &TrajectoryMetadata,
+    ) -> Result<TrajectoryMeta, StoreError> {
+        let op = Op::Metadata {
+            trajectory: trajectory_id.to_string(),
+            update: update.clone(),
+        };
+        need_meta(self.submit(op).await?)
+    }
+
+    async fn set_replays(
+        &self,
+        trajectory_id: &str,
+        replays: Vec<SampleReplay>,
+    ) -> Result<(), StoreError> {
+        let op = Op::Replays {
+            trajectory: trajectory_id.to_string(),
+            replays,
+        };
+        self.submit(op).await.map(|_| ())
+    }
+
+    async fn group(&self, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError> {
+        let group = group.to_string();
+        self.read(move |c| rows::group(c, &group)).await
+    }
+
+    async fn lease(
+        &self,
+        consumer: &str,
+        filter: &TrajectoryFilter,
+        limit: usize,
+        lease_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let op = Op::Lease {
+            consumer: consumer.to_string(),
+            filter: filter.clone(),
+            limit,
+            lease_ms,
+        };
+        match self.submit(op).await? {
+            writer::Done::Leased(l) => Ok(l),
+            _ => Err(StoreError::Task("writer returned no lease".into())),
+        }
+    }
+
+    async fn ack(&self, consumer: &str, cursor: &str) -> Result<Acked, StoreError> {
+        let op = Op::Ack {
+            consumer: consumer.to_string(),
+            cursor: cursor.to_string(),
+        };
+        match self.submit(op).await? {
+            writer::Done::Acked(a) => Ok(a),
+            _ => Err(StoreError::Task("writer returned no ack".into())),
+        }
     }
 
     async fn finish(&self, trajectory_id: &str) -> Result<TrajectoryMeta, StoreError> {
@@ -340,6 +402,34 @@ impl SpanStore for SqliteStore {
             pending: std::collections::VecDeque::new(),
             done: false,
         }))
+    }
+
+    fn scan_ids(&self, ids: Vec<String>) -> Result<TrajectoryIter, StoreError> {
+        Ok(Box::new(ScanIds {
+            conn: self.readers.take()?,
+            ids: ids.into_iter(),
+        }))
+    }
+}
+
+/// Named trajectories, one read each, on one connection.
+struct ScanIds {
+    conn: Connection,
+    ids: std::vec::IntoIter<String>,
+}
+
+impl Iterator for ScanIds {
+    type Item = Result<Trajectory, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let id = self.ids.next()?;
+            match rows::load_by_id(&self.conn, &id) {
+                Ok(Some(t)) => return Some(Ok(t)),
+                Ok(None) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
     }
 }
 

@@ -5,7 +5,8 @@ use rusqlite::types::Type;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use crate::store::{
-    CallRecord, Drift, StoreError, Trajectory, TrajectoryFilter, TrajectoryMeta, TrajectoryStatus,
+    CallRecord, Drift, SampleReplay, StoreError, Trajectory, TrajectoryFilter, TrajectoryMeta,
+    TrajectoryMetadata, TrajectoryStatus,
 };
 
 pub(crate) fn ids_to_blob(ids: &[u32]) -> Vec<u8> {
@@ -55,6 +56,24 @@ fn json_col<T: serde::de::DeserializeOwned>(row: &Row<'_>, col: usize) -> rusqli
         .map_err(|e| rusqlite::Error::FromSqlConversionFailure(col, Type::Text, Box::new(e)))
 }
 
+/// A nullable JSON TEXT column.
+fn json_opt_col<T: serde::de::DeserializeOwned>(
+    row: &Row<'_>,
+    col: usize,
+) -> rusqlite::Result<Option<T>> {
+    match row.get_ref(col)?.as_str_or_null()? {
+        Some(text) => serde_json::from_str(text)
+            .map(Some)
+            .map_err(|e| rusqlite::Error::FromSqlConversionFailure(col, Type::Text, Box::new(e))),
+        None => Ok(None),
+    }
+}
+
+/// A JSON value as TEXT for a nullable column.
+pub(crate) fn json_text(v: Option<&serde_json::Value>) -> Option<String> {
+    v.map(serde_json::Value::to_string)
+}
+
 pub(crate) fn status_code(s: TrajectoryStatus) -> i64 {
     match s {
         TrajectoryStatus::Active => 0,
@@ -71,7 +90,8 @@ fn status_from(code: i64) -> TrajectoryStatus {
 }
 
 pub(crate) const META_COLS: &str = "seq, id, status, created_at, updated_at, reward, num_calls, \
-     next_call_index, next_sample_index, incomplete";
+     next_call_index, next_sample_index, incomplete, group_id, data_source, data_index, \
+     extra_info, reward_extra";
 
 /// Maps a row selected with [`META_COLS`] to `(seq, meta)`.
 pub(crate) fn meta_from_row(row: &Row<'_>) -> rusqlite::Result<(i64, TrajectoryMeta)> {
@@ -87,6 +107,13 @@ pub(crate) fn meta_from_row(row: &Row<'_>) -> rusqlite::Result<(i64, TrajectoryM
             next_call_index: row.get(7)?,
             next_sample_index: row.get(8)?,
             incomplete: row.get(9)?,
+            metadata: TrajectoryMetadata {
+                group: row.get(10)?,
+                data_source: row.get(11)?,
+                index: row.get(12)?,
+                extra_info: json_opt_col(row, 13)?,
+            },
+            reward_extra: json_opt_col(row, 14)?,
         },
     ))
 }
@@ -127,12 +154,7 @@ fn call_from_row(row: &Row<'_>, trajectory_id: &str) -> rusqlite::Result<CallRec
         template_sha256: row.get(17)?,
         reward: row.get(18)?,
         truncated: row.get(19)?,
-        normalized: match row.get_ref(20)?.as_str_or_null()? {
-            Some(text) => serde_json::from_str(text).map_err(|e| {
-                rusqlite::Error::FromSqlConversionFailure(20, Type::Text, Box::new(e))
-            })?,
-            None => Vec::new(),
-        },
+        normalized: json_opt_col(row, 20)?.unwrap_or_default(),
     })
 }
 
@@ -194,10 +216,25 @@ pub(crate) fn load_by_seq(conn: &Connection, seq: i64) -> Result<Option<Trajecto
             return Ok(None);
         };
         let calls = calls_of(conn, seq, &meta.id, None)?;
-        Ok(Some(Trajectory { meta, calls }))
+        let replays = replays_of(conn, seq)?;
+        Ok(Some(Trajectory {
+            meta,
+            calls,
+            replays,
+        }))
     })();
     conn.execute_batch("COMMIT")?;
     result
+}
+
+/// The stored replay checks of a trajectory.
+pub(crate) fn replays_of(conn: &Connection, seq: i64) -> Result<Vec<SampleReplay>, StoreError> {
+    Ok(conn
+        .prepare_cached("SELECT replays FROM trajectories WHERE seq = ?1")?
+        .query_row(params![seq], |r| json_opt_col(r, 0))
+        .optional()?
+        .flatten()
+        .unwrap_or_default())
 }
 
 pub(crate) fn load_by_id(conn: &Connection, id: &str) -> Result<Option<Trajectory>, StoreError> {
@@ -207,13 +244,28 @@ pub(crate) fn load_by_id(conn: &Connection, id: &str) -> Result<Option<Trajector
     }
 }
 
-/// `WHERE` clause shared by listing, counting and scanning; parameters are
-/// `?1` = seq after, `?2` = status code or NULL, `?3` = since or NULL.
-pub(crate) const FILTER_SQL: &str =
-    "seq > ?1 AND (?2 IS NULL OR status = ?2) AND (?3 IS NULL OR updated_at >= ?3)";
+/// `WHERE` clause shared by listing, counting, scanning and leasing;
+/// parameters are `?1` = seq after, then [`filter_params`] as `?2` to `?6`:
+/// status code, since, group, complete groups only (0/1), group size (each
+/// NULL when unset). A complete group has no active member.
+pub(crate) const FILTER_SQL: &str = "seq > ?1 AND (?2 IS NULL OR status = ?2) \
+     AND (?3 IS NULL OR updated_at >= ?3) AND (?4 IS NULL OR group_id = ?4) \
+     AND (?5 = 0 OR (group_id IS NOT NULL \
+       AND NOT EXISTS (SELECT 1 FROM trajectories g \
+                       WHERE g.group_id = trajectories.group_id AND g.status = 0) \
+       AND (?6 IS NULL OR (SELECT count(*) FROM trajectories g \
+                           WHERE g.group_id = trajectories.group_id) >= ?6)))";
 
-pub(crate) fn filter_params(filter: &TrajectoryFilter) -> (Option<i64>, Option<i64>) {
-    (filter.status.map(status_code), filter.since)
+pub(crate) type FilterParams = (Option<i64>, Option<i64>, Option<String>, bool, Option<u32>);
+
+pub(crate) fn filter_params(filter: &TrajectoryFilter) -> FilterParams {
+    (
+        filter.status.map(status_code),
+        filter.since,
+        filter.group.clone(),
+        filter.complete_groups,
+        filter.group_size,
+    )
 }
 
 /// Up to `limit` `(seq, meta)` matching `filter` after `after`, in seq order.
@@ -224,19 +276,34 @@ pub(crate) fn page(
     limit: usize,
 ) -> Result<Vec<(i64, TrajectoryMeta)>, StoreError> {
     let sql =
-        format!("SELECT {META_COLS} FROM trajectories WHERE {FILTER_SQL} ORDER BY seq LIMIT ?4");
-    let (status, since) = filter_params(filter);
+        format!("SELECT {META_COLS} FROM trajectories WHERE {FILTER_SQL} ORDER BY seq LIMIT ?7");
+    let (status, since, group, complete, size) = filter_params(filter);
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
     let mut stmt = conn.prepare_cached(&sql)?;
-    let rows = stmt.query_map(params![after, status, since, limit], meta_from_row)?;
+    let rows = stmt.query_map(
+        params![after, status, since, group, complete, size, limit],
+        meta_from_row,
+    )?;
     Ok(rows.collect::<Result<Vec<_>, _>>()?)
 }
 
 pub(crate) fn count(conn: &Connection, filter: &TrajectoryFilter) -> Result<u64, StoreError> {
     let sql = format!("SELECT COUNT(*) FROM trajectories WHERE {FILTER_SQL}");
-    let (status, since) = filter_params(filter);
+    let (status, since, group, complete, size) = filter_params(filter);
     let n: i64 = conn
         .prepare_cached(&sql)?
-        .query_row(params![0i64, status, since], |r| r.get(0))?;
+        .query_row(params![0i64, status, since, group, complete, size], |r| {
+            r.get(0)
+        })?;
     Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Every trajectory of a group, in creation order.
+pub(crate) fn group(conn: &Connection, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError> {
+    let sql = format!("SELECT {META_COLS} FROM trajectories WHERE group_id = ?1 ORDER BY seq");
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let rows = stmt.query_map(params![group], meta_from_row)?;
+    Ok(rows
+        .map(|r| r.map(|(_, m)| m))
+        .collect::<Result<Vec<_>, _>>()?)
 }

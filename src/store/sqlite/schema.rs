@@ -69,6 +69,34 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE calls ADD COLUMN normalized TEXT;
     "#,
+    // 5: what a trainer needs: the trajectory's group and dataset fields,
+    // named reward parts, replay checks (JSON list), and the export queues of
+    // consumer groups (leased pages and acknowledged trajectories).
+    r#"
+    ALTER TABLE trajectories ADD COLUMN group_id TEXT;
+    ALTER TABLE trajectories ADD COLUMN data_source TEXT;
+    ALTER TABLE trajectories ADD COLUMN data_index INTEGER;
+    ALTER TABLE trajectories ADD COLUMN extra_info TEXT;
+    ALTER TABLE trajectories ADD COLUMN reward_extra TEXT;
+    ALTER TABLE trajectories ADD COLUMN replays TEXT;
+    CREATE INDEX trajectories_group ON trajectories(group_id);
+    CREATE TABLE export_leases (
+        consumer TEXT NOT NULL,
+        traj INTEGER NOT NULL REFERENCES trajectories(seq),
+        cursor TEXT NOT NULL,
+        expires_at INTEGER NOT NULL,
+        PRIMARY KEY (consumer, traj)
+    ) WITHOUT ROWID;
+    CREATE INDEX export_leases_cursor ON export_leases(consumer, cursor);
+    CREATE TABLE export_acks (
+        consumer TEXT NOT NULL,
+        traj INTEGER NOT NULL REFERENCES trajectories(seq),
+        cursor TEXT NOT NULL,
+        acked_at INTEGER NOT NULL,
+        PRIMARY KEY (consumer, traj)
+    ) WITHOUT ROWID;
+    CREATE INDEX export_acks_cursor ON export_acks(consumer, cursor);
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -8,8 +8,12 @@
 use rusqlite::{params, Connection, ErrorCode};
 use tokio::sync::{mpsc, oneshot};
 
-use super::rows::{ids_to_blob, logprobs_to_blob, meta_by_id, status_code};
-use crate::store::{now_ms, CallRecord, StoreError, TrajectoryMeta, TrajectoryStatus};
+use super::consumers;
+use super::rows::{ids_to_blob, json_text, logprobs_to_blob, meta_by_id, replays_of, status_code};
+use crate::store::{
+    now_ms, Acked, CallRecord, Lease, SampleReplay, StoreError, TrajectoryFilter, TrajectoryMeta,
+    TrajectoryMetadata, TrajectoryStatus,
+};
 
 /// Most jobs committed in one transaction.
 pub(crate) const MAX_BATCH: usize = 1024;
@@ -20,6 +24,25 @@ pub(crate) enum Op {
         trajectory: String,
         call: Option<u32>,
         reward: f64,
+        extra: Option<serde_json::Value>,
+    },
+    Metadata {
+        trajectory: String,
+        update: TrajectoryMetadata,
+    },
+    Replays {
+        trajectory: String,
+        replays: Vec<SampleReplay>,
+    },
+    Lease {
+        consumer: String,
+        filter: TrajectoryFilter,
+        limit: usize,
+        lease_ms: i64,
+    },
+    Ack {
+        consumer: String,
+        cursor: String,
     },
     Finish {
         trajectory: String,
@@ -37,6 +60,8 @@ pub(crate) enum Done {
     Meta(TrajectoryMeta),
     /// Trajectories marked incomplete when a run began.
     Marked(u64),
+    Leased(Lease),
+    Acked(Acked),
 }
 
 pub(crate) type Outcome = Result<Done, StoreError>;
@@ -147,7 +172,24 @@ fn apply(conn: &Connection, op: &Op, now: i64) -> Outcome {
             trajectory,
             call,
             reward,
-        } => set_reward(conn, trajectory, *call, *reward, now).map(Done::Meta),
+            extra,
+        } => set_reward(conn, trajectory, *call, *reward, extra.as_ref(), now).map(Done::Meta),
+        Op::Metadata { trajectory, update } => {
+            set_metadata(conn, trajectory, update, now).map(Done::Meta)
+        }
+        Op::Replays {
+            trajectory,
+            replays,
+        } => set_replays(conn, trajectory, replays).map(|()| Done::Appended),
+        Op::Lease {
+            consumer,
+            filter,
+            limit,
+            lease_ms,
+        } => consumers::lease(conn, consumer, filter, *limit, *lease_ms, now).map(Done::Leased),
+        Op::Ack { consumer, cursor } => {
+            consumers::ack(conn, consumer, cursor, now).map(Done::Acked)
+        }
         Op::Finish { trajectory } => finish(conn, trajectory, now).map(Done::Meta),
         Op::BeginRun { queued } => begin_run(conn, *queued, now).map(Done::Marked),
     }
@@ -181,6 +223,16 @@ fn begin_run(conn: &Connection, queued: bool, now: i64) -> Result<u64, StoreErro
     Ok(marked)
 }
 
+/// Inserts an empty active trajectory; returns its seq.
+fn create(conn: &Connection, id: &str, now: i64) -> Result<i64, StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO trajectories (id, status, created_at, updated_at, reward, num_calls, \
+         next_call_index, next_sample_index) VALUES (?1, 0, ?2, ?2, NULL, 0, 0, 0)",
+    )?
+    .execute(params![id, now])?;
+    Ok(conn.last_insert_rowid())
+}
+
 fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreError> {
     let id = &call.trajectory_id;
     let seq = match meta_by_id(conn, id)? {
@@ -192,12 +244,7 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             if call.parent_call.is_some() {
                 return Err(missing_parent(call));
             }
-            conn.prepare_cached(
-                "INSERT INTO trajectories (id, status, created_at, updated_at, reward, num_calls, \
-                 next_call_index, next_sample_index) VALUES (?1, 0, ?2, ?2, NULL, 0, 0, 0)",
-            )?
-            .execute(params![id, now])?;
-            conn.last_insert_rowid()
+            create(conn, id, now)?
         }
     };
     if let Some(parent) = call.parent_call {
@@ -281,11 +328,50 @@ fn reread(conn: &Connection, id: &str) -> Result<TrajectoryMeta, StoreError> {
         .ok_or_else(|| StoreError::NotFound(id.to_string()))
 }
 
+fn set_metadata(
+    conn: &Connection,
+    id: &str,
+    update: &TrajectoryMetadata,
+    now: i64,
+) -> Result<TrajectoryMeta, StoreError> {
+    let (seq, old) = match meta_by_id(conn, id)? {
+        Some((seq, meta)) => (seq, meta.metadata),
+        None => (create(conn, id, now)?, TrajectoryMetadata::default()),
+    };
+    let m = old.merged(id, update)?;
+    conn.prepare_cached(
+        "UPDATE trajectories SET group_id = ?2, data_source = ?3, data_index = ?4, \
+         extra_info = ?5, updated_at = max(updated_at, ?6) WHERE seq = ?1",
+    )?
+    .execute(params![
+        seq,
+        m.group,
+        m.data_source,
+        m.index,
+        json_text(m.extra_info.as_ref()),
+        now
+    ])?;
+    reread(conn, id)
+}
+
+fn set_replays(conn: &Connection, id: &str, new: &[SampleReplay]) -> Result<(), StoreError> {
+    let seq = existing(conn, id)?;
+    let mut all = replays_of(conn, seq)?;
+    all.retain(|old| new.iter().all(|r| r.sample != old.sample));
+    all.extend_from_slice(new);
+    all.sort_by_key(|r| r.sample);
+    let text = serde_json::to_string(&all).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    conn.prepare_cached("UPDATE trajectories SET replays = ?2 WHERE seq = ?1")?
+        .execute(params![seq, text])?;
+    Ok(())
+}
+
 fn set_reward(
     conn: &Connection,
     id: &str,
     call: Option<u32>,
     reward: f64,
+    extra: Option<&serde_json::Value>,
     now: i64,
 ) -> Result<TrajectoryMeta, StoreError> {
     let seq = existing(conn, id)?;
@@ -305,6 +391,10 @@ fn set_reward(
                 });
             }
         }
+    }
+    if let Some(extra) = extra {
+        conn.prepare_cached("UPDATE trajectories SET reward_extra = ?2 WHERE seq = ?1")?
+            .execute(params![seq, extra.to_string()])?;
     }
     touch(conn, seq, now)?;
     reread(conn, id)
