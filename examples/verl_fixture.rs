@@ -6,8 +6,9 @@
 
 use serde_json::json;
 use tito::export::{ExportOptions, Format, Layout};
-use tito::store::{CallRecord, TrajectoryFilter};
+use tito::store::{CallRecord, TrajectoryFilter, TrajectoryMetadata};
 
+/// Calls after the third ran under newer weights.
 fn call(traj: &str, i: u32, parent: Option<u32>, delta: Vec<u32>, sampled: Vec<u32>) -> CallRecord {
     CallRecord {
         trajectory_id: traj.into(),
@@ -29,7 +30,7 @@ fn call(traj: &str, i: u32, parent: Option<u32>, delta: Vec<u32>, sampled: Vec<u
         drift: None,
         parse_outcome: None,
         moved_from: None,
-        weight_version: Some("step-1".into()),
+        weight_version: Some(if i < 3 { "step-1" } else { "step-2" }.into()),
         tokenizer_sha256: "t".into(),
         template_sha256: "p".into(),
         reward: None,
@@ -50,8 +51,16 @@ async fn main() -> anyhow::Result<()> {
     // Trajectory k: a prompt of 10 + 3k ids, then k + 1 turns of 12 sampled
     // ids and 5 observation ids. Long k overflow the response length, and
     // the prompt of the last one is longer than any sane prompt_length.
+    // Groups of 4 (`task-0` ...), with dataset fields and reward parts.
     for k in 0..12u32 {
         let id = format!("t-{k}");
+        let task = TrajectoryMetadata {
+            group: Some(format!("task-{}", k / 4)),
+            data_source: Some("fixture".into()),
+            index: Some(i64::from(k)),
+            extra_info: Some(json!({"k": k})),
+        };
+        store.set_metadata(&id, &task).await?;
         let prompt_len = if k == 11 { 10_000 } else { 10 + 3 * k };
         let mut next = 1000 * k + 1;
         let mut ids = |n: u32| -> Vec<u32> {
@@ -66,7 +75,7 @@ async fn main() -> anyhow::Result<()> {
                 .await?;
         }
         store
-            .set_reward(&id, None, f64::from(k) / 10.0, None)
+            .set_reward(&id, None, f64::from(k) / 10.0, Some(json!({"acc": k % 2})))
             .await?;
         store.finish(&id).await?;
     }

@@ -49,9 +49,15 @@ enum Command {
         prompt_length: Option<usize>,
         #[arg(long)]
         response_length: Option<usize>,
-        /// Padding id of the verl layout.
-        #[arg(long, default_value_t = 0)]
-        pad_id: u32,
+        /// Only trajectories of this group.
+        #[arg(long)]
+        group: Option<String>,
+        /// Only trajectories whose group is complete (every member finished).
+        #[arg(long)]
+        complete_groups: bool,
+        /// Padding id of the verl layout (default: the tokenizer's pad token, else EOS).
+        #[arg(long)]
+        pad_id: Option<u32>,
         #[arg(long)]
         out: PathBuf,
     },
@@ -101,6 +107,8 @@ async fn main() -> ExitCode {
             since,
             prompt_length,
             response_length,
+            group,
+            complete_groups,
             pad_id,
             out,
         } => {
@@ -112,6 +120,8 @@ async fn main() -> ExitCode {
                 since,
                 prompt_length,
                 response_length,
+                group,
+                complete_groups,
                 pad_id,
                 out,
             };
@@ -161,7 +171,9 @@ struct ExportArgs {
     since: Option<String>,
     prompt_length: Option<usize>,
     response_length: Option<usize>,
-    pad_id: u32,
+    group: Option<String>,
+    complete_groups: bool,
+    pad_id: Option<u32>,
     out: PathBuf,
 }
 
@@ -180,7 +192,14 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     let mut opts = ExportOptions::new(format, layout);
     opts.prompt_length = a.prompt_length;
     opts.response_length = a.response_length;
-    opts.pad_id = a.pad_id;
+    opts.validate()?;
+    opts.pad_id = match a.pad_id {
+        Some(id) => id,
+        None if layout == Layout::Verl => tito::render::Renderer::load(&config.model)?
+            .pad_token_id()
+            .ok_or_else(|| anyhow!("the tokenizer has no pad or EOS token: pass --pad-id"))?,
+        None => 0,
+    };
     opts.validate()?;
     let status = match a.status.as_deref() {
         None => None,
@@ -201,7 +220,9 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     let filter = TrajectoryFilter {
         status,
         since,
-        ..Default::default()
+        group: a.group,
+        complete_groups: a.complete_groups,
+        group_size: None,
     };
     let url = &config.store.url;
     if url == "memory://" {

@@ -88,6 +88,8 @@ async fn cli_exports_jsonl_and_verl_parquet() {
         "8",
         "--response-length",
         "32",
+        "--pad-id",
+        "7",
         "--out",
         pq.to_str().expect("utf8"),
     ]);
@@ -103,6 +105,45 @@ async fn cli_exports_jsonl_and_verl_parquet() {
     ]);
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("prompt_length"));
+    // verl pads with the tokenizer's pad id unless told: this config's
+    // tokenizer does not exist, and the error says so.
+    let o = tito(&[
+        "export",
+        "--config",
+        config,
+        "--format",
+        "parquet",
+        "--layout",
+        "verl",
+        "--prompt-length",
+        "8",
+        "--response-length",
+        "32",
+        "--out",
+        "x",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("tokenizer"));
+    // Lengths have an upper bound.
+    let o = tito(&[
+        "export",
+        "--config",
+        config,
+        "--format",
+        "jsonl",
+        "--layout",
+        "verl",
+        "--prompt-length",
+        "8",
+        "--response-length",
+        "131073",
+        "--pad-id",
+        "0",
+        "--out",
+        "x",
+    ]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("above the limit of 131072"));
     let other_dir = dir.path().join("other");
     std::fs::create_dir_all(&other_dir).expect("mkdir");
     let other = write_config(&other_dir, &dir.path().join("missing.db"));
@@ -133,7 +174,14 @@ async fn cli_exports_missing_logprobs_as_nulls() {
     }
     let config = write_config(dir.path(), &db);
     let config = config.to_str().expect("utf8 path");
-    let lengths = ["--prompt-length", "8", "--response-length", "32"];
+    let lengths = [
+        "--prompt-length",
+        "8",
+        "--response-length",
+        "32",
+        "--pad-id",
+        "0",
+    ];
     for (format, layout) in [
         ("jsonl", "per_call"),
         ("jsonl", "verl"),
@@ -149,13 +197,18 @@ async fn cli_exports_missing_logprobs_as_nulls() {
         args.extend(["--out", out.to_str().expect("utf8")]);
         let o = tito(&args);
         assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let column = if layout == "verl" {
+            "rollout_log_probs"
+        } else {
+            "response_logprobs"
+        };
         let lists: Vec<Vec<bool>> = if format == "jsonl" {
             std::fs::read_to_string(&out)
                 .expect("jsonl written")
                 .lines()
                 .map(|l| {
                     let v: serde_json::Value = serde_json::from_str(l).expect("json");
-                    let lp = v["response_logprobs"].as_array().expect("logprobs");
+                    let lp = v[column].as_array().expect("logprobs");
                     lp.iter().map(serde_json::Value::is_null).collect()
                 })
                 .collect()
@@ -171,13 +224,13 @@ async fn cli_exports_missing_logprobs_as_nulls() {
                     let row = row.expect("row");
                     let (_, lp) = row
                         .get_column_iter()
-                        .find(|(name, _)| name.as_str() == "response_logprobs")
+                        .find(|(name, _)| name.as_str() == column)
                         .expect("column");
                     match lp {
                         Field::ListInternal(l) => {
                             l.elements().iter().map(|f| *f == Field::Null).collect()
                         }
-                        other => panic!("response_logprobs is {other:?}"),
+                        other => panic!("{column} is {other:?}"),
                     }
                 })
                 .collect()

@@ -34,10 +34,60 @@ struct Row {
     template_sha256: String,
     finish_reason: String,
     truncated: bool,
+    incomplete: bool,
+    weight_versions: Vec<Option<String>>,
+    call_offsets: Vec<u32>,
+    min_weight_version: Option<String>,
+    max_weight_version: Option<String>,
+    data_source: Option<String>,
+    index: Option<i64>,
+    extra_info: Option<Value>,
+    reward_extra_info: Option<Value>,
+    replay_max_abs_diff: Option<f64>,
+    replay_mean_abs_diff: Option<f64>,
+    /// `group` in the trajectory layouts, `uid` in verl's.
+    group: Option<String>,
+    uid: Option<String>,
     input_ids: Option<Vec<u32>>,
     attention_mask: Option<Vec<u8>>,
     position_ids: Option<Vec<u32>>,
     rm_scores: Option<Vec<f32>>,
+}
+
+/// verl's column names for the columns every layout has.
+const VERL_NAMES: [(&str, &str); 4] = [
+    ("prompts", "prompt_ids"),
+    ("responses", "response_ids"),
+    ("rollout_log_probs", "response_logprobs"),
+    ("__num_turns__", "num_turns"),
+];
+
+/// A row object with verl's names mapped to tito's, and JSON-text columns
+/// (Parquet's encoding of `extra_info` / `reward_extra_info`) parsed.
+fn canonical(mut obj: serde_json::Map<String, Value>, from_parquet: bool) -> Row {
+    for (verl, tito) in VERL_NAMES {
+        if let Some(v) = obj.remove(verl) {
+            obj.insert(tito.to_string(), v);
+        }
+    }
+    if from_parquet {
+        for key in ["extra_info", "reward_extra_info"] {
+            if let Some(Value::String(text)) = obj.get(key) {
+                let parsed = serde_json::from_str(text).expect("JSON text column");
+                obj.insert(key.to_string(), parsed);
+            }
+        }
+    }
+    serde_json::from_value(Value::Object(obj)).expect("row shape")
+}
+
+/// The logprob column's name in a layout.
+fn logprobs_name(layout: Layout) -> &'static str {
+    if layout == Layout::Verl {
+        "rollout_log_probs"
+    } else {
+        "response_logprobs"
+    }
 }
 
 async fn store_with(trajs: &[(&str, bool, Option<f64>)]) -> Arc<MemoryStore> {
@@ -67,7 +117,10 @@ fn parse_jsonl(bytes: &[u8]) -> Vec<Row> {
     std::str::from_utf8(bytes)
         .expect("utf8")
         .lines()
-        .map(|l| serde_json::from_str(l).expect("row parses"))
+        .map(|l| match serde_json::from_str(l).expect("row parses") {
+            Value::Object(obj) => canonical(obj, false),
+            other => panic!("a row is not an object: {other}"),
+        })
         .collect()
 }
 
@@ -98,7 +151,7 @@ fn parse_parquet(bytes: Vec<u8>) -> (Vec<Row>, usize) {
                 .get_column_iter()
                 .map(|(name, f)| (name.clone(), field_json(f)))
                 .collect();
-            serde_json::from_value(Value::Object(obj)).expect("row shape")
+            canonical(obj, true)
         })
         .collect();
     (rows, groups)
@@ -183,13 +236,24 @@ async fn jsonl_lines_have_the_design_columns() {
             "response_mask",
             "response_logprobs",
             "reward",
+            "reward_extra_info",
             "num_turns",
+            "group",
+            "data_source",
+            "index",
+            "extra_info",
             "weight_version",
+            "weight_versions",
+            "call_offsets",
+            "min_weight_version",
+            "max_weight_version",
             "tokenizer_sha256",
             "template_sha256",
             "finish_reason",
             "truncated",
-            "incomplete"
+            "incomplete",
+            "replay_max_abs_diff",
+            "replay_mean_abs_diff"
         ]
     );
 }
@@ -423,7 +487,7 @@ const PATHS: [&[usize]; 3] = [&[0, 1, 2], &[0, 1, 3, 4], &[5]];
 /// Checks the JSON text itself: `response_logprobs[i]` is `null` exactly
 /// where `expected[row][i]` is `None` (so on every mask-0 position), and the
 /// same f32 elsewhere.
-fn assert_jsonl_logprobs(bytes: &[u8], expected: &[Vec<Option<f32>>]) {
+fn assert_jsonl_logprobs(bytes: &[u8], layout: Layout, expected: &[Vec<Option<f32>>]) {
     let lines: Vec<Value> = std::str::from_utf8(bytes)
         .expect("utf8")
         .lines()
@@ -431,7 +495,7 @@ fn assert_jsonl_logprobs(bytes: &[u8], expected: &[Vec<Option<f32>>]) {
         .collect();
     assert_eq!(lines.len(), expected.len());
     for (n, (line, want)) in lines.iter().zip(expected).enumerate() {
-        let got = line["response_logprobs"].as_array().expect("logprobs");
+        let got = line[logprobs_name(layout)].as_array().expect("logprobs");
         let mask = line["response_mask"].as_array().expect("mask");
         assert_eq!(got.len(), want.len(), "row {n}");
         assert_eq!(got.len(), mask.len(), "row {n}");
@@ -449,12 +513,12 @@ fn assert_jsonl_logprobs(bytes: &[u8], expected: &[Vec<Option<f32>>]) {
 
 /// Definition levels, repetition levels and values of the
 /// `response_logprobs` column, over all row groups.
-fn logprob_column(bytes: Vec<u8>) -> (Vec<i16>, Vec<i16>, Vec<f32>) {
+fn logprob_column(bytes: Vec<u8>, layout: Layout) -> (Vec<i16>, Vec<i16>, Vec<f32>) {
     let reader = SerializedFileReader::new(bytes::Bytes::from(bytes)).expect("parquet opens");
     let schema = reader.metadata().file_metadata().schema_descr();
     let idx = (0..schema.num_columns())
-        .find(|&i| schema.column(i).path().parts()[0] == "response_logprobs")
-        .expect("response_logprobs column");
+        .find(|&i| schema.column(i).path().parts()[0] == logprobs_name(layout))
+        .expect("logprobs column");
     let col = schema.column(idx);
     assert_eq!(col.max_def_level(), 2, "list<optional float>");
     assert_eq!(col.max_rep_level(), 1);
@@ -487,13 +551,24 @@ fn export_row(logprobs: Vec<Option<f32>>) -> ExportRow {
         response_mask: vec![1; n],
         response_logprobs: logprobs,
         reward: None,
+        reward_extra_info: None,
         num_turns: 1,
         weight_version: None,
+        weight_versions: vec![None],
+        call_offsets: vec![0],
+        min_weight_version: None,
+        max_weight_version: None,
+        group: None,
+        data_source: None,
+        index: None,
+        extra_info: None,
         tokenizer_sha256: "tok".into(),
         template_sha256: "tpl".into(),
         finish_reason: "stop".into(),
         truncated: false,
         incomplete: false,
+        replay_max_abs_diff: None,
+        replay_mean_abs_diff: None,
         verl: None,
     }
 }
@@ -516,7 +591,7 @@ fn parquet_logprobs_are_a_list_of_optional_floats() {
         sink.finish().expect("finish");
     }
     // Empty list def 0; null element def 1 (no value); value def 2.
-    let (def, rep, vals) = logprob_column(out.clone());
+    let (def, rep, vals) = logprob_column(out.clone(), Layout::Trajectory);
     assert_eq!(def, [2, 1, 0, 1, 2, 2]);
     assert_eq!(rep, [0, 1, 0, 0, 0, 1]);
     assert_eq!(vals, [-0.5, 0.0, -1.0]);
@@ -554,11 +629,11 @@ async fn missing_logprobs_and_observations_export_as_null() {
         assert_eq!(got, want, "{layout:?}");
         let mut opts = ExportOptions::new(Format::Jsonl, layout);
         tweak(&mut opts);
-        assert_jsonl_logprobs(&run(&*store, &opts).0, want);
+        assert_jsonl_logprobs(&run(&*store, &opts).0, layout, want);
         // In Parquet: one null element (def 1) per missing logprob, and only
         // the real values are stored.
         opts.format = Format::Parquet;
-        let (def, _, vals) = logprob_column(run(&*store, &opts).0);
+        let (def, _, vals) = logprob_column(run(&*store, &opts).0, layout);
         let flat: Vec<_> = want.iter().flatten().copied().collect();
         let defs: Vec<i16> = flat
             .iter()
@@ -597,11 +672,11 @@ async fn a_trajectory_without_logprobs_exports_no_number() {
         let text = run(&*store, &opts).0;
         for line in std::str::from_utf8(&text).expect("utf8").lines() {
             let v: Value = serde_json::from_str(line).expect("json");
-            let lp = v["response_logprobs"].as_array().expect("logprobs");
+            let lp = v[logprobs_name(layout)].as_array().expect("logprobs");
             assert!(lp.iter().all(Value::is_null), "{layout:?}: {lp:?}");
         }
         opts.format = Format::Parquet;
-        let (def, _, vals) = logprob_column(run(&*store, &opts).0);
+        let (def, _, vals) = logprob_column(run(&*store, &opts).0, layout);
         assert!(vals.is_empty(), "{layout:?}: values {vals:?}");
         assert!(
             def.iter().all(|&d| d == 1),

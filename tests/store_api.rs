@@ -35,6 +35,7 @@ async fn app() -> Router {
             Some(ids.iter().map(|i| format!("<{i}>")).collect())
         })),
         on_finish: None,
+        pad_id: 0,
     };
     tito::api::trajectories::routes()
         .merge(tito::api::export::routes())
@@ -276,6 +277,7 @@ async fn export_writes_missing_logprobs_as_nulls() {
         store,
         decode: None,
         on_finish: None,
+        pad_id: 0,
     };
     let app = tito::api::export::routes().with_state(state);
     let verl = "layout=verl&prompt_length=8&response_length=32";

@@ -2,18 +2,23 @@
 //! producer scans the store and encodes rows into a writer that hands 64 KiB
 //! chunks to a bounded channel; the response body drains that channel. A slow
 //! client therefore stalls the producer instead of growing memory, and a
-//! client that goes away ends it (the next send fails). Handler only; access
-//! control (admin token) is layered on by the app.
+//! client that goes away ends it (the next send fails).
+//!
+//! With `consumer=NAME` the export is one page of that consumer group's
+//! queue: finished trajectories it has not acknowledged, leased to this
+//! request (cursor in `X-Export-Cursor`) until `POST /v1/export/ack` or the
+//! lease's end, after which they are served again. Handlers only; access
+//! control is layered on by the app.
 
 use std::io::{self, Write};
 
 use axum::body::{Body, Bytes};
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRef, Query, State};
-use axum::http::header;
+use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
-use axum::Router;
+use axum::routing::{get, post};
+use axum::{Json, Router};
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -21,18 +26,28 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::trajectories::{FilterParams, StoreState};
 use crate::error::ApiError;
 use crate::export::{export as run_export, ExportOptions, Format, Layout};
+use crate::store::{TrajectoryFilter, TrajectoryIter, TrajectoryStatus};
 
 /// Chunks in flight between the producer and the response body.
 const CHANNEL_CHUNKS: usize = 8;
 const CHUNK_BYTES: usize = 64 * 1024;
 
-/// `GET /v1/export`.
+/// Trajectories per consumer page unless `limit` says otherwise, and most.
+const DEFAULT_PAGE: usize = 1000;
+const MAX_PAGE: usize = 100_000;
+/// A consumer page's lease unless `lease_s` says otherwise, and longest.
+const DEFAULT_LEASE_S: u64 = 600;
+const MAX_LEASE_S: u64 = 7 * 24 * 3600;
+
+/// `GET /v1/export`, `POST /v1/export/ack`.
 pub fn routes<S>() -> Router<S>
 where
     StoreState: FromRef<S>,
     S: Clone + Send + Sync + 'static,
 {
-    Router::new().route("/v1/export", get(export))
+    Router::new()
+        .route("/v1/export", get(export))
+        .route("/v1/export/ack", post(ack))
 }
 
 #[derive(Deserialize)]
@@ -47,12 +62,18 @@ pub struct ExportParams {
     pub prompt_length: Option<usize>,
     pub response_length: Option<usize>,
     pub pad_id: Option<u32>,
+    /// Read as this consumer group (exactly-once pages).
+    pub consumer: Option<String>,
+    /// Consumer mode: trajectories per page.
+    pub limit: Option<usize>,
+    /// Consumer mode: seconds until an unacknowledged page is served again.
+    pub lease_s: Option<u64>,
 }
 
 impl ExportParams {
     /// Options from query parameters; defaults `format=jsonl`,
-    /// `layout=trajectory`, `pad_id=0`.
-    pub fn options(&self) -> Result<ExportOptions, ApiError> {
+    /// `layout=trajectory`, `pad_id` the tokenizer's (`default_pad`).
+    pub fn options(&self, default_pad: u32) -> Result<ExportOptions, ApiError> {
         let format = match self.format.as_deref() {
             None | Some("") => Format::Jsonl,
             Some(f) => Format::parse(f)
@@ -67,10 +88,21 @@ impl ExportParams {
         let mut opts = ExportOptions::new(format, layout);
         opts.prompt_length = self.prompt_length;
         opts.response_length = self.response_length;
-        opts.pad_id = self.pad_id.unwrap_or(0);
+        opts.pad_id = self.pad_id.unwrap_or(default_pad);
         opts.validate()
             .map_err(|e| ApiError::bad_request(e.to_string()))?;
         Ok(opts)
+    }
+
+    fn filter(&self) -> Result<TrajectoryFilter, ApiError> {
+        FilterParams {
+            status: self.status.clone(),
+            since: self.since.clone(),
+            group: self.group.clone(),
+            complete_groups: self.complete_groups,
+            group_size: self.group_size,
+        }
+        .filter()
     }
 }
 
@@ -113,17 +145,49 @@ async fn export(
     State(st): State<StoreState>,
     params: Result<Query<ExportParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
+    // Parse.
     let Query(p) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
-    let opts = p.options()?;
-    let filter = FilterParams {
-        status: p.status.clone(),
-        since: p.since.clone(),
-        group: p.group.clone(),
-        complete_groups: p.complete_groups,
-        group_size: p.group_size,
-    }
-    .filter()?;
-    let format = opts.format;
+    let opts = p.options(st.pad_id)?;
+    let filter = p.filter()?;
+    // Prepare: what to scan, and for a consumer the lease it reads under.
+    let mut headers = vec![
+        (
+            header::CONTENT_TYPE,
+            HeaderValue::from_static(opts.format.content_type()),
+        ),
+        (
+            header::CONTENT_DISPOSITION,
+            HeaderValue::from_str(&format!(
+                "attachment; filename=\"tito-export.{}\"",
+                opts.format.extension()
+            ))
+            .map_err(|e| ApiError::internal(e.to_string()))?,
+        ),
+    ];
+    let source = match &p.consumer {
+        None => Source::Filter(filter),
+        Some(consumer) => {
+            let lease = lease(&st, consumer, filter, &p).await?;
+            let count = lease.ids.len().to_string();
+            headers.push((
+                header::HeaderName::from_static("x-export-trajectories"),
+                HeaderValue::from_str(&count).map_err(|e| ApiError::internal(e.to_string()))?,
+            ));
+            if let Some(cursor) = &lease.cursor {
+                let value =
+                    HeaderValue::from_str(cursor).map_err(|e| ApiError::internal(e.to_string()))?;
+                headers.push((header::HeaderName::from_static("x-export-cursor"), value));
+                let expires = HeaderValue::from_str(&lease.expires_at.to_string())
+                    .map_err(|e| ApiError::internal(e.to_string()))?;
+                headers.push((
+                    header::HeaderName::from_static("x-export-lease-expires"),
+                    expires,
+                ));
+            }
+            Source::Ids(lease.ids)
+        }
+    };
+    // Run: the producer encodes into the response body as it scans.
     let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
     let store = st.store.clone();
     let errors = tx.clone();
@@ -132,8 +196,11 @@ async fn export(
             tx,
             buf: Vec::with_capacity(CHUNK_BYTES),
         };
-        let result = store
-            .scan(&filter)
+        let scan: Result<TrajectoryIter, _> = match source {
+            Source::Filter(f) => store.scan(&f),
+            Source::Ids(ids) => store.scan_ids(ids),
+        };
+        let result = scan
             .map_err(Into::into)
             .and_then(|it| run_export(it, &opts, writer, &mut |_| {}));
         if let Err(e) = result {
@@ -143,16 +210,74 @@ async fn export(
             let _ = errors.blocking_send(Err(io::Error::other(e.to_string())));
         }
     });
-    let disposition = format!(
-        "attachment; filename=\"tito-export.{}\"",
-        format.extension()
-    );
-    Ok((
-        [
-            (header::CONTENT_TYPE, format.content_type().to_string()),
-            (header::CONTENT_DISPOSITION, disposition),
-        ],
-        Body::from_stream(ReceiverStream::new(rx)),
-    )
-        .into_response())
+    // Respond.
+    let mut resp = Body::from_stream(ReceiverStream::new(rx)).into_response();
+    resp.headers_mut().extend(headers);
+    Ok(resp)
+}
+
+/// What an export reads.
+enum Source {
+    Filter(TrajectoryFilter),
+    /// A consumer's leased page.
+    Ids(Vec<String>),
+}
+
+/// Leases the consumer's next page.
+async fn lease(
+    st: &StoreState,
+    consumer: &str,
+    filter: TrajectoryFilter,
+    p: &ExportParams,
+) -> Result<crate::store::Lease, ApiError> {
+    super::check_id("consumer", "consumer", consumer)?;
+    if filter.status == Some(TrajectoryStatus::Active) {
+        return Err(ApiError::invalid(
+            "status",
+            "a consumer reads finished trajectories only (their samples are final)",
+        ));
+    }
+    let limit = p.limit.unwrap_or(DEFAULT_PAGE);
+    if limit == 0 || limit > MAX_PAGE {
+        return Err(ApiError::invalid(
+            "limit",
+            format!("`limit` must be 1 to {MAX_PAGE} trajectories"),
+        ));
+    }
+    let lease_s = p.lease_s.unwrap_or(DEFAULT_LEASE_S);
+    if lease_s == 0 || lease_s > MAX_LEASE_S {
+        return Err(ApiError::invalid(
+            "lease_s",
+            format!("`lease_s` must be 1 to {MAX_LEASE_S} seconds"),
+        ));
+    }
+    let lease_ms = i64::try_from(lease_s * 1000).unwrap_or(i64::MAX);
+    Ok(st.store.lease(consumer, &filter, limit, lease_ms).await?)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AckBody {
+    consumer: String,
+    cursor: String,
+}
+
+/// `POST /v1/export/ack`: the consumer is done with a page.
+async fn ack(
+    State(st): State<StoreState>,
+    body: Result<Json<AckBody>, JsonRejection>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let Json(b) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    super::check_id("consumer", "consumer", &b.consumer)?;
+    if b.cursor.is_empty() || b.cursor.len() > 64 {
+        return Err(ApiError::invalid("cursor", "not an export cursor"));
+    }
+    let acked = st.store.ack(&b.consumer, &b.cursor).await?;
+    Ok(Json(serde_json::json!({
+        "object": "export.ack",
+        "consumer": b.consumer,
+        "cursor": b.cursor,
+        "trajectories": acked.trajectories,
+        "already_acknowledged": acked.already,
+    })))
 }

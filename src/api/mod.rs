@@ -100,6 +100,7 @@ impl AppState {
         ));
         let traj = trajectories.clone();
         let forget: trajectories::FinishHook = Arc::new(move |id: &str| traj.forget(id));
+        let pad_id = renderer.pad_token_id().unwrap_or(0);
         let dec = renderer.clone();
         let decode: trajectories::DecodeFn =
             Arc::new(move |ids: &[u32]| dec.decode(ids, false).ok());
@@ -124,6 +125,7 @@ impl AppState {
             router,
             trajectories,
             store: StoreState {
+                pad_id,
                 store,
                 decode: Some(decode),
                 on_finish: Some(forget),

@@ -31,6 +31,9 @@ pub struct StoreState {
     pub store: DynStore,
     /// When set, each segment of `GET /v1/trajectories/{id}` carries `text`.
     pub decode: Option<DecodeFn>,
+    /// The verl layout's default padding id (the tokenizer's pad token, else
+    /// its EOS; 0 when it has neither).
+    pub pad_id: u32,
     /// Called with the id after a trajectory is finished (the gateway drops
     /// it from its in-memory view so later calls are refused up front).
     pub on_finish: Option<FinishHook>,

@@ -1,23 +1,55 @@
-//! JSONL sink: one JSON object per row and line, written as it comes.
+//! JSONL sink: one JSON object per row and line, written as it comes, with
+//! the columns (names, order, values) of [`super::columns`].
 
 use std::io::Write;
 
-use super::{ExportError, ExportRow, RowSink};
+use super::columns::{columns, Cell, ColumnDef};
+use super::{ExportError, ExportOptions, ExportRow, RowSink};
 
 pub struct JsonlSink<W: Write> {
     out: W,
+    cols: Vec<ColumnDef>,
 }
 
 impl<W: Write> JsonlSink<W> {
-    pub fn new(out: W) -> Self {
-        JsonlSink { out }
+    pub fn new(out: W, opts: &ExportOptions) -> Self {
+        JsonlSink {
+            out,
+            cols: columns(opts.layout),
+        }
     }
+}
+
+fn write_cell(out: &mut impl Write, cell: Cell<'_>) -> Result<(), ExportError> {
+    match cell {
+        Cell::Str(s) => serde_json::to_writer(out, s)?,
+        Cell::OptStr(s) => serde_json::to_writer(out, &s)?,
+        Cell::I32(x) => serde_json::to_writer(out, &x)?,
+        Cell::OptI64(x) => serde_json::to_writer(out, &x)?,
+        Cell::Bool(x) => serde_json::to_writer(out, &x)?,
+        Cell::OptF64(x) => serde_json::to_writer(out, &x)?,
+        Cell::Ids(xs) => serde_json::to_writer(out, xs)?,
+        Cell::Mask(xs) => serde_json::to_writer(out, xs)?,
+        Cell::Floats(xs) => serde_json::to_writer(out, xs)?,
+        Cell::OptFloats(xs) => serde_json::to_writer(out, xs)?,
+        Cell::OptStrs(xs) => serde_json::to_writer(out, xs)?,
+        Cell::Json(j) => serde_json::to_writer(out, &j)?,
+    }
+    Ok(())
 }
 
 impl<W: Write> RowSink for JsonlSink<W> {
     fn write_row(&mut self, row: &ExportRow) -> Result<(), ExportError> {
-        serde_json::to_writer(&mut self.out, row)?;
-        self.out.write_all(b"\n")?;
+        self.out.write_all(b"{")?;
+        for (i, col) in self.cols.iter().enumerate() {
+            if i > 0 {
+                self.out.write_all(b",")?;
+            }
+            serde_json::to_writer(&mut self.out, col.name)?;
+            self.out.write_all(b":")?;
+            write_cell(&mut self.out, (col.get)(row))?;
+        }
+        self.out.write_all(b"}\n")?;
         Ok(())
     }
 

@@ -8,6 +8,7 @@
 //! [`export`]. It reads trajectories from an iterator and must not touch the
 //! store's internals or HTTP.
 
+pub mod columns;
 pub mod jsonl;
 pub mod parquet;
 pub mod rows;
@@ -16,7 +17,10 @@ use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 
-pub use rows::{ExportRow, VerlColumns};
+pub use rows::{version_cmp, ExportRow, VerlColumns};
+
+/// Largest `prompt_length` / `response_length` an export accepts.
+pub const MAX_LENGTH: usize = 131_072;
 
 use crate::store::{StoreError, Trajectory};
 
@@ -95,7 +99,8 @@ pub struct ExportOptions {
     pub prompt_length: Option<usize>,
     /// Longer responses are cut on the right and marked `truncated`.
     pub response_length: Option<usize>,
-    /// Padding id of the verl layout.
+    /// Padding id of the verl layout (the tokenizer's pad token, else its
+    /// EOS, unless the caller overrides it).
     pub pad_id: u32,
     /// Parquet: rows per row group at most.
     pub row_group_rows: usize,
@@ -130,6 +135,16 @@ impl ExportOptions {
                 "prompt_length and response_length must be positive".into(),
             ));
         }
+        for (name, len) in [
+            ("prompt_length", self.prompt_length),
+            ("response_length", self.response_length),
+        ] {
+            if let Some(n) = len.filter(|n| *n > MAX_LENGTH) {
+                return Err(ExportError::Options(format!(
+                    "{name} = {n} is above the limit of {MAX_LENGTH} tokens"
+                )));
+            }
+        }
         if self.row_group_rows == 0 || self.row_group_values == 0 {
             return Err(ExportError::Options(
                 "row group limits must be positive".into(),
@@ -163,7 +178,7 @@ pub fn sink<'w, W: Write + Send + 'w>(
     out: W,
 ) -> Result<Box<dyn RowSink + 'w>, ExportError> {
     Ok(match opts.format {
-        Format::Jsonl => Box::new(jsonl::JsonlSink::new(out)),
+        Format::Jsonl => Box::new(jsonl::JsonlSink::new(out, opts)),
         Format::Parquet => Box::new(parquet::ParquetSink::new(out, opts)?),
     })
 }

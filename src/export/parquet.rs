@@ -1,8 +1,9 @@
 //! Parquet sink, written with the parquet crate's low-level column writers
-//! (no Arrow: much less to compile). Id, mask and position columns are
-//! `list<int32>`, `rm_scores` `list<float>`, `response_logprobs` `list<float>`
-//! with optional elements (null where no logprob exists), `reward` an optional
-//! double, strings UTF-8. Rows are buffered per column and flushed as a row
+//! (no Arrow: much less to compile), over the column table of
+//! [`super::columns`]. Id, mask and position columns are `list<int32>`,
+//! `rm_scores` `list<float>`, logprobs `list<float>` with optional elements
+//! (null where no logprob exists), weight versions `list<string>` with
+//! optional elements, `reward` an optional double, strings and JSON UTF-8. Rows are buffered per column and flushed as a row
 //! group every `row_group_rows` rows or `row_group_values` list values,
 //! whichever comes first, so memory is bounded by one row group.
 
@@ -17,26 +18,15 @@ use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
 use parquet::schema::types::ColumnPath;
 
-use super::{ExportError, ExportOptions, ExportRow, Layout, RowSink};
+use super::columns::{columns, Cell, ColumnDef, Kind};
+use super::{ExportError, ExportOptions, ExportRow, RowSink};
 
-/// The value of one row in one column.
-enum Cell<'a> {
-    Str(&'a str),
-    OptStr(Option<&'a str>),
-    I32(i32),
-    Bool(bool),
-    OptF64(Option<f64>),
-    Ids(&'a [u32]),
-    Mask(&'a [u8]),
-    Floats(&'a [f32]),
-    OptFloats(&'a [Option<f32>]),
-}
-
-/// Physical shape of a column and its buffered values / levels.
+/// Buffered values (and levels) of one column of the current row group.
 enum Buf {
     Str(Vec<ByteArray>),
     OptStr(Vec<ByteArray>, Vec<i16>),
     I32(Vec<i32>),
+    OptI64(Vec<i64>, Vec<i16>),
     Bool(Vec<bool>),
     OptF64(Vec<f64>, Vec<i16>),
     /// list<int32>: values, definition levels, repetition levels.
@@ -44,144 +34,49 @@ enum Buf {
     ListF32(Vec<f32>, Vec<i16>, Vec<i16>),
     /// list<float> whose elements may be null (missing logprobs).
     ListOptF32(Vec<f32>, Vec<i16>, Vec<i16>),
+    ListOptStr(Vec<ByteArray>, Vec<i16>, Vec<i16>),
 }
 
-type Getter = for<'a> fn(&'a ExportRow) -> Cell<'a>;
+impl Buf {
+    fn of(kind: Kind) -> Buf {
+        match kind {
+            Kind::Str => Buf::Str(Vec::new()),
+            Kind::OptStr | Kind::Json => Buf::OptStr(Vec::new(), Vec::new()),
+            Kind::I32 => Buf::I32(Vec::new()),
+            Kind::OptI64 => Buf::OptI64(Vec::new(), Vec::new()),
+            Kind::Bool => Buf::Bool(Vec::new()),
+            Kind::OptF64 => Buf::OptF64(Vec::new(), Vec::new()),
+            Kind::ListI32 => Buf::ListI32(Vec::new(), Vec::new(), Vec::new()),
+            Kind::ListF32 => Buf::ListF32(Vec::new(), Vec::new(), Vec::new()),
+            Kind::ListOptF32 => Buf::ListOptF32(Vec::new(), Vec::new(), Vec::new()),
+            Kind::ListOptStr => Buf::ListOptStr(Vec::new(), Vec::new(), Vec::new()),
+        }
+    }
+}
 
 struct Column {
-    name: &'static str,
-    get: Getter,
+    def: ColumnDef,
     buf: Buf,
-}
-
-fn verl_or_empty<T>(row: &ExportRow, f: impl Fn(&super::VerlColumns) -> &[T]) -> &[T] {
-    row.verl.as_ref().map(f).unwrap_or(&[])
-}
-
-/// Columns of a layout, in file order.
-fn columns(layout: Layout) -> Vec<Column> {
-    let col = |name, get: Getter, buf| Column { name, get, buf };
-    let list_i32 = || Buf::ListI32(Vec::new(), Vec::new(), Vec::new());
-    let list_f32 = || Buf::ListF32(Vec::new(), Vec::new(), Vec::new());
-    let mut cols = vec![
-        col(
-            "trajectory_id",
-            |r| Cell::Str(&r.trajectory_id),
-            Buf::Str(Vec::new()),
-        ),
-        col(
-            "sample",
-            |r| Cell::I32(r.sample as i32),
-            Buf::I32(Vec::new()),
-        ),
-    ];
-    if layout == Layout::PerCall {
-        cols.push(col(
-            "call",
-            |r| Cell::I32(r.call.unwrap_or(0) as i32),
-            Buf::I32(Vec::new()),
-        ));
-    }
-    cols.extend([
-        col("prompt_ids", |r| Cell::Ids(&r.prompt_ids), list_i32()),
-        col("response_ids", |r| Cell::Ids(&r.response_ids), list_i32()),
-        col(
-            "response_mask",
-            |r| Cell::Mask(&r.response_mask),
-            list_i32(),
-        ),
-        col(
-            "response_logprobs",
-            |r| Cell::OptFloats(&r.response_logprobs),
-            Buf::ListOptF32(Vec::new(), Vec::new(), Vec::new()),
-        ),
-        col(
-            "reward",
-            |r| Cell::OptF64(r.reward),
-            Buf::OptF64(Vec::new(), Vec::new()),
-        ),
-        col(
-            "num_turns",
-            |r| Cell::I32(r.num_turns as i32),
-            Buf::I32(Vec::new()),
-        ),
-        col(
-            "weight_version",
-            |r| Cell::OptStr(r.weight_version.as_deref()),
-            Buf::OptStr(Vec::new(), Vec::new()),
-        ),
-        col(
-            "tokenizer_sha256",
-            |r| Cell::Str(&r.tokenizer_sha256),
-            Buf::Str(Vec::new()),
-        ),
-        col(
-            "template_sha256",
-            |r| Cell::Str(&r.template_sha256),
-            Buf::Str(Vec::new()),
-        ),
-        col(
-            "finish_reason",
-            |r| Cell::Str(&r.finish_reason),
-            Buf::Str(Vec::new()),
-        ),
-        col(
-            "truncated",
-            |r| Cell::Bool(r.truncated),
-            Buf::Bool(Vec::new()),
-        ),
-        col(
-            "incomplete",
-            |r| Cell::Bool(r.incomplete),
-            Buf::Bool(Vec::new()),
-        ),
-    ]);
-    if layout == Layout::Verl {
-        cols.extend([
-            col(
-                "input_ids",
-                |r| Cell::Ids(verl_or_empty(r, |v| &v.input_ids)),
-                list_i32(),
-            ),
-            col(
-                "attention_mask",
-                |r| Cell::Mask(verl_or_empty(r, |v| &v.attention_mask)),
-                list_i32(),
-            ),
-            col(
-                "position_ids",
-                |r| Cell::Ids(verl_or_empty(r, |v| &v.position_ids)),
-                list_i32(),
-            ),
-            col(
-                "rm_scores",
-                |r| Cell::Floats(verl_or_empty(r, |v| &v.rm_scores)),
-                list_f32(),
-            ),
-        ]);
-    }
-    cols
 }
 
 fn schema_text(cols: &[Column]) -> String {
     let mut s = String::from("message tito_export {\n");
     for c in cols {
-        let n = c.name;
-        let line = match c.buf {
-            Buf::Str(_) => format!("REQUIRED BYTE_ARRAY {n} (UTF8);"),
-            Buf::OptStr(..) => format!("OPTIONAL BYTE_ARRAY {n} (UTF8);"),
-            Buf::I32(_) => format!("REQUIRED INT32 {n};"),
-            Buf::Bool(_) => format!("REQUIRED BOOLEAN {n};"),
-            Buf::OptF64(..) => format!("OPTIONAL DOUBLE {n};"),
-            Buf::ListI32(..) => {
-                format!("REQUIRED group {n} (LIST) {{ REPEATED group list {{ REQUIRED INT32 element; }} }}")
-            }
-            Buf::ListF32(..) => {
-                format!("REQUIRED group {n} (LIST) {{ REPEATED group list {{ REQUIRED FLOAT element; }} }}")
-            }
-            Buf::ListOptF32(..) => {
-                format!("REQUIRED group {n} (LIST) {{ REPEATED group list {{ OPTIONAL FLOAT element; }} }}")
-            }
+        let n = c.def.name;
+        let list = |element: &str| {
+            format!("REQUIRED group {n} (LIST) {{ REPEATED group list {{ {element}; }} }}")
+        };
+        let line = match c.def.kind {
+            Kind::Str => format!("REQUIRED BYTE_ARRAY {n} (UTF8);"),
+            Kind::OptStr | Kind::Json => format!("OPTIONAL BYTE_ARRAY {n} (UTF8);"),
+            Kind::I32 => format!("REQUIRED INT32 {n};"),
+            Kind::OptI64 => format!("OPTIONAL INT64 {n};"),
+            Kind::Bool => format!("REQUIRED BOOLEAN {n};"),
+            Kind::OptF64 => format!("OPTIONAL DOUBLE {n};"),
+            Kind::ListI32 => list("REQUIRED INT32 element"),
+            Kind::ListF32 => list("REQUIRED FLOAT element"),
+            Kind::ListOptF32 => list("OPTIONAL FLOAT element"),
+            Kind::ListOptStr => list("OPTIONAL BYTE_ARRAY element (UTF8)"),
         };
         s.push_str("  ");
         s.push_str(&line);
@@ -225,7 +120,8 @@ fn push_list<T: Copy, U>(
 impl Column {
     /// Buffers one row's cell; returns the number of list values added.
     fn push(&mut self, row: &ExportRow) -> usize {
-        match (&mut self.buf, (self.get)(row)) {
+        let text = |s: &str| ByteArray::from(s.as_bytes().to_vec());
+        match (&mut self.buf, (self.def.get)(row)) {
             (Buf::Str(v), Cell::Str(s)) => v.push(ByteArray::from(s.as_bytes().to_vec())),
             (Buf::OptStr(v, d), Cell::OptStr(s)) => match s {
                 Some(s) => {
@@ -234,7 +130,21 @@ impl Column {
                 }
                 None => d.push(0),
             },
+            (Buf::OptStr(v, d), Cell::Json(j)) => match j {
+                Some(j) => {
+                    v.push(text(&j.to_string()));
+                    d.push(1);
+                }
+                None => d.push(0),
+            },
             (Buf::I32(v), Cell::I32(x)) => v.push(x),
+            (Buf::OptI64(v, d), Cell::OptI64(x)) => match x {
+                Some(x) => {
+                    v.push(x);
+                    d.push(1);
+                }
+                None => d.push(0),
+            },
             (Buf::Bool(v), Cell::Bool(x)) => v.push(x),
             (Buf::OptF64(v, d), Cell::OptF64(x)) => match x {
                 Some(x) => {
@@ -253,6 +163,10 @@ impl Column {
             (Buf::ListOptF32(v, d, r), Cell::OptFloats(xs)) => {
                 return push_list(v, d, r, xs, 2, |x| x)
             }
+            (Buf::ListOptStr(v, d, r), Cell::OptStrs(xs)) => {
+                let refs: Vec<Option<&str>> = xs.iter().map(Option::as_deref).collect();
+                return push_list(v, d, r, &refs, 2, |x| x.map(text));
+            }
             // `columns` pairs every getter with its buffer shape.
             _ => {}
         }
@@ -260,13 +174,25 @@ impl Column {
     }
 
     fn write(&mut self, w: &mut ColumnWriter<'_>) -> Result<(), ExportError> {
-        let mismatch = || ExportError::Options(format!("column `{}`: type mismatch", self.name));
+        let mismatch =
+            || ExportError::Options(format!("column `{}`: type mismatch", self.def.name));
         match (&mut self.buf, w) {
             (Buf::Str(v), ColumnWriter::ByteArrayColumnWriter(w)) => {
                 w.write_batch(v, None, None)?;
                 v.clear();
             }
             (Buf::OptStr(v, d), ColumnWriter::ByteArrayColumnWriter(w)) => {
+                w.write_batch(v, Some(d), None)?;
+                v.clear();
+                d.clear();
+            }
+            (Buf::ListOptStr(v, d, r), ColumnWriter::ByteArrayColumnWriter(w)) => {
+                w.write_batch(v, Some(d), Some(r))?;
+                v.clear();
+                d.clear();
+                r.clear();
+            }
+            (Buf::OptI64(v, d), ColumnWriter::Int64ColumnWriter(w)) => {
                 w.write_batch(v, Some(d), None)?;
                 v.clear();
                 d.clear();
@@ -316,7 +242,13 @@ pub struct ParquetSink<W: Write + Send> {
 
 impl<W: Write + Send> ParquetSink<W> {
     pub fn new(out: W, opts: &ExportOptions) -> Result<Self, ExportError> {
-        let cols = columns(opts.layout);
+        let cols: Vec<Column> = columns(opts.layout)
+            .into_iter()
+            .map(|def| Column {
+                buf: Buf::of(def.kind),
+                def,
+            })
+            .collect();
         let schema = Arc::new(parse_message_type(&schema_text(&cols))?);
         // Token ids and logprobs hardly repeat: dictionary pages cost time and
         // are abandoned anyway, so only the string columns (ids, hashes,
@@ -326,15 +258,19 @@ impl<W: Write + Send> ParquetSink<W> {
             .set_dictionary_enabled(false)
             .set_created_by(format!("tito {}", env!("CARGO_PKG_VERSION")));
         for c in &cols {
-            match c.buf {
-                Buf::Str(_) | Buf::OptStr(..) => {
-                    props = props.set_column_dictionary_enabled(ColumnPath::from(c.name), true);
+            let name = c.def.name;
+            let element =
+                || ColumnPath::from(vec![name.to_string(), "list".into(), "element".into()]);
+            match c.def.kind {
+                Kind::Str | Kind::OptStr => {
+                    props = props.set_column_dictionary_enabled(ColumnPath::from(name), true);
+                }
+                Kind::ListOptStr => {
+                    props = props.set_column_dictionary_enabled(element(), true);
                 }
                 // Min/max of token ids or logprobs serve no reader.
-                Buf::ListI32(..) | Buf::ListF32(..) | Buf::ListOptF32(..) => {
-                    let path =
-                        ColumnPath::from(vec![c.name.to_string(), "list".into(), "element".into()]);
-                    props = props.set_column_statistics_enabled(path, EnabledStatistics::None);
+                Kind::ListI32 | Kind::ListF32 | Kind::ListOptF32 => {
+                    props = props.set_column_statistics_enabled(element(), EnabledStatistics::None);
                 }
                 _ => {}
             }
@@ -358,7 +294,7 @@ impl<W: Write + Send> ParquetSink<W> {
         let mut group = writer.next_row_group()?;
         for col in &mut self.cols {
             let mut cw = group.next_column()?.ok_or_else(|| {
-                ExportError::Options(format!("no column writer for `{}`", col.name))
+                ExportError::Options(format!("no column writer for `{}`", col.def.name))
             })?;
             col.write(cw.untyped())?;
             cw.close()?;

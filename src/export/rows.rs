@@ -8,28 +8,45 @@
 //! would change what the logprobs were conditioned on); a response longer than
 //! `response_length` is cut to it on the right and the row gets
 //! `truncated: true` (the kept tokens, masks and logprobs stay exact).
+//!
+//! Column names per layout and format encoding live in [`super::columns`].
 
-use serde::Serialize;
+use std::cmp::Ordering;
 
 use super::{ExportError, ExportOptions, ExportStats, Layout};
-use crate::store::{full_prompt_ids, path_to, samples, Trajectory};
+use crate::store::{find_call, full_prompt_ids, path_to, samples, CallRecord, Trajectory};
 
-/// One exported row. Serialized as one JSONL line; the same columns go to
-/// Parquet.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One exported row, before it is encoded (the same values go to JSONL and
+/// Parquet, under the column names of [`super::columns`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct ExportRow {
     pub trajectory_id: String,
     pub sample: u32,
     /// Only in the `per_call` layout.
-    #[serde(skip_serializing_if = "Option::is_none")]
     pub call: Option<u32>,
     pub prompt_ids: Vec<u32>,
     pub response_ids: Vec<u32>,
     pub response_mask: Vec<u8>,
     pub response_logprobs: Vec<Option<f32>>,
     pub reward: Option<f64>,
+    pub reward_extra_info: Option<serde_json::Value>,
     pub num_turns: u32,
+    /// The last call's weight version.
     pub weight_version: Option<String>,
+    /// One per call of the row, root first; `None` = the initial weights
+    /// (no `POST /admin/weights` yet).
+    pub weight_versions: Vec<Option<String>>,
+    /// Where each call's sampled ids start in `response_ids` (aligned with
+    /// `weight_versions`; the root call's start at 0).
+    pub call_offsets: Vec<u32>,
+    /// Oldest and newest of `weight_versions` in version order (see
+    /// [`version_cmp`]); the initial weights are older than any version.
+    pub min_weight_version: Option<String>,
+    pub max_weight_version: Option<String>,
+    pub group: Option<String>,
+    pub data_source: Option<String>,
+    pub index: Option<i64>,
+    pub extra_info: Option<serde_json::Value>,
     pub tokenizer_sha256: String,
     pub template_sha256: String,
     pub finish_reason: String,
@@ -37,16 +54,25 @@ pub struct ExportRow {
     /// The trajectory may miss calls answered just before a crash of a
     /// gateway running with `[store] ack = "queued"`.
     pub incomplete: bool,
+    /// From the sample's replay check, when one ran.
+    pub replay_max_abs_diff: Option<f64>,
+    pub replay_mean_abs_diff: Option<f64>,
     /// Only in the `verl` layout.
-    #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub verl: Option<VerlColumns>,
 }
 
+impl ExportRow {
+    /// verl's `uid`: the group, else the trajectory (a group of one).
+    pub fn uid(&self) -> &str {
+        self.group.as_deref().unwrap_or(&self.trajectory_id)
+    }
+}
+
 /// Extra columns of the `verl` layout. With `P = prompt_length`,
-/// `R = response_length`: `prompt_ids` has `P` ids (left-padded),
-/// `response_ids`, `response_mask`, `response_logprobs`, `rm_scores` have `R`
+/// `R = response_length`: `prompts` has `P` ids (left-padded),
+/// `responses`, `response_mask`, `rollout_log_probs`, `rm_scores` have `R`
 /// (right-padded), `input_ids`, `attention_mask`, `position_ids` have `P + R`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct VerlColumns {
     pub input_ids: Vec<u32>,
     pub attention_mask: Vec<u8>,
@@ -57,6 +83,86 @@ pub struct VerlColumns {
     pub rm_scores: Vec<f32>,
 }
 
+/// Weight versions in "natural" order: runs of digits compare as numbers,
+/// so `step-9` < `step-12`; `None` (the initial weights) first.
+pub fn version_cmp(a: &Option<String>, b: &Option<String>) -> Ordering {
+    match (a, b) {
+        (None, None) => Ordering::Equal,
+        (None, Some(_)) => Ordering::Less,
+        (Some(_), None) => Ordering::Greater,
+        (Some(a), Some(b)) => natural_cmp(a, b),
+    }
+}
+
+fn natural_cmp(a: &str, b: &str) -> Ordering {
+    let (mut x, mut y) = (a.as_bytes(), b.as_bytes());
+    loop {
+        match (x.first(), y.first()) {
+            (None, None) => return a.cmp(b),
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(p), Some(q)) if p.is_ascii_digit() && q.is_ascii_digit() => {
+                let dx = x.iter().take_while(|c| c.is_ascii_digit()).count();
+                let dy = y.iter().take_while(|c| c.is_ascii_digit()).count();
+                let (nx, ny) = (trim_zeros(&x[..dx]), trim_zeros(&y[..dy]));
+                let ord = nx.len().cmp(&ny.len()).then_with(|| nx.cmp(ny));
+                if ord != Ordering::Equal {
+                    return ord;
+                }
+                x = &x[dx..];
+                y = &y[dy..];
+            }
+            (Some(p), Some(q)) => {
+                if p != q {
+                    return p.cmp(q);
+                }
+                x = &x[1..];
+                y = &y[1..];
+            }
+        }
+    }
+}
+
+fn trim_zeros(digits: &[u8]) -> &[u8] {
+    let zeros = digits.iter().take_while(|c| **c == b'0').count();
+    &digits[zeros.min(digits.len().saturating_sub(1))..]
+}
+
+/// Per-call weight versions and where each call's sampled ids start in the
+/// response, for the calls of `path` (root first).
+fn staleness(
+    calls: &[CallRecord],
+    path: &[u32],
+    per_call: bool,
+) -> (Vec<Option<String>>, Vec<u32>) {
+    let mut versions = Vec::with_capacity(path.len());
+    let mut offsets = Vec::with_capacity(path.len());
+    let mut at = 0usize;
+    for (i, idx) in path.iter().enumerate() {
+        let Some(c) = find_call(calls, *idx) else {
+            continue;
+        };
+        if i > 0 {
+            at += c.prompt_delta_ids.len();
+        }
+        versions.push(c.weight_version.clone());
+        offsets.push(at as u32);
+        at += c.sampled_ids.len();
+    }
+    if per_call {
+        // A per-call row holds only its own call's sampled ids.
+        versions.drain(..versions.len().saturating_sub(1));
+        offsets = vec![0; versions.len()];
+    }
+    (versions, offsets)
+}
+
+fn min_max(versions: &[Option<String>]) -> (Option<String>, Option<String>) {
+    let min = versions.iter().min_by(|a, b| version_cmp(a, b)).cloned();
+    let max = versions.iter().max_by(|a, b| version_cmp(a, b)).cloned();
+    (min.flatten(), max.flatten())
+}
+
 /// Appends the rows of `trajectory` for the layout to `out`.
 pub fn rows_of(
     trajectory: &Trajectory,
@@ -64,13 +170,45 @@ pub fn rows_of(
     stats: &mut ExportStats,
     out: &mut Vec<ExportRow>,
 ) -> Result<(), ExportError> {
+    let meta = &trajectory.meta;
+    let base = |trajectory_id: String, sample: u32| {
+        let replay = trajectory.replays.iter().find(|r| r.sample == sample);
+        ExportRow {
+            trajectory_id,
+            sample,
+            call: None,
+            prompt_ids: Vec::new(),
+            response_ids: Vec::new(),
+            response_mask: Vec::new(),
+            response_logprobs: Vec::new(),
+            reward: None,
+            reward_extra_info: meta.reward_extra.clone(),
+            num_turns: 0,
+            weight_version: None,
+            weight_versions: Vec::new(),
+            call_offsets: Vec::new(),
+            min_weight_version: None,
+            max_weight_version: None,
+            group: meta.metadata.group.clone(),
+            data_source: meta.metadata.data_source.clone(),
+            index: meta.metadata.index,
+            extra_info: meta.metadata.extra_info.clone(),
+            tokenizer_sha256: String::new(),
+            template_sha256: String::new(),
+            finish_reason: String::new(),
+            truncated: false,
+            incomplete: meta.incomplete,
+            replay_max_abs_diff: replay.and_then(|r| r.max_abs_diff),
+            replay_mean_abs_diff: replay.and_then(|r| r.mean_abs_diff),
+            verl: None,
+        }
+    };
     match opts.layout {
         Layout::Trajectory | Layout::Verl => {
             for s in samples(trajectory)? {
+                let (weight_versions, call_offsets) = staleness(&trajectory.calls, &s.calls, false);
+                let (min_weight_version, max_weight_version) = min_max(&weight_versions);
                 let row = ExportRow {
-                    trajectory_id: s.trajectory_id,
-                    sample: s.sample,
-                    call: None,
                     prompt_ids: s.prompt_ids,
                     response_ids: s.response_ids,
                     response_mask: s.response_mask,
@@ -78,12 +216,15 @@ pub fn rows_of(
                     reward: s.reward,
                     num_turns: s.num_turns,
                     weight_version: s.weight_version,
+                    weight_versions,
+                    call_offsets,
+                    min_weight_version,
+                    max_weight_version,
                     tokenizer_sha256: s.tokenizer_sha256,
                     template_sha256: s.template_sha256,
                     finish_reason: s.finish_reason,
                     truncated: s.truncated,
-                    incomplete: trajectory.meta.incomplete,
-                    verl: None,
+                    ..base(s.trajectory_id, s.sample)
                 };
                 push(row, opts, stats, out);
             }
@@ -91,23 +232,30 @@ pub fn rows_of(
         Layout::PerCall => {
             for call in &trajectory.calls {
                 let n = call.sampled_ids.len();
+                let path = path_to(&trajectory.calls, call.call_index)?;
+                let (weight_versions, call_offsets) = staleness(&trajectory.calls, &path, true);
+                let (min_weight_version, max_weight_version) = min_max(&weight_versions);
                 let row = ExportRow {
-                    trajectory_id: trajectory.meta.id.clone(),
-                    sample: call.sample_index,
                     call: Some(call.call_index),
                     prompt_ids: full_prompt_ids(&trajectory.calls, call.call_index)?,
                     response_ids: call.sampled_ids.clone(),
                     response_mask: vec![1; n],
                     response_logprobs: call.logprobs.clone(),
-                    reward: call.reward.or(trajectory.meta.reward),
-                    num_turns: path_to(&trajectory.calls, call.call_index)?.len() as u32,
+                    reward: call.reward.or(meta.reward),
+                    num_turns: path.len() as u32,
                     weight_version: call.weight_version.clone(),
+                    weight_versions,
+                    call_offsets,
+                    min_weight_version,
+                    max_weight_version,
                     tokenizer_sha256: call.tokenizer_sha256.clone(),
                     template_sha256: call.template_sha256.clone(),
                     finish_reason: call.finish_reason.clone(),
                     truncated: call.truncated,
-                    incomplete: trajectory.meta.incomplete,
-                    verl: None,
+                    // A replay checks whole samples, not calls.
+                    replay_max_abs_diff: None,
+                    replay_mean_abs_diff: None,
+                    ..base(meta.id.clone(), call.sample_index)
                 };
                 push(row, opts, stats, out);
             }
@@ -134,6 +282,17 @@ fn push(
             row.response_ids.truncate(r);
             row.response_mask.truncate(r);
             row.response_logprobs.truncate(r);
+            // Calls whose sampled ids start past the cut are gone.
+            let kept = row
+                .call_offsets
+                .iter()
+                .filter(|o| (**o as usize) < r)
+                .count();
+            row.call_offsets.truncate(kept.max(1));
+            row.weight_versions.truncate(kept.max(1));
+            let (min, max) = min_max(&row.weight_versions);
+            row.min_weight_version = min;
+            row.max_weight_version = max;
             row.truncated = true;
             stats.truncated_responses += 1;
         }
@@ -183,4 +342,37 @@ fn pad_verl(row: &mut ExportRow, p: usize, r: usize, pad: u32) {
         position_ids,
         rm_scores,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &str) -> Option<String> {
+        Some(s.to_string())
+    }
+
+    #[test]
+    fn versions_sort_naturally_with_the_initial_weights_first() {
+        let mut xs = vec![
+            v("step-12"),
+            None,
+            v("step-9"),
+            v("step-100"),
+            v("step-012a"),
+        ];
+        xs.sort_by(version_cmp);
+        assert_eq!(
+            xs,
+            vec![
+                None,
+                v("step-9"),
+                v("step-12"),
+                v("step-012a"),
+                v("step-100")
+            ]
+        );
+        assert_eq!(min_max(&[v("b"), v("a")]), (v("a"), v("b")));
+        assert_eq!(min_max(&[None, v("a")]), (None, v("a")));
+    }
 }

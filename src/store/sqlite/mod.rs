@@ -232,7 +232,7 @@ impl Drop for SqliteStore {
 
 fn need_meta(outcome: writer::Done) -> Result<TrajectoryMeta, StoreError> {
     match outcome {
-        writer::Done::Meta(m) => Ok(m),
+        writer::Done::Meta(m) => Ok(*m),
         _ => Err(StoreError::Task("writer returned no trajectory".into())),
     }
 }

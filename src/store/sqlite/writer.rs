@@ -57,7 +57,7 @@ pub(crate) enum Op {
 #[derive(Debug)]
 pub(crate) enum Done {
     Appended,
-    Meta(TrajectoryMeta),
+    Meta(Box<TrajectoryMeta>),
     /// Trajectories marked incomplete when a run began.
     Marked(u64),
     Leased(Lease),
@@ -173,9 +173,10 @@ fn apply(conn: &Connection, op: &Op, now: i64) -> Outcome {
             call,
             reward,
             extra,
-        } => set_reward(conn, trajectory, *call, *reward, extra.as_ref(), now).map(Done::Meta),
+        } => set_reward(conn, trajectory, *call, *reward, extra.as_ref(), now)
+            .map(|m| Done::Meta(Box::new(m))),
         Op::Metadata { trajectory, update } => {
-            set_metadata(conn, trajectory, update, now).map(Done::Meta)
+            set_metadata(conn, trajectory, update, now).map(|m| Done::Meta(Box::new(m)))
         }
         Op::Replays {
             trajectory,
@@ -190,7 +191,7 @@ fn apply(conn: &Connection, op: &Op, now: i64) -> Outcome {
         Op::Ack { consumer, cursor } => {
             consumers::ack(conn, consumer, cursor, now).map(Done::Acked)
         }
-        Op::Finish { trajectory } => finish(conn, trajectory, now).map(Done::Meta),
+        Op::Finish { trajectory } => finish(conn, trajectory, now).map(|m| Done::Meta(Box::new(m))),
         Op::BeginRun { queued } => begin_run(conn, *queued, now).map(Done::Marked),
     }
 }

@@ -1,0 +1,168 @@
+//! The columns of each layout, in file order: one table that both encoders
+//! ([`super::jsonl`], [`super::parquet`]) walk, so a column has the same
+//! name and value in JSONL and Parquet.
+//!
+//! `trajectory` / `per_call` use tito's names (`prompt_ids`, `response_ids`,
+//! `response_logprobs`, ...). `verl` uses the keys of verl's `DataProto` as its
+//! agent loop produces them: tensors `prompts`, `responses`, `response_mask`,
+//! `input_ids`, `attention_mask`, `position_ids`, `rollout_log_probs`,
+//! `rm_scores`; non-tensor `uid`, `data_source`, `index`, `extra_info`,
+//! `reward_extra_info`, `__num_turns__`; then tito's provenance columns.
+
+use super::{ExportRow, Layout};
+
+/// One row's value in one column.
+pub enum Cell<'a> {
+    Str(&'a str),
+    OptStr(Option<&'a str>),
+    I32(i32),
+    OptI64(Option<i64>),
+    Bool(bool),
+    OptF64(Option<f64>),
+    Ids(&'a [u32]),
+    Mask(&'a [u8]),
+    Floats(&'a [f32]),
+    OptFloats(&'a [Option<f32>]),
+    OptStrs(&'a [Option<String>]),
+    /// JSON in JSONL, its text in Parquet.
+    Json(Option<&'a serde_json::Value>),
+}
+
+/// Physical type of a column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Str,
+    OptStr,
+    I32,
+    OptI64,
+    Bool,
+    OptF64,
+    /// list<int32> (ids, masks, positions).
+    ListI32,
+    /// list<float>, no nulls.
+    ListF32,
+    /// list<float> with optional elements (missing logprobs).
+    ListOptF32,
+    /// list<string> with optional elements (weight versions).
+    ListOptStr,
+    /// Optional UTF-8 JSON text.
+    Json,
+}
+
+pub type Getter = for<'a> fn(&'a ExportRow) -> Cell<'a>;
+
+pub struct ColumnDef {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub get: Getter,
+}
+
+fn col(name: &'static str, kind: Kind, get: Getter) -> ColumnDef {
+    ColumnDef { name, kind, get }
+}
+
+fn verl<T>(row: &ExportRow, f: impl Fn(&super::VerlColumns) -> &[T]) -> &[T] {
+    row.verl.as_ref().map(f).unwrap_or(&[])
+}
+
+/// Columns describing where a row came from, shared by every layout.
+fn provenance() -> Vec<ColumnDef> {
+    use Kind::*;
+    vec![
+        col("weight_version", OptStr, |r| {
+            Cell::OptStr(r.weight_version.as_deref())
+        }),
+        col("weight_versions", ListOptStr, |r| {
+            Cell::OptStrs(&r.weight_versions)
+        }),
+        col("call_offsets", ListI32, |r| Cell::Ids(&r.call_offsets)),
+        col("min_weight_version", OptStr, |r| {
+            Cell::OptStr(r.min_weight_version.as_deref())
+        }),
+        col("max_weight_version", OptStr, |r| {
+            Cell::OptStr(r.max_weight_version.as_deref())
+        }),
+        col("tokenizer_sha256", Str, |r| Cell::Str(&r.tokenizer_sha256)),
+        col("template_sha256", Str, |r| Cell::Str(&r.template_sha256)),
+        col("finish_reason", Str, |r| Cell::Str(&r.finish_reason)),
+        col("truncated", Bool, |r| Cell::Bool(r.truncated)),
+        col("incomplete", Bool, |r| Cell::Bool(r.incomplete)),
+        col("replay_max_abs_diff", OptF64, |r| {
+            Cell::OptF64(r.replay_max_abs_diff)
+        }),
+        col("replay_mean_abs_diff", OptF64, |r| {
+            Cell::OptF64(r.replay_mean_abs_diff)
+        }),
+    ]
+}
+
+/// The columns of a layout, in file order.
+pub fn columns(layout: Layout) -> Vec<ColumnDef> {
+    use Kind::*;
+    let mut cols = Vec::new();
+    if layout == Layout::Verl {
+        cols.extend([
+            col("prompts", ListI32, |r| Cell::Ids(&r.prompt_ids)),
+            col("responses", ListI32, |r| Cell::Ids(&r.response_ids)),
+            col("response_mask", ListI32, |r| Cell::Mask(&r.response_mask)),
+            col("input_ids", ListI32, |r| {
+                Cell::Ids(verl(r, |v| &v.input_ids))
+            }),
+            col("attention_mask", ListI32, |r| {
+                Cell::Mask(verl(r, |v| &v.attention_mask))
+            }),
+            col("position_ids", ListI32, |r| {
+                Cell::Ids(verl(r, |v| &v.position_ids))
+            }),
+            col("rollout_log_probs", ListOptF32, |r| {
+                Cell::OptFloats(&r.response_logprobs)
+            }),
+            col("rm_scores", ListF32, |r| {
+                Cell::Floats(verl(r, |v| &v.rm_scores))
+            }),
+            col("uid", Str, |r| Cell::Str(r.uid())),
+            col("data_source", OptStr, |r| {
+                Cell::OptStr(r.data_source.as_deref())
+            }),
+            col("index", OptI64, |r| Cell::OptI64(r.index)),
+            col("extra_info", Json, |r| Cell::Json(r.extra_info.as_ref())),
+            col("reward_extra_info", Json, |r| {
+                Cell::Json(r.reward_extra_info.as_ref())
+            }),
+            col("__num_turns__", I32, |r| Cell::I32(r.num_turns as i32)),
+            col("trajectory_id", Str, |r| Cell::Str(&r.trajectory_id)),
+            col("sample", I32, |r| Cell::I32(r.sample as i32)),
+            col("reward", OptF64, |r| Cell::OptF64(r.reward)),
+        ]);
+        cols.extend(provenance());
+        return cols;
+    }
+    cols.extend([
+        col("trajectory_id", Str, |r| Cell::Str(&r.trajectory_id)),
+        col("sample", I32, |r| Cell::I32(r.sample as i32)),
+    ]);
+    if layout == Layout::PerCall {
+        cols.push(col("call", I32, |r| Cell::I32(r.call.unwrap_or(0) as i32)));
+    }
+    cols.extend([
+        col("prompt_ids", ListI32, |r| Cell::Ids(&r.prompt_ids)),
+        col("response_ids", ListI32, |r| Cell::Ids(&r.response_ids)),
+        col("response_mask", ListI32, |r| Cell::Mask(&r.response_mask)),
+        col("response_logprobs", ListOptF32, |r| {
+            Cell::OptFloats(&r.response_logprobs)
+        }),
+        col("reward", OptF64, |r| Cell::OptF64(r.reward)),
+        col("reward_extra_info", Json, |r| {
+            Cell::Json(r.reward_extra_info.as_ref())
+        }),
+        col("num_turns", I32, |r| Cell::I32(r.num_turns as i32)),
+        col("group", OptStr, |r| Cell::OptStr(r.group.as_deref())),
+        col("data_source", OptStr, |r| {
+            Cell::OptStr(r.data_source.as_deref())
+        }),
+        col("index", OptI64, |r| Cell::OptI64(r.index)),
+        col("extra_info", Json, |r| Cell::Json(r.extra_info.as_ref())),
+    ]);
+    cols.extend(provenance());
+    cols
+}
