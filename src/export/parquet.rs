@@ -86,32 +86,53 @@ fn schema_text(cols: &[Column]) -> String {
     s
 }
 
-/// Appends one list to (values, def, rep). Definition levels: 0 for an
-/// empty list (one level pair, no value); for an element, `full` when `f`
-/// gives a value and one less when it gives none (a null element of a list
-/// of OPTIONAL elements, max level 2; REQUIRED elements, max level 1, always
-/// have a value). Repetition level 0 starts the row.
-fn push_list<T: Copy, U>(
+/// Appends the levels of one list of `n` elements: repetition level 0
+/// starts the row, 1 continues it; an empty list is one level pair with
+/// definition level 0 and no value.
+fn push_levels(def: &mut Vec<i16>, rep: &mut Vec<i16>, n: usize) -> bool {
+    rep.push(0);
+    if n == 0 {
+        def.push(0);
+        return false;
+    }
+    rep.resize(rep.len() + n - 1, 1);
+    true
+}
+
+/// Appends one list of REQUIRED elements (definition level 1 each).
+fn push_required<T: Copy, U>(
     vals: &mut Vec<U>,
     def: &mut Vec<i16>,
     rep: &mut Vec<i16>,
     xs: &[T],
-    full: i16,
+    f: impl Fn(T) -> U,
+) -> usize {
+    if push_levels(def, rep, xs.len()) {
+        def.resize(def.len() + xs.len(), 1);
+        vals.extend(xs.iter().map(|x| f(*x)));
+    }
+    xs.len()
+}
+
+/// Appends one list of OPTIONAL elements: definition level 2 where `f`
+/// gives a value, 1 for a null element.
+fn push_optional<T: Copy, U>(
+    vals: &mut Vec<U>,
+    def: &mut Vec<i16>,
+    rep: &mut Vec<i16>,
+    xs: &[T],
     f: impl Fn(T) -> Option<U>,
 ) -> usize {
-    if xs.is_empty() {
-        def.push(0);
-        rep.push(0);
-        return 0;
-    }
-    for (i, x) in xs.iter().enumerate() {
-        rep.push(i16::from(i > 0));
-        match f(*x) {
-            Some(v) => {
-                def.push(full);
-                vals.push(v);
+    if push_levels(def, rep, xs.len()) {
+        def.reserve(xs.len());
+        for x in xs {
+            match f(*x) {
+                Some(v) => {
+                    def.push(2);
+                    vals.push(v);
+                }
+                None => def.push(1),
             }
-            None => def.push(full - 1),
         }
     }
     xs.len()
@@ -154,18 +175,18 @@ impl Column {
                 None => d.push(0),
             },
             (Buf::ListI32(v, d, r), Cell::Ids(xs)) => {
-                return push_list(v, d, r, xs, 1, |x| Some(x as i32))
+                return push_required(v, d, r, xs, |x| x as i32)
             }
             (Buf::ListI32(v, d, r), Cell::Mask(xs)) => {
-                return push_list(v, d, r, xs, 1, |x| Some(i32::from(x)))
+                return push_required(v, d, r, xs, i32::from)
             }
-            (Buf::ListF32(v, d, r), Cell::Floats(xs)) => return push_list(v, d, r, xs, 1, Some),
+            (Buf::ListF32(v, d, r), Cell::Floats(xs)) => return push_required(v, d, r, xs, |x| x),
             (Buf::ListOptF32(v, d, r), Cell::OptFloats(xs)) => {
-                return push_list(v, d, r, xs, 2, |x| x)
+                return push_optional(v, d, r, xs, |x| x)
             }
             (Buf::ListOptStr(v, d, r), Cell::OptStrs(xs)) => {
                 let refs: Vec<Option<&str>> = xs.iter().map(Option::as_deref).collect();
-                return push_list(v, d, r, &refs, 2, |x| x.map(text));
+                return push_optional(v, d, r, &refs, |x| x.map(text));
             }
             // `columns` pairs every getter with its buffer shape.
             _ => {}
