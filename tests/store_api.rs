@@ -296,7 +296,7 @@ async fn export_writes_missing_logprobs_as_nulls() {
         .collect();
     assert_eq!(lines.len(), 3);
     for l in &lines {
-        let lp = l["response_logprobs"].as_array().expect("logprobs");
+        let lp = l["rollout_log_probs"].as_array().expect("logprobs");
         assert_eq!(lp.len(), 32);
         assert!(lp.iter().all(Value::is_null), "{lp:?}");
     }
@@ -318,10 +318,10 @@ async fn export_writes_missing_logprobs_as_nulls() {
         let row = row.expect("row");
         let (_, lp) = row
             .get_column_iter()
-            .find(|(name, _)| name.as_str() == "response_logprobs")
+            .find(|(name, _)| name.as_str() == "rollout_log_probs")
             .expect("column");
         let Field::ListInternal(lp) = lp else {
-            panic!("response_logprobs is {lp:?}");
+            panic!("rollout_log_probs is {lp:?}");
         };
         assert_eq!(lp.len(), 32);
         assert!(lp.elements().iter().all(|f| *f == Field::Null), "{lp:?}");
