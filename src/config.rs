@@ -52,13 +52,37 @@ pub struct Config {
     pub store: StoreConfig,
     #[serde(default)]
     pub trajectory: TrajectoryConfig,
+    #[serde(default)]
+    pub auth: AuthConfig,
+    /// `tito serve --insecure-open`: serve a non-loopback address with a
+    /// role left open. Not a file key.
+    #[serde(skip)]
+    pub insecure_open: bool,
+}
+
+/// `[auth]`: Bearer tokens per role; an empty role is open. Each `*_file`
+/// names a file of tokens, one per line (blank lines and `#` comments
+/// ignored), read at start-up, so secrets can stay out of config.toml.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct AuthConfig {
+    /// `/v1/chat/completions`, `/v1/completions`, `/v1/models`.
+    pub api_keys: Vec<String>,
+    pub api_keys_file: Option<PathBuf>,
+    /// `/v1/trajectories*`, `/v1/groups/*`, `/v1/export*`.
+    pub trainer_tokens: Vec<String>,
+    pub trainer_tokens_file: Option<PathBuf>,
+    /// `/admin/*` (also accepted on the trainer's routes).
+    pub admin_tokens: Vec<String>,
+    pub admin_tokens_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ServerConfig {
     pub listen: String,
-    /// When non-empty: required as `Authorization: Bearer` for /admin/* and export.
+    /// Deprecated (use `[auth] admin_tokens`): when non-empty, accepted as an
+    /// admin and a trainer token.
     pub admin_token: String,
     pub max_body_bytes: usize,
 }
@@ -357,6 +381,19 @@ impl Config {
                 self.server.max_body_bytes,
                 "must be at least 1024",
             ));
+        }
+        for (key, tokens) in [
+            ("auth.api_keys", &self.auth.api_keys),
+            ("auth.trainer_tokens", &self.auth.trainer_tokens),
+            ("auth.admin_tokens", &self.auth.admin_tokens),
+        ] {
+            if let Some(bad) = tokens.iter().find(|t| !crate::api::auth::usable_token(t)) {
+                return Err(invalid(
+                    key,
+                    crate::api::auth::redacted(bad),
+                    "a token is 8 to 4096 printable ASCII characters without spaces",
+                ));
+            }
         }
         if self.model.name.trim().is_empty() {
             return Err(invalid("model.name", &self.model.name, "must not be empty"));

@@ -28,6 +28,10 @@ enum Command {
     Serve {
         #[arg(long, default_value = "config.toml", env = "TITO_CONFIG")]
         config: PathBuf,
+        /// Serve a non-loopback address although the trainer or admin role
+        /// has no token (anyone reaching the port can read all data).
+        #[arg(long)]
+        insecure_open: bool,
     },
     /// Export trajectories from the span store to a file (offline).
     Export {
@@ -98,7 +102,10 @@ async fn main() -> ExitCode {
     let cli = Cli::parse();
     init_tracing();
     let result = match cli.command {
-        Command::Serve { config } => run_serve(&config).await,
+        Command::Serve {
+            config,
+            insecure_open,
+        } => run_serve(&config, insecure_open).await,
         Command::Export {
             config,
             format,
@@ -158,8 +165,9 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run_serve(path: &std::path::Path) -> anyhow::Result<()> {
-    let config = tito::Config::load(path)?;
+async fn run_serve(path: &std::path::Path, insecure_open: bool) -> anyhow::Result<()> {
+    let mut config = tito::Config::load(path)?;
+    config.insecure_open = insecure_open;
     tito::serve(config, shutdown_signal()).await
 }
 

@@ -1,16 +1,14 @@
 //! Admin routes: backend status, runtime add/remove, sleep / wake-up and
 //! weight updates fanned out to every backend, with per-backend results
-//! (partial failures are reported, not hidden). Guarded by
-//! `server.admin_token` (a Bearer token compared in constant time), which
-//! also guards the export route.
+//! (partial failures are reported, not hidden). Guarded by the admin role
+//! (see [`super::auth`]).
 
 use std::sync::RwLock;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, Request, State};
-use axum::http::{HeaderMap, StatusCode};
-use axum::middleware::Next;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
@@ -23,18 +21,15 @@ use crate::config::{BackendConfig, BackendKind};
 use crate::error::ApiError;
 use crate::router::BackendId;
 
-/// Operational state: the admin token and the current weight version.
+/// Operational state: the current weight version.
+#[derive(Default)]
 pub struct Ops {
-    token: String,
     weight_version: RwLock<Option<String>>,
 }
 
 impl Ops {
-    pub fn new(token: &str) -> Self {
-        Ops {
-            token: token.to_string(),
-            weight_version: RwLock::new(None),
-        }
+    pub fn new() -> Self {
+        Self::default()
     }
 
     pub fn weight_version(&self) -> Option<String> {
@@ -48,37 +43,6 @@ impl Ops {
         if let Ok(mut g) = self.weight_version.write() {
             *g = Some(v);
         }
-    }
-
-    /// True when no token is configured or the header carries it.
-    fn authorized(&self, headers: &HeaderMap) -> bool {
-        if self.token.is_empty() {
-            return true;
-        }
-        let given = headers
-            .get("authorization")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or_default();
-        constant_time_eq(given.as_bytes(), self.token.as_bytes())
-    }
-}
-
-/// Compares without an early exit on the first differing byte.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    let mut diff = (a.len() ^ b.len()) as u8 | u8::from(a.len() != b.len());
-    for i in 0..a.len().max(b.len()) {
-        diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
-    }
-    diff == 0
-}
-
-/// Middleware for admin and export routes.
-pub async fn require_token(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    if state.ops.authorized(req.headers()) {
-        next.run(req).await
-    } else {
-        ApiError::unauthorized().into_response()
     }
 }
 
@@ -280,17 +244,4 @@ async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response,
         Json(json!({"ok": ok, "version": w.version, "backends": items})),
     )
         .into_response())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::constant_time_eq;
-
-    #[test]
-    fn token_compare() {
-        assert!(constant_time_eq(b"secret", b"secret"));
-        assert!(!constant_time_eq(b"secret", b"secreT"));
-        assert!(!constant_time_eq(b"secret", b"secret2"));
-        assert!(!constant_time_eq(b"", b"x"));
-    }
 }

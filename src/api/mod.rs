@@ -5,6 +5,7 @@
 //! templates or speak backend wire formats itself (see `render`, `backend`).
 
 mod admin;
+pub mod auth;
 mod chat;
 mod completions;
 pub mod export;
@@ -48,6 +49,8 @@ pub struct AppState {
     pub trajectories: Arc<Trajectories>,
     pub calls: Arc<Calls>,
     pub store: StoreState,
+    /// Tokens per role.
+    pub auth: Arc<auth::Auth>,
     /// Unix seconds when this state was built: the model's `created`.
     pub started: u64,
 }
@@ -119,7 +122,8 @@ impl AppState {
         Ok(AppState {
             started: unix_now(),
             calls,
-            ops: Arc::new(admin::Ops::new(&config.server.admin_token)),
+            ops: Arc::new(admin::Ops::new()),
+            auth: Arc::new(auth::Auth::from_config(&config)?),
             config: Arc::new(config),
             renderer,
             router,
@@ -437,22 +441,25 @@ fn v1_routes() -> axum::Router<AppState> {
 pub fn build_app(state: AppState) -> axum::Router {
     crate::metrics::init();
     let limit = state.config.server.max_body_bytes;
-    let guarded =
-        admin::routes()
-            .merge(export::routes())
-            .route_layer(axum::middleware::from_fn_with_state(
-                state.clone(),
-                admin::require_token,
-            ));
+    let role = |r: auth::Role| {
+        axum::middleware::from_fn_with_state((state.auth.clone(), r), auth::require)
+    };
+    let openai = axum::Router::new()
+        .merge(v1_routes())
+        .nest("/t/{tid}", v1_routes())
+        .nest("/g/{gid}/t/{tid}", v1_routes())
+        .route_layer(role(auth::Role::Api));
+    let trainer = trajectories::routes()
+        .merge(export::routes())
+        .route_layer(role(auth::Role::Trainer));
+    let admin = admin::routes().route_layer(role(auth::Role::Admin));
     let metrics = axum::Router::new()
         .route("/metrics", get(crate::metrics::render))
         .with_state(state.router.clone());
     axum::Router::new()
-        .merge(v1_routes())
-        .nest("/t/{tid}", v1_routes())
-        .nest("/g/{gid}/t/{tid}", v1_routes())
-        .merge(trajectories::routes())
-        .merge(guarded)
+        .merge(openai)
+        .merge(trainer)
+        .merge(admin)
         .route("/health", get(health))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -502,6 +509,14 @@ pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    // Before anything is loaded or bound: an exposed gateway without tokens
+    // does not start.
+    auth::check_exposure(&config, &auth::Auth::from_config(&config)?)?;
+    if !config.server.admin_token.is_empty() {
+        tracing::warn!(
+            "server.admin_token is deprecated and will be removed: move it to [auth] admin_tokens"
+        );
+    }
     let renderer = Renderer::load(&config.model)?;
     let backends = build_backends(&config)?;
     let store = crate::store::open_with(&config.store.url, config.store.ack)?;
