@@ -85,6 +85,8 @@ pub struct ServerConfig {
     /// admin and a trainer token.
     pub admin_token: String,
     pub max_body_bytes: usize,
+    /// Most sequences one request may start (prompts × n).
+    pub max_sequences_per_request: u32,
 }
 
 impl Default for ServerConfig {
@@ -93,6 +95,7 @@ impl Default for ServerConfig {
             listen: "127.0.0.1:8000".into(),
             admin_token: String::new(),
             max_body_bytes: 16 * 1024 * 1024,
+            max_sequences_per_request: 256,
         }
     }
 }
@@ -373,6 +376,13 @@ impl Config {
                 "server.listen",
                 &self.server.listen,
                 "expected host:port, e.g. 127.0.0.1:8000",
+            ));
+        }
+        if self.server.max_sequences_per_request == 0 {
+            return Err(invalid(
+                "server.max_sequences_per_request",
+                self.server.max_sequences_per_request,
+                "must be at least 1",
             ));
         }
         if self.server.max_body_bytes < 1024 {

@@ -249,3 +249,64 @@ async fn unknown_route_is_openai_404() {
     let (s, _) = error_of(r).await;
     assert_eq!(s, 404);
 }
+
+/// One request's work is bounded: prompts × n, stop token ids and stop
+/// strings are capped before anything reaches a backend, and the gateway
+/// keeps serving.
+#[tokio::test]
+async fn oversized_requests_are_refused_before_any_backend_call() {
+    let mock = MockVllm::start(Scripted::ids(vec![72, IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let prompts: Vec<Vec<u32>> = (0..256).map(|_| vec![72, 105]).collect();
+    let cases = [
+        ("/v1/completions", json!({"prompt": prompts, "n": 64}), "n"),
+        (
+            "/v1/completions",
+            json!({"prompt": [[72, 105], [72, 105]], "n": 129}),
+            "n",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}],
+                   "stop_token_ids": (0..10_000).collect::<Vec<u32>>()}),
+            "stop_token_ids",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}],
+                   "stop_token_ids": [u32::MAX]}),
+            "stop_token_ids",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}],
+                   "stop": ["x".repeat(2000)]}),
+            "stop",
+        ),
+    ];
+    for (path, body, param) in cases {
+        let (s, e) = error_of(g.post(path, body).await).await;
+        assert_eq!((s, e["param"].as_str()), (400, Some(param)), "{e}");
+    }
+    let (s, e) = error_of(
+        g.client
+            .get(g.url("/v1/export?layout=verl&prompt_length=1000000000&response_length=8"))
+            .send()
+            .await
+            .expect("send"),
+    )
+    .await;
+    assert_eq!(s, 400, "{e}");
+    assert!(
+        mock.log().iter().all(|l| l != "/v1/completions"),
+        "no backend call"
+    );
+    // Still serving.
+    let r = g
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+}

@@ -71,13 +71,16 @@ async fn handle(
         req.trajectory_metadata.as_ref(),
     )?;
     let logprobs_k = req.logprobs_k()?;
-    let (mut params, max_tokens) = req.sampling.validate(logprobs_k)?;
+    let (mut params, max_tokens) = req
+        .sampling
+        .validate(logprobs_k, state.renderer.vocab_size())?;
     params.structured = req.structured()?;
     let forced = req.forced_tools()?;
     if let Some((schema, _)) = &forced {
         params.structured = Some(crate::backend::StructuredOutput::JsonSchema(schema.clone()));
     }
     let n = req.sampling.n()?;
+    state.check_sequences(1, n)?;
     let shape = Shape {
         logprobs: logprobs_k.is_some(),
         token_ids: req.return_token_ids,

@@ -95,9 +95,12 @@ async fn handle(
         req.trajectory_group.as_deref(),
         req.trajectory_metadata.as_ref(),
     )?;
-    let (params, max_tokens) = req.sampling.validate(req.logprobs)?;
+    let (params, max_tokens) = req
+        .sampling
+        .validate(req.logprobs, state.renderer.vocab_size())?;
     let n = req.sampling.n()?;
     let prompts = prompt_ids(&state, &req)?;
+    state.check_sequences(prompts.len(), n)?;
     let shape = Shape {
         logprobs: req.logprobs.is_some(),
         token_ids: req.return_token_ids,

@@ -152,6 +152,23 @@ impl AppState {
         )
     }
 
+    /// A request starts `prompts × n` sequences: bounded by
+    /// `[server] max_sequences_per_request`.
+    fn check_sequences(&self, prompts: usize, n: u32) -> Result<(), ApiError> {
+        let limit = self.config.server.max_sequences_per_request;
+        let asked = prompts.saturating_mul(n as usize);
+        if asked > limit as usize {
+            return Err(ApiError::invalid(
+                "n",
+                format!(
+                    "this request asks for {asked} sequences ({prompts} prompts × n = {n}); \
+                     the limit is {limit} (server.max_sequences_per_request)"
+                ),
+            ));
+        }
+        Ok(())
+    }
+
     fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
         match model {
             Some(m) if m != self.config.model.name => Err(ApiError::model_not_found(m)),

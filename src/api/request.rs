@@ -101,6 +101,9 @@ pub struct SamplingFields {
 
 pub const MAX_N: u32 = 64;
 pub const MAX_STOP_STRINGS: usize = 16;
+/// Longest stop string, in bytes.
+pub const MAX_STOP_BYTES: usize = 1024;
+pub const MAX_STOP_TOKEN_IDS: usize = 256;
 pub const MAX_TOP_LOGPROBS: u32 = 20;
 
 impl SamplingFields {
@@ -109,6 +112,7 @@ impl SamplingFields {
     pub fn validate(
         &self,
         logprobs: Option<u32>,
+        vocab_size: u32,
     ) -> Result<(SamplingParams, Option<u32>), ApiError> {
         fn range(param: &str, v: Option<f32>, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
             match v {
@@ -161,6 +165,33 @@ impl SamplingFields {
         if stop.iter().any(String::is_empty) {
             return Err(ApiError::invalid("stop", "stop strings must not be empty"));
         }
+        if let Some(long) = stop.iter().find(|s| s.len() > MAX_STOP_BYTES) {
+            return Err(ApiError::invalid(
+                "stop",
+                format!(
+                    "a stop string is at most {MAX_STOP_BYTES} bytes, got one of {}",
+                    long.len()
+                ),
+            ));
+        }
+        let mut stop_token_ids = self.stop_token_ids.clone().unwrap_or_default();
+        if stop_token_ids.len() > MAX_STOP_TOKEN_IDS {
+            return Err(ApiError::invalid(
+                "stop_token_ids",
+                format!(
+                    "at most {MAX_STOP_TOKEN_IDS} stop token ids are allowed, got {}",
+                    stop_token_ids.len()
+                ),
+            ));
+        }
+        if let Some(bad) = stop_token_ids.iter().find(|id| **id >= vocab_size) {
+            return Err(ApiError::invalid(
+                "stop_token_ids",
+                format!("stop token id {bad} is out of range (vocabulary size {vocab_size})"),
+            ));
+        }
+        stop_token_ids.sort_unstable();
+        stop_token_ids.dedup();
         let max_tokens = self.max_completion_tokens.or(self.max_tokens);
         if max_tokens == Some(0) {
             let param = if self.max_completion_tokens.is_some() {
@@ -185,7 +216,7 @@ impl SamplingFields {
             frequency_penalty,
             repetition_penalty,
             stop,
-            stop_token_ids: self.stop_token_ids.clone().unwrap_or_default(),
+            stop_token_ids,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             logprobs,
         };
@@ -674,16 +705,29 @@ mod tests {
             r#"{"max_tokens": 0}"#,
             r#"{"presence_penalty": -5}"#,
             r#"{"stop": [""]}"#,
+            r#"{"stop_token_ids": [1000]}"#,
         ];
-        for b in bad {
+        let mut bad: Vec<String> = bad.iter().map(|b| b.to_string()).collect();
+        bad.push(format!(
+            r#"{{"stop": ["{}"]}}"#,
+            "x".repeat(MAX_STOP_BYTES + 1)
+        ));
+        let ids: Vec<u32> = (0..=MAX_STOP_TOKEN_IDS as u32).collect();
+        bad.push(serde_json::json!({ "stop_token_ids": ids }).to_string());
+        for b in &bad {
             let f: SamplingFields = serde_json::from_str(b).expect("parses");
-            assert!(f.validate(None).is_err(), "{b} should be rejected");
+            assert!(f.validate(None, 1000).is_err(), "{b} should be rejected");
         }
+        // Duplicates are kept once.
+        let f: SamplingFields =
+            serde_json::from_str(r#"{"stop_token_ids": [7, 3, 7, 3]}"#).expect("parses");
+        let (p, _) = f.validate(None, 1000).expect("valid");
+        assert_eq!(p.stop_token_ids, [3, 7]);
         let f: SamplingFields = serde_json::from_str(
             r#"{"temperature": 0.7, "stop": "x", "max_completion_tokens": 5}"#,
         )
         .expect("ok");
-        let (p, max) = f.validate(Some(2)).expect("valid");
+        let (p, max) = f.validate(Some(2), 1000).expect("valid");
         assert_eq!(p.stop, vec!["x".to_string()]);
         assert_eq!(max, Some(5));
         assert_eq!(p.logprobs, Some(2));
@@ -727,7 +771,7 @@ mod tests {
         assert!(!r.stream && !r.logprobs);
         assert_eq!(r.sampling.max_tokens, Some(4));
         assert_eq!(r.sampling.n, Some(2));
-        let (p, max) = r.sampling.validate(None).expect("valid");
+        let (p, max) = r.sampling.validate(None, 1000).expect("valid");
         assert_eq!(max, Some(4));
         assert_eq!(p.seed, Some((-3i64) as u64));
         assert!(p.top_p.is_some_and(|t| t > 0.0 && t < 1e-30));
