@@ -56,7 +56,9 @@ def start_mock(reply_ids, script=None, structured_reply_ids=None):
     return _start(cmd, r"listening on (\S+)")
 
 
-def start_tito(tokenizer_dir, backend_url, model="test-model"):
+def start_tito(tokenizer_dir, backend_url, model="test-model", extra_config=""):
+    """`extra_config`: TOML appended to the generated config (e.g. an
+    `[auth]` table)."""
     tmp = tempfile.mkdtemp(prefix="tito-test-")
     cfg = pathlib.Path(tmp) / "config.toml"
     cfg.write_text(
@@ -71,6 +73,7 @@ url = "{backend_url}"
 kind = "vllm"
 [store]
 url = "sqlite://{tmp}/spans.db"
+{extra_config}
 """
     )
     exe = TARGET / "debug" / "tito"
@@ -100,13 +103,14 @@ def start_tito_with_default_config():
 
 
 @contextlib.contextmanager
-def mock_gateway(tokenizer_dir, reply_ids, script=None, structured_reply_ids=None):
+def mock_gateway(tokenizer_dir, reply_ids, script=None, structured_reply_ids=None, extra_config=""):
     """`tito serve` in front of a mock backend (see `start_mock`); yields
-    tito's address and stops both on exit."""
+    tito's address and stops both on exit. `extra_config` as for
+    `start_tito`."""
     build()
     mock, mock_addr = start_mock(reply_ids, script=script, structured_reply_ids=structured_reply_ids)
     try:
-        tito, addr = start_tito(tokenizer_dir, f"http://{mock_addr}")
+        tito, addr = start_tito(tokenizer_dir, f"http://{mock_addr}", extra_config=extra_config)
     except BaseException:
         mock.terminate()
         mock.wait(timeout=30)
