@@ -49,6 +49,7 @@ fn call(traj: &str, i: u32) -> CallRecord {
         reward: None,
         truncated: false,
         normalized: Vec::new(),
+        request_of: None,
     }
 }
 

@@ -37,6 +37,7 @@ fn call(traj: &str, i: u32, delta: u32, sampled: u32) -> CallRecord {
         reward: None,
         truncated: false,
         normalized: Vec::new(),
+        request_of: None,
     }
 }
 

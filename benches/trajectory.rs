@@ -83,7 +83,7 @@ async fn main() {
             moved_from: None,
             parse_outcome: None,
         };
-        traj.commit(&ctx, &prepared, &[outcome])
+        traj.commit(&ctx, &prepared, &[outcome], None)
             .await
             .expect("commit");
         messages.push(json!({"role": "assistant", "content": reply}));

@@ -36,6 +36,7 @@ fn call(traj: &str, i: u32, parent: Option<u32>, delta: Vec<u32>, sampled: Vec<u
         reward: None,
         truncated: false,
         normalized: Vec::new(),
+        request_of: None,
     }
 }
 

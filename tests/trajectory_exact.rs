@@ -341,3 +341,68 @@ async fn history_continues_exactly_after_a_restart() {
     assert_eq!(t["calls"][1]["parent_call"], 0);
     assert_eq!(t["calls"][1]["drift"]["cause"], "bpe_retokenization");
 }
+
+/// One HTTP request stores its body once: the other calls it started point
+/// at it, and a branch continued on a fresh gateway (history rebuilt from
+/// the store) still finds the messages it extends.
+#[tokio::test]
+async fn a_request_body_is_stored_once_per_request() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("spans.db");
+    let store = tito::store::open(&format!("sqlite://{}", path.display())).expect("store");
+    let renderer = tito::render::testing::chatml_renderer();
+    let first =
+        common::start_gateway_on(config(&[mock.url()], ""), renderer.clone(), store.clone()).await;
+    for word in ["Aa", "Bb", "Cc"] {
+        mock.push(Scripted::ids([bytes_of(word), vec![IM_END]].concat()));
+    }
+    let m1 = json!([{"role": "user", "content": "hi"}]);
+    let r = first
+        .post("/t/n3/v1/chat/completions", json!({"messages": m1, "n": 3}))
+        .await;
+    assert_eq!(r.status(), 200);
+    let answer: Value = r.json().await.expect("json");
+    // /v1/completions: 2 prompts x n 2 on another trajectory.
+    let r = first
+        .post(
+            "/t/p2/v1/completions",
+            json!({"prompt": [[72, 105], [72, 106]], "n": 2, "max_tokens": 2}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let conn = rusqlite::Connection::open(&path).expect("raw");
+    let rows: Vec<(String, i64, String, Option<i64>)> = conn
+        .prepare(
+            "SELECT t.id, c.call_index, c.request, c.request_of FROM calls c \
+             JOIN trajectories t ON t.seq = c.traj ORDER BY t.seq, c.call_index",
+        )
+        .expect("prepare")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)))
+        .expect("query")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert_eq!(rows.len(), 7);
+    for (id, n) in [("n3", 3), ("p2", 4)] {
+        let mine: Vec<_> = rows.iter().filter(|r| r.0 == id).collect();
+        assert_eq!(mine.len(), n, "{id}");
+        assert_ne!(mine[0].2, "null", "{id}: the first call holds the body");
+        assert_eq!(mine[0].3, None);
+        for r in &mine[1..] {
+            assert_eq!((r.2.as_str(), r.3), ("null", Some(0)), "{id}: {r:?}");
+        }
+    }
+    // Continue choice 2's branch from a gateway that rebuilds history from
+    // the store: its messages are found through `request_of`.
+    let second = common::start_gateway_on(config(&[mock.url()], ""), renderer, store).await;
+    mock.push(Scripted::ids(vec![b'k'.into(), IM_END]));
+    let reply = answer["choices"][2]["message"]["content"].clone();
+    assert_eq!(reply, "Cc");
+    let m2 = json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": reply},
+                    {"role": "user", "content": "more"}]);
+    chat(&second, "n3", &m2).await;
+    let t = trajectory(&second, "n3").await;
+    assert_eq!(t["calls"][3]["parent_call"], 2, "continues choice 2");
+    assert_eq!(t["calls"][3]["drift"], Value::Null);
+    assert_eq!(t["calls"][2]["request_of"], 0);
+}

@@ -389,6 +389,7 @@ impl Pump {
             .map(|c| c.result)
             .collect();
         // Choices are in global index order: plan pi holds pi*n .. pi*n + n.
+        let mut body_at = None;
         for (pi, plan) in self.plans.iter().enumerate() {
             let n = plan.n as usize;
             let Some(mine) = results.get_mut(pi * n..pi * n + n) else {
@@ -397,7 +398,9 @@ impl Pump {
             for r in mine.iter_mut() {
                 served::serve(&plan.output, r);
             }
-            record_plan(calls, plan, mine).await?;
+            // Every call of this request shares the body stored first.
+            let stored = record_plan(calls, plan, mine, body_at).await?;
+            body_at = body_at.or(stored);
         }
         Ok(Arc::new(Answer {
             request_id: self.request_id.clone(),
@@ -419,12 +422,14 @@ impl Pump {
     }
 }
 
-/// Commits one plan's choices to its trajectory; returns once durable.
+/// Commits one plan's choices to its trajectory; returns once durable, with
+/// the index of the call holding the request body when this plan stored it.
 async fn record_plan(
     calls: &Calls,
     plan: &CallPlan,
     results: &[ChoiceResult],
-) -> Result<(), ApiError> {
+    body_at: Option<u32>,
+) -> Result<Option<u32>, ApiError> {
     let outcomes: Vec<ChoiceOutcome> = results
         .iter()
         .map(|r| ChoiceOutcome {
@@ -438,9 +443,9 @@ async fn record_plan(
         })
         .collect();
     let start = Instant::now();
-    calls
+    let indices = calls
         .trajectories
-        .commit(&plan.ctx, &plan.prepared, &outcomes)
+        .commit(&plan.ctx, &plan.prepared, &outcomes, body_at)
         .await?;
     crate::metrics::store_commit(start.elapsed());
     let prepared = &plan.prepared;
@@ -460,5 +465,5 @@ async fn record_plan(
     if let Some(d) = &prepared.drift {
         crate::metrics::drift(&d.cause);
     }
-    Ok(())
+    Ok(indices.first().copied().filter(|_| body_at.is_none()))
 }

@@ -32,8 +32,8 @@ use async_trait::async_trait;
 
 pub use memory::MemoryStore;
 pub use sample::{
-    build_sample, find_call, full_prompt_ids, path_to, sample_leaves, samples, segments, Sample,
-    Segment, SegmentKind,
+    build_sample, find_call, full_prompt_ids, path_to, request_of, sample_leaves, samples,
+    segments, Sample, Segment, SegmentKind,
 };
 pub use sqlite::SqliteStore;
 pub use types::{
@@ -220,6 +220,12 @@ pub(crate) fn validate_call(call: &CallRecord) -> Result<(), StoreError> {
             call.call_index,
             call.logprobs.len(),
             call.sampled_ids.len()
+        )));
+    }
+    if call.request_of.is_some_and(|r| r >= call.call_index) {
+        return Err(StoreError::Invalid(format!(
+            "call {}: request_of {:?} must come before it",
+            call.call_index, call.request_of
         )));
     }
     if let Some(p) = call.parent_call {

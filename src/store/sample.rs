@@ -217,4 +217,20 @@ impl Trajectory {
     pub fn samples(&self) -> Result<Vec<Sample>, StoreError> {
         samples(self)
     }
+
+    /// The request body `call` was made with, following its `request_of`
+    /// (`Null` when the call holding it is not stored).
+    pub fn request_of<'a>(&'a self, call: &'a CallRecord) -> &'a serde_json::Value {
+        request_of(&self.calls, call)
+    }
+}
+
+/// The request body of `call` among `calls` (sorted by index), following
+/// its `request_of`.
+pub fn request_of<'a>(calls: &'a [CallRecord], call: &'a CallRecord) -> &'a serde_json::Value {
+    static NULL: serde_json::Value = serde_json::Value::Null;
+    match call.request_of {
+        None => &call.request,
+        Some(i) => find_call(calls, i).map_or(&NULL, |c| &c.request),
+    }
 }

@@ -73,7 +73,8 @@ pub struct CallRecord {
     /// each sampled token, `None` where it reported none.
     pub logprobs: Vec<Option<f32>>,
     pub finish_reason: String,
-    /// The request as received (messages + sampling params).
+    /// The request as received (messages + sampling params); `null` when
+    /// `request_of` points at the call that holds it.
     pub request: serde_json::Value,
     /// The message returned to the client.
     pub response: serde_json::Value,
@@ -93,6 +94,11 @@ pub struct CallRecord {
     /// (e.g. `developer_as_system`); `request` holds it as received.
     #[serde(default)]
     pub normalized: Vec<String>,
+    /// The calls one HTTP request started (its `n` choices, its prompts)
+    /// share one request body, stored with the first of them: the others
+    /// name that call here. See [`Trajectory::request_of`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_of: Option<u32>,
 }
 
 /// Summary row of a trajectory (no calls).

@@ -285,8 +285,7 @@ impl Trajectories {
             let parent = rec.parent_call.and_then(|p| by_index.get(&p).cloned());
             // The stored request is as received: normalize it as the live
             // call was, so history matches the same messages.
-            let messages = rec
-                .request
+            let messages = crate::store::request_of(&t.calls, rec)
                 .get("messages")
                 .and_then(Json::as_array)
                 .map(|m| {
@@ -367,6 +366,9 @@ impl Trajectories {
     }
 
     /// Records a finished call (one record per choice); returns once durable.
+    /// The request body is stored once: with the first choice, or not at all
+    /// when `request_of` names the call of the same HTTP request that holds
+    /// it; every other record points there.
     /// Choice 0 continues the parent's sample unless another call already did
     /// (then it branches into a new sample), further choices always branch.
     ///
@@ -378,6 +380,7 @@ impl Trajectories {
         ctx: &CallContext,
         prepared: &Prepared,
         choices: &[ChoiceOutcome],
+        mut request_of: Option<u32>,
     ) -> Result<Vec<u32>, TrajectoryError> {
         let state = self.state(&ctx.trajectory_id);
         let mut st = state.lock().await;
@@ -424,7 +427,10 @@ impl Trajectories {
                     .finish_reason
                     .map_or("stop", FinishReason::as_str)
                     .to_string(),
-                request: ctx.request.clone(),
+                request: match request_of {
+                    None => ctx.request.clone(),
+                    Some(_) => Json::Null,
+                },
                 response: choice.served.clone(),
                 drift: prepared.drift.clone(),
                 parse_outcome: choice.parse_outcome.clone(),
@@ -435,6 +441,7 @@ impl Trajectories {
                 reward: None,
                 truncated,
                 normalized: ctx.normalized.iter().map(|s| s.to_string()).collect(),
+                request_of,
             };
             match self.store.append_call(record).await {
                 Ok(()) => {}
@@ -459,6 +466,7 @@ impl Trajectories {
                 Err(e) => return Err(e.into()),
             }
             st.next_call += 1;
+            request_of = request_of.or(Some(call_index));
             if sample_index == st.next_sample {
                 st.next_sample += 1;
             }

@@ -39,6 +39,7 @@ pub fn call(
         reward: None,
         truncated: false,
         normalized: Vec::new(),
+        request_of: None,
     }
 }
 

@@ -121,7 +121,7 @@ pub(crate) fn meta_from_row(row: &Row<'_>) -> rusqlite::Result<(i64, TrajectoryM
 pub(crate) const CALL_COLS: &str = "call_index, sample_index, parent_call, backend, started_at, \
      finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, response, \
      drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, template_sha256, reward, \
-     truncated, normalized";
+     truncated, normalized, request_of";
 
 fn call_from_row(row: &Row<'_>, trajectory_id: &str) -> rusqlite::Result<CallRecord> {
     let drift: Option<String> = row.get(12)?;
@@ -155,6 +155,7 @@ fn call_from_row(row: &Row<'_>, trajectory_id: &str) -> rusqlite::Result<CallRec
         reward: row.get(18)?,
         truncated: row.get(19)?,
         normalized: json_opt_col(row, 20)?.unwrap_or_default(),
+        request_of: row.get(21)?,
     })
 }
 

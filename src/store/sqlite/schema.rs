@@ -97,6 +97,11 @@ const MIGRATIONS: &[&str] = &[
     ) WITHOUT ROWID;
     CREATE INDEX export_acks_cursor ON export_acks(consumer, cursor);
     "#,
+    // 6: one request body per HTTP request: the other calls it started name
+    // the call holding it (their `request` is the JSON text `null`).
+    r#"
+    ALTER TABLE calls ADD COLUMN request_of INTEGER;
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -265,8 +265,9 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             "INSERT INTO calls (traj, call_index, sample_index, parent_call, backend, started_at, \
              finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
              response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
-             template_sha256, reward, truncated, normalized) VALUES (?1, ?2, ?3, ?4, ?5, ?6, \
-             ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22)",
+             template_sha256, reward, truncated, normalized, request_of) VALUES (?1, ?2, ?3, ?4, \
+             ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, \
+             ?23)",
         )?
         .execute(params![
             seq,
@@ -292,6 +293,7 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             call.truncated,
             (!call.normalized.is_empty())
                 .then(|| serde_json::Value::from(call.normalized.clone()).to_string()),
+            call.request_of,
         ]);
     match inserted {
         Ok(_) => {}
@@ -455,6 +457,7 @@ mod tests {
             reward: None,
             truncated: false,
             normalized: Vec::new(),
+            request_of: None,
         }
     }
 
