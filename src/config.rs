@@ -87,6 +87,8 @@ pub struct ServerConfig {
     pub max_body_bytes: usize,
     /// Most sequences one request may start (prompts × n).
     pub max_sequences_per_request: u32,
+    /// OpenAI requests in flight (a stream until its end); beyond, 429.
+    pub max_concurrent_requests: u32,
 }
 
 impl Default for ServerConfig {
@@ -96,6 +98,7 @@ impl Default for ServerConfig {
             admin_token: String::new(),
             max_body_bytes: 16 * 1024 * 1024,
             max_sequences_per_request: 256,
+            max_concurrent_requests: 256,
         }
     }
 }
@@ -376,6 +379,13 @@ impl Config {
                 "server.listen",
                 &self.server.listen,
                 "expected host:port, e.g. 127.0.0.1:8000",
+            ));
+        }
+        if self.server.max_concurrent_requests == 0 {
+            return Err(invalid(
+                "server.max_concurrent_requests",
+                self.server.max_concurrent_requests,
+                "must be at least 1",
             ));
         }
         if self.server.max_sequences_per_request == 0 {

@@ -89,6 +89,15 @@ impl ApiError {
         }
     }
 
+    /// 429: the gateway is at its concurrency limit (OpenAI's rate-limit
+    /// shape; the caller adds `Retry-After`).
+    pub fn too_many_requests(message: impl Into<String>) -> Self {
+        ApiError {
+            code: Some("rate_limit_exceeded"),
+            ..Self::new(StatusCode::TOO_MANY_REQUESTS, "requests", message)
+        }
+    }
+
     pub fn overloaded(message: impl Into<String>) -> Self {
         Self::new(
             StatusCode::SERVICE_UNAVAILABLE,

@@ -35,6 +35,8 @@ pub const STORE_COMMIT: &str = "tito_store_commit_seconds";
 pub const CALLS_WITHOUT_LOGPROBS: &str = "tito_calls_without_logprobs_total";
 pub const REPLAYS: &str = "tito_replayed_calls_total";
 pub const SERVER_ERRORS: &str = "tito_server_errors_total";
+/// Requests refused with 429 at `[server] max_concurrent_requests`.
+pub const REJECTED_OVERLOAD: &str = "tito_requests_rejected_overload_total";
 pub const BACKEND_PROTOCOL_ERRORS: &str = "tito_backend_protocol_errors_total";
 
 fn handle() -> &'static PrometheusHandle {
@@ -116,6 +118,11 @@ pub fn replay() {
 /// A backend answer the gateway could not decode.
 pub fn backend_protocol_error(backend: &str) {
     counter!(BACKEND_PROTOCOL_ERRORS, "backend" => backend.to_string()).increment(1);
+}
+
+/// A request refused at the concurrency limit.
+pub fn rejected_overload() {
+    counter!(REJECTED_OVERLOAD).increment(1);
 }
 
 /// A 5xx answer, by matched route.

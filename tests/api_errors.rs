@@ -310,3 +310,90 @@ async fn oversized_requests_are_refused_before_any_backend_call() {
         .await;
     assert_eq!(r.status(), 200);
 }
+
+/// Beyond `[server] max_concurrent_requests` a request is answered 429 with
+/// `Retry-After` and reaches no backend; a stream holds its slot until it
+/// ends, and a slot frees when its client goes away.
+#[tokio::test]
+async fn requests_beyond_the_concurrency_limit_get_429() {
+    let mock = MockVllm::start(Scripted::ids(vec![72, IM_END])).await;
+    let g = start_gateway(config(
+        &[mock.url()],
+        "[server]\nmax_concurrent_requests = 2\n",
+    ))
+    .await;
+    // Sequential answers free their slot: more calls than slots succeed.
+    for _ in 0..3 {
+        let r = g
+            .post(
+                "/v1/chat/completions",
+                json!({"messages": [{"role": "user", "content": "a"}]}),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+    }
+    // Two streams that hang after their first token hold both slots.
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        mock.push(Scripted {
+            hang_after: Some(1),
+            ..Scripted::ids(vec![72, 105, IM_END])
+        });
+        let mut r = g
+            .post(
+                "/v1/chat/completions",
+                json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+        // The first chunk arrived: this stream is in flight.
+        r.chunk().await.expect("read").expect("a first chunk");
+        held.push(r);
+    }
+    let served = mock
+        .log()
+        .iter()
+        .filter(|l| *l == "/v1/completions")
+        .count();
+    let r = g
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "b"}]}),
+        )
+        .await;
+    assert_eq!(
+        r.headers().get("retry-after").map(|v| v.as_bytes()),
+        Some(&b"1"[..])
+    );
+    let (s, e) = error_of(r).await;
+    assert_eq!((s, e["code"].as_str()), (429, Some("rate_limit_exceeded")));
+    let now = mock
+        .log()
+        .iter()
+        .filter(|l| *l == "/v1/completions")
+        .count();
+    assert_eq!(now, served, "the refused request reached no backend");
+    // The clients go away. Dropping a stream's body frees its slot and
+    // cancels its backend call: once the mock saw both cancellations, both
+    // slots are free.
+    drop(held);
+    loop {
+        let notified = mock.state.cancel_notify.notified();
+        if mock
+            .state
+            .cancelled
+            .load(std::sync::atomic::Ordering::SeqCst)
+            >= 2
+        {
+            break;
+        }
+        notified.await;
+    }
+    let r = g
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "c"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+}

@@ -129,17 +129,33 @@ async fn failed_probes_open_an_idle_backend_and_its_pins_move() {
 }
 
 #[tokio::test]
-async fn rejected_requests_do_not_count_against_a_backend() {
+async fn rejected_requests_and_overload_do_not_count_against_a_backend() {
     let (router, _m) = fleet(&config(PolicyKind::LeastRequests), 1);
-    let err = tito::backend::BackendError::Rejected {
-        backend: "b0".into(),
-        message: "prompt too long".into(),
-    };
-    for _ in 0..10 {
-        router.report_error(BackendId(0), &err);
+    let errors = [
+        tito::backend::BackendError::Rejected {
+            backend: "b0".into(),
+            message: "prompt too long".into(),
+        },
+        tito::backend::BackendError::Overloaded {
+            backend: "b0".into(),
+            message: "HTTP 503".into(),
+        },
+    ];
+    for err in &errors {
+        for _ in 0..10 {
+            router.report_error(BackendId(0), err);
+        }
+        assert_eq!(router.snapshot()[0].circuit, CircuitState::Closed, "{err}");
+        assert_eq!(router.snapshot()[0].consecutive_failures, 0, "{err}");
     }
-    assert_eq!(router.snapshot()[0].circuit, CircuitState::Closed);
-    assert_eq!(router.snapshot()[0].consecutive_failures, 0);
+    // A 500 does count.
+    let err = tito::backend::BackendError::Status {
+        backend: "b0".into(),
+        status: 500,
+        message: "boom".into(),
+    };
+    router.report_error(BackendId(0), &err);
+    assert_eq!(router.snapshot()[0].consecutive_failures, 1);
 }
 
 #[tokio::test]

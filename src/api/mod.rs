@@ -382,6 +382,42 @@ async fn not_found() -> ApiError {
     ApiError::not_found("no such route")
 }
 
+/// `[server] max_concurrent_requests`: a request beyond it is answered 429
+/// with `Retry-After` and reaches no backend. A streamed answer holds its
+/// slot until its body ends (or the client goes away); an answer whose body
+/// is complete frees it at once.
+async fn limit_concurrency(
+    State(slots): State<Arc<tokio::sync::Semaphore>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    use axum::body::HttpBody;
+    use futures::StreamExt;
+    let Ok(slot) = slots.try_acquire_owned() else {
+        crate::metrics::rejected_overload();
+        let mut resp = ApiError::too_many_requests(
+            "the gateway is at its limit of concurrent requests \
+             (server.max_concurrent_requests): retry later",
+        )
+        .into_response();
+        resp.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            HeaderValue::from_static("1"),
+        );
+        return resp;
+    };
+    let resp = next.run(req).await;
+    if resp.body().size_hint().exact().is_some() {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let held = body.into_data_stream().map(move |chunk| {
+        let _slot = &slot;
+        chunk
+    });
+    Response::from_parts(parts, axum::body::Body::from_stream(held))
+}
+
 /// Logs every 5xx answer once, with the method, matched route, trajectory
 /// id and cause, and counts it. (Errors inside a stream are logged where the
 /// stream reports them, see `sse`.)
@@ -461,10 +497,17 @@ pub fn build_app(state: AppState) -> axum::Router {
     let role = |r: auth::Role| {
         axum::middleware::from_fn_with_state((state.auth.clone(), r), auth::require)
     };
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(
+        state.config.server.max_concurrent_requests as usize,
+    ));
     let openai = axum::Router::new()
         .merge(v1_routes())
         .nest("/t/{tid}", v1_routes())
         .nest("/g/{gid}/t/{tid}", v1_routes())
+        .route_layer(axum::middleware::from_fn_with_state(
+            in_flight,
+            limit_concurrency,
+        ))
         .route_layer(role(auth::Role::Api));
     let trainer = trajectories::routes()
         .merge(export::routes())

@@ -150,14 +150,19 @@ impl BackendError {
     }
 
     /// True when the failure says the backend itself is unwell and counts
-    /// toward opening its circuit: it could not be reached, timed out, was
-    /// overloaded or answered a 5xx. An answer the gateway could not decode
-    /// is that call's error only (one client's odd request must not take a
-    /// backend away from everyone), and a rejected request is the request's.
+    /// toward opening its circuit: it could not be reached, timed out or
+    /// answered a 5xx other than 503. An overloaded backend (429, 503, a full
+    /// queue) is alive and busy: the call is retried elsewhere, but opening
+    /// its circuit would only pile its load onto the others. An answer the
+    /// gateway could not decode is that call's error only (one client's odd
+    /// request must not take a backend away from everyone), and a rejected
+    /// request is the request's.
     pub fn counts_against_health(&self) -> bool {
         !matches!(
             self,
-            BackendError::Rejected { .. } | BackendError::Protocol { .. }
+            BackendError::Rejected { .. }
+                | BackendError::Protocol { .. }
+                | BackendError::Overloaded { .. }
         )
     }
 }
