@@ -247,3 +247,35 @@ async fn metrics_are_prometheus_text_with_the_named_series() {
         "route label is the template"
     );
 }
+
+/// `/health` is liveness; `/ready` needs a backend that takes calls and a
+/// store that commits, and says why not.
+#[tokio::test]
+async fn ready_follows_backend_availability() {
+    let (_a, _b, g) = gateway().await;
+    let r = g.client.get(g.url("/health")).send().await.expect("get");
+    assert_eq!(r.status(), 200);
+    let ready = |g: &Gateway| {
+        let req = g.client.get(g.url("/ready"));
+        async move {
+            let r = req.send().await.expect("get");
+            let status = r.status().as_u16();
+            (status, r.json::<Value>().await.expect("json"))
+        }
+    };
+    let (s, body) = ready(&g).await;
+    assert_eq!(
+        (s, &body["backends_ready"], &body["store"]),
+        (200, &json!(2), &json!("writable"))
+    );
+    let r = admin(&g, reqwest::Method::POST, "/admin/sleep?level=1", None).await;
+    assert_eq!(r.status(), 200);
+    let (s, body) = ready(&g).await;
+    assert_eq!(
+        (s, &body["ready"], &body["backends_ready"]),
+        (503, &json!(false), &json!(0))
+    );
+    let r = admin(&g, reqwest::Method::POST, "/admin/wake_up", None).await;
+    assert_eq!(r.status(), 200);
+    assert_eq!(ready(&g).await.0, 200);
+}

@@ -365,8 +365,33 @@ async fn model(
     Ok(Json(model_json(&state)))
 }
 
+/// Liveness: the process answers.
 async fn health() -> &'static str {
     "ok"
+}
+
+/// Readiness: a backend can take calls and the store commits. 503 with the
+/// reasons otherwise, so a load balancer stops sending traffic.
+async fn ready(State(state): State<AppState>) -> Response {
+    let backends = state.router.snapshot();
+    let healthy = backends.iter().filter(|b| b.healthy && !b.sleeping).count();
+    let store = state.store.store.writable().await;
+    let ok = healthy > 0 && store.is_ok();
+    let status = if ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = json!({
+        "ready": ok,
+        "backends": backends.len(),
+        "backends_ready": healthy,
+        "store": match &store {
+            Ok(()) => "writable".to_string(),
+            Err(e) => e.to_string(),
+        },
+    });
+    (status, Json(body)).into_response()
 }
 
 async fn method_not_allowed(method: axum::http::Method) -> ApiError {
@@ -521,6 +546,7 @@ pub fn build_app(state: AppState) -> axum::Router {
         .merge(trainer)
         .merge(admin)
         .route("/health", get(health))
+        .route("/ready", get(ready))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(axum::middleware::from_fn(crate::metrics::track))

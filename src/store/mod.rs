@@ -181,6 +181,12 @@ pub trait SpanStore: Send + Sync + 'static {
     /// ids that do not exist.
     fn scan_ids(&self, ids: Vec<String>) -> Result<TrajectoryIter, StoreError>;
 
+    /// Whether the store takes writes now (`GET /ready`): for SQLite, a job
+    /// through the writer thread and its commit.
+    async fn writable(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// Called once by a serving gateway before it takes calls: records the
     /// run's [`Ack`] mode, and when the previous run used `Queued` and did not
     /// end cleanly, marks every trajectory that was still active `incomplete`.

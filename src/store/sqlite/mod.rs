@@ -249,6 +249,10 @@ impl SpanStore for SqliteStore {
         }
     }
 
+    async fn writable(&self) -> Result<(), StoreError> {
+        self.submit(Op::Ping).await.map(|_| ())
+    }
+
     async fn begin_run(&self, ack: Ack) -> Result<u64, StoreError> {
         let op = Op::BeginRun {
             queued: ack == Ack::Queued,

@@ -51,6 +51,8 @@ pub(crate) enum Op {
     BeginRun {
         queued: bool,
     },
+    /// Nothing to write: proves the writer commits (readiness).
+    Ping,
 }
 
 /// What a job returns.
@@ -188,6 +190,7 @@ fn apply(conn: &Connection, op: &Op, now: i64) -> Outcome {
             limit,
             lease_ms,
         } => consumers::lease(conn, consumer, filter, *limit, *lease_ms, now).map(Done::Leased),
+        Op::Ping => Ok(Done::Appended),
         Op::Ack { consumer, cursor } => {
             consumers::ack(conn, consumer, cursor, now).map(Done::Acked)
         }
