@@ -263,3 +263,53 @@ async fn replay_checks_are_kept_per_sample_and_replaced() {
     let t = store.get_trajectory("t").await.expect("get").expect("t");
     assert_eq!(t.replays, vec![report(0, 0.5), report(1, 0.125)]);
 }
+
+/// With complete groups, a page holds whole groups even when their members
+/// were created interleaved: workers sharing a consumer each get whole GRPO
+/// groups.
+#[tokio::test]
+async fn complete_group_pages_never_split_a_group() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, store) in stores(&dir) {
+        for i in 0..4 {
+            for g in 0..3 {
+                let id = format!("g{g}-{i}");
+                store
+                    .set_metadata(&id, &in_group(&format!("g{g}")))
+                    .await
+                    .expect("metadata");
+                store
+                    .append_call(call(&id, 0, 0, None, ids(1, 3), ids(10, 2)))
+                    .await
+                    .expect("append");
+                store.finish(&id).await.expect("finish");
+            }
+        }
+        let f = TrajectoryFilter {
+            complete_groups: true,
+            ..Default::default()
+        };
+        let mut seen = BTreeSet::new();
+        for _ in 0..3 {
+            let page = store.lease("w", &f, 1, 60_000).await.expect("lease");
+            assert_eq!(page.ids.len(), 4, "{name}: one whole group per page");
+            let group = &page.ids[0][..2];
+            assert!(
+                page.ids.iter().all(|id| id.starts_with(group)),
+                "{name}: {page:?}"
+            );
+            assert!(
+                seen.insert(group.to_string()),
+                "{name}: {group} served twice"
+            );
+        }
+        let page = store.lease("w", &f, 1, 60_000).await.expect("lease");
+        assert!(page.ids.is_empty(), "{name}");
+        // Without the group filter the limit counts trajectories.
+        let plain = store
+            .lease("v", &TrajectoryFilter::default(), 5, 60_000)
+            .await
+            .expect("lease");
+        assert_eq!(plain.ids.len(), 5, "{name}");
+    }
+}

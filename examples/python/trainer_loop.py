@@ -10,12 +10,12 @@ step. A reader that dies before the ack loses nothing: the page is served
 again when its lease ends.
 
 GRPO normalises rewards within a group, so a training step must hold whole
-groups. A page holds `limit` trajectories in arrival order and may cut a
-group, so the loop buffers samples by `uid` until `--group-size` distinct
-trajectories of the group have arrived (the export's
-`complete_groups=true&group_size=N` only serves groups whose N members are
-finished). With several workers under one consumer name a group can still be
-spread over two workers; give each GRPO reader its own name or one reader.
+groups. With `--group-size N` the loop asks for `complete_groups=true&
+group_size=N`: only groups whose N members are finished are served, and a
+page holds whole groups (the groups its first `limit` trajectories start),
+so workers sharing a consumer name each get whole groups. The loop still
+buffers samples by `uid` until a group is whole, which matters only without
+`--group-size` (pages then hold `limit` trajectories in arrival order).
 
 Tensors are torch tensors when torch is importable, numpy arrays otherwise;
 with verl installed, `to_data_proto` builds verl's `DataProto` itself.

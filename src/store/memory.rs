@@ -264,17 +264,15 @@ impl SpanStore for MemoryStore {
         let inner = &mut *inner;
         let mut filter = filter.clone();
         filter.status = Some(TrajectoryStatus::Finished);
-        let mut picked = Vec::new();
+        let mut eligible = Vec::new();
         for (seq, t) in &inner.by_seq {
-            if picked.len() >= limit {
-                break;
-            }
             let key = (consumer.to_string(), *seq);
             let leased = inner.leases.get(&key).is_some_and(|(_, exp)| *exp > now);
             if !inner.acks.contains(&key) && !leased && inner.matches(&t.meta, &filter) {
-                picked.push((*seq, t.meta.id.clone()));
+                eligible.push((*seq, t.meta.id.clone(), t.meta.metadata.group.clone()));
             }
         }
+        let picked = super::sqlite::page_of(eligible, limit, filter.complete_groups);
         if picked.is_empty() {
             return Ok(Lease {
                 cursor: None,

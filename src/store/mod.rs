@@ -138,7 +138,9 @@ pub trait SpanStore: Send + Sync + 'static {
     /// Leases up to `limit` finished trajectories matching `filter` that
     /// `consumer` has not acknowledged and that no unexpired lease of
     /// `consumer` holds, until `now + lease_ms`. Leases of one consumer never
-    /// overlap, so workers sharing a consumer name read disjoint pages.
+    /// overlap, so workers sharing a consumer name read disjoint pages. With
+    /// `filter.complete_groups` a page holds whole groups: the groups its
+    /// first `limit` trajectories start, with all their eligible members.
     async fn lease(
         &self,
         consumer: &str,

@@ -206,8 +206,8 @@ def test_trainer_loop_reads_whole_groups_exactly_once(tok):
     script = [ids for replies, _ in episodes for ids in replies]
     with harness.mock_gateway(TOKENIZER, rep.text("It is 126."), script=script) as addr:
         gw = f"http://{addr}"
-        # Interleave groups so that pages cut them: arith-1 s0..s1, the
-        # capitals group, then arith-1 s2..s3 (one rollout at a time).
+        # Interleave groups in creation order: arith-1 s0..s1, the capitals
+        # group, then arith-1 s2..s3 (one rollout at a time).
         rewards = {}
         for i in range(2):
             r = openai_sdk_agent.rollout(gw, "arith-1", f"arith-1-s{i}", MODEL, index=1)
@@ -230,13 +230,15 @@ def test_trainer_loop_reads_whole_groups_exactly_once(tok):
         )
 
         steps = []
-        summary = run_trainer(addr, "grpo", steps, group_size=4, limit=3)
+        summary = run_trainer(addr, "grpo", steps, group_size=4, limit=1)
         done = sorted(t for t in rewards if not t.startswith("late-3"))
         assert sorted(summary["trajectories"]) == done, "each finished trajectory exactly once"
         assert summary["samples"] == summary["acked"] == 8
-        assert summary["pages"] == 3  # 8 trajectories, 3 per page
-        # Pages [a0 a1 c0] [c1 c2 c3] [a2 a3]: each step waits for its whole group.
-        assert [sorted(set(s[2]["uid"])) for s in steps] == [["capitals-2"], ["arith-1"]]
+        # With complete groups a page holds the groups its first `limit`
+        # trajectories start, whole: [a0 a1 a2 a3] then [c0 c1 c2 c3], although
+        # their members were created interleaved.
+        assert summary["pages"] == 2
+        assert [sorted(set(s[2]["uid"])) for s in steps] == [["arith-1"], ["capitals-2"]]
         for _, tensors, non_tensors, adv in steps:
             check_batch(tensors, non_tensors, adv, rewards)
         assert sorted(t for s in steps for t in s[2]["trajectory_id"]) == done

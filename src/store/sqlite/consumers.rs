@@ -20,22 +20,29 @@ pub(crate) fn lease(
     let mut filter = filter.clone();
     filter.status = Some(TrajectoryStatus::Finished);
     let (status, since, group, complete, size) = filter_params(&filter);
+    // With complete groups a page holds whole groups, so the limit is
+    // applied below, not in SQL.
+    let sql_limit = if complete {
+        i64::MAX
+    } else {
+        i64::try_from(limit).unwrap_or(i64::MAX)
+    };
     let sql = format!(
-        "SELECT seq, id FROM trajectories WHERE {FILTER_SQL} \
+        "SELECT seq, id, group_id FROM trajectories WHERE {FILTER_SQL} \
          AND NOT EXISTS (SELECT 1 FROM export_acks a \
                          WHERE a.consumer = ?8 AND a.traj = trajectories.seq) \
          AND NOT EXISTS (SELECT 1 FROM export_leases l \
                          WHERE l.consumer = ?8 AND l.traj = trajectories.seq AND l.expires_at > ?9) \
          ORDER BY seq LIMIT ?7"
     );
-    let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-    let picked: Vec<(i64, String)> = conn
+    let rows: Vec<(i64, String, Option<String>)> = conn
         .prepare_cached(&sql)?
         .query_map(
-            params![0i64, status, since, group, complete, size, limit, consumer, now],
-            |r| Ok((r.get(0)?, r.get(1)?)),
+            params![0i64, status, since, group, complete, size, sql_limit, consumer, now],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
         )?
         .collect::<Result<_, _>>()?;
+    let picked = page_of(rows, limit, complete);
     let expires_at = now.saturating_add(lease_ms);
     if picked.is_empty() {
         return Ok(Lease {
@@ -57,6 +64,34 @@ pub(crate) fn lease(
         ids: picked.into_iter().map(|(_, id)| id).collect(),
         expires_at,
     })
+}
+
+/// The page out of eligible `(seq, id, group)` rows in creation order: the
+/// first `limit`, or with `whole_groups` every eligible member of the groups
+/// the first `limit` rows start (a group is never split between pages, so
+/// workers sharing a consumer each get whole GRPO groups).
+pub(crate) fn page_of<K>(
+    rows: Vec<(K, String, Option<String>)>,
+    limit: usize,
+    whole_groups: bool,
+) -> Vec<(K, String)> {
+    if !whole_groups {
+        return rows
+            .into_iter()
+            .take(limit)
+            .map(|(k, id, _)| (k, id))
+            .collect();
+    }
+    let mut groups = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (k, id, group) in rows {
+        let Some(group) = group else { continue };
+        if groups.contains(&group) || out.len() < limit {
+            groups.insert(group);
+            out.push((k, id));
+        }
+    }
+    out
 }
 
 pub(crate) fn ack(

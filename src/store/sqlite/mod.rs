@@ -40,6 +40,7 @@ use super::{
 };
 use writer::{Job, Op};
 
+pub(crate) use consumers::page_of;
 pub use schema::SCHEMA_VERSION;
 
 /// Jobs that may wait for the writer before `append_call` awaits capacity.
