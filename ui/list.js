@@ -119,8 +119,8 @@ export async function renderList() {
     "table", { id: "trajectories", class: "list" },
     el("caption", { class: "sr-only", text: "Trajectories, most recent activity first" }),
     el("thead", {}, el("tr", {},
-      ...["id", "status", "group", "turns", "tokens", "reward", "drift", "last activity"]
-        .map((h) => el("th", { scope: "col", text: h })))),
+      ...["id", "status", "group", "turns#", "tokens#", "reward#", "drift#", "last activity"]
+        .map((h) => el("th", { scope: "col", class: h.endsWith("#") ? "num" : undefined, text: h.replace("#", "") })))),
     tbody,
   );
   const draw = () => {

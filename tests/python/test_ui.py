@@ -165,11 +165,16 @@ def test_token_view_matches_the_recorded_trajectory(env):
     # Message view toggles; keyboard walks tokens.
     assert browser.eval(
         """(() => { document.querySelector('.sample .toggle').click();
-          return !document.querySelector('.sample .messages').hidden
-            && document.querySelector('.sample .tokens').hidden
+          const shown = (sel) => getComputedStyle(document.querySelector(sel)).display !== 'none';
+          return shown('.sample .messages') && !shown('.sample .tokens')
             && document.querySelectorAll('.sample .msg').length === 6; })()"""
     )
-    browser.eval("document.querySelector('.sample .toggle').click()")
+    browser.screenshot(ARTIFACTS / "messages-1280.png")
+    assert browser.eval(
+        """(() => { document.querySelector('.sample .toggle').click();
+          const shown = (sel) => getComputedStyle(document.querySelector(sel)).display !== 'none';
+          return !shown('.sample .messages') && shown('.sample .tokens'); })()"""
+    )
     assert browser.eval(
         """(() => { const s = document.querySelector('.sample .tokens'); s.focus();
           s.dispatchEvent(new KeyboardEvent('keydown', {key: 'd', bubbles: true}));
