@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # System packages the build needs: cmake + clang/libclang for llama.cpp and
-# its bindgen bindings. Idempotent: installs only what is missing.
+# its bindgen bindings; with --test also what the tests need: chromium for
+# the browser test of the trajectory viewer (tests/python/test_ui.py).
+# Idempotent: installs only what is missing.
 set -euo pipefail
 need=()
+if [ "${1:-}" = "--test" ]; then
+  command -v chromium >/dev/null 2>&1 || need+=(chromium)
+fi
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v clang >/dev/null 2>&1 || need+=(clang)
 ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)

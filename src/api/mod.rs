@@ -13,6 +13,7 @@ mod logprobs;
 pub mod request;
 mod sse;
 pub mod trajectories;
+pub mod ui;
 mod unsupported;
 
 use std::future::Future;
@@ -536,6 +537,7 @@ pub fn build_app(state: AppState) -> axum::Router {
         .route_layer(role(auth::Role::Api));
     let trainer = trajectories::routes()
         .merge(export::routes())
+        .merge(ui::trainer_routes())
         .route_layer(role(auth::Role::Trainer));
     let admin = admin::routes().route_layer(role(auth::Role::Admin));
     let metrics = axum::Router::new()
@@ -545,6 +547,7 @@ pub fn build_app(state: AppState) -> axum::Router {
         .merge(openai)
         .merge(trainer)
         .merge(admin)
+        .merge(ui::routes())
         .route("/health", get(health))
         .route("/ready", get(ready))
         .fallback(not_found)

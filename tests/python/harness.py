@@ -122,3 +122,150 @@ def mock_gateway(tokenizer_dir, reply_ids, script=None, structured_reply_ids=Non
             p.terminate()
             p.wait(timeout=30)
 
+
+
+def start_tito_with(tokenizer_dir, backend_url, extra_config, model="test-model"):
+    """`start_tito` with `extra_config` (TOML tables, e.g. `[auth]`) appended
+    to its configuration."""
+    tmp = tempfile.mkdtemp(prefix="tito-test-")
+    cfg = pathlib.Path(tmp) / "config.toml"
+    cfg.write_text(
+        f"""
+[server]
+listen = "127.0.0.1:0"
+[model]
+name = "{model}"
+tokenizer = "{tokenizer_dir}"
+[[backends]]
+url = "{backend_url}"
+kind = "vllm"
+[store]
+url = "sqlite://{tmp}/spans.db"
+{extra_config}
+"""
+    )
+    return _start(
+        [str(TARGET / "debug" / "tito"), "serve", "--config", str(cfg)],
+        r"tito listening addr=(\S+)",
+        env={"RUST_LOG": "info", "NO_COLOR": "1"},
+    )
+
+
+def chromium_path():
+    """The system chromium (Debian's `chromium`, installed by
+    scripts/setup-system.sh), or None."""
+    import shutil
+
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+class Browser:
+    """Headless chromium driven over the DevTools protocol: one page, to
+    navigate, evaluate JavaScript in, resize and screenshot."""
+
+    def __init__(self, executable):
+        import time
+        import urllib.request
+
+        from websockets.sync.client import connect
+
+        self.dir = pathlib.Path(tempfile.mkdtemp(prefix="tito-chromium-"))
+        self.log = open(self.dir / "stderr.log", "w+")
+        self.proc = subprocess.Popen(
+            [
+                executable, "--headless", "--no-sandbox", "--disable-gpu",
+                "--no-first-run", "--no-default-browser-check", "--disable-extensions",
+                "--remote-debugging-port=0", f"--user-data-dir={self.dir / 'profile'}",
+                "--window-size=1280,900", "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+        )
+        deadline = time.monotonic() + 30
+        ws = None
+        while ws is None:
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.close()
+                raise RuntimeError(f"chromium did not start:\n{(self.dir / 'stderr.log').read_text()}")
+            m = re.search(r"DevTools listening on ws://([^/\s]+)/", (self.dir / "stderr.log").read_text())
+            if m:
+                ws = m.group(1)
+            else:
+                time.sleep(0.1)
+        with urllib.request.urlopen(f"http://{ws}/json/list") as r:
+            pages = [t for t in json.load(r) if t["type"] == "page"]
+        self.ws = connect(pages[0]["webSocketDebuggerUrl"], max_size=None).__enter__()
+        self.next_id = 0
+        self.send("Page.enable")
+        self.send("Runtime.enable")
+
+    def send(self, method, **params):
+        self.next_id += 1
+        self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv(timeout=60))
+            if msg.get("id") == self.next_id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+
+    def eval(self, expression):
+        """The value of a JavaScript expression (promises awaited)."""
+        r = self.send("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True)
+        if "exceptionDetails" in r:
+            raise RuntimeError(f"{expression}: {r['exceptionDetails']}")
+        return r["result"].get("value")
+
+    def goto(self, url):
+        """Navigates and waits for the new document to load."""
+        self.eval("window.__titoOld = true")
+        self.send("Page.navigate", url=url)
+        self.wait_for("!window.__titoOld && document.readyState === 'complete'")
+
+    def wait_for(self, expression, timeout=10.0):
+        """Polls until `expression` is truthy; returns its value."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                # A DOM node does not come back by value: true for it.
+                value = self.eval(f"(() => {{ const v = ({expression}); return v instanceof Node || v; }})()")
+            except RuntimeError:
+                value = None  # the page is still loading
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not true after {timeout} s: {expression}")
+            time.sleep(0.05)
+
+    def size(self, width, height, mobile=False):
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            width=width, height=height, deviceScaleFactor=1, mobile=mobile,
+        )
+
+    def screenshot(self, path):
+        import base64
+
+        size = self.send("Page.getLayoutMetrics")["cssContentSize"]
+        clip = {"x": 0, "y": 0, "width": size["width"], "height": min(size["height"], 6000), "scale": 1}
+        shot = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=True, clip=clip)
+        pathlib.Path(path).parent.mkdir(parents=True, exist_ok=True)
+        pathlib.Path(path).write_bytes(base64.b64decode(shot["data"]))
+
+    def close(self):
+        try:
+            if getattr(self, "ws", None) is not None:
+                self.ws.close()
+        finally:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+            self.log.close()

@@ -1,0 +1,145 @@
+// One sample's token sequence as spans: one <span class="tok"> per token
+// with data-mask (1 sampled, 0 prompt/observation), data-token-id,
+// data-logprob and data-pos (index into prompt_ids ++ response_ids); call
+// boundaries, tool calls, tool results, drift records and replay
+// differences marked where they sit.
+import { el } from "./app.js";
+
+// Heat buckets by logprob: the less likely the sampled token, the stronger.
+const HEAT = [-0.1, -0.5, -1, -2, -4];
+export function heat(lp) {
+  if (lp === null || lp === undefined) return "h-none";
+  const i = HEAT.findIndex((t) => lp >= t);
+  return `h${i === -1 ? HEAT.length : i}`;
+}
+
+// Token text with its whitespace made visible.
+export function shown(text, id) {
+  if (text === undefined) return `[${id}]`;
+  if (text === "") return "∅";
+  return text.replace(/\n/g, "↵\n").replace(/\t/g, "→\t");
+}
+
+function messageText(m) {
+  if (typeof m?.content === "string") return m.content;
+  if (Array.isArray(m?.content)) return m.content.map((p) => p.text ?? "").join("");
+  return "";
+}
+
+// What a call's new prompt tokens hold: the messages after the request's
+// last assistant message (tool results, a user turn).
+function observationLabel(call) {
+  const msgs = call?.request?.messages;
+  if (!Array.isArray(msgs)) return null;
+  let last = -1;
+  msgs.forEach((m, i) => { if (m.role === "assistant") last = i; });
+  const after = msgs.slice(last + 1);
+  const tools = after.filter((m) => m.role === "tool");
+  if (tools.length) {
+    const what = tools.map((m) => m.name || m.tool_call_id || "tool").join(", ");
+    return { kind: "toolresult", text: `tool result${tools.length > 1 ? "s" : ""}: ${what}` };
+  }
+  if (after.some((m) => m.role === "user")) return { kind: "user", text: "user turn" };
+  return null;
+}
+
+function toolCallLabel(call) {
+  const tcs = call?.response?.tool_calls;
+  if (!Array.isArray(tcs) || !tcs.length) return null;
+  const names = tcs.map((t) => t.function?.name || "?").join(", ");
+  return { kind: "toolcall", text: `tool call: ${names}` };
+}
+
+export function describe(tok) {
+  const d = tok.dataset;
+  const parts = [
+    `token ${d.tokenId}`,
+    `text ${JSON.stringify(d.text ?? "")}`,
+    d.mask === "1" ? "sampled" : d.kind,
+    d.logprob !== "" ? `logprob ${Number(d.logprob).toFixed(4)} (p ${Math.exp(Number(d.logprob)).toFixed(3)})` : "no logprob",
+    `call ${d.call}`,
+    `backend ${d.backend || "—"}`,
+    `weights ${d.weights || "initial"}`,
+    `position ${d.pos}`,
+  ];
+  if (d.drift) parts.push(`drift: ${d.drift}`);
+  if (d.replay) parts.push(`replay: ${d.replay}`);
+  return parts.join(" · ");
+}
+
+// The sample's spans, in a fragment; `texts` maps id -> decoded text.
+export function tokenStream(sample, calls, drifts, texts) {
+  const frag = document.createDocumentFragment();
+  const driftAt = new Map();
+  const total = sample.prompt_ids.length + sample.response_ids.length;
+  for (const d of drifts) {
+    const at = Math.min(d.position, total);
+    driftAt.set(at, [...(driftAt.get(at) || []), d]);
+  }
+  const replayAt = new Map();
+  for (const p of sample.replay?.positions || []) {
+    replayAt.set(sample.prompt_ids.length + p.position, p);
+  }
+  const driftMark = (d) => el("span", {
+    class: "drift-mark", role: "note", title: JSON.stringify(d.details ?? {}),
+    dataset: { call: d.call, position: d.position, cause: d.cause },
+    text: `⚠ drift: ${d.cause} (call ${d.call}, prompt position ${d.position})`,
+  });
+  let pos = 0;
+  let lastCall = null;
+  for (const seg of sample.segments) {
+    const call = calls.get(seg.call);
+    if (seg.call !== lastCall) {
+      lastCall = seg.call;
+      frag.append(el("span", {
+        class: "boundary", role: "separator", dataset: { call: seg.call },
+        text: `call ${seg.call} · ${call?.backend ?? "?"}${call?.weight_version ? ` · weights ${call.weight_version}` : ""}`,
+      }));
+    }
+    const label = seg.kind === "sampled" ? toolCallLabel(call)
+      : seg.kind === "observation" ? observationLabel(call) : null;
+    const wrap = el("span", {
+      class: `seg seg-${seg.kind}${label ? ` seg-${label.kind}` : ""}`,
+      dataset: { call: seg.call, kind: seg.kind }, title: seg.text ?? undefined,
+    });
+    if (label) wrap.append(el("span", { class: `label label-${label.kind}`, text: label.text }));
+    seg.ids.forEach((id, k) => {
+      const sampled = seg.kind === "sampled";
+      const lp = sampled ? call?.logprobs?.[k] ?? null : null;
+      const ds = driftAt.get(pos);
+      for (const d of ds || []) wrap.append(driftMark(d));
+      const r = replayAt.get(pos);
+      const span = el("span", {
+        class: `tok ${sampled ? "sampled" : seg.kind} ${sampled ? heat(lp) : ""}${ds ? " drift" : ""}${r ? " replay-diff" : ""}`,
+        dataset: {
+          mask: sampled ? 1 : 0, tokenId: id, logprob: lp ?? "", pos, call: seg.call, kind: seg.kind,
+          backend: call?.backend ?? "", weights: call?.weight_version ?? "",
+          text: texts[id] ?? "", drift: ds?.map((d) => d.cause).join(", "), replay: r ? `recorded ${r.recorded}, replayed ${r.replayed}` : undefined,
+        },
+        text: shown(texts[id], id),
+      });
+      span.title = describe(span);
+      wrap.append(span);
+      pos += 1;
+    });
+    frag.append(wrap);
+  }
+  for (const d of driftAt.get(total) || []) frag.append(driftMark(d));
+  return frag;
+}
+
+// The conversation of the sample's last call, as messages.
+export function messageView(sample, calls) {
+  const leaf = calls.get(sample.calls[sample.calls.length - 1]);
+  const msgs = [...(leaf?.request?.messages || [])];
+  if (leaf?.response) msgs.push(leaf.response);
+  return el("ol", { class: "messages" }, ...msgs.map((m) => el(
+    "li", { class: `msg msg-${m.role}` },
+    el("div", { class: "role", text: m.role + (m.name ? ` (${m.name})` : "") + (m.tool_call_id ? ` · ${m.tool_call_id}` : "") }),
+    m.reasoning_content ? el("pre", { class: "reasoning", text: m.reasoning_content }) : null,
+    messageText(m) ? el("pre", { class: "content", text: messageText(m) }) : null,
+    ...(m.tool_calls || []).map((t) => el("pre", {
+      class: "toolcall", text: `→ ${t.function?.name}(${t.function?.arguments ?? ""})`,
+    })),
+  )));
+}
