@@ -167,6 +167,28 @@ impl BackendError {
     }
 }
 
+/// One teacher-forced pass over a whole token sequence: what a backend
+/// computes for a sequence given as a prompt, generating nothing (the
+/// replay check sends each recorded sample this way).
+#[derive(Debug, Clone)]
+pub struct ScoreRequest {
+    pub request_id: String,
+    /// The full sequence: prompt ids followed by response ids.
+    pub ids: Arc<Vec<u32>>,
+}
+
+/// What a backend says about one position `i` of a scored sequence: the
+/// logprob of `ids[i]` given `ids[..i]`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct PositionLogprob {
+    /// `None` at position 0 (no prefix) and wherever the backend gave no
+    /// number.
+    pub logprob: Option<f32>,
+    /// Whether `ids[i]` is the most likely token there (ties count as most
+    /// likely); `None` when the backend does not say.
+    pub argmax: Option<bool>,
+}
+
 /// Admin operations a backend may support (sleep/wake, weight reload).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdminOp {
@@ -187,6 +209,22 @@ pub trait Backend: Send + Sync + 'static {
     async fn health(&self) -> Result<(), BackendError>;
     /// Forwards an admin operation; returns the backend's answer as text.
     async fn admin(&self, op: &AdminOp) -> Result<String, BackendError>;
+    /// Teacher-forced logprobs of a whole sequence: one entry per id of
+    /// `req.ids`, in order (position 0 has no logprob). A backend that
+    /// cannot compute them says so with [`BackendError::Rejected`].
+    async fn prompt_logprobs(
+        &self,
+        req: ScoreRequest,
+    ) -> Result<Vec<PositionLogprob>, BackendError> {
+        Err(BackendError::Rejected {
+            backend: self.name().to_string(),
+            message: format!(
+                "a `{}` backend cannot compute prompt logprobs (request {})",
+                self.kind(),
+                req.request_id
+            ),
+        })
+    }
 }
 
 pub type DynBackend = Arc<dyn Backend>;
@@ -265,6 +303,27 @@ pub(crate) fn timeout(backend: &str, message: &str) -> BackendError {
         backend: backend.to_string(),
         message: message.to_string(),
     }
+}
+
+/// Sends a non-streamed request and reads its whole JSON answer as `T`,
+/// all within `timeout` (the replay check's one-shot calls).
+pub(crate) async fn send_json<T: serde::de::DeserializeOwned>(
+    backend: &str,
+    request: reqwest::RequestBuilder,
+    timeout: std::time::Duration,
+) -> Result<T, BackendError> {
+    let call = async {
+        let resp = request.send().await.map_err(|e| map_reqwest(backend, e))?;
+        let resp = check_status(backend, resp).await?;
+        resp.bytes().await.map_err(|e| map_reqwest(backend, e))
+    };
+    let body = tokio::time::timeout(timeout, call)
+        .await
+        .map_err(|_| self::timeout(backend, &format!("no answer within {timeout:?}")))??;
+    serde_json::from_slice(&body).map_err(|e| BackendError::Protocol {
+        backend: backend.to_string(),
+        message: format!("cannot read the answer: {e}"),
+    })
 }
 
 /// Turns an error status into a `BackendError` carrying the backend's message.

@@ -37,7 +37,7 @@ use serde_json::{json, Value as Json};
 use super::pump::{EventDecoder, StreamTimeouts};
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
-    StructuredOutput, TokenLogprob,
+    PositionLogprob, ScoreRequest, StructuredOutput, TokenLogprob,
 };
 use crate::config::{BackendConfig, RouterConfig};
 
@@ -122,6 +122,22 @@ impl SglangBackend {
             obj.insert("logprob_start_len".into(), json!(-1));
         }
         body
+    }
+
+    /// The body of a teacher-forced pass: the sequence as `input_ids`, no
+    /// new token (`max_new_tokens: 0` is valid in SGLang), logprobs of every
+    /// input token from position 0, and the top-1 alternative per position
+    /// (the argmax). Not streamed.
+    pub fn score_body(&self, req: &ScoreRequest) -> Json {
+        json!({
+            "input_ids": &*req.ids,
+            "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
+            "return_logprob": true,
+            "logprob_start_len": 0,
+            "top_logprobs_num": 1,
+            "stream": false,
+            "rid": req.request_id,
+        })
     }
 
     async fn post_admin(&self, path: &str, body: Json) -> Result<String, BackendError> {
@@ -209,6 +225,63 @@ fn logprob_entry(v: &Json) -> Option<(u32, Option<f32>)> {
     };
     let id = u32::try_from(arr.get(1)?.as_u64()?).ok()?;
     Some((id, lp))
+}
+
+/// A non-streamed `/generate` answer carrying input logprobs.
+#[derive(Deserialize)]
+struct ScoreAnswer {
+    #[serde(default)]
+    meta_info: Option<ScoreMeta>,
+}
+
+#[derive(Deserialize)]
+struct ScoreMeta {
+    /// `[[logprob|null, id, text|null], ...]`, one per input token; the
+    /// first logprob is null.
+    #[serde(default)]
+    input_token_logprobs: Option<Vec<Json>>,
+    /// Per input token: null, or the top alternatives as such triples.
+    #[serde(default)]
+    input_top_logprobs: Option<Vec<Json>>,
+}
+
+/// Reads SGLang's input logprobs for `ids`; a position's token is the argmax
+/// when it is the top-1 alternative or its logprob is not below it.
+fn input_logprobs(answer: ScoreAnswer, ids: &[u32]) -> Result<Vec<PositionLogprob>, String> {
+    let meta = answer.meta_info.ok_or("answer has no meta_info")?;
+    let lps = meta
+        .input_token_logprobs
+        .ok_or("answer has no input_token_logprobs")?;
+    if lps.len() != ids.len() {
+        return Err(format!(
+            "{} input_token_logprobs for {} input ids",
+            lps.len(),
+            ids.len()
+        ));
+    }
+    let tops = meta.input_top_logprobs.unwrap_or_default();
+    let mut out = Vec::with_capacity(ids.len());
+    for (i, (entry, &id)) in lps.iter().zip(ids).enumerate() {
+        let (got, logprob) =
+            logprob_entry(entry).ok_or_else(|| format!("malformed input_token_logprobs[{i}]"))?;
+        if got != id {
+            return Err(format!(
+                "input_token_logprobs[{i}] is for token {got}, the input has {id}"
+            ));
+        }
+        let logprob = logprob.filter(|_| i > 0);
+        let top1 = tops
+            .get(i)
+            .and_then(Json::as_array)
+            .and_then(|a| a.first())
+            .and_then(logprob_entry);
+        let argmax = match (logprob, top1) {
+            (Some(lp), Some((top_id, Some(top_lp)))) => Some(top_id == id || lp >= top_lp),
+            _ => None,
+        };
+        out.push(PositionLogprob { logprob, argmax });
+    }
+    Ok(out)
 }
 
 /// Turns SGLang stream events (cumulative or incremental) into new tokens.
@@ -422,6 +495,19 @@ impl Backend for SglangBackend {
             .json(&self.request_body(&req));
         let decoder = SglangDecoder::new(&self.name, req.params.logprobs);
         super::pump::send_and_pump(&self.name, request, self.timeouts, decoder).await
+    }
+
+    async fn prompt_logprobs(
+        &self,
+        req: ScoreRequest,
+    ) -> Result<Vec<PositionLogprob>, BackendError> {
+        let request = self
+            .client
+            .post(format!("{}/generate", self.base))
+            .json(&self.score_body(&req));
+        let answer: ScoreAnswer =
+            super::send_json(&self.name, request, self.timeouts.first_token).await?;
+        input_logprobs(answer, &req.ids).map_err(|m| protocol(&self.name, m))
     }
 
     async fn health(&self) -> Result<(), BackendError> {

@@ -426,3 +426,76 @@ fn structured_outputs_are_sglang_json_schema_strings() {
         json!(r#"{"type":"object"}"#)
     );
 }
+
+fn read_input_logprobs(answer: Json, ids: &[u32]) -> Result<Vec<PositionLogprob>, String> {
+    input_logprobs(
+        serde_json::from_value(answer).map_err(|e| e.to_string())?,
+        ids,
+    )
+}
+
+#[test]
+fn score_body_asks_for_input_logprobs_and_no_new_token() {
+    let req = ScoreRequest {
+        request_id: "verify-1".into(),
+        ids: Arc::new(vec![4, 5]),
+    };
+    let body = backend_at("http://127.0.0.1:1").score_body(&req);
+    assert_eq!(body["input_ids"], json!([4, 5]));
+    assert_eq!(body["sampling_params"]["max_new_tokens"], 0);
+    assert_eq!(body["return_logprob"], true);
+    assert_eq!(body["logprob_start_len"], 0);
+    assert_eq!(body["top_logprobs_num"], 1);
+    assert_eq!(body["stream"], false);
+}
+
+#[test]
+fn input_logprobs_are_read_with_the_top_one_as_argmax() {
+    let answer = json!({"text": "", "output_ids": [], "meta_info": {
+        "input_token_logprobs": [[null, 4, null], [-0.5, 5, null], [-2.0, 6, null], [-1.0, 7, null]],
+        "input_top_logprobs": [null, [[-0.5, 5, null]], [[-0.1, 9, null]], null]
+    }});
+    let got = read_input_logprobs(answer, &[4, 5, 6, 7]).unwrap();
+    assert_eq!(
+        got[0],
+        PositionLogprob {
+            logprob: None,
+            argmax: None
+        }
+    );
+    assert_eq!(
+        got[1],
+        PositionLogprob {
+            logprob: Some(-0.5),
+            argmax: Some(true)
+        }
+    );
+    assert_eq!(
+        got[2],
+        PositionLogprob {
+            logprob: Some(-2.0),
+            argmax: Some(false)
+        }
+    );
+    assert_eq!(
+        got[3],
+        PositionLogprob {
+            logprob: Some(-1.0),
+            argmax: None
+        },
+        "no top list"
+    );
+}
+
+#[test]
+fn input_logprobs_for_other_ids_or_lengths_are_protocol_errors() {
+    let wrong = json!({"meta_info": {"input_token_logprobs": [[null, 4, null], [-0.5, 8, null]]}});
+    let e = read_input_logprobs(wrong, &[4, 5]).unwrap_err();
+    assert!(e.contains("for token 8"), "{e}");
+    let short = json!({"meta_info": {"input_token_logprobs": [[null, 4, null]]}});
+    let e = read_input_logprobs(short, &[4, 5]).unwrap_err();
+    assert!(e.contains("1 input_token_logprobs for 2"), "{e}");
+    let none = json!({"meta_info": {}});
+    let e = read_input_logprobs(none, &[4, 5]).unwrap_err();
+    assert!(e.contains("no input_token_logprobs"), "{e}");
+}

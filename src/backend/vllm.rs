@@ -17,7 +17,7 @@ use serde_json::{json, Value as Json};
 use super::pump::{EventDecoder, StreamTimeouts};
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
-    StructuredOutput, TokenLogprob,
+    PositionLogprob, ScoreRequest, StructuredOutput, TokenLogprob,
 };
 use crate::config::{BackendConfig, RouterConfig};
 
@@ -104,6 +104,89 @@ impl VllmBackend {
         }
         Json::Object(obj)
     }
+}
+
+impl VllmBackend {
+    /// The body of a teacher-forced pass: the sequence as the prompt, one
+    /// token generated (vLLM wants at least one), and `prompt_logprobs: 0`,
+    /// which makes vLLM return every prompt token's own logprob and rank.
+    /// Not streamed: vLLM refuses prompt logprobs on a stream.
+    pub fn score_body(&self, req: &ScoreRequest) -> Json {
+        let mut body = json!({
+            "prompt": &*req.ids,
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "n": 1,
+            "stream": false,
+            "prompt_logprobs": 0,
+            "request_id": req.request_id,
+        });
+        if let (Some(m), Some(obj)) = (&self.model, body.as_object_mut()) {
+            obj.insert("model".into(), json!(m));
+        }
+        body
+    }
+}
+
+/// A non-streamed completion carrying `prompt_logprobs`.
+#[derive(Deserialize)]
+struct ScoreAnswer {
+    choices: Vec<ScoreChoice>,
+}
+
+#[derive(Deserialize)]
+struct ScoreChoice {
+    /// `[null, {"<id>": {"logprob", "rank", "decoded_token"}}, ...]`.
+    #[serde(default)]
+    prompt_logprobs: Option<Vec<Option<std::collections::HashMap<String, PromptEntry>>>>,
+}
+
+#[derive(Deserialize)]
+struct PromptEntry {
+    #[serde(default)]
+    logprob: Option<f64>,
+    /// 1 for the most likely token.
+    #[serde(default)]
+    rank: Option<u32>,
+}
+
+/// Reads vLLM's `prompt_logprobs` for `ids`: the entry of each position's
+/// own token (keyed by its id, as a string; `token_id:ID` is accepted too).
+fn prompt_logprobs(answer: ScoreAnswer, ids: &[u32]) -> Result<Vec<PositionLogprob>, String> {
+    let choice = answer
+        .choices
+        .into_iter()
+        .next()
+        .ok_or("answer has no choices")?;
+    let list = choice
+        .prompt_logprobs
+        .ok_or("answer has no prompt_logprobs (does this server support them?)")?;
+    if list.len() != ids.len() {
+        return Err(format!(
+            "{} prompt_logprobs entries for {} prompt tokens",
+            list.len(),
+            ids.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(ids.len());
+    for (i, (entry, &id)) in list.into_iter().zip(ids).enumerate() {
+        let Some(mut map) = entry.filter(|_| i > 0) else {
+            out.push(PositionLogprob {
+                logprob: None,
+                argmax: None,
+            });
+            continue;
+        };
+        let own = map
+            .remove(&id.to_string())
+            .or_else(|| map.remove(&format!("token_id:{id}")))
+            .ok_or_else(|| format!("prompt_logprobs[{i}] has no entry for token {id}"))?;
+        out.push(PositionLogprob {
+            logprob: own.logprob.map(|v| v as f32),
+            argmax: own.rank.map(|r| r == 1),
+        });
+    }
+    Ok(out)
 }
 
 /// One streamed completion chunk, or an in-stream error.
@@ -321,6 +404,22 @@ impl Backend for VllmBackend {
             .json(&self.request_body(&req));
         let decoder = VllmDecoder::new(&self.name, req.params.logprobs);
         super::pump::send_and_pump(&self.name, request, self.timeouts, decoder).await
+    }
+
+    async fn prompt_logprobs(
+        &self,
+        req: ScoreRequest,
+    ) -> Result<Vec<PositionLogprob>, BackendError> {
+        let request = self
+            .client
+            .post(format!("{}/v1/completions", self.base))
+            .json(&self.score_body(&req));
+        let answer: ScoreAnswer =
+            super::send_json(&self.name, request, self.timeouts.first_token).await?;
+        prompt_logprobs(answer, &req.ids).map_err(|message| BackendError::Protocol {
+            backend: self.name.clone(),
+            message,
+        })
     }
 
     async fn health(&self) -> Result<(), BackendError> {

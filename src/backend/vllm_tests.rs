@@ -284,3 +284,89 @@ fn structured_outputs_use_vllms_structured_outputs_field() {
     req.params.structured = None;
     assert!(b.request_body(&req).get("structured_outputs").is_none());
 }
+
+fn score_request(ids: Vec<u32>) -> ScoreRequest {
+    ScoreRequest {
+        request_id: "verify-1".into(),
+        ids: Arc::new(ids),
+    }
+}
+
+fn read_prompt_logprobs(
+    answer: serde_json::Value,
+    ids: &[u32],
+) -> Result<Vec<PositionLogprob>, String> {
+    prompt_logprobs(
+        serde_json::from_value(answer).map_err(|e| e.to_string())?,
+        ids,
+    )
+}
+
+#[test]
+fn score_body_asks_for_prompt_logprobs_without_streaming() {
+    let body = backend().score_body(&score_request(vec![5, 6, 7]));
+    assert_eq!(body["prompt"], json!([5, 6, 7]));
+    assert_eq!(body["prompt_logprobs"], 0);
+    assert_eq!(body["max_tokens"], 1);
+    assert_eq!(body["stream"], false);
+    assert_eq!(body["model"], "m");
+}
+
+#[test]
+fn prompt_logprobs_are_read_per_position_with_rank() {
+    // vLLM's shape: null first, then the own token keyed by its id (with
+    // prompt_logprobs > 0 also the top alternatives, ignored here).
+    let answer = json!({"choices": [{"index": 0, "text": "", "prompt_logprobs": [
+        null,
+        {"6": {"logprob": -0.25, "rank": 1, "decoded_token": "a"}},
+        {"7": {"logprob": -9999.0, "rank": 40, "decoded_token": "b"},
+         "3": {"logprob": -0.01, "rank": 1, "decoded_token": "c"}}
+    ]}]});
+    let got = read_prompt_logprobs(answer, &[5, 6, 7]).unwrap();
+    assert_eq!(
+        got[0],
+        PositionLogprob {
+            logprob: None,
+            argmax: None
+        }
+    );
+    assert_eq!(
+        got[1],
+        PositionLogprob {
+            logprob: Some(-0.25),
+            argmax: Some(true)
+        }
+    );
+    assert_eq!(
+        got[2],
+        PositionLogprob {
+            logprob: Some(-9999.0),
+            argmax: Some(false)
+        }
+    );
+    // No rank: the argmax is unknown, the number still counts.
+    let answer =
+        json!({"choices": [{"prompt_logprobs": [null, {"token_id:6": {"logprob": -1.0}}]}]});
+    let got = read_prompt_logprobs(answer, &[5, 6]).unwrap();
+    assert_eq!(
+        got[1],
+        PositionLogprob {
+            logprob: Some(-1.0),
+            argmax: None
+        }
+    );
+}
+
+#[test]
+fn malformed_prompt_logprobs_are_protocol_errors() {
+    let missing = json!({"choices": [{"index": 0, "text": ""}]});
+    let e = read_prompt_logprobs(missing, &[1, 2]).unwrap_err();
+    assert!(e.contains("no prompt_logprobs"), "{e}");
+    let short = json!({"choices": [{"prompt_logprobs": [null]}]});
+    let e = read_prompt_logprobs(short, &[1, 2]).unwrap_err();
+    assert!(e.contains("1 prompt_logprobs entries for 2"), "{e}");
+    let other =
+        json!({"choices": [{"prompt_logprobs": [null, {"9": {"logprob": -1.0, "rank": 1}}]}]});
+    let e = read_prompt_logprobs(other, &[1, 2]).unwrap_err();
+    assert!(e.contains("no entry for token 2"), "{e}");
+}
