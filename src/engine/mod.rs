@@ -3,8 +3,9 @@
 //! [`Backend`] trait as the HTTP backends.
 //!
 //! Owns: starting the engine thread ([`worker`]), the handle that submits
-//! requests to it ([`EngineBackend`]), sampling ([`sampler`]) and the
-//! stand-alone `tito engine` HTTP server ([`server`]). Must not: render chat
+//! requests to it ([`EngineBackend`]), sampling ([`sampler`]), teacher-forced
+//! scoring for the replay check ([`score`]) and the stand-alone `tito engine`
+//! HTTP server ([`server`]). Must not: render chat
 //! templates or know about trajectories; it speaks token ids only (the server
 //! also accepts text prompts, tokenized with the GGUF's own tokenizer).
 //!
@@ -13,6 +14,7 @@
 
 pub mod direct;
 pub mod sampler;
+pub mod score;
 pub mod server;
 mod worker;
 
@@ -26,10 +28,11 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::backend::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
-    StructuredOutput,
+    PositionLogprob, SamplingParams, ScoreRequest, StructuredOutput,
 };
 use crate::config::{Device, EngineConfig, LogprobsMode};
 
+pub use score::PositionScore;
 pub use worker::EngineStats;
 
 #[derive(Debug, Clone, thiserror::Error)]
@@ -200,7 +203,15 @@ impl EngineBackend {
     }
 
     fn check(&self, req: &GenerateRequest) -> Result<(), BackendError> {
-        let prompt = &req.prompt_ids;
+        // Room for at least one generated token.
+        self.check_ids(
+            &req.prompt_ids,
+            (self.info.max_seq_len as usize).saturating_sub(1),
+        )
+    }
+
+    /// Non-empty, in the vocabulary, at most `max_len` tokens.
+    fn check_ids(&self, prompt: &[u32], max_len: usize) -> Result<(), BackendError> {
         if prompt.is_empty() {
             return Err(self.rejected("the prompt is empty".into()));
         }
@@ -210,7 +221,7 @@ impl EngineBackend {
                 self.info.n_vocab
             )));
         }
-        if prompt.len() >= self.info.max_seq_len as usize {
+        if prompt.len() > max_len {
             return Err(self.rejected(format!(
                 "the prompt has {} tokens; this engine's context window is {} tokens",
                 prompt.len(),
@@ -218,6 +229,57 @@ impl EngineBackend {
             )));
         }
         Ok(())
+    }
+
+    /// Counts a request into the queue, or refuses it when the queue is full.
+    fn enter_queue(&self) -> Result<(), BackendError> {
+        if self.shared.queued.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            return Err(BackendError::Overloaded {
+                backend: self.name.clone(),
+                message: format!("{} requests already wait for a batch slot", self.max_queue),
+            });
+        }
+        Ok(())
+    }
+
+    fn submit(&self, job: worker::Job) -> Result<(), BackendError> {
+        self.tx.send(job).map_err(|_| {
+            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+            BackendError::Unreachable {
+                backend: self.name.clone(),
+                message: "the engine thread has stopped".into(),
+            }
+        })
+    }
+
+    /// Teacher-forced pass over `ids` (up to the whole context window): for
+    /// every position `i > 0`, how the model scores `ids[i]` after
+    /// `ids[..i]` (see [`score`]); position 0 is `None`. Batched with other
+    /// requests like a prompt; dropping the future cancels it.
+    pub async fn score(&self, ids: Vec<u32>) -> Result<Vec<Option<PositionScore>>, BackendError> {
+        self.check_ids(&ids, self.info.max_seq_len as usize)?;
+        if ids.len() < 2 {
+            return Ok(vec![None; ids.len()]);
+        }
+        self.enter_queue()?;
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        self.submit(worker::Job {
+            prompt: ids,
+            // Unused by a scoring job; a fixed seed spares an OS RNG read.
+            params: SamplingParams {
+                seed: Some(0),
+                ..Default::default()
+            },
+            grammar: None,
+            tx: worker::Reply::Score(tx),
+        })?;
+        rx.recv().await.unwrap_or_else(|| {
+            Err(BackendError::Unreachable {
+                backend: self.name.clone(),
+                message: "the engine thread stopped while scoring".into(),
+            })
+        })
     }
 }
 
@@ -240,28 +302,29 @@ impl Backend for EngineBackend {
             };
             return Ok(Box::pin(futures::stream::iter([Ok(done)])));
         }
-        if self.shared.queued.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
-            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-            return Err(BackendError::Overloaded {
-                backend: self.name.clone(),
-                message: format!("{} requests already wait for a batch slot", self.max_queue),
-            });
-        }
+        self.enter_queue()?;
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-        let job = worker::Job {
+        self.submit(worker::Job {
             prompt: req.prompt_ids.to_vec(),
             params: req.params,
             grammar,
-            tx,
-        };
-        if self.tx.send(job).is_err() {
-            self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-            return Err(BackendError::Unreachable {
-                backend: self.name.clone(),
-                message: "the engine thread has stopped".into(),
-            });
-        }
+            tx: worker::Reply::Generate(tx),
+        })?;
         Ok(UnboundedReceiverStream::new(rx).boxed())
+    }
+
+    async fn prompt_logprobs(
+        &self,
+        req: ScoreRequest,
+    ) -> Result<Vec<PositionLogprob>, BackendError> {
+        let scores = self.score(req.ids.to_vec()).await?;
+        Ok(scores
+            .into_iter()
+            .map(|s| PositionLogprob {
+                logprob: s.map(|s| s.logprob),
+                argmax: s.map(|s| s.rank == 1),
+            })
+            .collect())
     }
 
     async fn health(&self) -> Result<(), BackendError> {

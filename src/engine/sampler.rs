@@ -278,7 +278,7 @@ impl Sampler {
 
 /// `(argmax, max, sum(exp(v - max)))` of a non-empty row; the log-sum-exp
 /// is `max + ln(sum)`.
-fn max_and_sum_exp(row: &[f32]) -> (usize, f32, f64) {
+pub(crate) fn max_and_sum_exp(row: &[f32]) -> (usize, f32, f64) {
     let (argmax, max) =
         row.iter()
             .enumerate()

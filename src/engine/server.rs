@@ -9,6 +9,10 @@
 //! those on decoded text; only stop token ids and EOS stop the engine).
 //! Logprobs go on the wire only when the client asks for them, in the
 //! quantity `[engine] logprobs_mode` names (raw by default, as vLLM).
+//! Prompt logprobs (the replay check's teacher-forced pass) are answered in
+//! both forms: vLLM's `prompt_logprobs: 0 | 1` (not streamed) and SGLang's
+//! `return_logprob` with `logprob_start_len >= 0` and `top_logprobs_num <= 1`
+//! (see [`score`](super::score)).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -26,7 +30,7 @@ use serde_json::{json, Map, Value as Json_};
 use tokenizers::Tokenizer;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::EngineBackend;
+use super::{score, EngineBackend};
 use crate::backend::{
     Backend, FinishReason, GenEvent, GenStream, GenerateRequest, SamplingParams, StructuredOutput,
     TokenLogprob,
@@ -127,6 +131,8 @@ struct CompletionBody {
     request_id: Option<String>,
     /// vLLM's `{"json": schema}` or `{"json_object": true}`.
     structured_outputs: Option<serde_json::Value>,
+    /// Logprobs of the prompt's own tokens (0), plus the most likely (1).
+    prompt_logprobs: Option<u32>,
 }
 
 /// vLLM's `structured_outputs` as a constraint; other kinds are refused.
@@ -189,6 +195,10 @@ struct GenerateBody {
     text: Option<String>,
     sampling_params: SglSampling,
     return_logprob: bool,
+    /// With `return_logprob`: input token logprobs from this position on
+    /// (-1, the default: none).
+    logprob_start_len: Option<i64>,
+    top_logprobs_num: Option<u32>,
     stream: bool,
     rid: Option<String>,
 }
@@ -354,6 +364,21 @@ async fn completions(
         ));
     }
     check_sampling(b.temperature, b.top_p, b.min_p)?;
+    match b.prompt_logprobs {
+        Some(k) if k > 1 => {
+            return Err(ApiError::invalid(
+                "prompt_logprobs",
+                "the bundled engine returns prompt_logprobs 0 (each prompt token's own) or 1 (and the most likely)",
+            ))
+        }
+        Some(_) if b.stream => {
+            return Err(ApiError::invalid(
+                "prompt_logprobs",
+                "`prompt_logprobs` are not available when `stream=True`",
+            ))
+        }
+        _ => {}
+    }
     let prompt = match b.prompt {
         Some(Prompt::Ids(ids)) => ids,
         Some(Prompt::Text(t)) => encode(&s, &t)?,
@@ -389,6 +414,14 @@ async fn completions(
         skip_special: b.skip_special_tokens.unwrap_or(true),
     };
     let want_lp = b.logprobs.is_some();
+    let prompt_logprobs = match b.prompt_logprobs {
+        Some(k) => {
+            let scores = s.backend.score(prompt.clone()).await?;
+            let decode_one = |id: u32| decode(&s, &[id], false);
+            Some(score::vllm_prompt_logprobs(&prompt, &scores, k, decode_one))
+        }
+        None => None,
+    };
     let prompt = Arc::new(prompt);
     let req = GenerateRequest {
         request_id: ctx.id.clone(),
@@ -402,7 +435,7 @@ async fn completions(
             g.push(ev?);
         }
         let text = decode(&s, &g.ids, ctx.skip_special);
-        let choice = ctx.choice(
+        let mut choice = ctx.choice(
             &s,
             text,
             &g.ids,
@@ -410,6 +443,9 @@ async fn completions(
             Some(&prompt[..]),
             Some(g.finish_reason.unwrap_or(FinishReason::Abort)),
         );
+        if let Some(pl) = prompt_logprobs {
+            choice["prompt_logprobs"] = pl;
+        }
         let mut out = ctx.envelope(choice);
         out["usage"] = json!({
             "prompt_tokens": prompt.len(), "completion_tokens": g.ids.len(),
@@ -468,6 +504,42 @@ async fn completions(
 
 // ---------------------------------------------------------------- SGLang
 
+/// SGLang's input logprobs when asked (`return_logprob` with
+/// `logprob_start_len >= 0`): `(input_token_logprobs, input_top_logprobs)`.
+async fn sglang_input(
+    s: &EngineServer,
+    (return_logprob, start_len, top_num): (bool, Option<i64>, Option<u32>),
+    prompt: &[u32],
+) -> Result<Option<(Json_, Json_)>, ApiError> {
+    let Some(start) = start_len.filter(|&v| return_logprob && v >= 0) else {
+        return Ok(None);
+    };
+    let start = usize::try_from(start).unwrap_or(usize::MAX);
+    if start >= prompt.len() {
+        return Err(ApiError::invalid(
+            "logprob_start_len",
+            format!(
+                "logprob_start_len {start} is not inside the {}-token input",
+                prompt.len()
+            ),
+        ));
+    }
+    let k = top_num.unwrap_or(0);
+    if k > 1 {
+        return Err(ApiError::invalid(
+            "top_logprobs_num",
+            "with input logprobs the bundled engine returns at most 1 top logprob per position",
+        ));
+    }
+    let scores = s.backend.score(prompt.to_vec()).await?;
+    Ok(Some(score::sglang_input_logprobs(
+        prompt,
+        &scores,
+        start,
+        k == 1,
+    )))
+}
+
 async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Response, ApiError> {
     let b: GenerateBody = parse(&body)?;
     let sp = b.sampling_params;
@@ -498,6 +570,8 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
         logprobs: b.return_logprob.then_some(0),
         structured: sglang_structured(sp.json_schema.as_deref())?,
     };
+    let asked = (b.return_logprob, b.logprob_start_len, b.top_logprobs_num);
+    let input_lp = sglang_input(&s, asked, &prompt).await?;
     let skip_special = sp.skip_special_tokens.unwrap_or(true);
     let rid = b.rid.unwrap_or_else(|| "engine".to_string());
     let prompt_len = prompt.len();
@@ -525,6 +599,10 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
                     .map(|(id, l)| json!([l.logprob, id, null]))
                     .collect();
                 meta["output_token_logprobs"] = json!(lp);
+            }
+            if let Some((tokens, tops)) = &input_lp {
+                meta["input_token_logprobs"] = tokens.clone();
+                meta["input_top_logprobs"] = tops.clone();
             }
             json!({"text": decode(s, ids, skip_special), "output_ids": ids, "meta_info": meta})
         };

@@ -12,6 +12,12 @@
 //! of them are in the KV cache). Each step feeds `tokens[fed..]` (whole or a
 //! chunk); when that reaches the end, the logits of the last row give the next
 //! token. Prefill, decode, and recompute after preemption are the same path.
+//!
+//! A scoring job (the replay check's teacher-forced pass) is a sequence that
+//! only prefills: every one of its rows asks for logits, row `p` scores token
+//! `p + 1` ([`score_row`]), and once the whole sequence is fed its scores are
+//! sent and it leaves the batch without sampling anything. It is batched and
+//! chunked exactly like a prompt, next to running decodes.
 
 use std::collections::VecDeque;
 use std::num::NonZeroU32;
@@ -32,10 +38,51 @@ use llama_cpp_2::DecodeError;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::sampler::Sampler;
+use super::score::{score_row, PositionScore};
 use super::{EngineError, EngineInfo, EngineSettings};
 use crate::backend::{BackendError, FinishReason, GenEvent, SamplingParams, TokenLogprob};
 
 pub(crate) type EventTx = UnboundedSender<Result<GenEvent, BackendError>>;
+/// Every position's score of a scoring job (position 0: `None`), sent once.
+pub(crate) type ScoreTx = UnboundedSender<Result<Vec<Option<PositionScore>>, BackendError>>;
+
+/// Where a job's results go, which also says what the job is.
+pub(crate) enum Reply {
+    /// Generate: sampled tokens are streamed here.
+    Generate(EventTx),
+    /// Score the prompt (teacher-forced), generate nothing.
+    Score(ScoreTx),
+}
+
+impl Reply {
+    fn is_closed(&self) -> bool {
+        match self {
+            Reply::Generate(tx) => tx.is_closed(),
+            Reply::Score(tx) => tx.is_closed(),
+        }
+    }
+
+    /// Sends a generation event; false when the receiver is gone (or this
+    /// is a scoring job, which has no events).
+    fn event(&self, ev: GenEvent) -> bool {
+        match self {
+            Reply::Generate(tx) => tx.send(Ok(ev)).is_ok(),
+            Reply::Score(_) => false,
+        }
+    }
+
+    /// Sends an error (ignored when the receiver is gone).
+    fn fail(&self, e: BackendError) {
+        match self {
+            Reply::Generate(tx) => {
+                let _ = tx.send(Err(e));
+            }
+            Reply::Score(tx) => {
+                let _ = tx.send(Err(e));
+            }
+        }
+    }
+}
 
 /// A request handed to the engine thread.
 pub(crate) struct Job {
@@ -43,7 +90,7 @@ pub(crate) struct Job {
     pub params: SamplingParams,
     /// GBNF grammar constraining the output (from a JSON schema).
     pub grammar: Option<String>,
-    pub tx: EventTx,
+    pub tx: Reply,
 }
 
 /// Counters shared with the handle (benchmarks, metrics).
@@ -75,12 +122,18 @@ struct Seq {
     sampler: Sampler,
     /// llama.cpp's grammar sampler, used only to mask the logits row.
     grammar: Option<LlamaSampler>,
-    tx: EventTx,
+    tx: Reply,
+    /// A scoring job's results so far, by position (empty otherwise).
+    scores: Vec<Option<PositionScore>>,
 }
 
 impl Seq {
     fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+
+    fn scoring(&self) -> bool {
+        matches!(self.tx, Reply::Score(_))
     }
 }
 
@@ -155,6 +208,7 @@ pub(crate) fn run(
         waiting: VecDeque::new(),
         free_slots: Vec::new(),
         rows: Vec::new(),
+        score_rows: Vec::new(),
     };
     w.free_slots = (0..w.settings.max_batch as i32).rev().collect();
     let _ = ready.send(Ok(info));
@@ -174,6 +228,8 @@ struct Worker {
     free_slots: Vec<i32>,
     /// (index into `running`, batch row) of rows whose logits are read.
     rows: Vec<(usize, i32)>,
+    /// (index into `running`, position, batch row) of scoring jobs' rows.
+    score_rows: Vec<(usize, usize, i32)>,
 }
 
 impl Worker {
@@ -217,17 +273,22 @@ impl Worker {
                 Ok(s) => Some(s),
                 Err(e) => {
                     self.shared.queued.fetch_sub(1, Ordering::SeqCst);
-                    let _ = job.tx.send(Err(BackendError::Rejected {
+                    job.tx.fail(BackendError::Rejected {
                         backend: self.settings.name.clone(),
                         message: format!("the output constraint's grammar is invalid: {e}"),
-                    }));
+                    });
                     return;
                 }
             },
             None => None,
         };
         let sampler = Sampler::new(&job.params, &job.prompt, self.settings.logprobs_mode);
+        let scores = match job.tx {
+            Reply::Score(_) => vec![None; job.prompt.len()],
+            Reply::Generate(_) => Vec::new(),
+        };
         self.waiting.push_back(Seq {
+            scores,
             grammar,
             slot: -1,
             prompt_len: job.prompt.len(),
@@ -353,19 +414,28 @@ impl Worker {
         }
         self.batch.clear();
         self.rows.clear();
+        self.score_rows.clear();
         let mut prefilled = 0u64;
         for &(i, take) in &plan {
             let s = &self.running[i];
+            let scoring = s.scoring();
             let end = s.fed + take;
             for (pos, &t) in s.tokens.iter().enumerate().take(end).skip(s.fed) {
                 let last = pos + 1 == s.tokens.len();
                 let tok = LlamaToken::new(t as i32);
-                if self.batch.add(tok, pos as i32, &[s.slot], last).is_err() {
+                if self
+                    .batch
+                    .add(tok, pos as i32, &[s.slot], last || scoring)
+                    .is_err()
+                {
                     // Cannot happen: the batch holds prefill_chunk + max_batch.
                     break;
                 }
-                if last {
-                    self.rows.push((i, self.batch.n_tokens() - 1));
+                let row = self.batch.n_tokens() - 1;
+                if scoring {
+                    self.score_rows.push((i, pos, row));
+                } else if last {
+                    self.rows.push((i, row));
                 }
             }
             if take > 1 || s.fed < s.prompt_len {
@@ -391,15 +461,15 @@ impl Worker {
         for &(i, take) in &plan {
             self.running[i].fed += take;
         }
-        let mut finished: Vec<usize> = Vec::new();
+        let mut finished = self.finish_scored(ctx);
         let rows = std::mem::take(&mut self.rows);
         for &(i, row) in &rows {
             let logits = ctx.get_logits_ith(row);
             if let Some(reason) = self.sample_one(i, logits) {
                 let s = &self.running[i];
-                let _ = s.tx.send(Ok(GenEvent::Done {
+                s.tx.event(GenEvent::Done {
                     finish_reason: reason,
-                }));
+                });
                 finished.push(i);
             }
         }
@@ -409,6 +479,30 @@ impl Worker {
             let seq = self.running.remove(i);
             self.release(ctx, &seq);
         }
+    }
+
+    /// Scores this step's rows of scoring jobs (row `p` gives the logprob of
+    /// token `p + 1`), sends the scores of every job now fed to its end, and
+    /// returns those jobs' indices into `running`.
+    fn finish_scored(&mut self, ctx: &LlamaContext<'_>) -> Vec<usize> {
+        for &(i, pos, row) in &self.score_rows {
+            let s = &mut self.running[i];
+            if let Some(&next) = s.tokens.get(pos + 1) {
+                if let Some(slot) = s.scores.get_mut(pos + 1) {
+                    *slot = score_row(ctx.get_logits_ith(row), next);
+                }
+            }
+        }
+        let mut done = Vec::new();
+        for (i, s) in self.running.iter_mut().enumerate() {
+            if let Reply::Score(tx) = &s.tx {
+                if s.fed == s.tokens.len() {
+                    let _ = tx.send(Ok(std::mem::take(&mut s.scores)));
+                    done.push(i);
+                }
+            }
+        }
+        done
     }
 
     /// Samples the next token of `running[i]`, sends it, and returns the
@@ -435,11 +529,11 @@ impl Worker {
             logprob: Some(out.logprob),
             top: out.top,
         }];
-        let sent = s.tx.send(Ok(GenEvent::Tokens {
+        let sent = s.tx.event(GenEvent::Tokens {
             ids: vec![out.token],
             logprobs,
-        }));
-        if sent.is_err() {
+        });
+        if !sent {
             return Some(FinishReason::Abort);
         }
         let p = &s.params;
@@ -460,11 +554,11 @@ impl Worker {
         idx.dedup();
         for i in idx.into_iter().rev() {
             let seq = self.running.remove(i);
-            let _ = seq.tx.send(Err(BackendError::Status {
+            seq.tx.fail(BackendError::Status {
                 backend: self.settings.name.clone(),
                 status: 500,
                 message: message.to_string(),
-            }));
+            });
             self.release(ctx, &seq);
         }
     }
