@@ -53,6 +53,8 @@ pub struct Config {
     #[serde(default)]
     pub trajectory: TrajectoryConfig,
     #[serde(default)]
+    pub verify: VerifyConfig,
+    #[serde(default)]
     pub auth: AuthConfig,
     /// `tito serve --insecure-open`: serve a non-loopback address with a
     /// role left open. Not a file key.
@@ -347,6 +349,56 @@ impl Default for TrajectoryConfig {
     }
 }
 
+/// `[verify]`: the teacher-forced replay check of recorded logprobs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct VerifyConfig {
+    /// Share of finished trajectories checked in the background (0 = off).
+    pub fraction: f64,
+    /// |Δ| in nats above which a position is listed in a check's report.
+    pub threshold: f64,
+    /// Backend (by name) the checks replay on; empty = where the router
+    /// sends the trajectory.
+    pub backend: String,
+}
+
+impl Default for VerifyConfig {
+    fn default() -> Self {
+        Self {
+            fraction: 0.0,
+            threshold: crate::verify::DEFAULT_THRESHOLD,
+            backend: String::new(),
+        }
+    }
+}
+
+impl VerifyConfig {
+    fn validate(&self, backends: &[BackendConfig]) -> Result<(), ConfigError> {
+        if !(0.0..=1.0).contains(&self.fraction) {
+            return Err(invalid(
+                "verify.fraction",
+                self.fraction,
+                "must be a share from 0.0 (off) to 1.0 (every finished trajectory)",
+            ));
+        }
+        if !(self.threshold.is_finite() && self.threshold >= 0.0) {
+            return Err(invalid(
+                "verify.threshold",
+                self.threshold,
+                "must be a non-negative number of nats",
+            ));
+        }
+        if !self.backend.is_empty() && !backends.iter().any(|b| b.display_name() == self.backend) {
+            return Err(invalid(
+                "verify.backend",
+                &self.backend,
+                "must be empty or the name (else url) of one of the [[backends]]",
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Config {
     /// Reads, parses and validates a config file. Relative paths inside it
     /// are resolved against the current directory, as users expect from a CLI.
@@ -519,7 +571,7 @@ impl Config {
                 "expected sqlite://PATH or memory://",
             ));
         }
-        Ok(())
+        self.verify.validate(&self.backends)
     }
 
     /// True when any backend is the in-process engine.
@@ -569,6 +621,32 @@ kind = "vllm"
         let text = MINIMAL.replace("http://127.0.0.1:8001", "127.0.0.1:8001");
         let err = Config::from_toml(&text).expect_err("bad url");
         assert!(err.to_string().contains("backends[0].url"), "{err}");
+    }
+
+    #[test]
+    fn verify_section_is_strict() {
+        let c = Config::from_toml(MINIMAL).expect("valid");
+        assert_eq!(c.verify.fraction, 0.0, "off by default");
+        assert_eq!(c.verify.threshold, crate::verify::DEFAULT_THRESHOLD);
+        let ok = format!("{MINIMAL}\n[verify]\nfraction = 0.01\nthreshold = 0.5\nbackend = \"http://127.0.0.1:8001\"\n");
+        let c = Config::from_toml(&ok).expect("valid [verify]");
+        assert_eq!(c.verify.fraction, 0.01);
+        for (text, key, value) in [
+            ("fraction = 1.5", "verify.fraction", "1.5"),
+            ("fraction = -0.1", "verify.fraction", "-0.1"),
+            ("fraction = nan", "verify.fraction", "NaN"),
+            ("threshold = -1.0", "verify.threshold", "-1.0"),
+            ("threshold = inf", "verify.threshold", "inf"),
+            ("backend = \"nope\"", "verify.backend", "nope"),
+        ] {
+            let err = Config::from_toml(&format!("{MINIMAL}\n[verify]\n{text}\n"))
+                .expect_err(text)
+                .to_string();
+            assert!(err.contains(key) && err.contains(value), "{text}: {err}");
+        }
+        let err = Config::from_toml(&format!("{MINIMAL}\n[verify]\nfracton = 0.1\n"))
+            .expect_err("unknown key");
+        assert!(err.to_string().contains("fracton"), "{err}");
     }
 
     #[test]

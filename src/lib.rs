@@ -22,6 +22,8 @@
 //!   full and streamed.
 //! - [`export`]: training rows (trajectory / per_call / verl layouts) written
 //!   as JSONL or Parquet to any `Write`.
+//! - [`verify`]: the teacher-forced replay check of recorded logprobs against
+//!   a backend's prompt logprobs, on request and sampled in the background.
 
 pub mod api;
 pub mod backend;
@@ -36,6 +38,7 @@ pub mod render;
 pub mod router;
 pub mod store;
 pub mod trajectory;
+pub mod verify;
 
 pub use api::{build_app, serve, AppState};
 pub use config::Config;

@@ -65,6 +65,25 @@ enum Command {
         #[arg(long)]
         out: PathBuf,
     },
+    /// Replay recorded samples against a backend (teacher-forced) and report
+    /// how far the recorded logprobs are from the backend's: one JSON line per
+    /// sample on stdout, then a summary line; progress on stderr.
+    Verify {
+        #[arg(long, default_value = "config.toml", env = "TITO_CONFIG")]
+        config: PathBuf,
+        /// The trajectory to check.
+        #[arg(long, conflicts_with = "since", required_unless_present = "since")]
+        trajectory: Option<String>,
+        /// Check every trajectory finished at or after this time (unix ms or RFC 3339).
+        #[arg(long)]
+        since: Option<String>,
+        /// |Δ| in nats above which positions are listed (default: [verify] threshold).
+        #[arg(long)]
+        threshold: Option<f64>,
+        /// Replay on this backend, by name (default: [verify] backend, else the router's choice).
+        #[arg(long)]
+        backend: Option<String>,
+    },
     /// Run the bundled llama.cpp engine alone, as a vLLM/SGLang-compatible server.
     Engine {
         /// GGUF model file.
@@ -87,20 +106,27 @@ enum Command {
     },
 }
 
-fn init_tracing() {
+/// Logs go to stdout, or to stderr for commands whose stdout is data.
+fn init_tracing(to_stderr: bool) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::stdout().is_terminal() && std::env::var_os("NO_COLOR").is_none())
-        .init();
+    let no_color = std::env::var_os("NO_COLOR").is_some();
+    let fmt = tracing_subscriber::fmt().with_env_filter(filter);
+    if to_stderr {
+        fmt.with_writer(std::io::stderr)
+            .with_ansi(std::io::stderr().is_terminal() && !no_color)
+            .init();
+    } else {
+        fmt.with_ansi(std::io::stdout().is_terminal() && !no_color)
+            .init();
+    }
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
+    init_tracing(matches!(cli.command, Command::Verify { .. }));
     let result = match cli.command {
         Command::Serve {
             config,
@@ -136,6 +162,22 @@ async fn main() -> ExitCode {
                 .await
                 .map_err(anyhow::Error::from)
                 .and_then(|r| r)
+        }
+        Command::Verify {
+            config,
+            trajectory,
+            since,
+            threshold,
+            backend,
+        } => {
+            let args = VerifyArgs {
+                config,
+                trajectory,
+                since,
+                threshold,
+                backend,
+            };
+            run_verify(args).await
         }
         Command::Engine {
             model,
@@ -261,6 +303,127 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
         stats.truncated_responses
     );
     Ok(())
+}
+
+struct VerifyArgs {
+    config: PathBuf,
+    trajectory: Option<String>,
+    since: Option<String>,
+    threshold: Option<f64>,
+    backend: Option<String>,
+}
+
+/// `tito verify`: the replay check over the store named by `[store] url`,
+/// on the configured backends (the engine is started in-process for
+/// `url = "engine"`); results are stored with their trajectories.
+async fn run_verify(a: VerifyArgs) -> anyhow::Result<()> {
+    use anyhow::{anyhow, bail};
+    use tito::store::{ListQuery, TrajectoryFilter, TrajectoryStatus};
+    use tito::verify::{sample_json, Options, Summary};
+
+    let config = tito::Config::load(&a.config)?;
+    let max_len = (config.model.max_model_len > 0).then_some(config.model.max_model_len as usize);
+    let mut opts = Options::from_config(&config.verify, max_len);
+    if let Some(t) = a.threshold {
+        if !(t.is_finite() && t >= 0.0) {
+            bail!("--threshold: expected a non-negative number of nats, got {t}");
+        }
+        opts.threshold = t;
+    }
+    if let Some(b) = a.backend {
+        opts.backend = Some(b);
+    }
+    let since = match a.since.as_deref() {
+        None => None,
+        Some(s) => Some(
+            parse_time(s)
+                .ok_or_else(|| anyhow!("--since: expected unix milliseconds or RFC 3339"))?,
+        ),
+    };
+    let url = config.store.url.clone();
+    if url == "memory://" {
+        bail!("store.url is memory://: nothing persisted to verify");
+    }
+    let path = tito::store::sqlite::SqliteUrl::parse(&url)?.path;
+    if !path.exists() {
+        bail!("no span store at {} (store.url = {url})", path.display());
+    }
+    let store = tito::store::open(&url)?;
+    let cfg = config.clone();
+    let backends = tokio::task::spawn_blocking(move || tito::api::build_backends(&cfg)).await??;
+    let router = tito::router::Router::new(&config.router);
+    for (b, c) in backends.into_iter().zip(&config.backends) {
+        router.add_backend(b, c.url.clone())?;
+    }
+    let ids = match a.trajectory {
+        Some(id) => vec![id],
+        None => {
+            let mut query = ListQuery {
+                filter: TrajectoryFilter {
+                    status: Some(TrajectoryStatus::Finished),
+                    since,
+                    ..Default::default()
+                },
+                limit: 1000,
+                cursor: None,
+            };
+            let mut ids = Vec::new();
+            loop {
+                let page = store.list_trajectories(&query).await?;
+                ids.extend(page.items.into_iter().map(|m| m.id));
+                match page.next_cursor {
+                    Some(c) => query.cursor = Some(c),
+                    None => break,
+                }
+            }
+            ids
+        }
+    };
+    let bar = indicatif::ProgressBar::new(ids.len() as u64);
+    bar.set_style(indicatif::ProgressStyle::with_template(
+        "{bar:40} {pos}/{len} trajectories  {msg}  [{elapsed_precise}, eta {eta}]",
+    )?);
+    let mut summary = Summary::default();
+    for id in &ids {
+        match tito::verify::verify_trajectory(&router, &store, id, &opts).await {
+            Ok(report) => {
+                for c in &report.samples {
+                    let mut line = sample_json(c);
+                    line["trajectory_id"] = serde_json::json!(id);
+                    bar.suspend(|| println!("{line}"));
+                }
+                summary.add(&report);
+            }
+            Err(e) => {
+                summary.failed += 1;
+                bar.println(format!("trajectory {id}: {e}"));
+            }
+        }
+        bar.inc(1);
+        bar.set_message(format!(
+            "{} samples, {} tokens compared",
+            summary.samples, summary.compared
+        ));
+    }
+    bar.finish_and_clear();
+    println!("{}", summary.to_json());
+    if summary.failed > 0 {
+        bail!(
+            "{} of {} trajectories could not be verified",
+            summary.failed,
+            ids.len()
+        );
+    }
+    Ok(())
+}
+
+/// Unix milliseconds or an RFC 3339 time, as unix milliseconds.
+fn parse_time(s: &str) -> Option<i64> {
+    s.parse::<i64>().ok().or_else(|| {
+        chrono::DateTime::parse_from_rfc3339(s)
+            .ok()
+            .map(|t| t.timestamp_millis())
+    })
 }
 
 async fn shutdown_signal() {

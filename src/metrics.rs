@@ -38,6 +38,9 @@ pub const SERVER_ERRORS: &str = "tito_server_errors_total";
 /// Requests refused with 429 at `[server] max_concurrent_requests`.
 pub const REJECTED_OVERLOAD: &str = "tito_requests_rejected_overload_total";
 pub const BACKEND_PROTOCOL_ERRORS: &str = "tito_backend_protocol_errors_total";
+pub const REPLAY_ABS_DIFF: &str = "tito_replay_logprob_abs_diff";
+pub const REPLAY_SAMPLES: &str = "tito_replay_check_samples_total";
+pub const REPLAY_FAILURES: &str = "tito_replay_check_failures_total";
 
 fn handle() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -48,11 +51,17 @@ fn handle() -> &'static PrometheusHandle {
         let slow = [
             0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
         ];
+        // |Δ| in nats of the replay check: 0 exactly, then kernel noise up
+        // to gross disagreement.
+        let nats = [
+            0.0, 1e-6, 1e-5, 1e-4, 1e-3, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0,
+        ];
         let builder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(REQUEST_DURATION.into()), &slow)
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(TTFT.into()), &slow))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(GATEWAY_OVERHEAD.into()), &fast))
-            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(STORE_COMMIT.into()), &fast));
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(STORE_COMMIT.into()), &fast))
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(REPLAY_ABS_DIFF.into()), &nats));
         let recorder = match builder {
             Ok(b) => b.build_recorder(),
             Err(_) => PrometheusBuilder::new().build_recorder(),
@@ -128,6 +137,20 @@ pub fn rejected_overload() {
 /// A 5xx answer, by matched route.
 pub fn server_error(route: &str) {
     counter!(SERVER_ERRORS, "route" => route.to_string()).increment(1);
+}
+
+/// One sample's replay check: every compared token's |Δ| (nats).
+pub fn replay_sample(backend: &str, abs_diffs: &[f64]) {
+    counter!(REPLAY_SAMPLES, "backend" => backend.to_string()).increment(1);
+    let h = histogram!(REPLAY_ABS_DIFF, "backend" => backend.to_string());
+    for &d in abs_diffs {
+        h.record(d);
+    }
+}
+
+/// A replay check that failed (`source`: `api`, `background`, `cli`).
+pub fn replay_failure(source: &'static str) {
+    counter!(REPLAY_FAILURES, "source" => source).increment(1);
 }
 
 pub fn store_commit(d: Duration) {

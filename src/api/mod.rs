@@ -15,6 +15,7 @@ mod sse;
 pub mod trajectories;
 pub mod ui;
 mod unsupported;
+mod verify;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -112,6 +113,13 @@ impl AppState {
             0 => renderer.max_model_len().unwrap_or(DEFAULT_MAX_MODEL_LEN),
             n => n,
         };
+        let on_finish = crate::verify::background::finish_hook(
+            forget,
+            &config.verify,
+            router.clone(),
+            store.clone(),
+            max_model_len as usize,
+        );
         let calls = Arc::new(Calls::new(
             router.clone(),
             renderer.clone(),
@@ -133,7 +141,7 @@ impl AppState {
                 pad_id,
                 store,
                 decode: Some(decode),
-                on_finish: Some(forget),
+                on_finish: Some(on_finish),
             },
         })
     }
@@ -538,6 +546,7 @@ pub fn build_app(state: AppState) -> axum::Router {
     let trainer = trajectories::routes()
         .merge(export::routes())
         .merge(ui::trainer_routes())
+        .merge(verify::routes())
         .route_layer(role(auth::Role::Trainer));
     let admin = admin::routes().route_layer(role(auth::Role::Admin));
     let metrics = axum::Router::new()
