@@ -7,6 +7,11 @@
 //! request carrying `structured_outputs` gets `--structured-reply-ids` when
 //! given, as a backend honouring the constraint would answer.
 //!
+//! It answers vLLM's `prompt_logprobs` too (the replay check, `POST
+//! /v1/trajectories/{id}/verify`): a token it sampled gets back the logprob
+//! it was sampled with, so a replay of its answers shows |Δ| = 0, except at
+//! the sequence positions shifted with `--replay-shift POS=DELTA,...`.
+//!
 //! Prints `listening on ADDR` on stdout once it accepts connections.
 
 #[path = "../tests/common/mock_vllm.rs"]
@@ -16,7 +21,13 @@ use std::io::Write;
 
 use mock_vllm::{MockVllm, Scripted};
 
-type Args = (String, Vec<u32>, Vec<Vec<u32>>, Option<Vec<u32>>);
+struct Args {
+    listen: String,
+    ids: Vec<u32>,
+    script: Vec<Vec<u32>>,
+    structured: Option<Vec<u32>>,
+    shifts: Vec<(usize, f32)>,
+}
 
 fn id_list(v: &str) -> Result<Vec<u32>, String> {
     v.split(',')
@@ -28,11 +39,32 @@ fn id_list(v: &str) -> Result<Vec<u32>, String> {
         .collect()
 }
 
+/// `POS=DELTA,POS=DELTA`.
+fn shift_list(v: &str) -> Result<Vec<(usize, f32)>, String> {
+    v.split(',')
+        .map(|kv| {
+            let (pos, delta) = kv
+                .split_once('=')
+                .ok_or_else(|| format!("bad shift {kv:?}: expected POS=DELTA"))?;
+            let pos = pos
+                .trim()
+                .parse()
+                .map_err(|e| format!("bad position {pos:?}: {e}"))?;
+            let delta = delta
+                .trim()
+                .parse()
+                .map_err(|e| format!("bad delta {delta:?}: {e}"))?;
+            Ok((pos, delta))
+        })
+        .collect()
+}
+
 fn parse_args() -> Result<Args, String> {
     let mut listen = "127.0.0.1:0".to_string();
     let mut ids = vec![72, 105, 33];
     let mut script = Vec::new();
     let mut structured = None;
+    let mut shifts = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
@@ -47,25 +79,37 @@ fn parse_args() -> Result<Args, String> {
                 let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"))?;
                 script = serde_json::from_str(&text).map_err(|e| format!("{path}: {e}"))?;
             }
+            "--replay-shift" => {
+                shifts = shift_list(&args.next().ok_or("--replay-shift needs POS=DELTA,...")?)?;
+            }
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    Ok((listen, ids, script, structured))
+    Ok(Args {
+        listen,
+        ids,
+        script,
+        structured,
+        shifts,
+    })
 }
 
 #[tokio::main]
 async fn main() {
-    let (listen, ids, script, structured) = match parse_args() {
+    let args = match parse_args() {
         Ok(v) => v,
         Err(e) => {
-            eprintln!("mock_backend: {e}\nusage: mock_backend [--listen ADDR] [--reply-ids 1,2,3] [--script FILE] [--structured-reply-ids 1,2,3]");
+            eprintln!("mock_backend: {e}\nusage: mock_backend [--listen ADDR] [--reply-ids 1,2,3] [--script FILE] [--structured-reply-ids 1,2,3] [--replay-shift POS=DELTA,...]");
             std::process::exit(2);
         }
     };
-    let mock = MockVllm::start_on(&listen, Scripted::ids(ids)).await;
-    *mock.state.structured_reply.lock().expect("lock") = structured;
-    for reply in script {
+    let mock = MockVllm::start_on(&args.listen, Scripted::ids(args.ids)).await;
+    *mock.state.structured_reply.lock().expect("lock") = args.structured;
+    for reply in args.script {
         mock.push(Scripted::ids(reply));
+    }
+    for (pos, delta) in args.shifts {
+        mock.shift_replay(pos, delta);
     }
     println!("listening on {}", mock.addr);
     let _ = std::io::stdout().flush();

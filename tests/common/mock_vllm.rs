@@ -2,10 +2,17 @@
 //! records every request body and answers from a script of token ids and
 //! logprobs, streaming one token per SSE chunk. A response can hang after k
 //! tokens so tests can observe client-disconnect cancellation.
+//!
+//! It also answers vLLM's `prompt_logprobs` (the replay check's
+//! teacher-forced pass) as a model that remembers what it sampled: a token
+//! it sampled after a prefix gets the logprob and rank it was sampled with;
+//! any other position gets [`UNSEEN_LOGPROB`] at rank [`UNSEEN_RANK`]. A
+//! test can shift chosen sequence positions ([`MockVllm::shift_replay`]).
+//! Scoring requests use no script entry and are counted in `scored`.
 
 #![allow(dead_code)]
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,6 +46,8 @@ pub struct Scripted {
     pub garbage: bool,
     /// Send `null` for every optional logprobs field but the numbers.
     pub null_optionals: bool,
+    /// Per-token rank (1 = argmax) a later replay reports; default 1.
+    pub ranks: Option<Vec<u32>>,
 }
 
 impl Scripted {
@@ -70,6 +79,27 @@ pub struct MockState {
     /// The answer to a request carrying `structured_outputs`, as a backend
     /// honouring the constraint would give (unset: the script applies).
     pub structured_reply: Mutex<Option<Vec<u32>>>,
+    /// What was sampled: hash of the prefix → (token, logprob, rank).
+    pub sampled: Mutex<HashMap<u64, (u32, f32, u32)>>,
+    /// Replays: sequence position → added to the replayed logprob.
+    pub replay_shift: Mutex<HashMap<usize, f32>>,
+    /// Prompt-logprob (scoring) requests answered.
+    pub scored: AtomicUsize,
+    pub scored_notify: Notify,
+}
+
+/// A replayed position the mock never sampled (prompt, observations).
+pub const UNSEEN_LOGPROB: f32 = -2.5;
+pub const UNSEEN_RANK: u32 = 3;
+
+/// Hash of a prefix, extended one token at a time.
+fn extend_hash(h: u64, token: u32) -> u64 {
+    (h ^ u64::from(token)).wrapping_mul(0x100_0000_01b3) ^ 0x9e37_79b9
+}
+
+fn prefix_hash(ids: &[u32]) -> u64 {
+    ids.iter()
+        .fold(0xcbf2_9ce4_8422_2325, |h, &t| extend_hash(h, t))
 }
 
 pub struct MockVllm {
@@ -130,6 +160,26 @@ impl MockVllm {
     /// (prompt, sampled ids) of every streamed answer sent to its end.
     pub fn completed(&self) -> Vec<(Vec<u32>, Vec<u32>)> {
         self.state.completed.lock().expect("lock").clone()
+    }
+
+    /// Replays of sequence position `pos` report `delta` more than sampled.
+    pub fn shift_replay(&self, pos: usize, delta: f32) {
+        self.state
+            .replay_shift
+            .lock()
+            .expect("lock")
+            .insert(pos, delta);
+    }
+
+    /// Resolves once `n` scoring requests were answered.
+    pub async fn wait_scored(&self, n: usize) {
+        loop {
+            let notified = self.state.scored_notify.notified();
+            if self.state.scored.load(Ordering::SeqCst) >= n {
+                return;
+            }
+            notified.await;
+        }
     }
 
     pub fn requests(&self) -> Vec<Value> {
@@ -246,10 +296,75 @@ fn logprobs_json(ids: &[u32], lps: &[f32], k: u64) -> Value {
     })
 }
 
+/// Remembers that `ids` were sampled after `prompt` (when not quiet).
+fn remember(s: &MockState, prompt: &[u32], ids: &[u32], lps: &[f32], ranks: Option<&[u32]>) {
+    if s.quiet.load(Ordering::Relaxed) {
+        return;
+    }
+    let mut table = s.sampled.lock().expect("lock");
+    let mut h = prefix_hash(prompt);
+    for (i, (&id, &lp)) in ids.iter().zip(lps).enumerate() {
+        let rank = ranks.and_then(|r| r.get(i)).copied().unwrap_or(1);
+        table.insert(h, (id, lp, rank));
+        h = extend_hash(h, id);
+    }
+}
+
+/// vLLM's answer to `prompt_logprobs: 0`: per position the own token's
+/// `{logprob, rank, decoded_token}`, null at position 0.
+fn prompt_logprobs(s: &MockState, prompt: &[u32]) -> Value {
+    let table = s.sampled.lock().expect("lock");
+    let shift = s.replay_shift.lock().expect("lock");
+    let mut h = prefix_hash(&[]);
+    let mut out = Vec::with_capacity(prompt.len());
+    for (pos, &id) in prompt.iter().enumerate() {
+        if pos == 0 {
+            out.push(Value::Null);
+        } else {
+            let (lp, rank) = match table.get(&h) {
+                Some(&(t, lp, rank)) if t == id => (lp, rank),
+                _ => (UNSEEN_LOGPROB, UNSEEN_RANK),
+            };
+            let lp = lp + shift.get(&pos).copied().unwrap_or(0.0);
+            let mut m = serde_json::Map::new();
+            m.insert(
+                id.to_string(),
+                json!({"logprob": lp, "rank": rank, "decoded_token": format!("t{id}")}),
+            );
+            out.push(Value::Object(m));
+        }
+        h = extend_hash(h, id);
+    }
+    Value::Array(out)
+}
+
+/// A teacher-forced pass: the prompt's logprobs and one token, from no
+/// script entry.
+fn score(s: &MockState, body: &Value) -> Response {
+    if body["stream"].as_bool().unwrap_or(false) {
+        return (
+            StatusCode::BAD_REQUEST,
+            Json(json!({"error": {"message": "`prompt_logprobs` are not available when `stream=True`.", "type": "BadRequestError", "code": 400}})),
+        )
+            .into_response();
+    }
+    let prompt: Vec<u32> = serde_json::from_value(body["prompt"].clone()).unwrap_or_default();
+    let choice = json!({"index": 0, "text": "", "token_ids": [0], "finish_reason": "length",
+        "stop_reason": null, "logprobs": null, "prompt_logprobs": prompt_logprobs(s, &prompt)});
+    s.scored.fetch_add(1, Ordering::SeqCst);
+    s.scored_notify.notify_waiters();
+    Json(json!({"id": "cmpl-mock", "object": "text_completion", "model": "mock", "choices": [choice],
+        "usage": {"prompt_tokens": prompt.len(), "completion_tokens": 1, "total_tokens": prompt.len() + 1}}))
+    .into_response()
+}
+
 async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -> Response {
     if !s.quiet.load(Ordering::Relaxed) {
         s.requests.lock().expect("lock").push(body.clone());
         s.log.lock().expect("lock").push("/v1/completions".into());
+    }
+    if !body["prompt_logprobs"].is_null() {
+        return score(&s, &body);
     }
     let structured = body.get("structured_outputs").is_some();
     let script = match s.structured_reply.lock().expect("lock").clone() {
@@ -298,6 +413,7 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
         Some(l) => l.iter().take(ids.len()).copied().collect(),
         None => (0..ids.len()).map(|i| -0.5 - i as f32 / 100.0).collect(),
     };
+    remember(&s, &prompt, &ids, &lps, script.ranks.as_deref());
     let k = body["logprobs"].as_u64().filter(|_| !script.no_logprobs);
     if !body["stream"].as_bool().unwrap_or(false) {
         let mut choice = json!({"index": 0, "text": "", "finish_reason": finish, "stop_reason": null,
