@@ -396,7 +396,7 @@ async fn run_verify(a: VerifyArgs) -> anyhow::Result<()> {
             }
             Err(e) => {
                 summary.failed += 1;
-                bar.println(format!("trajectory {id}: {e}"));
+                bar.suspend(|| eprintln!("trajectory {id}: {e}"));
             }
         }
         bar.inc(1);
