@@ -138,7 +138,39 @@ struct ScoreAnswer {
 struct ScoreChoice {
     /// `[null, {"<id>": {"logprob", "rank", "decoded_token"}}, ...]`.
     #[serde(default)]
-    prompt_logprobs: Option<Vec<Option<std::collections::HashMap<String, PromptEntry>>>>,
+    prompt_logprobs: Option<Vec<Option<PromptPosition>>>,
+}
+
+/// One position's map read straight into `(token id, entry)` pairs (keys
+/// `"ID"` or `"token_id:ID"`; other keys are skipped), without building a
+/// map per position.
+struct PromptPosition(Vec<(u32, PromptEntry)>);
+
+impl<'de> Deserialize<'de> for PromptPosition {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Visit;
+        impl<'de> serde::de::Visitor<'de> for Visit {
+            type Value = PromptPosition;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of token id to {logprob, rank, decoded_token}")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<PromptPosition, A::Error> {
+                let mut out = Vec::with_capacity(m.size_hint().unwrap_or(1));
+                while let Some(key) = m.next_key::<std::borrow::Cow<'de, str>>()? {
+                    let entry: PromptEntry = m.next_value()?;
+                    let id = key.parse().ok().or_else(|| parse_token_key(&key));
+                    if let Some(id) = id {
+                        out.push((id, entry));
+                    }
+                }
+                Ok(PromptPosition(out))
+            }
+        }
+        d.deserialize_map(Visit)
+    }
 }
 
 #[derive(Deserialize)]
@@ -170,16 +202,17 @@ fn prompt_logprobs(answer: ScoreAnswer, ids: &[u32]) -> Result<Vec<PositionLogpr
     }
     let mut out = Vec::with_capacity(ids.len());
     for (i, (entry, &id)) in list.into_iter().zip(ids).enumerate() {
-        let Some(mut map) = entry.filter(|_| i > 0) else {
+        let Some(position) = entry.filter(|_| i > 0) else {
             out.push(PositionLogprob {
                 logprob: None,
                 argmax: None,
             });
             continue;
         };
-        let own = map
-            .remove(&id.to_string())
-            .or_else(|| map.remove(&format!("token_id:{id}")))
+        let own = position
+            .0
+            .into_iter()
+            .find_map(|(t, e)| (t == id).then_some(e))
             .ok_or_else(|| format!("prompt_logprobs[{i}] has no entry for token {id}"))?;
         out.push(PositionLogprob {
             logprob: own.logprob.map(|v| v as f32),
