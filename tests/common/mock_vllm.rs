@@ -79,8 +79,8 @@ pub struct MockState {
     /// The answer to a request carrying `structured_outputs`, as a backend
     /// honouring the constraint would give (unset: the script applies).
     pub structured_reply: Mutex<Option<Vec<u32>>>,
-    /// What was sampled: hash of the prefix → (token, logprob, rank).
-    pub sampled: Mutex<HashMap<u64, (u32, f32, u32)>>,
+    /// What was sampled: hash of prefix + token → (logprob, rank).
+    pub sampled: Mutex<HashMap<u64, (f32, u32)>>,
     /// Replays: sequence position → added to the replayed logprob.
     pub replay_shift: Mutex<HashMap<usize, f32>>,
     /// Prompt-logprob (scoring) requests answered.
@@ -305,8 +305,8 @@ fn remember(s: &MockState, prompt: &[u32], ids: &[u32], lps: &[f32], ranks: Opti
     let mut h = prefix_hash(prompt);
     for (i, (&id, &lp)) in ids.iter().zip(lps).enumerate() {
         let rank = ranks.and_then(|r| r.get(i)).copied().unwrap_or(1);
-        table.insert(h, (id, lp, rank));
         h = extend_hash(h, id);
+        table.insert(h, (lp, rank));
     }
 }
 
@@ -318,13 +318,14 @@ fn prompt_logprobs(s: &MockState, prompt: &[u32]) -> Value {
     let mut h = prefix_hash(&[]);
     let mut out = Vec::with_capacity(prompt.len());
     for (pos, &id) in prompt.iter().enumerate() {
+        h = extend_hash(h, id);
         if pos == 0 {
             out.push(Value::Null);
         } else {
-            let (lp, rank) = match table.get(&h) {
-                Some(&(t, lp, rank)) if t == id => (lp, rank),
-                _ => (UNSEEN_LOGPROB, UNSEEN_RANK),
-            };
+            let (lp, rank) = table
+                .get(&h)
+                .copied()
+                .unwrap_or((UNSEEN_LOGPROB, UNSEEN_RANK));
             let lp = lp + shift.get(&pos).copied().unwrap_or(0.0);
             let mut m = serde_json::Map::new();
             m.insert(
@@ -333,7 +334,6 @@ fn prompt_logprobs(s: &MockState, prompt: &[u32]) -> Value {
             );
             out.push(Value::Object(m));
         }
-        h = extend_hash(h, id);
     }
     Value::Array(out)
 }
