@@ -179,6 +179,41 @@ async fn the_engine_server_answers_both_prompt_logprob_forms_with_the_engine_num
         assert_eq!(over_http, local, "{kind} form gives the engine's numbers");
     }
 
+    // Requests the engine cannot answer as asked are refused, naming why.
+    let client = reqwest::Client::new();
+    for (path, body, param) in [
+        (
+            "/v1/completions",
+            json!({"prompt": ids, "max_tokens": 1, "prompt_logprobs": 2}),
+            "prompt_logprobs",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": ids, "max_tokens": 1, "prompt_logprobs": 0, "stream": true}),
+            "prompt_logprobs",
+        ),
+        (
+            "/generate",
+            json!({"input_ids": ids, "return_logprob": true, "logprob_start_len": ids.len()}),
+            "logprob_start_len",
+        ),
+        (
+            "/generate",
+            json!({"input_ids": ids, "return_logprob": true, "logprob_start_len": 0, "top_logprobs_num": 2}),
+            "top_logprobs_num",
+        ),
+    ] {
+        let r = client
+            .post(format!("{url}{path}"))
+            .json(&body)
+            .send()
+            .await
+            .expect("reachable");
+        assert_eq!(r.status(), 400, "{path} {body}");
+        let v: Value = r.json().await.expect("json");
+        assert_eq!(v["error"]["param"], param, "{v}");
+    }
+
     // Longer than the context window: a clear refusal, never a panic.
     let too_long = vec![ids[1]; engine.info().max_seq_len as usize + 1];
     let err = engine

@@ -316,6 +316,9 @@ async fn the_sampled_background_mode_checks_a_finished_trajectory_once() {
     assert!(bg.check("unknown").await.expect("no error").is_none());
 }
 
+/// (prompt, sampled ids) of an answer the SGLang mock gave.
+type Answered = (Vec<u32>, Vec<u32>);
+
 /// SGLang's `/generate`: streams the scripted answer with its logprobs, and
 /// answers a scoring request (`logprob_start_len: 0`, `max_new_tokens: 0`)
 /// with `input_token_logprobs` from what it sampled, and top-1 lists in
@@ -324,7 +327,7 @@ async fn sglang_mock(answer: Vec<u32>, not_top: usize) -> (String, Arc<Mutex<Vec
     use axum::routing::{get, post};
     let seen = Arc::new(Mutex::new(Vec::new()));
     let log = seen.clone();
-    let sampled: Arc<Mutex<Vec<(Vec<u32>, Vec<u32>)>>> = Arc::default();
+    let sampled: Arc<Mutex<Vec<Answered>>> = Arc::default();
     let generate = move |axum::Json(body): axum::Json<Value>| {
         let answer = answer.clone();
         let log = log.clone();
