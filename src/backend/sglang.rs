@@ -10,6 +10,14 @@
 //! `output_token_logprobs` (or with a null logprob) gives tokens with
 //! `logprob: None`, never an error.
 //!
+//! The replay check's teacher-forced pass ([`Backend::prompt_logprobs`]) is
+//! one non-streamed `/generate` with `max_new_tokens: 0` (SGLang accepts 0),
+//! `return_logprob`, `logprob_start_len: 0` and `top_logprobs_num: 1`; the
+//! answer's `meta_info.input_token_logprobs` has one `[logprob, id, text]`
+//! per input token (the first logprob null: SGLang prepends None and drops
+//! the last position's, see its scheduler's `_process_input_token_logprobs`)
+//! and `input_top_logprobs` the top-1 per position (null at position 0).
+//!
 //! Owns: SGLang's wire format. Must not: render, decode text, or route.
 //!
 //! Checked against (November 2026):

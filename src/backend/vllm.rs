@@ -10,6 +10,13 @@
 //! stream is `{"error": {"message", "code"}}` (older vLLM: `{"object":
 //! "error", "message", "code"}`). Null logprob fields mean "no number": the
 //! token gets `logprob: None` and no alternatives, never an error.
+//!
+//! The replay check's teacher-forced pass ([`Backend::prompt_logprobs`]) is
+//! one non-streamed request with `prompt_logprobs: 0` and `max_tokens: 1`;
+//! vLLM answers `choices[0].prompt_logprobs` = `[null, {"<id>": {"logprob",
+//! "rank", "decoded_token"}}, ...]` (dict keys are the token ids as strings,
+//! -inf written as -9999.0; rank 1 is the argmax), checked against vLLM's
+//! `CompletionResponseChoice` and `clamp_prompt_logprobs`.
 
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
@@ -104,9 +111,7 @@ impl VllmBackend {
         }
         Json::Object(obj)
     }
-}
 
-impl VllmBackend {
     /// The body of a teacher-forced pass: the sequence as the prompt, one
     /// token generated (vLLM wants at least one), and `prompt_logprobs: 0`,
     /// which makes vLLM return every prompt token's own logprob and rank.

@@ -5,9 +5,9 @@
 //! Owns: starting the engine thread ([`worker`]), the handle that submits
 //! requests to it ([`EngineBackend`]), sampling ([`sampler`]), teacher-forced
 //! scoring for the replay check ([`score`]) and the stand-alone `tito engine`
-//! HTTP server ([`server`]). Must not: render chat
-//! templates or know about trajectories; it speaks token ids only (the server
-//! also accepts text prompts, tokenized with the GGUF's own tokenizer).
+//! HTTP server ([`server`]). Must not: render chat templates or know about
+//! trajectories; it speaks token ids only (the server also accepts text
+//! prompts, tokenized with the GGUF's own tokenizer).
 //!
 //! Start it with [`EngineBackend::start`]; dropping every handle closes the
 //! command channel and the thread exits once running requests finish.
