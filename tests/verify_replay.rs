@@ -1,9 +1,9 @@
 //! The replay check against mock backends that remember what they sampled:
 //! a replay of the recorded logprobs is exact (every |Δ| is 0) and the
 //! argmax share is what the mock scripted; shifted positions are named
-//! exactly; the SGLang form is read; errors have the OpenAI shape; the
-//! sampled background mode checks a finished trajectory once; `tito verify`
-//! prints one line per sample and a summary.
+//! exactly; the SGLang form is read; errors have the OpenAI shape; the route
+//! takes a trainer token; the sampled background mode checks a finished
+//! trajectory once; `tito verify` prints one line per sample and a summary.
 
 mod common;
 
@@ -220,18 +220,22 @@ async fn errors_have_the_openai_shape() {
 }
 
 #[tokio::test]
-async fn the_verify_route_needs_the_admin_token_when_one_is_set() {
+async fn the_verify_route_is_a_trainer_route() {
     let mock = MockVllm::start(Scripted::ids(vec![IM_END])).await;
-    let g = start_gateway(config(&[mock.url()], "[server]\nadmin_token = \"s3\"\n")).await;
-    let (status, body) = verify(&g, "any", None).await;
-    assert_eq!(status, 401, "{body}");
-    let r = g
-        .client
-        .post(g.url("/v1/trajectories/any/verify"))
-        .bearer_auth("s3")
-        .send()
-        .await
-        .expect("reachable");
+    let auth = "[auth]\napi_keys = [\"api-key-1\"]\ntrainer_tokens = [\"trainer-1\"]\n";
+    let g = start_gateway(config(&[mock.url()], auth)).await;
+    let post = |token: Option<&'static str>| {
+        let mut req = g.client.post(g.url("/v1/trajectories/any/verify"));
+        if let Some(t) = token {
+            req = req.bearer_auth(t);
+        }
+        req.send()
+    };
+    let r = post(None).await.expect("reachable");
+    assert_eq!(r.status(), 401);
+    let r = post(Some("api-key-1")).await.expect("reachable");
+    assert_eq!(r.status(), 401, "an API key is not a trainer token");
+    let r = post(Some("trainer-1")).await.expect("reachable");
     assert_eq!(r.status(), 404, "authorized: the trajectory is unknown");
 }
 

@@ -1,6 +1,6 @@
 //! `POST /v1/trajectories/{id}/verify`: the teacher-forced replay check of
-//! one trajectory (see [`crate::verify`]). Guarded like export (it spends
-//! backend time). Body, optional (empty is fine):
+//! one trajectory (see [`crate::verify`]). A trainer route, like export (it
+//! spends backend time). Body, optional (empty is fine):
 //! `{"threshold": 0.1, "backend": "name"}`; defaults from `[verify]`.
 //!
 //! Answers `{"object": "trajectory.verify", "trajectory_id", "backend",
