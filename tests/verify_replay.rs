@@ -283,28 +283,16 @@ async fn too_long_samples_are_refused_before_any_backend_call() {
 async fn the_sampled_background_mode_checks_a_finished_trajectory_once() {
     let mock = MockVllm::start(Scripted::ids(vec![IM_END])).await;
     let cfg = config(&[mock.url()], "[verify]\nfraction = 1.0\n");
-    let store = tito::store::open("memory://").expect("store");
+    let watched =
+        common::watched_store::WatchedStore::new(tito::store::open("memory://").expect("store"));
+    let store: tito::store::DynStore = watched.clone();
     let g = start_gateway_on(cfg.clone(), chatml_renderer(), store.clone()).await;
     mock.push(reply(&g, "hello", None));
     mock.push(reply(&g, "again", None));
     two_turns(&g, "v-bg").await;
     mock.wait_scored(1).await;
-    // The replay is stored right after the backend answered.
-    let mut stored = None;
-    for _ in 0..500 {
-        let t = store
-            .get_trajectory("v-bg")
-            .await
-            .expect("read")
-            .expect("exists");
-        if let Some(r) = t.replays.first() {
-            stored = Some(r.clone());
-            break;
-        }
-        tokio::task::yield_now().await;
-        tokio::time::sleep(std::time::Duration::from_millis(2)).await;
-    }
-    let stored = stored.expect("the background check stored its result");
+    // The background check stores its result right after the backend answered.
+    let stored = watched.replay_of("v-bg").await;
     assert_eq!(stored.max_abs_diff, Some(0.0));
     assert!(stored.compared > 0);
 

@@ -1,0 +1,128 @@
+//! A span store that lets a test await writes made by background tasks it
+//! cannot reach (e.g. the sampled replay check): every method goes to the
+//! inner store; `set_replays` also wakes `replays_stored`.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tito::store::{
+    Ack, Acked, CallRecord, DynStore, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
+    Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
+};
+use tokio::sync::Notify;
+
+pub struct WatchedStore {
+    pub inner: DynStore,
+    pub replays_stored: Notify,
+}
+
+impl WatchedStore {
+    pub fn new(inner: DynStore) -> Arc<Self> {
+        Arc::new(WatchedStore {
+            inner,
+            replays_stored: Notify::new(),
+        })
+    }
+
+    /// Resolves once `id` carries a replay check (stored before or after
+    /// the call), and returns the first.
+    pub async fn replay_of(&self, id: &str) -> SampleReplay {
+        loop {
+            let stored = self.replays_stored.notified();
+            let t = self.inner.get_trajectory(id).await.expect("read");
+            if let Some(r) = t.and_then(|t| t.replays.into_iter().next()) {
+                return r;
+            }
+            stored.await;
+        }
+    }
+}
+
+#[async_trait]
+impl SpanStore for WatchedStore {
+    async fn append_call(&self, call: CallRecord) -> Result<(), StoreError> {
+        self.inner.append_call(call).await
+    }
+
+    async fn set_reward(
+        &self,
+        id: &str,
+        call: Option<u32>,
+        reward: f64,
+        extra: Option<serde_json::Value>,
+    ) -> Result<TrajectoryMeta, StoreError> {
+        self.inner.set_reward(id, call, reward, extra).await
+    }
+
+    async fn set_metadata(
+        &self,
+        id: &str,
+        update: &TrajectoryMetadata,
+    ) -> Result<TrajectoryMeta, StoreError> {
+        self.inner.set_metadata(id, update).await
+    }
+
+    async fn set_replays(&self, id: &str, replays: Vec<SampleReplay>) -> Result<(), StoreError> {
+        let r = self.inner.set_replays(id, replays).await;
+        self.replays_stored.notify_waiters();
+        r
+    }
+
+    async fn group(&self, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError> {
+        self.inner.group(group).await
+    }
+
+    async fn lease(
+        &self,
+        consumer: &str,
+        filter: &TrajectoryFilter,
+        limit: usize,
+        lease_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        self.inner.lease(consumer, filter, limit, lease_ms).await
+    }
+
+    async fn ack(&self, consumer: &str, cursor: &str) -> Result<Acked, StoreError> {
+        self.inner.ack(consumer, cursor).await
+    }
+
+    async fn finish(&self, id: &str) -> Result<TrajectoryMeta, StoreError> {
+        self.inner.finish(id).await
+    }
+
+    async fn get_meta(&self, id: &str) -> Result<Option<TrajectoryMeta>, StoreError> {
+        self.inner.get_meta(id).await
+    }
+
+    async fn get_trajectory(&self, id: &str) -> Result<Option<Trajectory>, StoreError> {
+        self.inner.get_trajectory(id).await
+    }
+
+    async fn latest_calls(&self, id: &str, n: usize) -> Result<Vec<CallRecord>, StoreError> {
+        self.inner.latest_calls(id, n).await
+    }
+
+    async fn list_trajectories(&self, query: &ListQuery) -> Result<Page, StoreError> {
+        self.inner.list_trajectories(query).await
+    }
+
+    fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError> {
+        self.inner.count(filter)
+    }
+
+    fn scan(&self, filter: &TrajectoryFilter) -> Result<TrajectoryIter, StoreError> {
+        self.inner.scan(filter)
+    }
+
+    fn scan_ids(&self, ids: Vec<String>) -> Result<TrajectoryIter, StoreError> {
+        self.inner.scan_ids(ids)
+    }
+
+    async fn writable(&self) -> Result<(), StoreError> {
+        self.inner.writable().await
+    }
+
+    async fn begin_run(&self, ack: Ack) -> Result<u64, StoreError> {
+        self.inner.begin_run(ack).await
+    }
+}
