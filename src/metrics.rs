@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use metrics::{counter, gauge, histogram};
+use metrics::{
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 use crate::router::Router;
@@ -41,6 +43,106 @@ pub const BACKEND_PROTOCOL_ERRORS: &str = "tito_backend_protocol_errors_total";
 pub const REPLAY_ABS_DIFF: &str = "tito_replay_logprob_abs_diff";
 pub const REPLAY_SAMPLES: &str = "tito_replay_check_samples_total";
 pub const REPLAY_FAILURES: &str = "tito_replay_check_failures_total";
+pub const BUILD_INFO: &str = "tito_build_info";
+
+/// `# HELP` text of every series, given to the recorder once.
+fn describe() {
+    use Unit::{Count, Seconds};
+    let counters: [(&'static str, &'static str); 15] = [
+        (
+            REQUESTS,
+            "HTTP requests answered, by matched route and status",
+        ),
+        (
+            TOKENS,
+            "Tokens recorded, by kind (prompt, observation, sampled)",
+        ),
+        (
+            STICKY_HITS,
+            "Routing lookups that found the trajectory's pinned backend",
+        ),
+        (
+            STICKY_MISSES,
+            "Routing lookups of a trajectory without a pin",
+        ),
+        (
+            STICKY_EVICTIONS,
+            "Sticky pins evicted to stay within router.sticky_capacity",
+        ),
+        (
+            RETRIES,
+            "Calls routed again after a failure before their first token",
+        ),
+        (MOVES, "Trajectories moved off their pinned backend"),
+        (
+            DRIFT,
+            "Continued calls whose exact prompt differs from a fresh render, by cause",
+        ),
+        (
+            CALLS_WITHOUT_LOGPROBS,
+            "Calls for which a backend reported no logprob for some sampled token",
+        ),
+        (
+            REPLAYS,
+            "Retries and repeated Idempotency-Keys answered from a recorded call",
+        ),
+        (SERVER_ERRORS, "5xx answers, by matched route"),
+        (
+            REJECTED_OVERLOAD,
+            "Requests refused with 429 at server.max_concurrent_requests",
+        ),
+        (
+            BACKEND_PROTOCOL_ERRORS,
+            "Backend answers tito could not decode, by backend",
+        ),
+        (
+            REPLAY_SAMPLES,
+            "Samples checked by the teacher-forced replay, by backend",
+        ),
+        (
+            REPLAY_FAILURES,
+            "Replay checks that failed, by source (api, background)",
+        ),
+    ];
+    for (name, help) in counters {
+        describe_counter!(name, Count, help);
+    }
+    let gauges: [(&'static str, &'static str); 5] = [
+        (BACKEND_IN_FLIGHT, "Calls in flight on a backend"),
+        (BACKEND_HEALTHY, "1 when the backend's circuit is closed"),
+        (BACKEND_CIRCUIT_OPEN, "1 when the backend's circuit is open"),
+        (
+            BACKEND_SLEEPING,
+            "1 while the backend is asleep (POST /admin/sleep)",
+        ),
+        (BUILD_INFO, "Always 1; the labels name this build (version)"),
+    ];
+    for (name, help) in gauges {
+        describe_gauge!(name, help);
+    }
+    let histograms: [(&'static str, &'static str); 4] = [
+        (
+            REQUEST_DURATION,
+            "Time to answer a request (a stream: to its head)",
+        ),
+        (
+            GATEWAY_OVERHEAD,
+            "Time a call spent in tito itself, generation excluded",
+        ),
+        (
+            TTFT,
+            "Time from a call's start to its first generated token",
+        ),
+        (STORE_COMMIT, "Time to record a finished call durably"),
+    ];
+    for (name, help) in histograms {
+        describe_histogram!(name, Seconds, help);
+    }
+    describe_histogram!(
+        REPLAY_ABS_DIFF,
+        "Per sampled token |recorded - replayed| logprob in nats, by backend"
+    );
+}
 
 fn handle() -> &'static PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
@@ -74,9 +176,15 @@ fn handle() -> &'static PrometheusHandle {
     })
 }
 
-/// Installs the recorder (idempotent). Call once at start-up.
+/// Installs the recorder and describes every series (idempotent). Call
+/// once at start-up.
 pub fn init() {
+    static DESCRIBED: OnceLock<()> = OnceLock::new();
     let _ = handle();
+    DESCRIBED.get_or_init(|| {
+        describe();
+        gauge!(BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+    });
 }
 
 /// Counts and times every request by matched route and status.

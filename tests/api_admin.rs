@@ -246,6 +246,23 @@ async fn metrics_are_prometheus_text_with_the_named_series() {
         text.contains("route=\"/t/{tid}/v1/chat/completions\""),
         "route label is the template"
     );
+    // Every series has a HELP line, and the build is named.
+    let helped: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# HELP "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    for typed in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let name = typed.split(' ').next().unwrap_or_default();
+        assert!(helped.contains(&name), "no HELP for {name}");
+    }
+    assert!(
+        text.contains(&format!(
+            "tito_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{text}"
+    );
 }
 
 /// `/health` is liveness; `/ready` needs a backend that takes calls and a
