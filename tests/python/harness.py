@@ -269,3 +269,17 @@ class Browser:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
             self.log.close()
+
+
+QWEN3 = ROOT / ".cache" / "tokenizers" / "qwen3"
+
+
+def qwen3_tokenizer():
+    """The Qwen3 tokenizer fixture (transformers), after building the binaries."""
+    import pytest
+    from transformers import AutoTokenizer
+
+    if not (QWEN3 / "tokenizer.json").exists():
+        pytest.fail("missing .cache/tokenizers/qwen3: run scripts/fetch-tokenizers.sh")
+    build()
+    return AutoTokenizer.from_pretrained(str(QWEN3))

@@ -32,10 +32,7 @@ P, R = 512, 256
 
 @pytest.fixture(scope="module")
 def tok():
-    if not (TOKENIZER / "tokenizer.json").exists():
-        pytest.fail("missing .cache/tokenizers/qwen3: run scripts/fetch-tokenizers.sh")
-    harness.build()
-    return AutoTokenizer.from_pretrained(str(TOKENIZER))
+    return harness.qwen3_tokenizer()
 
 
 class Replies:
