@@ -14,7 +14,6 @@ from collections import defaultdict
 import httpx
 import numpy as np
 import pytest
-from transformers import AutoTokenizer
 
 import harness
 

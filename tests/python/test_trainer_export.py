@@ -16,7 +16,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from openai import OpenAI
-from transformers import AutoTokenizer
 
 import harness
 
