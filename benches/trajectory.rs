@@ -81,6 +81,7 @@ async fn main() {
             served: json!({"role": "assistant", "content": reply}),
             backend: "bench".into(),
             moved_from: None,
+            weight_version: None,
             parse_outcome: None,
         };
         traj.commit(&ctx, &prepared, &[outcome], None)

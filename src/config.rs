@@ -91,6 +91,12 @@ pub struct ServerConfig {
     pub max_sequences_per_request: u32,
     /// OpenAI requests in flight (a stream until its end); beyond, 429.
     pub max_concurrent_requests: u32,
+    /// On SIGTERM / Ctrl-C: how long calls in flight may take to finish
+    /// (and be recorded) before the process exits anyway.
+    pub drain_timeout_s: u64,
+    /// A streamed response whose client has not taken the next chunk for
+    /// this long is ended, and its backend sequence cancelled.
+    pub sse_send_timeout_s: u64,
 }
 
 impl Default for ServerConfig {
@@ -101,6 +107,8 @@ impl Default for ServerConfig {
             max_body_bytes: 16 * 1024 * 1024,
             max_sequences_per_request: 256,
             max_concurrent_requests: 256,
+            drain_timeout_s: 30,
+            sse_send_timeout_s: 30,
         }
     }
 }
@@ -268,6 +276,9 @@ pub struct RouterConfig {
     /// prefix_affinity: extra in-flight requests tolerated on the preferred
     /// backend over the least-loaded one.
     pub affinity_margin: usize,
+    /// How long each backend may take to answer an admin operation (sleep,
+    /// wake-up, weight update) before it is reported as not answering.
+    pub admin_timeout_s: u64,
 }
 
 impl Default for RouterConfig {
@@ -283,6 +294,7 @@ impl Default for RouterConfig {
             failure_threshold: 3,
             affinity_prefix_tokens: 256,
             affinity_margin: 8,
+            admin_timeout_s: 120,
         }
     }
 }
@@ -325,6 +337,10 @@ pub struct TrajectoryConfig {
     /// same body as a recorded call, or a repeated `Idempotency-Key`, gets the
     /// recorded answer instead of a new generation.
     pub retry_window_s: u64,
+    /// Memory the hot view of recent trajectories may take (estimated from
+    /// their token ids and messages); least recently used ones beyond it are
+    /// dropped and reloaded from the store on their next call.
+    pub hot_bytes: u64,
 }
 
 /// `[trajectory] on_budget_exhausted`.
@@ -345,6 +361,7 @@ impl Default for TrajectoryConfig {
             response_length: 0,
             on_budget_exhausted: OnBudgetExhausted::Length,
             retry_window_s: 600,
+            hot_bytes: 1 << 30,
         }
     }
 }
@@ -438,6 +455,22 @@ impl Config {
                 "server.max_concurrent_requests",
                 self.server.max_concurrent_requests,
                 "must be at least 1",
+            ));
+        }
+        for (key, v) in [
+            ("server.drain_timeout_s", self.server.drain_timeout_s),
+            ("server.sse_send_timeout_s", self.server.sse_send_timeout_s),
+            ("router.admin_timeout_s", self.router.admin_timeout_s),
+        ] {
+            if v == 0 {
+                return Err(invalid(key, v, "must be at least 1"));
+            }
+        }
+        if self.trajectory.hot_bytes < 1 << 20 {
+            return Err(invalid(
+                "trajectory.hot_bytes",
+                self.trajectory.hot_bytes,
+                "must be at least 1048576 (1 MiB)",
             ));
         }
         if self.server.max_sequences_per_request == 0 {

@@ -106,6 +106,11 @@ impl ApiError {
         )
     }
 
+    /// 409: the request conflicts with the state it finds.
+    pub fn conflict(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, "invalid_request_error", message)
+    }
+
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "internal_error", message)
     }

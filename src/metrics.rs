@@ -44,11 +44,14 @@ pub const REPLAY_ABS_DIFF: &str = "tito_replay_logprob_abs_diff";
 pub const REPLAY_SAMPLES: &str = "tito_replay_check_samples_total";
 pub const REPLAY_FAILURES: &str = "tito_replay_check_failures_total";
 pub const BUILD_INFO: &str = "tito_build_info";
+pub const HOT_EVICTIONS: &str = "tito_hot_trajectory_evictions_total";
+pub const HOT_BYTES: &str = "tito_hot_trajectory_bytes";
+pub const SSE_SEND_TIMEOUTS: &str = "tito_sse_send_timeouts_total";
 
 /// `# HELP` text of every series, given to the recorder once.
 fn describe() {
     use Unit::{Count, Seconds};
-    let counters: [(&'static str, &'static str); 15] = [
+    let counters: [(&'static str, &'static str); 17] = [
         (
             REQUESTS,
             "HTTP requests answered, by matched route and status",
@@ -103,11 +106,19 @@ fn describe() {
             REPLAY_FAILURES,
             "Replay checks that failed, by source (api, background)",
         ),
+        (
+            HOT_EVICTIONS,
+            "Trajectories dropped from the hot view to stay within trajectory.hot_bytes",
+        ),
+        (
+            SSE_SEND_TIMEOUTS,
+            "Streams ended because the client took no chunk for server.sse_send_timeout_s",
+        ),
     ];
     for (name, help) in counters {
         describe_counter!(name, Count, help);
     }
-    let gauges: [(&'static str, &'static str); 5] = [
+    let gauges: [(&'static str, &'static str); 6] = [
         (BACKEND_IN_FLIGHT, "Calls in flight on a backend"),
         (BACKEND_HEALTHY, "1 when the backend's circuit is closed"),
         (BACKEND_CIRCUIT_OPEN, "1 when the backend's circuit is open"),
@@ -116,6 +127,10 @@ fn describe() {
             "1 while the backend is asleep (POST /admin/sleep)",
         ),
         (BUILD_INFO, "Always 1; the labels name this build (version)"),
+        (
+            HOT_BYTES,
+            "Estimated bytes of the hot trajectory view (bounded by trajectory.hot_bytes)",
+        ),
     ];
     for (name, help) in gauges {
         describe_gauge!(name, help);
@@ -259,6 +274,20 @@ pub fn replay_sample(backend: &str, abs_diffs: &[f64]) {
 /// A replay check that failed (`source`: `api`, `background`, `cli`).
 pub fn replay_failure(source: &'static str) {
     counter!(REPLAY_FAILURES, "source" => source).increment(1);
+}
+
+/// Trajectories evicted from the hot view.
+pub fn hot_evictions(n: u64) {
+    counter!(HOT_EVICTIONS).increment(n);
+}
+
+pub fn hot_bytes(bytes: u64) {
+    gauge!(HOT_BYTES).set(bytes as f64);
+}
+
+/// A stream ended because its client stopped reading.
+pub fn sse_send_timeout() {
+    counter!(SSE_SEND_TIMEOUTS).increment(1);
 }
 
 pub fn store_commit(d: Duration) {

@@ -12,11 +12,13 @@ use std::time::Duration;
 use router_mock::{call, config, fleet, prompt};
 use tito::backend::AdminOp;
 use tito::config::{PolicyKind, RouterConfig};
-use tito::router::{BackendId, CircuitState, RouteError};
+use tito::router::{AdminOutcome, BackendId, CircuitState, RouteError};
 
 /// A generous bound for waits that must not hang a broken build; never hit
 /// by a passing run.
 const FAILSAFE: Duration = Duration::from_secs(20);
+/// Per-backend deadline of admin fan-outs that are expected to answer.
+const ADMIN_DEADLINE: Duration = Duration::from_secs(20);
 
 #[tokio::test]
 async fn failing_backend_opens_circuit_moves_trajectories_and_recovers() {
@@ -263,11 +265,18 @@ async fn admin_fan_out_reports_each_backend_and_tracks_sleep() {
     mocks[2]
         .fail_admin
         .store(true, std::sync::atomic::Ordering::SeqCst);
-    let results = router.broadcast_admin(&AdminOp::Sleep { level: 1 }).await;
-    let names: Vec<&str> = results.iter().map(|(n, _)| n.as_str()).collect();
+    let results = router
+        .broadcast_admin(&AdminOp::Sleep { level: 1 }, ADMIN_DEADLINE)
+        .await;
+    let names: Vec<&str> = results.iter().map(|r| r.backend.as_str()).collect();
     assert_eq!(names, ["b0", "b1", "b2"]);
-    assert!(results[0].1.is_ok() && results[1].1.is_ok());
-    assert!(results[2].1.as_ref().unwrap_err().contains("admin failed"));
+    assert!(results[0].ok && results[1].ok && !results[2].ok);
+    match &results[2].outcome {
+        AdminOutcome::Failed { error } => assert!(error.contains("admin failed"), "{error}"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(results[0].state, "asleep");
+    assert_eq!(results[2].state, "awake");
     let sleeping: Vec<bool> = router.snapshot().iter().map(|s| s.sleeping).collect();
     assert_eq!(sleeping, [true, true, false]);
 
@@ -291,15 +300,18 @@ async fn admin_fan_out_reports_each_backend_and_tracks_sleep() {
         Err(RouteError::NoHealthyBackend {
             sleeping: 2,
             excluded: 1,
-            open: 0
+            open: 0,
+            weights_failed: 0,
         })
     ));
 
     mocks[2]
         .fail_admin
         .store(false, std::sync::atomic::Ordering::SeqCst);
-    let results = router.broadcast_admin(&AdminOp::WakeUp).await;
-    assert!(results.iter().all(|(_, r)| r.is_ok()));
+    let results = router
+        .broadcast_admin(&AdminOp::WakeUp, ADMIN_DEADLINE)
+        .await;
+    assert!(results.iter().all(|r| r.ok));
     assert!(router.snapshot().iter().all(|s| !s.sleeping));
     // Awake again: pins stay where they are, new work spreads again.
     assert!(router.route("t0", &[1], &[]).unwrap().sticky);
@@ -310,8 +322,9 @@ async fn admin_fan_out_reports_each_backend_and_tracks_sleep() {
     assert_eq!(names.len(), 3, "{names:?}");
     let weights = AdminOp::UpdateWeights {
         path: "/ckpt/7".into(),
+        version: "v7".into(),
     };
-    router.broadcast_admin(&weights).await;
+    router.broadcast_admin(&weights, ADMIN_DEADLINE).await;
     for m in &mocks {
         let ops = m.admin_calls.lock().unwrap().clone();
         assert_eq!(
@@ -335,7 +348,8 @@ async fn snapshot_serializes_for_the_admin_endpoint() {
         serde_json::json!([{
             "id": 0, "name": "b0", "kind": "vllm", "url": "http://mock-0",
             "healthy": true, "circuit": "closed", "consecutive_failures": 0,
-            "in_flight": 1, "sticky": 1, "sleeping": false, "last_error": null
+            "in_flight": 1, "sticky": 1, "sleeping": false, "last_error": null,
+            "weight_version": null, "weights_error": null
         }])
     );
 }

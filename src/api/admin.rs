@@ -3,7 +3,6 @@
 //! (partial failures are reported, not hidden). Guarded by the admin role
 //! (see [`super::auth`]).
 
-use std::sync::RwLock;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -19,32 +18,7 @@ use super::AppState;
 use crate::backend::AdminOp;
 use crate::config::{BackendConfig, BackendKind};
 use crate::error::ApiError;
-use crate::router::BackendId;
-
-/// Operational state: the current weight version.
-#[derive(Default)]
-pub struct Ops {
-    weight_version: RwLock<Option<String>>,
-}
-
-impl Ops {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    pub fn weight_version(&self) -> Option<String> {
-        self.weight_version
-            .read()
-            .map(|v| v.clone())
-            .unwrap_or(None)
-    }
-
-    fn set_weight_version(&self, v: String) {
-        if let Ok(mut g) = self.weight_version.write() {
-            *g = Some(v);
-        }
-    }
-}
+use crate::router::{AdminResult, BackendId};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -53,6 +27,8 @@ pub fn routes() -> Router<AppState> {
         .route("/admin/sleep", post(sleep))
         .route("/admin/wake_up", post(wake_up))
         .route("/admin/weights", post(weights))
+        .route("/admin/weights/begin", post(weights_begin))
+        .route("/admin/weights/commit", post(weights_commit))
 }
 
 async fn backends(State(state): State<AppState>) -> Json<Value> {
@@ -61,7 +37,7 @@ async fn backends(State(state): State<AppState>) -> Json<Value> {
         "policy": state.router.policy_name(),
         "paused": state.router.is_paused(),
         "in_flight": state.router.in_flight(),
-        "weight_version": state.ops.weight_version(),
+        "weight_version": state.router.weight_version(),
         "backends": state.router.snapshot(),
         "counters": c,
     }))
@@ -134,37 +110,76 @@ async fn remove_backend(
     Ok(Json(json!({"removed": removed})))
 }
 
-fn report(results: Vec<(String, Result<String, String>)>) -> (bool, Vec<Value>) {
-    let ok = results.iter().all(|(_, r)| r.is_ok());
-    let items = results
-        .into_iter()
-        .map(|(name, r)| match r {
-            Ok(body) => json!({"backend": name, "ok": true, "response": body}),
-            Err(e) => json!({"backend": name, "ok": false, "error": e}),
-        })
-        .collect();
-    (ok, items)
-}
-
-fn status_for(ok: bool) -> StatusCode {
-    if ok {
+/// A fan-out's answer: 200 when every backend succeeded, else 502; each
+/// backend's outcome and state, and the fleet's weight version.
+fn report(state: &AppState, results: Vec<AdminResult>, extra: Value) -> Response {
+    let ok = results.iter().all(|r| r.ok);
+    let mut body = json!({
+        "ok": ok,
+        "backends": results,
+        "weight_version": state.router.weight_version(),
+        "paused": state.router.is_paused(),
+    });
+    if let (Some(b), Value::Object(extra)) = (body.as_object_mut(), extra) {
+        b.extend(extra);
+    }
+    let status = if ok {
         StatusCode::OK
     } else {
         StatusCode::BAD_GATEWAY
+    };
+    (status, Json(body)).into_response()
+}
+
+/// Seconds fields every fan-out takes.
+#[derive(Deserialize, Default)]
+struct Timing {
+    /// Seconds to wait for in-flight calls before giving up (sleep and
+    /// weight updates drain first).
+    drain_timeout_s: Option<u64>,
+    /// Seconds each backend may take to answer; default
+    /// `[router] admin_timeout_s`.
+    timeout_s: Option<u64>,
+}
+
+impl Timing {
+    fn drain(&self) -> Duration {
+        self.drain_timeout_s
+            .map_or(DEFAULT_DRAIN, Duration::from_secs)
     }
+
+    fn deadline(&self, state: &AppState) -> Duration {
+        Duration::from_secs(
+            self.timeout_s
+                .unwrap_or(state.config.router.admin_timeout_s)
+                .max(1),
+        )
+    }
+}
+
+const DEFAULT_DRAIN: Duration = Duration::from_secs(300);
+
+/// Pauses admission and waits for calls in flight; on a drain timeout
+/// admission resumes and the error says how many were left.
+async fn pause_and_drain(state: &AppState, drain: Duration) -> Result<(), ApiError> {
+    state.router.pause_admission();
+    if let Err(e) = state.router.drain(drain).await {
+        state.router.resume_admission();
+        return Err(e.into());
+    }
+    Ok(())
 }
 
 #[derive(Deserialize, Default)]
 struct SleepParams {
     level: Option<u32>,
-    /// Seconds to wait for in-flight calls before giving up.
-    drain_timeout_s: Option<u64>,
+    #[serde(flatten)]
+    timing: Timing,
 }
 
-const DEFAULT_DRAIN: Duration = Duration::from_secs(300);
-
 /// Stops admitting calls (new ones wait), drains in-flight calls, then puts
-/// every backend to sleep. On a drain timeout, admission resumes.
+/// every backend to sleep; admission stays paused until `wake_up`. A
+/// backend that failed or did not answer is named with its state.
 async fn sleep(
     State(state): State<AppState>,
     Query(q): Query<SleepParams>,
@@ -175,73 +190,158 @@ async fn sleep(
     if !(1..=2).contains(&level) {
         return Err(ApiError::invalid("level", "sleep level must be 1 or 2"));
     }
-    let drain = b
-        .drain_timeout_s
-        .or(q.drain_timeout_s)
-        .map_or(DEFAULT_DRAIN, Duration::from_secs);
-    state.router.pause_admission();
-    if let Err(e) = state.router.drain(drain).await {
-        state.router.resume_admission();
-        return Err(e.into());
-    }
-    let (ok, items) = report(
-        state
-            .router
-            .broadcast_admin(&AdminOp::Sleep { level })
-            .await,
+    let timing = Timing {
+        drain_timeout_s: b.timing.drain_timeout_s.or(q.timing.drain_timeout_s),
+        timeout_s: b.timing.timeout_s.or(q.timing.timeout_s),
+    };
+    pause_and_drain(&state, timing.drain()).await?;
+    let op = AdminOp::Sleep { level };
+    let results = state
+        .router
+        .broadcast_admin(&op, timing.deadline(&state))
+        .await;
+    tracing::info!(
+        level,
+        ok = results.iter().all(|r| r.ok),
+        "backends put to sleep"
     );
-    tracing::info!(level, ok, "backends put to sleep");
-    Ok((
-        status_for(ok),
-        Json(json!({"ok": ok, "level": level, "backends": items})),
-    )
-        .into_response())
+    Ok(report(&state, results, json!({"level": level})))
 }
 
-/// Wakes every backend up, then admits calls again.
-async fn wake_up(State(state): State<AppState>) -> Response {
-    let (ok, items) = report(state.router.broadcast_admin(&AdminOp::WakeUp).await);
+/// Wakes every backend up, then admits calls again (always: a backend that
+/// did not wake stays out of rotation and is named).
+async fn wake_up(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let timing: Timing = parse_json(&body)?;
+    let results = state
+        .router
+        .broadcast_admin(&AdminOp::WakeUp, timing.deadline(&state))
+        .await;
     state.router.resume_admission();
-    tracing::info!(ok, "backends woken up");
-    (status_for(ok), Json(json!({"ok": ok, "backends": items}))).into_response()
+    tracing::info!(ok = results.iter().all(|r| r.ok), "backends woken up");
+    Ok(report(&state, results, json!({})))
 }
 
 #[derive(Deserialize)]
 struct Weights {
     version: String,
     path: Option<String>,
-    drain_timeout_s: Option<u64>,
+    #[serde(flatten)]
+    timing: Timing,
 }
 
-/// Tags later calls with `version`; with a `path`, drains and asks every
-/// backend to load the weights from it first.
+fn check_version(v: &str) -> Result<(), ApiError> {
+    if v.trim().is_empty() || v.len() > 256 {
+        return Err(ApiError::invalid(
+            "version",
+            "`version` must be 1 to 256 characters",
+        ));
+    }
+    Ok(())
+}
+
+/// Records the fleet's version once every backend took it: in the router
+/// and durably in the store, so a restart keeps tagging calls with it.
+async fn commit_version(state: &AppState, version: &str) -> Result<(), ApiError> {
+    state.store.store.set_weight_version(version).await?;
+    state.router.set_fleet_version(version);
+    Ok(())
+}
+
+/// One step. Without a `path`: the trainer changed the weights itself;
+/// later calls are tagged `version`. With a `path`: drains, asks every
+/// backend to load the weights from it, then resumes admission whatever
+/// happened. Each backend that took them is tagged `version`; one that
+/// failed or did not answer is named and kept out of rotation. The fleet's
+/// version changes only when every backend took the update.
 async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let w: Weights = parse_json(&body)?;
-    if w.version.trim().is_empty() {
-        return Err(ApiError::invalid("version", "`version` must not be empty"));
-    }
+    check_version(&w.version)?;
     let Some(path) = w.path else {
-        state.ops.set_weight_version(w.version.clone());
-        return Ok(Json(json!({"ok": true, "version": w.version, "backends": []})).into_response());
+        state.store.store.set_weight_version(&w.version).await?;
+        state.router.set_weight_version(&w.version);
+        tracing::info!(version = %w.version, "weight version set");
+        return Ok(report(&state, Vec::new(), json!({"version": w.version})));
     };
-    let drain = w.drain_timeout_s.map_or(DEFAULT_DRAIN, Duration::from_secs);
-    state.router.pause_admission();
-    if let Err(e) = state.router.drain(drain).await {
-        state.router.resume_admission();
-        return Err(e.into());
-    }
-    let (ok, items) = report(
-        state
-            .router
-            .broadcast_admin(&AdminOp::UpdateWeights { path })
-            .await,
-    );
-    state.ops.set_weight_version(w.version.clone());
+    pause_and_drain(&state, w.timing.drain()).await?;
+    let op = AdminOp::UpdateWeights {
+        path,
+        version: w.version.clone(),
+    };
+    let results = state
+        .router
+        .broadcast_admin(&op, w.timing.deadline(&state))
+        .await;
+    let ok = results.iter().all(|r| r.ok);
+    let stored = if ok {
+        commit_version(&state, &w.version).await
+    } else {
+        Ok(())
+    };
     state.router.resume_admission();
+    stored?;
     tracing::info!(version = %w.version, ok, "weights updated");
-    Ok((
-        status_for(ok),
-        Json(json!({"ok": ok, "version": w.version, "backends": items})),
-    )
-        .into_response())
+    Ok(report(&state, results, json!({"version": w.version})))
+}
+
+/// Two steps, first: drains, then tells every backend a weight update
+/// starts (generation paused). Admission stays paused until `commit`. When
+/// a backend fails, the others are told the update ended without new
+/// weights and admission resumes: nothing to push.
+async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let timing: Timing = parse_json(&body)?;
+    pause_and_drain(&state, timing.drain()).await?;
+    let deadline = timing.deadline(&state);
+    let results = state
+        .router
+        .broadcast_admin(&AdminOp::BeginWeightUpdate, deadline)
+        .await;
+    if results.iter().all(|r| r.ok) {
+        tracing::info!("weight update begun: push the weights, then commit");
+        return Ok(report(&state, results, json!({})));
+    }
+    let undo = state
+        .router
+        .broadcast_admin(&AdminOp::AbortWeightUpdate, deadline)
+        .await;
+    state.router.resume_admission();
+    tracing::warn!("weight update not begun: a backend refused; admission resumed");
+    Ok(report(&state, results, json!({"aborted": undo})))
+}
+
+#[derive(Deserialize)]
+struct Commit {
+    version: String,
+    #[serde(flatten)]
+    timing: Timing,
+}
+
+/// Two steps, last: tells every backend the update is done, tags each that
+/// answered with `version`, and resumes admission whatever happened.
+async fn weights_commit(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let c: Commit = parse_json(&body)?;
+    check_version(&c.version)?;
+    if !state.router.is_paused() {
+        return Err(ApiError::conflict(
+            "no weight update is in progress: POST /admin/weights/begin first",
+        ));
+    }
+    let results = state
+        .router
+        .broadcast_admin(
+            &AdminOp::FinishWeightUpdate {
+                version: c.version.clone(),
+            },
+            c.timing.deadline(&state),
+        )
+        .await;
+    let ok = results.iter().all(|r| r.ok);
+    let stored = if ok {
+        commit_version(&state, &c.version).await
+    } else {
+        Ok(())
+    };
+    state.router.resume_admission();
+    stored?;
+    tracing::info!(version = %c.version, ok, "weight update committed");
+    Ok(report(&state, results, json!({"version": c.version})))
 }

@@ -125,7 +125,7 @@ async fn handle(
             request: body_json,
             messages: Some(Arc::new(req.messages.clone())),
             started_at,
-            weight_version: state.ops.weight_version(),
+            weight_version: state.router.weight_version(),
             normalized,
         },
         prepared,
@@ -146,7 +146,7 @@ async fn handle(
     let headers = super::trajectory_header(&tid);
     if req.stream {
         let chunks = Chunks::new(&state, unix_now(), shape);
-        return Ok(sse_response(headers, move |tx| {
+        return Ok(sse_response(&state, headers, move |tx| {
             stream_loop(running, parsing, is_forced, chunks, tid, tx)
         }));
     }
@@ -167,7 +167,7 @@ fn replay(state: &AppState, answer: Arc<Answer>, req: &ChatRequest, shape: Shape
         return (headers, axum::Json(body)).into_response();
     }
     let chunks = Chunks::new(state, answer.created, shape);
-    sse_response(headers, move |tx| async move {
+    sse_response(state, headers, move |tx| async move {
         let _ = replay_stream(&answer, &chunks, &tx).await;
     })
 }

@@ -119,7 +119,7 @@ async fn handle(
     let tid = super::trajectory_id(&state, named);
     state.trajectories.tag(&tid, &tag).await?;
     let started_at = crate::store::now_ms();
-    let weight_version = state.ops.weight_version();
+    let weight_version = state.router.weight_version();
     let mut plans = Vec::with_capacity(prompts.len());
     for ids in prompts {
         let prepared = state.trajectories.prepare_completion(&tid, ids).await?;
@@ -151,7 +151,7 @@ async fn handle(
     let headers = super::trajectory_header(&tid);
     if req.stream {
         let chunks = Chunks::new(&state, unix_now(), shape);
-        return Ok(sse_response(headers, move |tx| {
+        return Ok(sse_response(&state, headers, move |tx| {
             stream_loop(running, chunks, tid, tx)
         }));
     }
@@ -180,7 +180,7 @@ fn replay(state: &AppState, answer: Arc<Answer>, stream: bool, shape: Shape) -> 
         return (headers, axum::Json(body)).into_response();
     }
     let chunks = Chunks::new(state, answer.created, shape);
-    sse_response(headers, move |tx| async move {
+    sse_response(state, headers, move |tx| async move {
         let _ = replay_stream(&answer, &chunks, &tx).await;
     })
 }

@@ -17,8 +17,9 @@ pub mod ui;
 mod unsupported;
 mod verify;
 
-use std::future::Future;
+use std::future::{Future, IntoFuture};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, FromRef, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -47,7 +48,6 @@ pub struct AppState {
     pub config: Arc<Config>,
     pub renderer: Arc<Renderer>,
     pub router: Arc<Router>,
-    pub ops: Arc<admin::Ops>,
     pub trajectories: Arc<Trajectories>,
     pub calls: Arc<Calls>,
     pub store: StoreState,
@@ -131,7 +131,6 @@ impl AppState {
         Ok(AppState {
             started: unix_now(),
             calls,
-            ops: Arc::new(admin::Ops::new()),
             auth: Arc::new(auth::Auth::from_config(&config)?),
             config: Arc::new(config),
             renderer,
@@ -146,6 +145,16 @@ impl AppState {
         })
     }
 
+    /// Takes up what the store remembers of the last run: the fleet's
+    /// weight version.
+    pub async fn restore(&self) -> anyhow::Result<()> {
+        if let Some(v) = self.store.store.weight_version().await? {
+            tracing::info!(version = %v, "weight version restored from the store");
+            self.router.set_weight_version(&v);
+        }
+        Ok(())
+    }
+
     /// The context window in tokens.
     pub fn max_model_len(&self) -> u32 {
         self.calls.max_model_len()
@@ -153,7 +162,7 @@ impl AppState {
 
     /// OpenAI's `system_fingerprint`: this build and the served weights.
     pub fn system_fingerprint(&self) -> String {
-        let weights = self.ops.weight_version();
+        let weights = self.router.weight_version();
         format!(
             "tito-{}-{}",
             env!("CARGO_PKG_VERSION"),
@@ -383,7 +392,10 @@ async fn health() -> &'static str {
 /// reasons otherwise, so a load balancer stops sending traffic.
 async fn ready(State(state): State<AppState>) -> Response {
     let backends = state.router.snapshot();
-    let healthy = backends.iter().filter(|b| b.healthy && !b.sleeping).count();
+    let healthy = backends
+        .iter()
+        .filter(|b| b.healthy && !b.sleeping && b.weights_error.is_none())
+        .count();
     let store = state.store.store.writable().await;
     let ok = healthy > 0 && store.is_ok();
     let status = if ok {
@@ -630,10 +642,49 @@ pub async fn serve(
         );
     }
     let state = AppState::new(config, renderer, backends, store)?;
+    state.restore().await?;
     let health = state.router.start_health_checks();
-    axum::serve(no_delay(listener), build_app(state))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    let drain = Duration::from_secs(state.config.server.drain_timeout_s);
+    // The drain deadline, set when the signal arrives.
+    let (stopping, mut deadline) = tokio::sync::watch::channel(None);
+    let running = state.calls.clone();
+    let server = axum::serve(no_delay(listener), build_app(state.clone()))
+        .with_graceful_shutdown(async move {
+            shutdown.await;
+            tracing::info!(
+                drain_timeout_s = drain.as_secs(),
+                in_flight = running.running(),
+                "shutting down: finishing calls in flight"
+            );
+            stopping.send_replace(Some(tokio::time::Instant::now() + drain));
+        })
+        .into_future();
+    // On the signal the server stops accepting; connections with calls in
+    // flight are served to their end, until the deadline.
+    let drained = tokio::select! {
+        r = server => { r?; true }
+        () = async {
+            let at = match deadline.wait_for(Option::is_some).await {
+                Ok(at) => *at,
+                Err(_) => None,
+            };
+            match at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending::<()>().await,
+            }
+        } => false,
+    };
+    // Calls whose client left may still be recording: wait for them too,
+    // until the same deadline.
+    let at = (*deadline.borrow()).unwrap_or_else(tokio::time::Instant::now);
+    let left = at.saturating_duration_since(tokio::time::Instant::now());
+    if !state.calls.wait_idle(left).await || !drained {
+        tracing::warn!(
+            in_flight = state.calls.running(),
+            "drain timeout (server.drain_timeout_s) reached: exiting with calls in flight; \
+             they are not recorded"
+        );
+    }
     health.stop().await;
     Ok(())
 }

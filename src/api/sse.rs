@@ -2,10 +2,13 @@
 //! whose events come from one plain async loop (the endpoint's), the usage
 //! object, and error events. The loop runs in a task; when the client goes
 //! away the task is aborted, which drops the running call and so cancels the
-//! backends if the last token has not arrived (see `call`).
+//! backends if the last token has not arrived (see `call`). A client that
+//! stays connected but stops reading is treated as gone once a chunk has
+//! waited `[server] sse_send_timeout_s` for room.
 
 use std::convert::Infallible;
 use std::future::Future;
+use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
@@ -15,25 +18,37 @@ use tokio::sync::mpsc;
 
 use crate::error::ApiError;
 
-/// Where an endpoint's stream loop writes; a failed send means the client left.
-pub struct SseSender(mpsc::Sender<Event>);
+/// Where an endpoint's stream loop writes; a failed send means the client
+/// left (or stopped reading).
+pub struct SseSender {
+    tx: mpsc::Sender<Event>,
+    send_timeout: Duration,
+}
 
 /// The client has gone; stop the loop.
 pub struct Gone;
 
 impl SseSender {
+    async fn send(&self, ev: Event) -> Result<(), Gone> {
+        match tokio::time::timeout(self.send_timeout, self.tx.send(ev)).await {
+            Ok(sent) => sent.map_err(|_| Gone),
+            Err(_) => {
+                crate::metrics::sse_send_timeout();
+                tracing::warn!(
+                    after_s = self.send_timeout.as_secs(),
+                    "stream client stopped reading; ending the stream"
+                );
+                Err(Gone)
+            }
+        }
+    }
+
     pub async fn json(&self, v: &Json) -> Result<(), Gone> {
-        self.0
-            .send(Event::default().data(v.to_string()))
-            .await
-            .map_err(|_| Gone)
+        self.send(Event::default().data(v.to_string())).await
     }
 
     pub async fn done(&self) -> Result<(), Gone> {
-        self.0
-            .send(Event::default().data("[DONE]"))
-            .await
-            .map_err(|_| Gone)
+        self.send(Event::default().data("[DONE]")).await
     }
 
     /// An error event (OpenAI's error body), then `[DONE]`; 5xx are logged.
@@ -49,13 +64,18 @@ impl SseSender {
 }
 
 /// An SSE response fed by `run`, with `headers` added.
-pub fn sse_response<F, Fut>(headers: axum::http::HeaderMap, run: F) -> Response
+pub fn sse_response<F, Fut>(
+    state: &super::AppState,
+    headers: axum::http::HeaderMap,
+    run: F,
+) -> Response
 where
     F: FnOnce(SseSender) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(32);
-    let task = tokio::spawn(run(SseSender(tx)));
+    let send_timeout = Duration::from_secs(state.config.server.sse_send_timeout_s);
+    let task = tokio::spawn(run(SseSender { tx, send_timeout }));
     let events =
         crate::backend::AbortOnDrop::new(tokio_stream::wrappers::ReceiverStream::new(rx), task);
     let mut resp = Sse::new(events.map(Ok::<_, Infallible>))

@@ -189,12 +189,54 @@ pub struct PositionLogprob {
     pub argmax: Option<bool>,
 }
 
-/// Admin operations a backend may support (sleep/wake, weight reload).
+/// Admin operations a backend may support (sleep/wake, weight updates).
+/// Each backend maps them to its server's own endpoints (docs/operations.md
+/// names the endpoints and the versions they were checked against).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdminOp {
-    Sleep { level: u32 },
+    Sleep {
+        level: u32,
+    },
     WakeUp,
-    UpdateWeights { path: String },
+    /// Load new weights from a path on the backend's disk (one step), and
+    /// drop caches computed with the old ones.
+    UpdateWeights {
+        path: String,
+        version: String,
+    },
+    /// A trainer is about to push weights itself: stop generating.
+    BeginWeightUpdate,
+    /// The trainer's push is done: generate again, with the new weights.
+    FinishWeightUpdate {
+        version: String,
+    },
+    /// A begun update is called off (another backend refused to begin):
+    /// generate again, with the weights as they were.
+    AbortWeightUpdate,
+}
+
+impl AdminOp {
+    pub fn name(&self) -> &'static str {
+        match self {
+            AdminOp::Sleep { .. } => "sleep",
+            AdminOp::WakeUp => "wake_up",
+            AdminOp::UpdateWeights { .. } => "update_weights",
+            AdminOp::BeginWeightUpdate => "begin_weight_update",
+            AdminOp::FinishWeightUpdate { .. } => "finish_weight_update",
+            AdminOp::AbortWeightUpdate => "abort_weight_update",
+        }
+    }
+
+    /// The weight version a successful run of this op leaves the backend
+    /// serving, when it changes the weights.
+    pub fn new_version(&self) -> Option<&str> {
+        match self {
+            AdminOp::UpdateWeights { version, .. } | AdminOp::FinishWeightUpdate { version } => {
+                Some(version)
+            }
+            _ => None,
+        }
+    }
 }
 
 #[async_trait::async_trait]

@@ -539,9 +539,19 @@ impl Backend for SglangBackend {
                 self.post_admin("/resume_memory_occupation", json!({}))
                     .await
             }
-            AdminOp::UpdateWeights { path } => {
-                self.post_admin("/update_weights_from_disk", json!({ "model_path": path }))
+            // Flushes the radix cache itself (`flush_cache` defaults to true).
+            AdminOp::UpdateWeights { path, version } => {
+                let body = json!({ "model_path": path, "weight_version": version });
+                self.post_admin("/update_weights_from_disk", body).await
+            }
+            // The trainer then pushes with `/init_weights_update_group` and
+            // `/update_weights_from_distributed`, which flush the cache.
+            AdminOp::BeginWeightUpdate => {
+                self.post_admin("/pause_generation", json!({"mode": "abort"}))
                     .await
+            }
+            AdminOp::FinishWeightUpdate { .. } | AdminOp::AbortWeightUpdate => {
+                self.post_admin("/continue_generation", json!({})).await
             }
         }
     }

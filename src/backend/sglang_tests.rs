@@ -118,16 +118,45 @@ async fn generate(State(m): State<Mock>, AxJson(body): AxJson<Json>) -> Response
     }
 }
 
+/// SGLang 0.5.23's admin endpoints as far as shapes go: a JSON object body
+/// (unknown keys ignored), the fields they require, 400 otherwise.
 async fn admin(
     State(m): State<Mock>,
     uri: axum::http::Uri,
     AxJson(body): AxJson<Json>,
 ) -> Response {
-    m.calls.lock().unwrap().push((uri.path().to_string(), body));
-    if uri.path() == "/update_weights_from_disk" {
-        return AxJson(json!({"success": true, "message": "ok"})).into_response();
+    let bad = |why: &str| {
+        (
+            StatusCode::BAD_REQUEST,
+            AxJson(json!({"error": {"message": why}})),
+        )
+    };
+    if !body.is_object() {
+        return bad("body must be an object").into_response();
     }
-    StatusCode::OK.into_response()
+    let path = uri.path().to_string();
+    m.calls.lock().unwrap().push((path.clone(), body.clone()));
+    match path.as_str() {
+        "/update_weights_from_disk" => match body.get("model_path").and_then(Json::as_str) {
+            Some(p) if p.starts_with("/missing") => AxJson(
+                json!({"success": false, "message": "no such checkpoint", "num_paused_requests": 0}),
+            )
+            .into_response(),
+            Some(_) => AxJson(json!({"success": true, "message": "ok", "num_paused_requests": 0}))
+                .into_response(),
+            None => bad("model_path is required").into_response(),
+        },
+        "/pause_generation" => match body.get("mode").and_then(Json::as_str) {
+            None | Some("abort" | "retract" | "in_place") => {
+                AxJson(json!({"message": "paused", "status": "ok"})).into_response()
+            }
+            Some(_) => bad("mode").into_response(),
+        },
+        "/continue_generation" => {
+            AxJson(json!({"message": "continued", "status": "ok"})).into_response()
+        }
+        _ => AxJson(Json::Null).into_response(),
+    }
 }
 
 async fn start(mode: Mode) -> (SglangBackend, Mock) {
@@ -141,6 +170,8 @@ async fn start(mode: Mode) -> (SglangBackend, Mock) {
         .route("/release_memory_occupation", post(admin))
         .route("/resume_memory_occupation", post(admin))
         .route("/update_weights_from_disk", post(admin))
+        .route("/pause_generation", post(admin))
+        .route("/continue_generation", post(admin))
         .with_state(mock.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -336,9 +367,25 @@ async fn health_and_admin_use_sglang_endpoints() {
     b.admin(&AdminOp::WakeUp).await.unwrap();
     b.admin(&AdminOp::UpdateWeights {
         path: "/ckpt/step-3".into(),
+        version: "step-3".into(),
     })
     .await
     .unwrap();
+    b.admin(&AdminOp::BeginWeightUpdate).await.unwrap();
+    b.admin(&AdminOp::FinishWeightUpdate {
+        version: "step-4".into(),
+    })
+    .await
+    .unwrap();
+    // `success: false` is a failure, whatever the status.
+    let e = b
+        .admin(&AdminOp::UpdateWeights {
+            path: "/missing/ckpt".into(),
+            version: "step-5".into(),
+        })
+        .await
+        .unwrap_err();
+    assert!(e.to_string().contains("no such checkpoint"), "{e}");
     let calls = mock.calls.lock().unwrap().clone();
     assert_eq!(
         calls,
@@ -347,7 +394,13 @@ async fn health_and_admin_use_sglang_endpoints() {
             ("/resume_memory_occupation".to_string(), json!({})),
             (
                 "/update_weights_from_disk".to_string(),
-                json!({"model_path": "/ckpt/step-3"})
+                json!({"model_path": "/ckpt/step-3", "weight_version": "step-3"})
+            ),
+            ("/pause_generation".to_string(), json!({"mode": "abort"})),
+            ("/continue_generation".to_string(), json!({})),
+            (
+                "/update_weights_from_disk".to_string(),
+                json!({"model_path": "/missing/ckpt", "weight_version": "step-5"})
             ),
         ]
     );

@@ -470,18 +470,75 @@ impl Backend for VllmBackend {
         super::check_status(&self.name, resp).await.map(|_| ())
     }
 
+    /// vLLM's dev-mode endpoints (`VLLM_SERVER_DEV_MODE=1`), as in vLLM
+    /// 0.33 (reload from a path: 0.16+; start/finish of a trainer-driven
+    /// transfer: 0.25+, with `--weight-transfer-config`).
     async fn admin(&self, op: &AdminOp) -> Result<String, BackendError> {
-        let req = match op {
-            AdminOp::Sleep { level } => self
-                .client
-                .post(format!("{}/sleep", self.base))
-                .query(&[("level", level.to_string())]),
-            AdminOp::WakeUp => self.client.post(format!("{}/wake_up", self.base)),
-            AdminOp::UpdateWeights { path } => self
-                .client
-                .post(format!("{}/collective_rpc", self.base))
-                .json(&json!({"method": "reload_weights", "kwargs": {"weights_path": path}})),
-        };
+        match op {
+            AdminOp::Sleep { level } => {
+                self.post_admin(&format!("/sleep?level={level}"), None)
+                    .await
+            }
+            AdminOp::WakeUp => self.post_admin("/wake_up", None).await,
+            AdminOp::UpdateWeights { path, .. } => {
+                let body = json!({"method": "reload_weights", "kwargs": {"weights_path": path}});
+                let loaded = self.post_admin("/collective_rpc", Some(body)).await?;
+                // The reload keeps cached prefixes computed with the old
+                // weights: drop them, or later prompts would reuse them.
+                let reset = self.post_admin("/reset_prefix_cache", None).await?;
+                if serde_json::from_str::<Json>(&reset)
+                    .ok()
+                    .and_then(|v| v.get("success").and_then(Json::as_bool))
+                    == Some(false)
+                {
+                    return Err(BackendError::Rejected {
+                        backend: self.name.clone(),
+                        message: "weights reloaded, but the prefix cache could not be reset".into(),
+                    });
+                }
+                Ok(loaded)
+            }
+            AdminOp::BeginWeightUpdate => {
+                self.post_admin("/pause?mode=wait", None).await?;
+                match self.post_admin("/start_weight_update", None).await {
+                    Ok(text) => Ok(text),
+                    Err(e) => {
+                        // Not started: generation must not stay paused.
+                        if let Err(r) = self.post_admin("/resume", None).await {
+                            tracing::error!(backend = %self.name, error = %r,
+                                "could not resume after a failed start of a weight update");
+                        }
+                        Err(e)
+                    }
+                }
+            }
+            AdminOp::FinishWeightUpdate { version } => {
+                let body = json!({ "weight_version": version });
+                self.post_admin("/finish_weight_update", Some(body)).await?;
+                self.post_admin("/resume", None).await
+            }
+            AdminOp::AbortWeightUpdate => {
+                // Ends a started update, if this backend started one.
+                if let Err(e) = self
+                    .post_admin("/finish_weight_update", Some(json!({})))
+                    .await
+                {
+                    tracing::debug!(backend = %self.name, error = %e,
+                        "no weight update to finish while aborting");
+                }
+                self.post_admin("/resume", None).await
+            }
+        }
+    }
+}
+
+impl VllmBackend {
+    /// POSTs to an admin endpoint (query in `path`); the answer's text.
+    async fn post_admin(&self, path: &str, body: Option<Json>) -> Result<String, BackendError> {
+        let mut req = self.client.post(format!("{}{path}", self.base));
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
         let resp = req
             .send()
             .await

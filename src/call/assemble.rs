@@ -34,6 +34,8 @@ pub struct ChoiceResult {
     /// Backend name; empty when no backend was called (spent budget).
     pub backend: String,
     pub moved_from: Option<String>,
+    /// The weights of that backend when the choice started.
+    pub weight_version: Option<String>,
     /// The message (chat) or `{"text": ..}` (completions) returned.
     pub served: serde_json::Value,
     /// The client-facing finish reason (`tool_calls` when calls were parsed).

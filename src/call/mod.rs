@@ -53,6 +53,8 @@ pub struct Calls {
     config: TrajectoryConfig,
     max_model_len: u32,
     default_max_tokens: u32,
+    /// The pumps of running calls, so shutdown can wait for their records.
+    pumps: tokio_util::task::TaskTracker,
 }
 
 /// One prompt's call: what to generate, and what to record it against.
@@ -164,7 +166,25 @@ impl Calls {
             config,
             max_model_len,
             default_max_tokens,
+            pumps: tokio_util::task::TaskTracker::new(),
         }
+    }
+
+    /// Calls running (generating or being recorded).
+    pub fn running(&self) -> usize {
+        self.pumps.len()
+    }
+
+    /// Waits up to `timeout` for every running call to end (recorded, or
+    /// dropped by its reader); new calls can still start meanwhile. True
+    /// when none is left.
+    pub async fn wait_idle(&self, timeout: Duration) -> bool {
+        self.pumps.close();
+        let idle = tokio::time::timeout(timeout, self.pumps.wait())
+            .await
+            .is_ok();
+        self.pumps.reopen();
+        idle
     }
 
     pub fn max_model_len(&self) -> u32 {
@@ -292,6 +312,7 @@ impl Calls {
             if let Some(c) = choices.get_mut(index as usize) {
                 c.result.backend = s.backend;
                 c.result.moved_from = s.moved_from;
+                c.result.weight_version = s.weight_version;
             }
             map.insert(index, s.stream);
         }
@@ -314,7 +335,7 @@ impl Calls {
             owner,
             deltas,
         };
-        tokio::spawn(pump.run(map));
+        self.pumps.spawn(pump.run(map));
         Ok(running)
     }
 }
@@ -439,6 +460,7 @@ async fn record_plan(
             served: r.served.clone(),
             backend: r.backend.clone(),
             moved_from: r.moved_from.clone(),
+            weight_version: r.weight_version.clone(),
             parse_outcome: r.parse_outcome.clone(),
         })
         .collect();

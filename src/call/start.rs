@@ -27,6 +27,8 @@ pub struct Started {
     pub moved_from: Option<String>,
     /// Backends tried, this one included.
     pub attempts: u32,
+    /// The weights that backend serves.
+    pub weight_version: Option<String>,
     pub stream: GenStream,
 }
 
@@ -74,6 +76,7 @@ pub async fn start_sequence(
                 crate::metrics::time_to_first_token(t0.elapsed());
                 let backend = route.name.to_string();
                 let sticky = route.sticky;
+                let weight_version = route.weight_version.as_deref().map(str::to_string);
                 // The route (and its in-flight guard) lives as long as the stream.
                 let stream: GenStream = Box::pin(
                     futures::stream::once(async { Ok(first) })
@@ -88,6 +91,7 @@ pub async fn start_sequence(
                     sticky,
                     moved_from,
                     attempts: attempt,
+                    weight_version,
                     stream,
                 });
             }

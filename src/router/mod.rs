@@ -3,7 +3,9 @@
 //! backend of its first call (bounded LRU, [`sticky`]); new trajectories are
 //! placed by a [`policy::RoutingPolicy`]; a circuit breaker per backend
 //! ([`health`]) takes failing backends out and probes them back in; sleep and
-//! weight reloads pause admission and drain in-flight calls ([`admission`]).
+//! weight reloads pause admission and drain in-flight calls ([`admission`]);
+//! admin operations reach every backend with a deadline, and each backend
+//! knows its weight version ([`fleet`]).
 //!
 //! Owns: backend membership, pins, loads, health state and router counters.
 //! Must not: speak HTTP to clients, generate tokens, or retry by itself: the
@@ -11,6 +13,7 @@
 //! first token, `report_error` and route again with the failed id excluded).
 
 pub mod admission;
+pub mod fleet;
 pub mod health;
 pub mod least_requests;
 pub mod policy;
@@ -24,9 +27,10 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{AdminOp, BackendError, DynBackend};
+use crate::backend::{BackendError, DynBackend};
 use crate::config::RouterConfig;
 pub use admission::InFlight;
+pub use fleet::{AdminOutcome, AdminResult};
 pub use health::{CircuitState, HealthTask};
 pub use policy::{Candidate, RoutingPolicy};
 use sticky::{Pin, StickyMap};
@@ -48,11 +52,12 @@ pub enum RouteError {
     NoBackends,
     #[error(
         "no healthy backend available ({open} with an open circuit, {sleeping} asleep, \
-         {excluded} already failed this call)"
+         {weights_failed} whose weight update failed, {excluded} already failed this call)"
     )]
     NoHealthyBackend {
         open: usize,
         sleeping: usize,
+        weights_failed: usize,
         excluded: usize,
     },
     #[error("admission is paused (backends are asleep or reloading weights)")]
@@ -76,11 +81,17 @@ pub(crate) struct Slot {
     pub(crate) health: health::Health,
     pub(crate) in_flight: AtomicUsize,
     sleeping: AtomicBool,
+    weights: Mutex<fleet::Weights>,
 }
 
 impl Slot {
     pub(crate) fn is_sleeping(&self) -> bool {
         self.sleeping.load(Ordering::Relaxed)
+    }
+
+    /// Asleep, or its weights are unknown: takes no calls.
+    fn is_out(&self) -> bool {
+        self.is_sleeping() || self.weights().failed.is_some()
     }
 }
 
@@ -97,6 +108,8 @@ pub struct Route {
     /// backend failed this call, has an open circuit, or was removed). The
     /// pin now points here.
     pub moved_from: Option<String>,
+    /// The weights the backend serves (tagged on the call's record).
+    pub weight_version: Option<Arc<str>>,
     _guard: InFlight,
 }
 
@@ -127,6 +140,10 @@ pub struct BackendStatus {
     pub sticky: usize,
     pub sleeping: bool,
     pub last_error: Option<String>,
+    /// The weight version this backend serves (null: the initial weights).
+    pub weight_version: Option<String>,
+    /// Why its last weight update failed; it takes no calls until one works.
+    pub weights_error: Option<String>,
 }
 
 /// Router-wide counters (monotonic), for metrics.
@@ -149,6 +166,8 @@ struct Inner {
     next_id: u64,
     sticky: StickyMap,
     paused: bool,
+    /// The fleet's weight version: what every backend took last.
+    weight_version: Option<Arc<str>>,
 }
 
 pub struct Router {
@@ -180,6 +199,7 @@ impl Router {
                 next_id: 0,
                 sticky: StickyMap::new(cfg.sticky_capacity),
                 paused: false,
+                weight_version: None,
             }),
             load: Arc::default(),
             admission: tokio::sync::watch::Sender::new(false),
@@ -218,6 +238,7 @@ impl Router {
         }
         let id = BackendId(g.next_id);
         g.next_id += 1;
+        let version = g.weight_version.clone();
         g.slots.push(Arc::new(Slot {
             id,
             name: name.clone(),
@@ -226,6 +247,8 @@ impl Router {
             health: health::Health::new(self.failure_threshold),
             in_flight: AtomicUsize::new(0),
             sleeping: AtomicBool::new(false),
+            // A backend joining the fleet is taken to serve its weights.
+            weights: Mutex::new(fleet::Weights::serving(version)),
         }));
         drop(g);
         tracing::info!(backend = %name, id = id.0, "backend added");
@@ -296,7 +319,7 @@ impl Router {
             let usable = g.slots.iter().find(|s| {
                 s.id == pin.id
                     && !exclude.contains(&s.id)
-                    && !s.is_sleeping()
+                    && !s.is_out()
                     && s.health.state() != CircuitState::Open
             });
             if let Some(slot) = usable {
@@ -310,7 +333,7 @@ impl Router {
             g.slots
                 .iter()
                 .zip(&states)
-                .filter(|(s, st)| **st == want && !exclude.contains(&s.id) && !s.is_sleeping())
+                .filter(|(s, st)| **st == want && !exclude.contains(&s.id) && !s.is_out())
                 .map(|(s, _)| s.clone())
                 .collect()
         };
@@ -321,10 +344,16 @@ impl Router {
         if pool.is_empty() {
             let open = states.iter().filter(|s| **s == CircuitState::Open).count();
             let sleeping = g.slots.iter().filter(|s| s.is_sleeping()).count();
+            let weights_failed = g
+                .slots
+                .iter()
+                .filter(|s| s.weights().failed.is_some())
+                .count();
             let excluded = g.slots.iter().filter(|s| exclude.contains(&s.id)).count();
             return Err(RouteError::NoHealthyBackend {
                 open,
                 sleeping,
+                weights_failed,
                 excluded,
             });
         }
@@ -361,12 +390,14 @@ impl Router {
     }
 
     fn make_route(&self, slot: Arc<Slot>, sticky: bool, moved_from: Option<String>) -> Route {
+        let weight_version = slot.weights().version.clone();
         Route {
             backend: slot.backend.clone(),
             id: slot.id,
             name: slot.name.clone(),
             sticky,
             moved_from,
+            weight_version,
             _guard: InFlight::new(slot, self.load.clone()),
         }
     }
@@ -453,30 +484,11 @@ impl Router {
     pub fn pinned(&self, trajectory_id: &str) -> Option<BackendId> {
         self.lock().sticky.peek(trajectory_id).map(|p| p.id)
     }
-
-    /// Sends `op` to every backend concurrently and reports each result by
-    /// backend name, in id order; failures are reported, not hidden. A
-    /// successful `Sleep` marks the backend sleeping (not probed) and a
-    /// successful `WakeUp` clears it. Callers bound the wait if they must.
-    pub async fn broadcast_admin(&self, op: &AdminOp) -> Vec<(String, Result<String, String>)> {
-        let slots = self.slots();
-        let calls = slots.iter().map(|slot| async move {
-            let result = slot.backend.admin(op).await.map_err(|e| e.to_string());
-            if result.is_ok() {
-                match op {
-                    AdminOp::Sleep { .. } => slot.sleeping.store(true, Ordering::Relaxed),
-                    AdminOp::WakeUp => slot.sleeping.store(false, Ordering::Relaxed),
-                    AdminOp::UpdateWeights { .. } => {}
-                }
-            }
-            (slot.name.to_string(), result)
-        });
-        futures::future::join_all(calls).await
-    }
 }
 
 fn status_of(s: &Slot, sticky: usize) -> BackendStatus {
     let circuit = s.health.state();
+    let weights = s.weights().clone();
     BackendStatus {
         id: s.id,
         name: s.name.to_string(),
@@ -489,5 +501,7 @@ fn status_of(s: &Slot, sticky: usize) -> BackendStatus {
         sticky,
         sleeping: s.is_sleeping(),
         last_error: s.health.last_error(),
+        weight_version: weights.version.as_deref().map(str::to_string),
+        weights_error: weights.failed,
     }
 }

@@ -25,6 +25,7 @@ struct Inner {
     acks: HashSet<(String, u64)>,
     /// (consumer, cursor) acknowledged.
     acked_cursors: HashSet<(String, String)>,
+    weight_version: Option<String>,
 }
 
 #[derive(Clone, Default)]
@@ -239,6 +240,15 @@ impl SpanStore for MemoryStore {
         }
         traj.replays.sort_by_key(|r| r.sample);
         Ok(())
+    }
+
+    async fn set_weight_version(&self, version: &str) -> Result<(), StoreError> {
+        self.lock().weight_version = Some(version.to_string());
+        Ok(())
+    }
+
+    async fn weight_version(&self) -> Result<Option<String>, StoreError> {
+        Ok(self.lock().weight_version.clone())
     }
 
     async fn group(&self, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError> {

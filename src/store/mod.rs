@@ -189,6 +189,13 @@ pub trait SpanStore: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Records the fleet's weight version (set after a weight update that
+    /// every backend took). Durable on return.
+    async fn set_weight_version(&self, version: &str) -> Result<(), StoreError>;
+
+    /// The last weight version recorded with [`SpanStore::set_weight_version`].
+    async fn weight_version(&self) -> Result<Option<String>, StoreError>;
+
     /// Called once by a serving gateway before it takes calls: records the
     /// run's [`Ack`] mode, and when the previous run used `Queued` and did not
     /// end cleanly, marks every trajectory that was still active `incomplete`.

@@ -8,11 +8,12 @@
 //! (after a restart). Must not: talk to backends or shape HTTP responses.
 
 mod drift;
+mod hot;
 pub mod messages;
 pub mod normalize;
 mod prepare;
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use serde_json::Value as Json;
@@ -121,6 +122,15 @@ struct TrajState {
     served: HashMap<u32, Served>,
     /// The group and task metadata as stored.
     metadata: TrajectoryMetadata,
+    /// Estimated bytes of `calls` (see [`hot::call_bytes`]).
+    bytes: u64,
+}
+
+impl TrajState {
+    fn push(&mut self, call: Arc<HotCall>) {
+        self.bytes += hot::call_bytes(&call);
+        self.calls.push(call);
+    }
 }
 
 /// What the hot view derives from a call's sampled ids.
@@ -139,6 +149,8 @@ pub struct ChoiceOutcome {
     pub served: Json,
     pub backend: String,
     pub moved_from: Option<String>,
+    /// The weights of the backend that generated it.
+    pub weight_version: Option<String>,
     pub parse_outcome: Option<String>,
 }
 
@@ -149,6 +161,8 @@ pub struct CallContext {
     pub request: Json,
     pub messages: Option<Arc<Vec<Json>>>,
     pub started_at: i64,
+    /// The fleet's weight version when the call started: the tag of a
+    /// choice no backend generated (a spent response budget).
     pub weight_version: Option<String>,
     /// Normalization rules applied to the request before rendering
     /// (see [`normalize`]).
@@ -160,17 +174,8 @@ pub struct Trajectories {
     renderer: Arc<Renderer>,
     config: TrajectoryConfig,
     end_of_turn: Vec<(u32, String)>,
-    hot: Mutex<HotMap>,
+    hot: Mutex<hot::HotMap>,
 }
-
-#[derive(Default)]
-struct HotMap {
-    map: HashMap<String, Arc<tokio::sync::Mutex<TrajState>>>,
-    order: VecDeque<String>,
-}
-
-/// Trajectories kept in memory; older ones are reloaded from the store on use.
-const HOT_CAPACITY: usize = 20_000;
 
 /// Store reloads one commit may do after finding its call slot taken.
 const MAX_RELOADS: u32 = 3;
@@ -181,9 +186,9 @@ impl Trajectories {
         Trajectories {
             store,
             renderer,
-            config,
             end_of_turn,
-            hot: Mutex::new(HotMap::default()),
+            hot: Mutex::new(hot::HotMap::new(config.hot_bytes)),
+            config,
         }
     }
 
@@ -200,21 +205,25 @@ impl Trajectories {
         self.end_of_turn.iter().map(|(id, _)| *id).collect()
     }
 
-    fn state(&self, tid: &str) -> Arc<tokio::sync::Mutex<TrajState>> {
-        let mut hot = self.hot.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = hot.map.get(tid) {
-            return s.clone();
-        }
-        let s = Arc::new(tokio::sync::Mutex::new(TrajState::default()));
-        hot.map.insert(tid.to_string(), s.clone());
-        hot.order.push_back(tid.to_string());
-        while hot.map.len() > HOT_CAPACITY {
-            let Some(old) = hot.order.pop_front() else {
-                break;
-            };
-            hot.map.remove(&old);
-        }
-        s
+    fn hot(&self) -> std::sync::MutexGuard<'_, hot::HotMap> {
+        self.hot.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn state(&self, tid: &str) -> hot::Shared {
+        self.hot().get_or_insert(tid)
+    }
+
+    /// Records what `tid`'s view takes now; evicts others to fit.
+    fn resized(&self, tid: &str, st: &TrajState) {
+        let mut hot = self.hot();
+        hot.resize(tid, st.bytes);
+        crate::metrics::hot_bytes(hot.total_bytes());
+    }
+
+    /// Trajectories in the hot view and their estimated bytes.
+    pub fn hot_usage(&self) -> (usize, u64) {
+        let hot = self.hot();
+        (hot.len(), hot.total_bytes())
     }
 
     /// Registers a trajectory the gateway just named: nothing to load.
@@ -245,8 +254,9 @@ impl Trajectories {
 
     /// Drops a trajectory from the hot view (e.g. when it is finished).
     pub fn forget(&self, tid: &str) {
-        let mut hot = self.hot.lock().unwrap_or_else(|e| e.into_inner());
-        hot.map.remove(tid);
+        let mut hot = self.hot();
+        hot.remove(tid);
+        crate::metrics::hot_bytes(hot.total_bytes());
     }
 
     /// Makes sure the hot view of `tid` reflects the store, then returns it.
@@ -260,6 +270,7 @@ impl Trajectories {
             if !st.loaded {
                 if let Some(t) = self.store.get_trajectory(tid).await? {
                     self.rebuild(&mut st, t)?;
+                    self.resized(tid, &st);
                 }
                 st.loaded = true;
             }
@@ -337,7 +348,7 @@ impl Trajectories {
                 truncated: rec.truncated,
             });
             by_index.insert(rec.call_index, call.clone());
-            st.calls.push(call);
+            st.push(call);
         }
         Ok(())
     }
@@ -435,7 +446,11 @@ impl Trajectories {
                 drift: prepared.drift.clone(),
                 parse_outcome: choice.parse_outcome.clone(),
                 moved_from: choice.moved_from.clone(),
-                weight_version: ctx.weight_version.clone(),
+                weight_version: if choice.backend.is_empty() {
+                    ctx.weight_version.clone()
+                } else {
+                    choice.weight_version.clone()
+                },
                 tokenizer_sha256: self.renderer.tokenizer_sha256().to_string(),
                 template_sha256: self.renderer.template_sha256().to_string(),
                 reward: None,
@@ -488,10 +503,11 @@ impl Trajectories {
                 noncanonical: OnceLock::new(),
                 truncated,
             });
-            st.calls.push(call);
+            st.push(call);
             indices.push(call_index);
             i += 1;
         }
+        self.resized(&ctx.trajectory_id, &st);
         Ok(indices)
     }
 }

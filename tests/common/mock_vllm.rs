@@ -86,6 +86,18 @@ pub struct MockState {
     /// Prompt-logprob (scoring) requests answered.
     pub scored: AtomicUsize,
     pub scored_notify: Notify,
+    /// Admin requests never get an answer (a hung backend).
+    pub hang_admin: std::sync::atomic::AtomicBool,
+    /// `reload_weights` fails as a missing checkpoint does.
+    pub fail_reload: std::sync::atomic::AtomicBool,
+    /// Started with `--weight-transfer-config` (start/finish work).
+    pub transfer_configured: std::sync::atomic::AtomicBool,
+    /// A weight transfer was started and not finished.
+    pub transfer_started: std::sync::atomic::AtomicBool,
+    /// Generation paused with `/pause`.
+    pub paused: std::sync::atomic::AtomicBool,
+    /// Admin requests received (hung ones included).
+    pub admin_seen: Notify,
 }
 
 /// A replayed position the mock never sampled (prompt, observations).
@@ -125,6 +137,11 @@ impl MockVllm {
             .route("/sleep", post(admin))
             .route("/wake_up", post(admin))
             .route("/collective_rpc", post(admin))
+            .route("/reset_prefix_cache", post(admin))
+            .route("/pause", post(admin))
+            .route("/resume", post(admin))
+            .route("/start_weight_update", post(admin))
+            .route("/finish_weight_update", post(admin))
             .with_state(state.clone());
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
         let addr = listener.local_addr().expect("addr");
@@ -232,19 +249,138 @@ async fn chat_text(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -> 
     .into_response()
 }
 
-/// vLLM's sleep / wake_up / collective_rpc: logged, answered 200.
+/// vLLM 0.33's dev-mode admin endpoints, shapes checked as vLLM checks
+/// them (a request vLLM would refuse is refused here too); logged.
 async fn admin(
     State(s): State<Arc<MockState>>,
     uri: axum::http::Uri,
     body: axum::body::Bytes,
-) -> StatusCode {
+) -> Response {
     let mut entry = uri.to_string();
     if !body.is_empty() {
         entry.push(' ');
         entry.push_str(&String::from_utf8_lossy(&body));
     }
     s.log.lock().expect("lock").push(entry);
-    StatusCode::OK
+    s.admin_seen.notify_waiters();
+    if s.hang_admin.load(Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
+    let query: HashMap<String, String> = uri
+        .query()
+        .unwrap_or("")
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let json_body: Option<Value> = if body.is_empty() {
+        None
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(v) => Some(v),
+            Err(_) => return refuse(StatusCode::BAD_REQUEST, "body is not JSON"),
+        }
+    };
+    let mode_ok = |q: &HashMap<String, String>| {
+        q.get("mode")
+            .is_none_or(|m| ["abort", "wait", "keep"].contains(&m.as_str()))
+    };
+    let flag = |f: &std::sync::atomic::AtomicBool| f.load(Ordering::SeqCst);
+    match uri.path() {
+        "/sleep" => {
+            let level = match query.get("level").map(|l| l.parse::<u32>()) {
+                None => 1,
+                Some(Ok(l)) if l <= 2 => l,
+                _ => return refuse(StatusCode::BAD_REQUEST, "level must be 0, 1 or 2"),
+            };
+            if !mode_ok(&query) {
+                return refuse(StatusCode::BAD_REQUEST, "mode");
+            }
+            Json(json!({"status": "sleeping", "level": level})).into_response()
+        }
+        "/wake_up" => Json(json!({"status": "awake", "tags": null})).into_response(),
+        "/collective_rpc" => {
+            let Some(b) = json_body.filter(Value::is_object) else {
+                return refuse(StatusCode::BAD_REQUEST, "a JSON object body is required");
+            };
+            let Some(method) = b.get("method").and_then(Value::as_str) else {
+                return refuse(StatusCode::BAD_REQUEST, "method is required");
+            };
+            if method != "reload_weights" {
+                return refuse(StatusCode::INTERNAL_SERVER_ERROR, "unknown worker method");
+            }
+            // GPUModelRunner.reload_weights(weights_iterator=None,
+            // weights_path=None, is_checkpoint_format=True)
+            let allowed = ["weights_iterator", "weights_path", "is_checkpoint_format"];
+            let kwargs = b.get("kwargs").cloned().unwrap_or(json!({}));
+            let Some(kw) = kwargs.as_object() else {
+                return refuse(StatusCode::BAD_REQUEST, "kwargs must be an object");
+            };
+            if let Some(k) = kw.keys().find(|k| !allowed.contains(&k.as_str())) {
+                return refuse(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    &format!("reload_weights() got an unexpected keyword argument '{k}'"),
+                );
+            }
+            if b.get("args")
+                .is_some_and(|a| a.as_array().is_none_or(|a| !a.is_empty()))
+            {
+                return refuse(StatusCode::INTERNAL_SERVER_ERROR, "positional args");
+            }
+            if flag(&s.fail_reload) {
+                return refuse(StatusCode::INTERNAL_SERVER_ERROR, "no such checkpoint");
+            }
+            Json(json!({"results": [null]})).into_response()
+        }
+        "/reset_prefix_cache" => Json(json!({"success": true})).into_response(),
+        "/pause" => {
+            if !mode_ok(&query) {
+                return refuse(StatusCode::BAD_REQUEST, "mode");
+            }
+            s.paused.store(true, Ordering::SeqCst);
+            Json(json!({"status": "paused"})).into_response()
+        }
+        "/resume" => {
+            s.paused.store(false, Ordering::SeqCst);
+            Json(json!({"status": "resumed"})).into_response()
+        }
+        "/start_weight_update" => {
+            if !flag(&s.transfer_configured) {
+                return refuse(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "Weight transfer not configured",
+                );
+            }
+            if s.transfer_started.swap(true, Ordering::SeqCst) {
+                return refuse(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "weight update already started",
+                );
+            }
+            Json(json!({"message": "Weight update started"})).into_response()
+        }
+        "/finish_weight_update" => {
+            if json_body.as_ref().is_some_and(|b| {
+                !b.is_object()
+                    || b.get("weight_version")
+                        .is_some_and(|v| !v.is_string() && !v.is_null())
+            }) {
+                return refuse(StatusCode::BAD_REQUEST, "weight_version must be a string");
+            }
+            if !s.transfer_started.swap(false, Ordering::SeqCst) {
+                return refuse(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "no weight update started",
+                );
+            }
+            Json(json!({"message": "Weight update finished"})).into_response()
+        }
+        _ => refuse(StatusCode::NOT_FOUND, "Not Found"),
+    }
+}
+
+fn refuse(status: StatusCode, message: &str) -> Response {
+    (status, Json(json!({"error": {"message": message, "type": "BadRequestError", "param": null, "code": status.as_u16()}}))).into_response()
 }
 
 async fn health(State(s): State<Arc<MockState>>) -> StatusCode {

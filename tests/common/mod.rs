@@ -93,6 +93,7 @@ pub async fn start_gateway_on(
 ) -> Gateway {
     let backends = tito::api::build_backends(&config).expect("backends");
     let state = AppState::new(config, renderer.clone(), backends, store).expect("state");
+    state.restore().await.expect("restore");
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

@@ -68,6 +68,14 @@ impl SpanStore for WatchedStore {
         r
     }
 
+    async fn set_weight_version(&self, version: &str) -> Result<(), StoreError> {
+        self.inner.set_weight_version(version).await
+    }
+
+    async fn weight_version(&self) -> Result<Option<String>, StoreError> {
+        self.inner.weight_version().await
+    }
+
     async fn group(&self, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError> {
         self.inner.group(group).await
     }

@@ -254,6 +254,28 @@ impl SpanStore for SqliteStore {
         self.submit(Op::Ping).await.map(|_| ())
     }
 
+    async fn set_weight_version(&self, version: &str) -> Result<(), StoreError> {
+        self.submit(Op::WeightVersion(version.to_string()))
+            .await
+            .map(|_| ())
+    }
+
+    async fn weight_version(&self) -> Result<Option<String>, StoreError> {
+        self.read(|c| {
+            let v = c.query_row(
+                "SELECT value FROM gateway_state WHERE key = ?1",
+                [writer::WEIGHT_VERSION],
+                |r| r.get::<_, String>(0),
+            );
+            match v {
+                Ok(v) => Ok(Some(v)),
+                Err(rusqlite::Error::QueryReturnedNoRows) => Ok(None),
+                Err(e) => Err(e.into()),
+            }
+        })
+        .await
+    }
+
     async fn begin_run(&self, ack: Ack) -> Result<u64, StoreError> {
         let op = Op::BeginRun {
             queued: ack == Ack::Queued,

@@ -102,6 +102,15 @@ const MIGRATIONS: &[&str] = &[
     r#"
     ALTER TABLE calls ADD COLUMN request_of INTEGER;
     "#,
+    // 7: the fleet's weight version, set by a weight update every backend
+    // took, so a restarted gateway tags calls with it.
+    r#"
+    CREATE TABLE gateway_state (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL,
+        updated_at INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 /// The schema version this build writes.

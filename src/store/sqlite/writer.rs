@@ -53,6 +53,7 @@ pub(crate) enum Op {
     },
     /// Nothing to write: proves the writer commits (readiness).
     Ping,
+    WeightVersion(String),
 }
 
 /// What a job returns.
@@ -191,12 +192,25 @@ fn apply(conn: &Connection, op: &Op, now: i64) -> Outcome {
             lease_ms,
         } => consumers::lease(conn, consumer, filter, *limit, *lease_ms, now).map(Done::Leased),
         Op::Ping => Ok(Done::Appended),
+        Op::WeightVersion(v) => set_state(conn, WEIGHT_VERSION, v, now).map(|()| Done::Appended),
         Op::Ack { consumer, cursor } => {
             consumers::ack(conn, consumer, cursor, now).map(Done::Acked)
         }
         Op::Finish { trajectory } => finish(conn, trajectory, now).map(|m| Done::Meta(Box::new(m))),
         Op::BeginRun { queued } => begin_run(conn, *queued, now).map(Done::Marked),
     }
+}
+
+/// The `gateway_state` key of the fleet's weight version.
+pub(crate) const WEIGHT_VERSION: &str = "weight_version";
+
+fn set_state(conn: &Connection, key: &str, value: &str, now: i64) -> Result<(), StoreError> {
+    conn.execute(
+        "INSERT INTO gateway_state (key, value, updated_at) VALUES (?1, ?2, ?3) \
+         ON CONFLICT(key) DO UPDATE SET value = ?2, updated_at = ?3",
+        params![key, value, now],
+    )?;
+    Ok(())
 }
 
 /// Marks the active trajectories of a crashed queued run, then records this run.

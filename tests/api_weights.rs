@@ -1,0 +1,274 @@
+//! Weight updates through the gateway, against mocks that check vLLM 0.33's
+//! request shapes: a hung backend bounds the call and leaves traffic
+//! flowing, versions are per backend and set for the fleet only when every
+//! backend took them, the version survives a restart, and the two-step
+//! update forwards vLLM's pause / start / finish / resume.
+
+mod common;
+
+use std::sync::atomic::Ordering;
+
+use common::mock_vllm::{MockVllm, Scripted};
+use common::{config, start_gateway_on, Gateway};
+use serde_json::{json, Value};
+use tito::render::testing::chatml_renderer;
+use tito::render::testing::IM_END;
+
+const TOKEN: &str = "admin-s3cret";
+
+async fn post_admin(g: &Gateway, path: &str, body: Value) -> (u16, Value) {
+    let r = g
+        .client
+        .post(g.url(path))
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("admin request");
+    let status = r.status().as_u16();
+    (status, r.json().await.expect("json"))
+}
+
+async fn get_admin(g: &Gateway, path: &str) -> Value {
+    g.client
+        .get(g.url(path))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json")
+}
+
+fn mock_reply() -> Scripted {
+    Scripted::ids(vec![b'o'.into(), b'k'.into(), IM_END])
+}
+
+async fn gateway(urls: &[String], store_url: &str) -> Gateway {
+    let cfg = config(
+        urls,
+        &format!("[auth]\nadmin_tokens = [\"{TOKEN}\"]\n[store]\nurl = \"{store_url}\"\n"),
+    );
+    let store = tito::store::open(store_url).expect("store opens");
+    start_gateway_on(cfg, chatml_renderer(), store).await
+}
+
+/// One call on trajectory `tid`; the weight version it was recorded with.
+async fn call_version(g: &Gateway, tid: &str) -> Value {
+    let r = g
+        .post(
+            &format!("/t/{tid}/v1/chat/completions"),
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let t = get_admin(g, &format!("/v1/trajectories/{tid}")).await;
+    t["calls"][0]["weight_version"].clone()
+}
+
+fn backend<'a>(report: &'a Value, name_has: &str) -> &'a Value {
+    report["backends"]
+        .as_array()
+        .expect("backends")
+        .iter()
+        .find(|b| {
+            b["backend"]
+                .as_str()
+                .or(b["name"].as_str())
+                .is_some_and(|n| n.contains(name_has))
+        })
+        .unwrap_or_else(|| panic!("no backend {name_has} in {report}"))
+}
+
+#[tokio::test]
+async fn a_hung_backend_is_named_traffic_resumes_and_the_version_waits_for_all() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store_url = format!("sqlite://{}/spans.db", dir.path().display());
+    let a = MockVllm::start(mock_reply()).await;
+    let b = MockVllm::start(mock_reply()).await;
+    let g = gateway(&[a.url(), b.url()], &store_url).await;
+    let b_port = b.addr.port().to_string();
+
+    b.state.hang_admin.store(true, Ordering::SeqCst);
+    let started = std::time::Instant::now();
+    let (status, report) = post_admin(
+        &g,
+        "/admin/weights",
+        json!({"version": "v1", "path": "/ckpt/1", "timeout_s": 1}),
+    )
+    .await;
+    assert_eq!(status, 502, "{report}");
+    assert!(started.elapsed().as_secs() < 30, "bounded by timeout_s");
+    assert_eq!(report["ok"], false);
+    assert_eq!(report["paused"], false, "admission resumed");
+    assert_eq!(
+        report["weight_version"],
+        Value::Null,
+        "fleet version unchanged"
+    );
+    let hung = backend(&report, &b_port);
+    assert_eq!(hung["outcome"], "timed_out", "{report}");
+    assert!(
+        hung["state"]
+            .as_str()
+            .expect("state")
+            .starts_with("out of rotation"),
+        "{report}"
+    );
+    let took = backend(&report, &a.addr.port().to_string());
+    assert_eq!(took["ok"], true);
+    assert_eq!(took["state"], "serving weights v1");
+    // vLLM's shape: the reload, then the prefix cache reset.
+    let log = a.log();
+    let admin_log: Vec<&str> = log
+        .iter()
+        .map(String::as_str)
+        .filter(|l| !l.starts_with("/v1/"))
+        .collect();
+    assert_eq!(
+        admin_log,
+        [
+            r#"/collective_rpc {"method":"reload_weights","kwargs":{"weights_path":"/ckpt/1"}}"#,
+            "/reset_prefix_cache"
+        ]
+    );
+
+    // Traffic flows to the backend that took the update, tagged with what
+    // it serves; the hung one gets nothing.
+    for i in 0..4 {
+        assert_eq!(call_version(&g, &format!("h-{i}")).await, "v1");
+    }
+    assert!(
+        b.log().iter().all(|l| !l.starts_with("/v1/")),
+        "{:?}",
+        b.log()
+    );
+    let backends = get_admin(&g, "/admin/backends").await;
+    assert!(backend(&backends, &b_port)["weights_error"]
+        .as_str()
+        .is_some_and(|e| e.contains("did not answer")));
+
+    // A later update that every backend takes sets the fleet's version,
+    // and brings the hung one back.
+    b.state.hang_admin.store(false, Ordering::SeqCst);
+    let (status, report) = post_admin(
+        &g,
+        "/admin/weights",
+        json!({"version": "v2", "path": "/ckpt/2"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["weight_version"], "v2");
+    let backends = get_admin(&g, "/admin/backends").await;
+    assert_eq!(backends["weight_version"], "v2");
+    assert_eq!(backend(&backends, &b_port)["weights_error"], Value::Null);
+
+    // A failed reload (vLLM answers 500) leaves the fleet version alone.
+    a.state.fail_reload.store(true, Ordering::SeqCst);
+    let (status, report) = post_admin(
+        &g,
+        "/admin/weights",
+        json!({"version": "v3", "path": "/ckpt/3"}),
+    )
+    .await;
+    assert_eq!(status, 502, "{report}");
+    assert_eq!(report["weight_version"], "v2");
+    let failed = backend(&report, &a.addr.port().to_string());
+    assert_eq!(failed["outcome"], "failed");
+    assert!(failed["error"]
+        .as_str()
+        .is_some_and(|e| e.contains("no such checkpoint")));
+
+    // A restart on the same store keeps the last version every backend took.
+    drop(g);
+    let c = MockVllm::start(mock_reply()).await;
+    let g2 = gateway(&[c.url()], &store_url).await;
+    assert_eq!(
+        get_admin(&g2, "/admin/backends").await["weight_version"],
+        "v2"
+    );
+    assert_eq!(call_version(&g2, "after-restart").await, "v2");
+}
+
+#[tokio::test]
+async fn two_step_update_forwards_vllm_pause_start_finish_resume() {
+    let a = MockVllm::start(mock_reply()).await;
+    a.state.transfer_configured.store(true, Ordering::SeqCst);
+    let g = gateway(&[a.url()], "memory://").await;
+
+    let (status, report) = post_admin(&g, "/admin/weights/commit", json!({"version": "x"})).await;
+    assert_eq!(status, 409, "commit without begin: {report}");
+    assert!(report["error"]["message"].is_string());
+
+    let (status, report) = post_admin(&g, "/admin/weights/begin", json!({})).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["paused"], true);
+    assert!(a.state.paused.load(Ordering::SeqCst));
+
+    // A call made while the trainer pushes waits for the commit.
+    let url = g.url("/t/during/v1/chat/completions");
+    let client = g.client.clone();
+    let waiting = tokio::spawn(async move {
+        client
+            .post(url)
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .expect("send")
+            .status()
+    });
+    let (status, report) =
+        post_admin(&g, "/admin/weights/commit", json!({"version": "step-9"})).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["weight_version"], "step-9");
+    assert_eq!(waiting.await.expect("join"), 200);
+    assert!(!a.state.paused.load(Ordering::SeqCst));
+    let t = get_admin(&g, "/v1/trajectories/during").await;
+    assert_eq!(t["calls"][0]["weight_version"], "step-9");
+    let log = a.log();
+    let admin_log: Vec<&str> = log
+        .iter()
+        .map(String::as_str)
+        .filter(|l| !l.starts_with("/v1/"))
+        .collect();
+    assert_eq!(
+        admin_log,
+        [
+            "/pause?mode=wait",
+            "/start_weight_update",
+            r#"/finish_weight_update {"weight_version":"step-9"}"#,
+            "/resume"
+        ]
+    );
+    // The call reached the backend only after the resume.
+    let call_at = log
+        .iter()
+        .position(|l| l.starts_with("/v1/"))
+        .expect("call");
+    let resume_at = log.iter().position(|l| l == "/resume").expect("resume");
+    assert!(call_at > resume_at, "{log:?}");
+}
+
+#[tokio::test]
+async fn a_refused_begin_is_called_off_everywhere_and_traffic_resumes() {
+    let a = MockVllm::start(mock_reply()).await;
+    let b = MockVllm::start(mock_reply()).await;
+    a.state.transfer_configured.store(true, Ordering::SeqCst);
+    // b runs without --weight-transfer-config: vLLM refuses the start.
+    let g = gateway(&[a.url(), b.url()], "memory://").await;
+    let (status, report) = post_admin(&g, "/admin/weights/begin", json!({})).await;
+    assert_eq!(status, 502, "{report}");
+    assert_eq!(report["paused"], false);
+    let refused = backend(&report, &b.addr.port().to_string());
+    assert!(refused["error"]
+        .as_str()
+        .is_some_and(|e| e.contains("Weight transfer not configured")));
+    assert_eq!(report["aborted"].as_array().map(Vec::len), Some(2));
+    // Neither backend is left paused or mid-transfer.
+    for m in [&a, &b] {
+        assert!(!m.state.paused.load(Ordering::SeqCst), "{:?}", m.log());
+        assert!(!m.state.transfer_started.load(Ordering::SeqCst));
+    }
+    assert_eq!(call_version(&g, "after-abort").await, Value::Null);
+}

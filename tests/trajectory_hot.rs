@@ -1,0 +1,235 @@
+//! The hot view under a byte budget (`[trajectory] hot_bytes`): over 10,000
+//! trajectories of 8,192 prompt tokens its estimated size never passes the
+//! budget by more than the trajectory being recorded, least recently used
+//! trajectories go first, finished ones leave nothing behind, and an
+//! evicted trajectory continues exactly (rebuilt from the store).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::{json, Value};
+use tito::config::TrajectoryConfig;
+use tito::render::testing::{chatml_renderer, IM_END};
+use tito::store::{
+    Ack, Acked, CallRecord, DynStore, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
+    Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
+};
+use tito::trajectory::{CallContext, ChatInput, ChoiceOutcome, Trajectories};
+
+const TRAJECTORIES: usize = 10_000;
+const PROMPT_TOKENS: usize = 8_192;
+const BUDGET: u64 = 32 << 20;
+
+/// Keeps the calls of trajectories named `keep-*` and counts the others'
+/// bytes without keeping them: the test is about the gateway's memory, not
+/// the store's.
+struct KeepSome {
+    inner: DynStore,
+    dropped: AtomicU64,
+    reads: AtomicU64,
+}
+
+#[async_trait]
+impl SpanStore for KeepSome {
+    async fn append_call(&self, call: CallRecord) -> Result<(), StoreError> {
+        if call.trajectory_id.starts_with("keep-") {
+            return self.inner.append_call(call).await;
+        }
+        self.dropped.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    async fn set_reward(
+        &self,
+        id: &str,
+        call: Option<u32>,
+        reward: f64,
+        extra: Option<Value>,
+    ) -> Result<TrajectoryMeta, StoreError> {
+        self.inner.set_reward(id, call, reward, extra).await
+    }
+    async fn set_metadata(
+        &self,
+        id: &str,
+        update: &TrajectoryMetadata,
+    ) -> Result<TrajectoryMeta, StoreError> {
+        self.inner.set_metadata(id, update).await
+    }
+    async fn set_replays(&self, id: &str, replays: Vec<SampleReplay>) -> Result<(), StoreError> {
+        self.inner.set_replays(id, replays).await
+    }
+    async fn set_weight_version(&self, version: &str) -> Result<(), StoreError> {
+        self.inner.set_weight_version(version).await
+    }
+    async fn weight_version(&self) -> Result<Option<String>, StoreError> {
+        self.inner.weight_version().await
+    }
+    async fn group(&self, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError> {
+        self.inner.group(group).await
+    }
+    async fn lease(
+        &self,
+        consumer: &str,
+        filter: &TrajectoryFilter,
+        limit: usize,
+        lease_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        self.inner.lease(consumer, filter, limit, lease_ms).await
+    }
+    async fn ack(&self, consumer: &str, cursor: &str) -> Result<Acked, StoreError> {
+        self.inner.ack(consumer, cursor).await
+    }
+    async fn finish(&self, id: &str) -> Result<TrajectoryMeta, StoreError> {
+        self.inner.finish(id).await
+    }
+    async fn get_meta(&self, id: &str) -> Result<Option<TrajectoryMeta>, StoreError> {
+        self.inner.get_meta(id).await
+    }
+    async fn get_trajectory(&self, id: &str) -> Result<Option<Trajectory>, StoreError> {
+        self.reads.fetch_add(1, Ordering::Relaxed);
+        self.inner.get_trajectory(id).await
+    }
+    async fn latest_calls(&self, id: &str, n: usize) -> Result<Vec<CallRecord>, StoreError> {
+        self.inner.latest_calls(id, n).await
+    }
+    async fn list_trajectories(&self, query: &ListQuery) -> Result<Page, StoreError> {
+        self.inner.list_trajectories(query).await
+    }
+    fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError> {
+        self.inner.count(filter)
+    }
+    fn scan(&self, filter: &TrajectoryFilter) -> Result<TrajectoryIter, StoreError> {
+        self.inner.scan(filter)
+    }
+    fn scan_ids(&self, ids: Vec<String>) -> Result<TrajectoryIter, StoreError> {
+        self.inner.scan_ids(ids)
+    }
+    async fn begin_run(&self, ack: Ack) -> Result<u64, StoreError> {
+        self.inner.begin_run(ack).await
+    }
+}
+
+fn ctx(tid: &str, messages: Option<Vec<Value>>) -> CallContext {
+    CallContext {
+        trajectory_id: tid.into(),
+        request: json!({"messages": messages}),
+        messages: messages.map(Arc::new),
+        started_at: 0,
+        weight_version: None,
+        normalized: Vec::new(),
+    }
+}
+
+fn outcome(sampled: Vec<u32>, content: &str) -> ChoiceOutcome {
+    ChoiceOutcome {
+        sampled_ids: sampled,
+        logprobs: Vec::new(),
+        finish_reason: Some(tito::backend::FinishReason::Stop),
+        served: json!({"role": "assistant", "content": content}),
+        backend: "b".into(),
+        moved_from: None,
+        weight_version: None,
+        parse_outcome: None,
+    }
+}
+
+#[tokio::test]
+async fn the_hot_view_stays_within_its_byte_budget_and_evicted_trajectories_continue_exactly() {
+    let renderer = chatml_renderer();
+    let store = Arc::new(KeepSome {
+        inner: tito::store::open("memory://").expect("store"),
+        dropped: AtomicU64::new(0),
+        reads: AtomicU64::new(0),
+    });
+    let traj = Trajectories::new(
+        store.clone(),
+        renderer.clone(),
+        TrajectoryConfig {
+            hot_bytes: BUDGET,
+            ..Default::default()
+        },
+    );
+
+    // The trajectory that will be evicted, then continued.
+    let first = vec![json!({"role": "user", "content": "What is 2+2?"})];
+    let input = ChatInput {
+        messages: &first,
+        tools: None,
+        kwargs: None,
+        add_generation_prompt: true,
+    };
+    let p0 = traj.prepare_chat("keep-0", input).await.expect("prepare");
+    let reply = "It is 4.";
+    let sampled0 = [renderer.encode(reply).expect("enc"), vec![IM_END]].concat();
+    traj.commit(
+        &ctx("keep-0", Some(first.clone())),
+        &p0,
+        &[outcome(sampled0.clone(), reply)],
+        None,
+    )
+    .await
+    .expect("commit");
+
+    // 10,000 trajectories of 8,192 distinct prompt tokens each.
+    let mut largest_one = 0u64;
+    let mut peak = 0u64;
+    for i in 0..TRAJECTORIES {
+        let ids: Vec<u32> = (0..PROMPT_TOKENS)
+            .map(|j| u32::from(b'a') + ((i * 31 + j * 7) % 26) as u32)
+            .collect();
+        let tid = format!("t-{i}");
+        let before = traj.hot_usage().1;
+        let p = traj.prepare_root(ids).expect("prepare");
+        traj.commit(
+            &ctx(&tid, None),
+            &p,
+            &[outcome(vec![b'x'.into(), IM_END], "x")],
+            None,
+        )
+        .await
+        .expect("commit");
+        let (_, after) = traj.hot_usage();
+        largest_one = largest_one.max(after.saturating_sub(before));
+        peak = peak.max(after);
+        // Finished trajectories leave the view entirely.
+        if i % 10 == 9 {
+            traj.forget(&tid);
+        }
+    }
+    let (len, bytes) = traj.hot_usage();
+    assert!(largest_one > 0);
+    assert!(
+        peak <= BUDGET + largest_one,
+        "peak {peak} over budget {BUDGET} + one trajectory {largest_one}"
+    );
+    assert!(bytes <= BUDGET, "{bytes}");
+    // Evictions happened: far fewer trajectories than were recorded.
+    assert!(
+        (len as u64) < BUDGET / largest_one.max(1) + 2,
+        "{len} trajectories in the view"
+    );
+    assert_eq!(store.dropped.load(Ordering::Relaxed), TRAJECTORIES as u64);
+
+    // keep-0 was evicted long ago: its next turn is rebuilt from the store
+    // and continues exactly (earlier prompt + sampled ids verbatim).
+    let reads_before = store.reads.load(Ordering::Relaxed);
+    let mut next = first.clone();
+    next.push(json!({"role": "assistant", "content": reply}));
+    next.push(json!({"role": "user", "content": "And 3+3?"}));
+    let input = ChatInput {
+        messages: &next,
+        tools: None,
+        kwargs: None,
+        add_generation_prompt: true,
+    };
+    let p1 = traj.prepare_chat("keep-0", input).await.expect("prepare");
+    assert!(
+        store.reads.load(Ordering::Relaxed) > reads_before,
+        "reloaded"
+    );
+    let exact: Vec<u32> = [p0.prompt_ids.as_slice(), &sampled0].concat();
+    assert_eq!(&p1.prompt_ids[..exact.len()], exact.as_slice());
+    assert!(p1.drift.is_none(), "{:?}", p1.drift);
+    let parent = p1.parent.as_ref().expect("continues call 0");
+    assert_eq!(parent.call_index, 0);
+}
