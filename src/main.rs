@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 // glibc's malloc was a fifth of the gateway's CPU per request under load
 // (many small, short-lived allocations across threads); mimalloc's
@@ -18,6 +18,16 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Token-in, token-out gateway for agentic RL"
 )]
 struct Cli {
+    /// Log lines as human-readable text or as one JSON object per line
+    /// (level filter: RUST_LOG, default info).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t = LogFormat::Text,
+        env = "TITO_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -106,27 +116,31 @@ enum Command {
     },
 }
 
-/// Logs go to stdout, or to stderr for commands whose stdout is data.
-fn init_tracing(to_stderr: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    use std::io::IsTerminal;
-    let no_color = std::env::var_os("NO_COLOR").is_some();
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter);
-    if to_stderr {
-        fmt.with_writer(std::io::stderr)
-            .with_ansi(std::io::stderr().is_terminal() && !no_color)
-            .init();
-    } else {
-        fmt.with_ansi(std::io::stdout().is_terminal() && !no_color)
-            .init();
+/// `--log-format`.
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines, coloured on a terminal unless NO_COLOR is set.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl From<LogFormat> for tito::logging::LogFormat {
+    fn from(f: LogFormat) -> Self {
+        match f {
+            LogFormat::Text => tito::logging::LogFormat::Text,
+            LogFormat::Json => tito::logging::LogFormat::Json,
+        }
     }
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(matches!(cli.command, Command::Verify { .. }));
+    // `tito verify` writes its results to stdout: its logs go to stderr.
+    let to_stderr = matches!(cli.command, Command::Verify { .. });
+    let log_format = cli.log_format;
+    tito::logging::init(log_format.into(), to_stderr);
     let result = match cli.command {
         Command::Serve {
             config,
@@ -201,7 +215,11 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tito: {e:#}");
+            match log_format {
+                // A log pipeline reads the reason as one more JSON line.
+                LogFormat::Json => tracing::error!(error = format!("{e:#}"), "tito failed"),
+                LogFormat::Text => eprintln!("tito: {e:#}"),
+            }
             ExitCode::FAILURE
         }
     }
