@@ -1,7 +1,9 @@
 //! The real `tito` binary's log output: `--log-format json` writes one JSON
-//! object per line on stdout and stderr, and llama.cpp's own lines are
-//! debug-level (absent at the default level, there when asked for).
+//! object per line on stdout and stderr, an HTTP call's lines carry its
+//! request id, and llama.cpp's own lines are debug-level (absent at the
+//! default level, there when asked for).
 
+mod common;
 mod engine_support;
 
 use std::io::{BufRead, BufReader};
@@ -9,7 +11,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use serde_json::Value;
+use common::mock_vllm::{MockVllm, Scripted};
+use serde_json::{json, Value};
 
 /// How long a process may take to print its listening line.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
@@ -106,6 +109,79 @@ fn parse_all(lines: &[(&'static str, String)]) -> Vec<Value> {
             v
         })
         .collect()
+}
+
+/// The request id of the span a log line was written in, if any.
+fn request_id(line: &Value) -> Option<&str> {
+    line["spans"]
+        .as_array()?
+        .iter()
+        .find_map(|s| s["request_id"].as_str())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_writes_json_lines_that_carry_the_request_id() {
+    // SmolLM2's <|im_end|> is id 2; the GGUF is the gateway's tokenizer.
+    let mock = MockVllm::start(Scripted::ids(vec![28, 2])).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cfg = dir.path().join("config.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:0\"\n[model]\nname = \"m\"\ntokenizer = \"{}\"\n\
+             [[backends]]\nurl = \"{}\"\nkind = \"vllm\"\n[store]\nurl = \"memory://\"\n",
+            engine_support::model_path().display(),
+            mock.url()
+        ),
+    )
+    .expect("write config");
+    let cfg = cfg.to_str().expect("utf-8").to_string();
+    let mut tito = Tito::spawn(
+        &["serve", "--config", &cfg, "--log-format", "json"],
+        Some("info,tito=debug"),
+    );
+    let listening = tokio::task::block_in_place(|| tito.wait_for("tito listening"));
+    let addr = listening["addr"].as_str().expect("addr field").to_string();
+
+    let client = reqwest::Client::new();
+    let call = |id: &'static str| {
+        client
+            .post(format!("http://{addr}/v1/chat/completions"))
+            .header("x-request-id", id)
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+    };
+    let ok = call("cli-ok-1").await.expect("reachable");
+    assert_eq!(ok.status(), 200);
+    assert_eq!(ok.headers()["x-request-id"], "cli-ok-1");
+    mock.push(Scripted {
+        error: Some((500, "boom".into())),
+        ..Default::default()
+    });
+    let failed = call("cli-fail-2").await.expect("reachable");
+    assert!(failed.status().is_server_error(), "{}", failed.status());
+    assert_eq!(failed.headers()["x-request-id"], "cli-fail-2");
+
+    let lines = tokio::task::block_in_place(|| tito.stop());
+    let parsed = parse_all(&lines);
+    let of = |id: &str| -> Vec<&Value> {
+        parsed
+            .iter()
+            .filter(|l| request_id(l) == Some(id))
+            .collect()
+    };
+    let ok_lines = of("cli-ok-1");
+    assert!(
+        ok_lines.iter().any(|l| l["message"] == "request answered"),
+        "{ok_lines:#?}"
+    );
+    let fail_lines = of("cli-fail-2");
+    assert!(
+        fail_lines
+            .iter()
+            .any(|l| l["level"] == "ERROR" && l["message"] == "request failed"),
+        "the 5xx is logged at the default level, with its id: {fail_lines:#?}"
+    );
 }
 
 /// `tito engine` on the fetched model until it listens: every line it

@@ -55,7 +55,8 @@ where
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = mpsc::channel(32);
-    let task = tokio::spawn(run(SseSender(tx)));
+    // In the request's span: its log lines carry the request id.
+    let task = tokio::spawn(tracing::Instrument::in_current_span(run(SseSender(tx))));
     let events =
         crate::backend::AbortOnDrop::new(tokio_stream::wrappers::ReceiverStream::new(rx), task);
     let mut resp = Sse::new(events.map(Ok::<_, Infallible>))

@@ -314,7 +314,8 @@ impl Calls {
             owner,
             deltas,
         };
-        tokio::spawn(pump.run(map));
+        // In the request's span: its log lines carry the request id.
+        tokio::spawn(tracing::Instrument::in_current_span(pump.run(map)));
         Ok(running)
     }
 }
