@@ -91,7 +91,8 @@ impl ChunkHead {
     }
 
     /// Each choice's finish chunk (`finish(index, reason)` makes the choice
-    /// object), then the usage chunk when `with_usage`.
+    /// object; its `stop_reason` is added here), then the usage chunk when
+    /// `with_usage`.
     pub fn end(
         &self,
         answer: &crate::call::Answer,
@@ -102,7 +103,11 @@ impl ChunkHead {
         let mut out: Vec<Json> = answer
             .choices
             .iter()
-            .map(|r| self.chunk(id, Json::Array(vec![finish(r.index, r.finish_reason)])))
+            .map(|r| {
+                let mut choice = finish(r.index, r.finish_reason);
+                choice["stop_reason"] = r.stop_reason_json();
+                self.chunk(id, Json::Array(vec![choice]))
+            })
             .collect();
         if with_usage {
             let mut u = self.chunk(id, Json::Array(Vec::new()));
