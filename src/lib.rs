@@ -24,6 +24,7 @@
 //!   as JSONL or Parquet to any `Write`.
 //! - [`verify`]: the teacher-forced replay check of recorded logprobs against
 //!   a backend's prompt logprobs, on request and sampled in the background.
+//! - [`logging`]: the log output of every command (text or JSON lines).
 
 pub mod api;
 pub mod backend;
@@ -32,6 +33,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod export;
+pub mod logging;
 pub mod metrics;
 pub mod parse;
 pub mod render;

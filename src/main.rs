@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{Parser, Subcommand, ValueEnum};
 
 // glibc's malloc was a fifth of the gateway's CPU per request under load
 // (many small, short-lived allocations across threads); mimalloc's
@@ -18,6 +18,16 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
     about = "Token-in, token-out gateway for agentic RL"
 )]
 struct Cli {
+    /// Log lines as human-readable text or as one JSON object per line
+    /// (level filter: RUST_LOG, default info).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value_t = LogFormat::Text,
+        env = "TITO_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
 }
@@ -26,6 +36,7 @@ struct Cli {
 enum Command {
     /// Run the gateway.
     Serve {
+        /// The configuration file (docs/configuration.md).
         #[arg(long, default_value = "config.toml", env = "TITO_CONFIG")]
         config: PathBuf,
         /// Serve a non-loopback address although the trainer or admin role
@@ -35,22 +46,27 @@ enum Command {
     },
     /// Export trajectories from the span store to a file (offline).
     Export {
+        /// The configuration file: its [store] url is read.
         #[arg(long, default_value = "config.toml", env = "TITO_CONFIG")]
         config: PathBuf,
-        /// jsonl | parquet
-        #[arg(long)]
-        format: String,
-        /// trajectory | per_call | verl
-        #[arg(long, default_value = "trajectory")]
-        layout: String,
-        /// active | finished
-        #[arg(long)]
-        status: Option<String>,
+        /// File format.
+        #[arg(long, value_enum)]
+        format: FormatArg,
+        /// Row layout (docs/export.md).
+        #[arg(long, value_enum, default_value_t = LayoutArg::Trajectory)]
+        layout: LayoutArg,
+        /// Only trajectories in this state.
+        #[arg(long, value_enum)]
+        status: Option<StatusArg>,
         /// Only trajectories updated at or after this time (unix ms or RFC 3339).
         #[arg(long)]
         since: Option<String>,
+        /// Prompt tokens per row: longer prompts are skipped; the verl layout
+        /// left-pads to it (required there).
         #[arg(long)]
         prompt_length: Option<usize>,
+        /// Response tokens per row: longer responses are cut and marked
+        /// truncated; the verl layout right-pads to it (required there).
         #[arg(long)]
         response_length: Option<usize>,
         /// Only trajectories of this group.
@@ -62,6 +78,7 @@ enum Command {
         /// Padding id of the verl layout (default: the tokenizer's pad token, else EOS).
         #[arg(long)]
         pad_id: Option<u32>,
+        /// The file to write.
         #[arg(long)]
         out: PathBuf,
     },
@@ -69,6 +86,7 @@ enum Command {
     /// how far the recorded logprobs are from the backend's: one JSON line per
     /// sample on stdout, then a summary line; progress on stderr.
     Verify {
+        /// The configuration file: its [store], [[backends]] and [verify] are read.
         #[arg(long, default_value = "config.toml", env = "TITO_CONFIG")]
         config: PathBuf,
         /// The trajectory to check.
@@ -89,6 +107,7 @@ enum Command {
         /// GGUF model file.
         #[arg(long)]
         model: PathBuf,
+        /// Address to bind (host:port; port 0 picks a free port, logged).
         #[arg(long, default_value = "127.0.0.1:8001")]
         listen: std::net::SocketAddr,
         /// Most sequences decoded together.
@@ -106,27 +125,89 @@ enum Command {
     },
 }
 
-/// Logs go to stdout, or to stderr for commands whose stdout is data.
-fn init_tracing(to_stderr: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    use std::io::IsTerminal;
-    let no_color = std::env::var_os("NO_COLOR").is_some();
-    let fmt = tracing_subscriber::fmt().with_env_filter(filter);
-    if to_stderr {
-        fmt.with_writer(std::io::stderr)
-            .with_ansi(std::io::stderr().is_terminal() && !no_color)
-            .init();
-    } else {
-        fmt.with_ansi(std::io::stdout().is_terminal() && !no_color)
-            .init();
+/// `--log-format`.
+#[derive(Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines, coloured on a terminal unless NO_COLOR is set.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `tito export --format`.
+#[derive(Clone, Copy, ValueEnum)]
+enum FormatArg {
+    /// One JSON object per row.
+    Jsonl,
+    /// Apache Parquet.
+    Parquet,
+}
+
+/// `tito export --layout`.
+#[derive(Clone, Copy, ValueEnum)]
+enum LayoutArg {
+    /// One row per sample (a root-to-leaf path of calls).
+    Trajectory,
+    /// One row per LLM call.
+    #[value(name = "per_call")]
+    PerCall,
+    /// One row per sample with verl's padded DataProto keys.
+    Verl,
+}
+
+/// `tito export --status`.
+#[derive(Clone, Copy, ValueEnum)]
+enum StatusArg {
+    /// Still taking calls.
+    Active,
+    /// Finished (POST /v1/trajectories/{id}/finish).
+    Finished,
+}
+
+impl From<LogFormat> for tito::logging::LogFormat {
+    fn from(f: LogFormat) -> Self {
+        match f {
+            LogFormat::Text => tito::logging::LogFormat::Text,
+            LogFormat::Json => tito::logging::LogFormat::Json,
+        }
+    }
+}
+
+impl From<FormatArg> for tito::export::Format {
+    fn from(f: FormatArg) -> Self {
+        match f {
+            FormatArg::Jsonl => tito::export::Format::Jsonl,
+            FormatArg::Parquet => tito::export::Format::Parquet,
+        }
+    }
+}
+
+impl From<LayoutArg> for tito::export::Layout {
+    fn from(l: LayoutArg) -> Self {
+        match l {
+            LayoutArg::Trajectory => tito::export::Layout::Trajectory,
+            LayoutArg::PerCall => tito::export::Layout::PerCall,
+            LayoutArg::Verl => tito::export::Layout::Verl,
+        }
+    }
+}
+
+impl From<StatusArg> for tito::store::TrajectoryStatus {
+    fn from(s: StatusArg) -> Self {
+        match s {
+            StatusArg::Active => tito::store::TrajectoryStatus::Active,
+            StatusArg::Finished => tito::store::TrajectoryStatus::Finished,
+        }
     }
 }
 
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing(matches!(cli.command, Command::Verify { .. }));
+    // `tito verify` writes its results to stdout: its logs go to stderr.
+    let to_stderr = matches!(cli.command, Command::Verify { .. });
+    let log_format = cli.log_format;
+    tito::logging::init(log_format.into(), to_stderr);
     let result = match cli.command {
         Command::Serve {
             config,
@@ -201,7 +282,11 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("tito: {e:#}");
+            match log_format {
+                // A log pipeline reads the reason as one more JSON line.
+                LogFormat::Json => tracing::error!(error = format!("{e:#}"), "tito failed"),
+                LogFormat::Text => eprintln!("tito: {e:#}"),
+            }
             ExitCode::FAILURE
         }
     }
@@ -215,9 +300,9 @@ async fn run_serve(path: &std::path::Path, insecure_open: bool) -> anyhow::Resul
 
 struct ExportArgs {
     config: PathBuf,
-    format: String,
-    layout: String,
-    status: Option<String>,
+    format: FormatArg,
+    layout: LayoutArg,
+    status: Option<StatusArg>,
     since: Option<String>,
     prompt_length: Option<usize>,
     response_length: Option<usize>,
@@ -231,15 +316,12 @@ struct ExportArgs {
 /// gateway runs on it: WAL readers do not block the writer) with a progress bar.
 fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     use anyhow::{anyhow, bail};
-    use tito::export::{ExportOptions, Format, Layout};
-    use tito::store::{TrajectoryFilter, TrajectoryStatus};
+    use tito::export::{ExportOptions, Layout};
+    use tito::store::TrajectoryFilter;
 
     let config = tito::Config::load(&a.config)?;
-    let format =
-        Format::parse(&a.format).ok_or_else(|| anyhow!("--format: expected jsonl or parquet"))?;
-    let layout = Layout::parse(&a.layout)
-        .ok_or_else(|| anyhow!("--layout: expected trajectory, per_call or verl"))?;
-    let mut opts = ExportOptions::new(format, layout);
+    let layout = Layout::from(a.layout);
+    let mut opts = ExportOptions::new(a.format.into(), layout);
     opts.prompt_length = a.prompt_length;
     opts.response_length = a.response_length;
     opts.validate()?;
@@ -251,13 +333,7 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
         None => 0,
     };
     opts.validate()?;
-    let status = match a.status.as_deref() {
-        None => None,
-        Some(s) => Some(
-            TrajectoryStatus::parse(s)
-                .ok_or_else(|| anyhow!("--status: expected active or finished"))?,
-        ),
-    };
+    let status = a.status.map(Into::into);
     let since = match a.since.as_deref() {
         None => None,
         Some(s) => Some(match s.parse::<i64>() {

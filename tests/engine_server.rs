@@ -194,3 +194,50 @@ async fn engine_server_streams_sse_with_done() {
         }
     }
 }
+
+/// The last JSON event of an SSE body (before `[DONE]`).
+async fn last_event(base: &str, path: &str, body: Value) -> Value {
+    let text = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("request")
+        .text()
+        .await
+        .expect("body");
+    let events: Vec<&str> = text
+        .split("\n\n")
+        .filter_map(|e| e.trim().strip_prefix("data: "))
+        .filter(|e| *e != "[DONE]")
+        .collect();
+    serde_json::from_str(events.last().expect("an event")).expect("JSON event")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_server_fills_stop_reason_as_vllm() {
+    let base = spawn_server().await;
+    let prompt = engine_support::encode("The capital of France is");
+    let greedy = json!({"prompt": prompt, "max_tokens": 6, "temperature": 0,
+                        "ignore_eos": true, "return_token_ids": true});
+    let (status, v) = post(&base, "/v1/completions", greedy.clone()).await;
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["choices"][0]["stop_reason"], Value::Null);
+    let ids: Vec<u32> = serde_json::from_value(v["choices"][0]["token_ids"].clone()).expect("ids");
+    // Greedy again, stopping on the third token (at its first occurrence).
+    let stop = ids[2];
+    let upto = ids.iter().position(|&t| t == stop).expect("present") + 1;
+    let mut body = greedy;
+    body["stop_token_ids"] = json!([stop]);
+    let (status, v) = post(&base, "/v1/completions", body.clone()).await;
+    assert_eq!(status, 200, "{v}");
+    let c = &v["choices"][0];
+    assert_eq!(c["finish_reason"], "stop", "{v}");
+    assert_eq!(c["stop_reason"], json!(stop), "{v}");
+    assert_eq!(c["token_ids"], json!(ids[..upto]));
+    body["stream"] = json!(true);
+    let last = last_event(&base, "/v1/completions", body).await;
+    assert_eq!(last["choices"][0]["finish_reason"], "stop", "{last}");
+    assert_eq!(last["choices"][0]["stop_reason"], json!(stop), "{last}");
+}

@@ -233,7 +233,7 @@ fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
                 "message": r.served,
                 "logprobs": Json::Null,
                 "finish_reason": r.finish_reason,
-                "stop_reason": Json::Null,
+                "stop_reason": r.stop_reason_json(),
             });
             // OpenAI's shape; tito never refuses (what it served is recorded
             // without this field).
@@ -338,7 +338,7 @@ impl Chunks {
                     finish
                 };
                 json!({"index": index, "delta": {}, "logprobs": null,
-                   "finish_reason": finish, "stop_reason": null})
+                   "finish_reason": finish})
             })
     }
 }

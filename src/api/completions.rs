@@ -196,7 +196,7 @@ fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
                 "text": r.text,
                 "logprobs": Json::Null,
                 "finish_reason": r.finish_reason,
-                "stop_reason": Json::Null,
+                "stop_reason": r.stop_reason_json(),
             });
             if shape.logprobs {
                 c["logprobs"] = completion_logprobs(&state.renderer, &r.ids, &r.logprobs, 0);
@@ -272,7 +272,7 @@ impl Chunks {
         self.head
             .end(answer, self.shape.usage_chunk, |index, finish| {
                 json!({"index": index, "text": "", "logprobs": null,
-                   "finish_reason": finish, "stop_reason": null})
+                   "finish_reason": finish})
             })
     }
 }

@@ -11,6 +11,7 @@ mod completions;
 pub mod export;
 mod logprobs;
 pub mod request;
+pub mod request_id;
 mod sse;
 pub mod trajectories;
 pub mod ui;
@@ -579,6 +580,7 @@ pub fn build_app(state: AppState) -> axum::Router {
         .layer(axum::middleware::from_fn_with_state(limit, limit_errors))
         .with_state(state)
         .merge(metrics)
+        .layer(axum::middleware::from_fn(request_id::layer))
 }
 
 /// Builds the configured `[[backends]]`, in order: HTTP clients, and the

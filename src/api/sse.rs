@@ -75,7 +75,11 @@ where
 {
     let (tx, rx) = mpsc::channel(32);
     let send_timeout = Duration::from_secs(state.config.server.sse_send_timeout_s);
-    let task = tokio::spawn(run(SseSender { tx, send_timeout }));
+    // In the request's span: its log lines carry the request id.
+    let task = tokio::spawn(tracing::Instrument::in_current_span(run(SseSender {
+        tx,
+        send_timeout,
+    })));
     let events =
         crate::backend::AbortOnDrop::new(tokio_stream::wrappers::ReceiverStream::new(rx), task);
     let mut resp = Sse::new(events.map(Ok::<_, Infallible>))
@@ -110,7 +114,8 @@ impl ChunkHead {
     }
 
     /// Each choice's finish chunk (`finish(index, reason)` makes the choice
-    /// object), then the usage chunk when `with_usage`.
+    /// object; its `stop_reason` is added here), then the usage chunk when
+    /// `with_usage`.
     pub fn end(
         &self,
         answer: &crate::call::Answer,
@@ -121,7 +126,11 @@ impl ChunkHead {
         let mut out: Vec<Json> = answer
             .choices
             .iter()
-            .map(|r| self.chunk(id, Json::Array(vec![finish(r.index, r.finish_reason)])))
+            .map(|r| {
+                let mut choice = finish(r.index, r.finish_reason);
+                choice["stop_reason"] = r.stop_reason_json();
+                self.chunk(id, Json::Array(vec![choice]))
+            })
             .collect();
         if with_usage {
             let mut u = self.chunk(id, Json::Array(Vec::new()));

@@ -94,7 +94,9 @@ pub fn pump<D: EventDecoder>(
         backend: backend.to_string(),
         tx,
     };
-    tokio::spawn(run(out, resp, first_deadline, idle, decoder));
+    // In the caller's span (the request's): log lines carry its id.
+    let task = run(out, resp, first_deadline, idle, decoder);
+    tokio::spawn(tracing::Instrument::in_current_span(task));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 

@@ -2,7 +2,7 @@
 //! backend sent them, text released incrementally (stop strings applied, see
 //! [`super::detok`]), and the finish reason. A backend that overshoots
 //! `max_tokens` is cut here; a stop string ends the choice at the token that
-//! completed it.
+//! completed it. A choice that stopped says why as vLLM does ([`StopReason`]).
 
 use std::sync::Arc;
 
@@ -22,6 +22,16 @@ pub struct ChoiceEvent {
     pub finish: Option<FinishReason>,
 }
 
+/// What ended a choice that finished with `stop`, as vLLM's `stop_reason`
+/// gives it: the stop string that matched, or the `stop_token_ids` token
+/// sampled last. A choice that ended on the model's EOS (or on length, or
+/// aborted) has none: `null`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    Text(String),
+    Token(u32),
+}
+
 /// A whole choice, collected, with what was served for it.
 #[derive(Debug, Clone, Default)]
 pub struct ChoiceResult {
@@ -31,6 +41,8 @@ pub struct ChoiceResult {
     /// Aligned with `ids`.
     pub logprobs: Vec<TokenLogprob>,
     pub finish: Option<FinishReason>,
+    /// Why it stopped, when it finished with `stop` (see [`StopReason`]).
+    pub stop_reason: Option<StopReason>,
     /// Backend name; empty when no backend was called (spent budget).
     pub backend: String,
     pub moved_from: Option<String>,
@@ -45,6 +57,15 @@ pub struct ChoiceResult {
 }
 
 impl ChoiceResult {
+    /// The OpenAI choice's `stop_reason`: the string, the token id, or null.
+    pub fn stop_reason_json(&self) -> serde_json::Value {
+        match &self.stop_reason {
+            Some(StopReason::Text(s)) => serde_json::Value::from(s.as_str()),
+            Some(StopReason::Token(id)) => serde_json::Value::from(*id),
+            None => serde_json::Value::Null,
+        }
+    }
+
     /// The whole choice as one delta (a recorded answer, streamed again).
     pub fn as_event(&self) -> ChoiceEvent {
         ChoiceEvent {
@@ -61,6 +82,9 @@ impl ChoiceResult {
 pub struct ChoiceAssembly {
     asm: TextAssembler,
     stop_ids: Vec<u32>,
+    /// The model's EOS ids when they end the sequence (not `ignore_eos`):
+    /// ending on one has no `stop_reason`.
+    eos_ids: Vec<u32>,
     max_tokens: usize,
     pub result: ChoiceResult,
 }
@@ -72,9 +96,15 @@ impl ChoiceAssembly {
         skip_special_tokens: bool,
         index: u32,
     ) -> Self {
+        let eos_ids = if params.ignore_eos {
+            Vec::new()
+        } else {
+            renderer.eos_token_ids().to_vec()
+        };
         ChoiceAssembly {
             asm: TextAssembler::new(renderer, skip_special_tokens, params.stop.clone()),
             stop_ids: params.stop_token_ids.clone(),
+            eos_ids,
             max_tokens: params.max_tokens as usize,
             result: ChoiceResult {
                 index,
@@ -88,6 +118,7 @@ impl ChoiceAssembly {
         let mut a = ChoiceAssembly {
             asm: TextAssembler::new(renderer, true, Vec::new()),
             stop_ids: Vec::new(),
+            eos_ids: Vec::new(),
             max_tokens: 0,
             result: ChoiceResult {
                 index,
@@ -139,7 +170,9 @@ impl ChoiceAssembly {
         }
         if r.finish.is_some() {
             r.text.push_str(&self.asm.finish());
+            self.result.stop_reason = self.stop_reason();
         }
+        let r = &self.result;
         let changed = r.finish.is_some() || r.ids.len() > ids0 || r.text.len() > text0;
         (delta && changed).then(|| ChoiceEvent {
             index: r.index,
@@ -148,5 +181,19 @@ impl ChoiceAssembly {
             logprobs: r.logprobs[ids0..].to_vec(),
             finish: r.finish,
         })
+    }
+
+    /// vLLM's rule: a stop string that matched, else the last token when
+    /// it is a stop token other than EOS, else none.
+    fn stop_reason(&self) -> Option<StopReason> {
+        if self.result.finish != Some(FinishReason::Stop) {
+            return None;
+        }
+        if let Some(s) = self.asm.stop_string() {
+            return Some(StopReason::Text(s.to_string()));
+        }
+        let last = *self.result.ids.last()?;
+        (self.stop_ids.contains(&last) && !self.eos_ids.contains(&last))
+            .then_some(StopReason::Token(last))
     }
 }

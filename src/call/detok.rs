@@ -21,7 +21,8 @@ pub struct TextAssembler {
     text: String,
     /// Bytes of `text` already handed out.
     released: usize,
-    stopped: bool,
+    /// Index in `stop` of the stop string that ended the text.
+    matched: Option<usize>,
 }
 
 impl TextAssembler {
@@ -35,18 +36,27 @@ impl TextAssembler {
             read_offset: 0,
             text: String::new(),
             released: 0,
-            stopped: false,
+            matched: None,
         }
     }
 
     /// True once a stop string was seen; later tokens must not be pushed.
     pub fn stopped(&self) -> bool {
-        self.stopped
+        self.matched.is_some()
+    }
+
+    /// The stop string that ended the text: the first to complete as the
+    /// text grew (of two completed by the same token, the one starting
+    /// earlier, then the first listed).
+    pub fn stop_string(&self) -> Option<&str> {
+        self.matched
+            .and_then(|i| self.stop.get(i))
+            .map(String::as_str)
     }
 
     /// Adds one sampled id; returns the text that may be released now.
     pub fn push(&mut self, id: u32) -> String {
-        if self.stopped {
+        if self.stopped() {
             return String::new();
         }
         self.ids.push(id);
@@ -67,7 +77,7 @@ impl TextAssembler {
     /// Ends the sequence: returns whatever is still held back (a stop-string
     /// prefix that never completed, or bytes of an unfinished character).
     pub fn finish(&mut self) -> String {
-        if !self.stopped {
+        if !self.stopped() {
             // Decode the unread tail as-is, replacement characters included.
             let window = &self.ids[self.prefix_offset..];
             let prefix_len = self.read_offset - self.prefix_offset;
@@ -103,7 +113,7 @@ impl TextAssembler {
     }
 
     fn check_stop(&mut self) {
-        if self.stop.is_empty() || self.stopped {
+        if self.stop.is_empty() || self.stopped() {
             return;
         }
         let longest = self.stop.iter().map(String::len).max().unwrap_or(0);
@@ -113,17 +123,22 @@ impl TextAssembler {
             from -= 1;
         }
         let hay = &self.text[from..];
-        let hit = self.stop.iter().filter_map(|s| hay.find(s.as_str())).min();
-        if let Some(pos) = hit {
+        let hit = self
+            .stop
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| hay.find(s.as_str()).map(|pos| (pos, i)))
+            .min();
+        if let Some((pos, i)) = hit {
             let cut = (from + pos).max(self.released);
             self.text.truncate(cut);
-            self.stopped = true;
+            self.matched = Some(i);
         }
     }
 
     fn release(&mut self) -> String {
         self.check_stop();
-        let end = if self.stopped {
+        let end = if self.stopped() {
             self.text.len()
         } else {
             self.text.len() - self.held_back()
@@ -202,6 +217,25 @@ mod tests {
         let r = chatml_renderer();
         let upto = r.encode("Hello STOP").expect("encodes").len();
         assert_eq!(consumed, upto);
+    }
+
+    #[test]
+    fn the_matched_stop_string_is_the_earliest_in_the_text() {
+        let matched = |text: &str, stop: &[&str]| {
+            let r = chatml_renderer();
+            let ids = r.encode(text).expect("encodes");
+            let mut a = TextAssembler::new(r, true, stop.iter().map(|s| s.to_string()).collect());
+            for id in ids {
+                a.push(id);
+            }
+            a.finish();
+            a.stop_string().map(str::to_string)
+        };
+        assert_eq!(matched("x B y A z", &["A", "B"]).as_deref(), Some("B"));
+        // Text grows a token at a time: the one complete first wins.
+        assert_eq!(matched("x AB z", &["AB", "A"]).as_deref(), Some("A"));
+        assert_eq!(matched("x AB z", &["B", "x A"]).as_deref(), Some("x A"));
+        assert_eq!(matched("nothing here", &["A"]), None);
     }
 
     #[test]

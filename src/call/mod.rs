@@ -335,7 +335,9 @@ impl Calls {
             owner,
             deltas,
         };
-        self.pumps.spawn(pump.run(map));
+        // In the request's span: its log lines carry the request id.
+        self.pumps
+            .spawn(tracing::Instrument::in_current_span(pump.run(map)));
         Ok(running)
     }
 }

@@ -13,6 +13,7 @@
 //! command channel and the thread exits once running requests finish.
 
 pub mod direct;
+pub mod logs;
 pub mod sampler;
 pub mod score;
 pub mod server;
@@ -114,7 +115,7 @@ pub fn llama_backend() -> Result<&'static LlamaBackend, EngineError> {
     static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
     BACKEND
         .get_or_init(|| {
-            llama_cpp_2::send_logs_to_tracing(llama_cpp_2::LogOptions::default());
+            logs::install();
             LlamaBackend::init().map_err(|e| e.to_string())
         })
         .as_ref()

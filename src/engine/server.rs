@@ -279,9 +279,28 @@ struct CompletionCtx {
     as_ids: bool,
     want_top: bool,
     skip_special: bool,
+    /// The request's `stop_token_ids`, and whether EOS ends it too.
+    stop_token_ids: Vec<u32>,
+    ignore_eos: bool,
 }
 
 impl CompletionCtx {
+    /// vLLM's `stop_reason`: the token that ended the sequence when it is
+    /// one of `stop_token_ids` and not EOS, else null.
+    fn stop_reason(&self, s: &EngineServer, finish: FinishReason, last: Option<u32>) -> Json_ {
+        let eos = |id: u32| !self.ignore_eos && s.backend.info().eog_ids.binary_search(&id).is_ok();
+        match last {
+            Some(id)
+                if finish == FinishReason::Stop
+                    && self.stop_token_ids.contains(&id)
+                    && !eos(id) =>
+            {
+                json!(id)
+            }
+            _ => Json_::Null,
+        }
+    }
+
     fn logprobs(&self, s: &EngineServer, ids: &[u32], lps: &[TokenLogprob]) -> Json_ {
         let token_str = |id: u32| {
             if self.as_ids {
@@ -412,6 +431,8 @@ async fn completions(
         as_ids: b.return_tokens_as_token_ids,
         want_top: b.logprobs.is_some(),
         skip_special: b.skip_special_tokens.unwrap_or(true),
+        stop_token_ids: params.stop_token_ids.clone(),
+        ignore_eos: params.ignore_eos,
     };
     let want_lp = b.logprobs.is_some();
     let prompt_logprobs = match b.prompt_logprobs {
@@ -435,14 +456,16 @@ async fn completions(
             g.push(ev?);
         }
         let text = decode(&s, &g.ids, ctx.skip_special);
+        let finish = g.finish_reason.unwrap_or(FinishReason::Abort);
         let mut choice = ctx.choice(
             &s,
             text,
             &g.ids,
             want_lp.then_some(&g.logprobs[..]),
             Some(&prompt[..]),
-            Some(g.finish_reason.unwrap_or(FinishReason::Abort)),
+            Some(finish),
         );
+        choice["stop_reason"] = ctx.stop_reason(&s, finish, g.ids.last().copied());
         if let Some(pl) = prompt_logprobs {
             choice["prompt_logprobs"] = pl;
         }
@@ -483,14 +506,16 @@ async fn completions(
                 Ok(GenEvent::Done { finish_reason }) => {
                     let p = first.then_some(&prompt[..]);
                     first = false;
-                    ctx.envelope(ctx.choice(
+                    let mut choice = ctx.choice(
                         &s,
                         String::new(),
                         &[],
                         want_lp.then_some(&[][..]),
                         p,
                         Some(finish_reason),
-                    ))
+                    );
+                    choice["stop_reason"] = ctx.stop_reason(&s, finish_reason, all.last().copied());
+                    ctx.envelope(choice)
                 }
                 Err(e) => ApiError::from(e).body(),
             };
