@@ -10,6 +10,7 @@ mod chat;
 mod completions;
 pub mod export;
 mod logprobs;
+mod openapi;
 pub mod request;
 mod sse;
 pub mod trajectories;
@@ -557,6 +558,7 @@ pub fn build_app(state: AppState) -> axum::Router {
         .merge(trainer)
         .merge(admin)
         .merge(ui::routes())
+        .merge(openapi::routes())
         .route("/health", get(health))
         .route("/ready", get(ready))
         .fallback(not_found)
