@@ -20,6 +20,7 @@ import subprocess
 import tempfile
 import threading
 import time
+import types
 import urllib.error
 import urllib.request
 
@@ -240,8 +241,9 @@ OWN_CHECKS = [
 @contextlib.contextmanager
 def guarded_gateway():
     """`tito serve` (a token for every role) in front of the mock backend;
-    yields (address, log lines, process). Its output is read all along (a
-    long run fills a pipe left unread) and kept, to look for panics."""
+    yields its `addr`, `log` lines, `process` and the `mock_addr`. Its output
+    is read all along (a long run fills a pipe left unread) and kept, to look
+    for panics."""
     if not (TOKENIZER / "tokenizer.json").exists():
         raise RuntimeError("missing .cache/tokenizers/qwen3: run scripts/fetch-tokenizers.sh")
     tok = AutoTokenizer.from_pretrained(str(TOKENIZER))
@@ -260,7 +262,7 @@ def guarded_gateway():
     reader = threading.Thread(target=lambda: log.extend(tito.stdout), daemon=True)
     reader.start()
     try:
-        yield addr, log, tito
+        yield types.SimpleNamespace(addr=addr, log=log, process=tito, mock_addr=mock_addr)
     finally:
         for p in (tito, mock):
             p.terminate()
@@ -308,7 +310,8 @@ def test_bounded_schemathesis_run_against_titos_own_document():
     headers and schema (SSE events included), every error in OpenAI's exact
     shape, every guarded route refusing a call without its token, no panic
     or ERROR in the log, the process alive afterwards."""
-    with guarded_gateway() as (addr, log, tito):
+    with guarded_gateway() as g:
+        addr, log, tito = g.addr, g.log, g.process
         status, ctype, text = request(addr, "GET", "/openapi.json")
         assert status == 200 and ctype.startswith("application/json"), (status, ctype)
         # What Rust's YAML reader serves is what a YAML 1.1 reader sees.
@@ -320,6 +323,85 @@ def test_bounded_schemathesis_run_against_titos_own_document():
         assert rc == 0 and generated >= 250 and passed == generated, out[-8000:]
         assert tito.poll() is None and alive(addr), "".join(log[-50:])
     assert not panics(log), "".join(panics(log))[:4000]
+
+
+def call(addr, method, path, body=None):
+    """(status, headers, JSON body or None) of a call with the token."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(f"http://{addr}{path}", data=data, method=method)
+    req.add_header("content-type", "application/json")
+    req.add_header("authorization", f"Bearer {OWN_TOKEN}")
+    try:
+        with urllib.request.urlopen(req) as r:
+            status, headers, text = r.status, r.headers, r.read().decode()
+    except urllib.error.HTTPError as e:
+        status, headers, text = e.code, e.headers, e.read().decode()
+    try:
+        return status, headers, json.loads(text)
+    except ValueError:
+        return status, headers, None
+
+
+def documented(doc, method, template, status, body):
+    """Violations of the schema `doc` gives for this answer."""
+    op = doc["paths"][template][method.lower()]
+    resp = op["responses"].get(str(status))
+    if resp is None:
+        return [f"{method} {template}: status {status} is not documented"]
+    if "$ref" in resp:
+        resp = doc["components"]["responses"][resp["$ref"].rsplit("/", 1)[1]]
+    schema = resp["content"]["application/json"]["schema"]
+    registry = Registry().with_resource("urn:tito", Resource(contents=doc, specification=DRAFT202012))
+    schema = json.loads(json.dumps(schema).replace('"#/components/', '"urn:tito#/components/'))
+    v = Draft202012Validator(schema, registry=registry)
+    return [f"{method} {template} {status} at {'/'.join(map(str, e.absolute_path))}: {e.message[:200]}"
+            for e in v.iter_errors(body)]
+
+
+def test_fleet_operations_answer_as_documented():
+    """The operations the fuzz leaves out, each called in an order that
+    keeps the fleet working, answer with a documented status and schema:
+    add and remove a backend (the same mock under another name), sleep and
+    wake up, tag and reload weights, and an export page acknowledged."""
+    with guarded_gateway() as g:
+        _, _, doc = call(g.addr, "GET", "/openapi.json")
+        mock = f"http://{g.mock_addr}"
+        steps = [
+            ("POST", "/admin/backends", "/admin/backends", {"url": mock, "kind": "vllm", "name": "second"}),
+            ("DELETE", "/admin/backends/second", "/admin/backends/{id}", None),
+            ("POST", "/admin/sleep?level=1", "/admin/sleep", None),
+            ("POST", "/admin/wake_up", "/admin/wake_up", None),
+            ("POST", "/admin/weights", "/admin/weights", {"version": "step-1"}),
+            ("POST", "/admin/weights", "/admin/weights", {"version": "step-2", "path": "/tmp/w"}),
+            ("POST", "/t/fleet-1/v1/chat/completions", "/t/{tid}/v1/chat/completions",
+             {"messages": [{"role": "user", "content": "hi"}]}),
+            ("POST", "/v1/trajectories/fleet-1/finish", "/v1/trajectories/{id}/finish", None),
+            ("GET", "/admin/backends", "/admin/backends", None),
+        ]
+        # The two-step weight update, once it is routed (another branch).
+        if call(g.addr, "POST", "/admin/weights/begin", {})[0] != 404:
+            steps += [
+                ("POST", "/admin/weights/begin", "/admin/weights/begin", {}),
+                ("POST", "/admin/weights/commit", "/admin/weights/commit", {"version": "step-3"}),
+            ]
+        wrong = []
+        for method, path, template, body in steps:
+            status, _, answer = call(g.addr, method, path, body)
+            assert status < 500, f"{method} {path}: {status} {answer}"
+            wrong += documented(doc, method, template, status, answer)
+        status, headers, _ = call(g.addr, "GET", "/v1/export?consumer=trainer-a")
+        cursor = headers.get("x-export-cursor")
+        assert status == 200 and cursor and headers.get("x-export-trajectories") == "1", (status, dict(headers))
+        ack = {"consumer": "trainer-a", "cursor": cursor}
+        for _ in range(2):  # twice: the second is `already_acknowledged`
+            status, _, answer = call(g.addr, "POST", "/v1/export/ack", ack)
+            wrong += documented(doc, "POST", "/v1/export/ack", status, answer)
+        assert answer["already_acknowledged"] is True, answer
+        _, _, fleet = call(g.addr, "GET", "/admin/backends")
+        assert fleet["weight_version"] == ("step-3" if len(steps) > 9 else "step-2"), fleet
+        assert [b["name"] for b in fleet["backends"]] == [mock] and not fleet["paused"], fleet
+        assert not wrong, "\n".join(wrong)
+    assert not panics(g.log), "".join(panics(g.log))[:4000]
 
 
 def main():
@@ -334,7 +416,8 @@ def main():
     p.add_argument("--phases", default="examples,coverage,fuzzing")
     p.add_argument("--mode", default="all", choices=["positive", "negative", "all"])
     a = p.parse_args()
-    with guarded_gateway() as (addr, log, tito):
+    with guarded_gateway() as g:
+        addr, log, tito = g.addr, g.log, g.process
         started = time.monotonic()
         rc, out, generated, passed = fuzz_own_document(addr, a.max_examples, a.seed, a.phases, a.mode)
         print(out)
