@@ -9,8 +9,10 @@
 #
 #   scripts/fuzz.sh [CASES] [SEED]
 #
-# CASES: cases per operation and data mode (default 200); SEED: the seed to
-# reproduce a run (default random, printed at the end).
+# CASES: cases per operation and data mode in the fuzzing phase (default
+# 200; the coverage phase adds its own, about 5,000 in all); SEED: the seed
+# to reproduce a run (default random, printed at the end). Measured here:
+# CASES=100 is about 7,200 cases in 3 minutes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh

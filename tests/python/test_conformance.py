@@ -421,11 +421,12 @@ def main():
         started = time.monotonic()
         rc, out, generated, passed = fuzz_own_document(addr, a.max_examples, a.seed, a.phases, a.mode)
         print(out)
-        ok = rc == 0 and passed == generated and tito.poll() is None and alive(addr)
+        ok = rc == 0 and 0 < passed == generated and tito.poll() is None and alive(addr)
     bad = panics(log)
     print("".join(bad)[:8000])
-    print(f"fuzz: seed {a.seed}, {generated} cases, {passed} passed, {len(bad)} panic/ERROR log lines, "
-          f"{time.monotonic() - started:.0f} s: {'ok' if ok and not bad else 'FAILED'}")
+    summary = re.search(r"Test cases:\s*\n\s*(.*)", out)
+    print(f"fuzz: seed {a.seed}, {summary.group(1) if summary else 'no summary'}, {len(bad)} panic/ERROR "
+          f"log lines, {time.monotonic() - started:.0f} s: {'ok' if ok and not bad else 'FAILED'}")
     return 0 if ok and not bad else 1
 
 
