@@ -89,6 +89,18 @@ async fn models_retrieve_and_openai_shaped_route_errors() {
     let e: Value = r.json().await.expect("json");
     assert_eq!(e["error"]["type"], "invalid_request_error");
     assert_eq!(e["error"]["code"], "method_not_allowed");
+    // Routes outside the API's own router too (found by scripts/fuzz.sh).
+    for path in ["/metrics", "/openapi.json", "/health"] {
+        let r = g
+            .client
+            .request(reqwest::Method::DELETE, g.url(path))
+            .send()
+            .await
+            .expect("sent");
+        assert_eq!(r.status(), 405, "{path}");
+        let e: Value = r.json().await.expect("json");
+        assert_eq!(e["error"]["code"], "method_not_allowed", "{path}");
+    }
 
     let r = g
         .client
@@ -334,4 +346,18 @@ async fn deprecated_functions_map_to_tools_and_answer_function_call() {
     let body = json!({"messages": m1, "functions": functions, "tools": [{"type": "function",
         "function": {"name": "x"}}]});
     assert_eq!(g.post(path, body).await.status(), 400);
+}
+
+/// `/ui/api/decode` answers the ids of the vocabulary and leaves the others
+/// out (found by scripts/fuzz.sh: they were answered with "").
+#[tokio::test]
+async fn ui_decode_leaves_out_ids_outside_the_vocabulary() {
+    let mock = MockVllm::start(Scripted::ids(vec![IM_END])).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    let r = g
+        .post("/ui/api/decode", json!({"ids": [4_294_967_295u64, 72]}))
+        .await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["tokens"], json!({"72": "H"}));
 }

@@ -10,6 +10,7 @@ mod chat;
 mod completions;
 pub mod export;
 mod logprobs;
+mod openapi;
 pub mod request;
 pub mod request_id;
 mod sse;
@@ -564,12 +565,14 @@ pub fn build_app(state: AppState) -> axum::Router {
     let admin = admin::routes().route_layer(role(auth::Role::Admin));
     let metrics = axum::Router::new()
         .route("/metrics", get(crate::metrics::render))
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state.router.clone());
     axum::Router::new()
         .merge(openai)
         .merge(trainer)
         .merge(admin)
         .merge(ui::routes())
+        .merge(openapi::routes())
         .route("/health", get(health))
         .route("/ready", get(ready))
         .fallback(not_found)

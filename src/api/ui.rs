@@ -137,7 +137,8 @@ async fn decode(
     let renderer = state.renderer.clone();
     let tokens = tokio::task::spawn_blocking(move || {
         let mut out = Map::with_capacity(ids.len());
-        for id in ids {
+        let vocab = renderer.vocab_size();
+        for id in ids.into_iter().filter(|&id| id < vocab) {
             if let Ok(text) = renderer.decode(&[id], false) {
                 out.insert(id.to_string(), Value::String(text));
             }

@@ -22,3 +22,24 @@ def error_names_its_cause(ctx, response, case):
         message = err.get("message") if isinstance(err, dict) else None
         if not (isinstance(message, str) and message.strip()):
             raise AssertionError(f"{response.status_code} without error.message: {body}")
+
+
+@schemathesis.check
+def error_in_openai_shape(ctx, response, case):
+    """tito's own document: every error, 4xx or 5xx, whether documented
+    for the operation or not, is exactly OpenAI's error body."""
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        raise AssertionError(f"{response.status_code} with a body that is not JSON: {response.text[:300]!r}")
+    err = body.get("error") if isinstance(body, dict) else None
+    if not (isinstance(body, dict) and set(body) == {"error"} and isinstance(err, dict)):
+        raise AssertionError(f"{response.status_code} not in OpenAI's error shape: {body}")
+    if set(err) != {"message", "type", "param", "code"}:
+        raise AssertionError(f"{response.status_code} error fields {sorted(err)}: {body}")
+    if not (isinstance(err["message"], str) and err["message"].strip() and isinstance(err["type"], str)):
+        raise AssertionError(f"{response.status_code} without a message and type: {body}")
+    if not all(err[k] is None or isinstance(err[k], str) for k in ("param", "code")):
+        raise AssertionError(f"{response.status_code} param / code neither string nor null: {body}")
