@@ -105,6 +105,11 @@ async fn main() {
     };
     let mock = MockVllm::start_on(&args.listen, Scripted::ids(args.ids)).await;
     *mock.state.structured_reply.lock().expect("lock") = args.structured;
+    // As vLLM started with `--weight-transfer-config`: the two-step weight
+    // update (start / finish) is accepted.
+    mock.state
+        .transfer_configured
+        .store(true, std::sync::atomic::Ordering::SeqCst);
     for reply in args.script {
         mock.push(Scripted::ids(reply));
     }
