@@ -6,94 +6,10 @@
 mod common;
 mod engine_support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::Duration;
-
 use common::mock_vllm::{MockVllm, Scripted};
+use common::process::Tito;
 use serde_json::{json, Value};
-
-/// How long a process may take to print its listening line.
-const START_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// A running `tito` whose stdout and stderr lines are read as they come.
-struct Tito {
-    child: Child,
-    lines: mpsc::Receiver<(&'static str, String)>,
-    seen: Vec<(&'static str, String)>,
-}
-
-impl Tito {
-    fn spawn(args: &[&str], rust_log: Option<&str>) -> Tito {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tito"));
-        cmd.args(args)
-            .env_remove("TITO_LOG_FORMAT")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        match rust_log {
-            Some(l) => cmd.env("RUST_LOG", l),
-            None => cmd.env_remove("RUST_LOG"),
-        };
-        let mut child = cmd.spawn().expect("run tito");
-        let (tx, lines) = mpsc::channel();
-        let out = child.stdout.take().expect("stdout");
-        let err = child.stderr.take().expect("stderr");
-        for (name, pipe) in [
-            ("stdout", Box::new(out) as Box<dyn std::io::Read + Send>),
-            ("stderr", Box::new(err)),
-        ] {
-            let tx = tx.clone();
-            std::thread::spawn(move || {
-                for line in BufReader::new(pipe).lines() {
-                    let Ok(line) = line else { break };
-                    if tx.send((name, line)).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-        Tito {
-            child,
-            lines,
-            seen: Vec::new(),
-        }
-    }
-
-    /// Reads lines until one (as JSON) has this message; returns it.
-    fn wait_for(&mut self, message: &str) -> Value {
-        loop {
-            let (stream, line) = self
-                .lines
-                .recv_timeout(START_TIMEOUT)
-                .unwrap_or_else(|_| panic!("no {message:?} line; got so far: {:#?}", self.seen));
-            self.seen.push((stream, line.clone()));
-            if let Ok(v) = serde_json::from_str::<Value>(&line) {
-                if v["message"] == message {
-                    return v;
-                }
-            }
-        }
-    }
-
-    /// Stops the process and returns every line it wrote.
-    fn stop(&mut self) -> Vec<(&'static str, String)> {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        // Both pipes close with the process: the readers end, the channel too.
-        let rest: Vec<_> = self.lines.iter().collect();
-        self.seen.extend(rest);
-        std::mem::take(&mut self.seen)
-    }
-}
-
-impl Drop for Tito {
-    /// A failed test does not leave the process running.
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use std::process::Command;
 
 /// Every line parsed as a JSON object with the fields a log line has.
 fn parse_all(lines: &[(&'static str, String)]) -> Vec<Value> {

@@ -48,6 +48,8 @@ pub struct Scripted {
     pub null_optionals: bool,
     /// Per-token rank (1 = argmax) a later replay reports; default 1.
     pub ranks: Option<Vec<u32>>,
+    /// Stream this many tokens, then wait for [`MockVllm::release_held`].
+    pub hold_after: Option<usize>,
 }
 
 impl Scripted {
@@ -98,6 +100,25 @@ pub struct MockState {
     pub paused: std::sync::atomic::AtomicBool,
     /// Admin requests received (hung ones included).
     pub admin_seen: Notify,
+    /// Streams waiting at their `hold_after` point (ever).
+    pub held: AtomicUsize,
+    pub held_notify: Notify,
+    pub released: std::sync::atomic::AtomicBool,
+    pub release_notify: Notify,
+}
+
+/// Waits until `ready()` holds, woken by `notify` (registered before each
+/// check, so a change in between is not missed).
+async fn wait_until(notify: &Notify, ready: impl Fn() -> bool) {
+    loop {
+        let woken = notify.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        if ready() {
+            return;
+        }
+        woken.await;
+    }
 }
 
 /// A replayed position the mock never sampled (prompt, observations).
@@ -168,6 +189,18 @@ impl MockVllm {
 
     pub fn push(&self, s: Scripted) {
         self.state.script.lock().expect("lock").push_back(s);
+    }
+
+    /// Waits until `n` streams reached their `hold_after` point.
+    pub async fn wait_held(&self, n: usize) {
+        let s = &self.state;
+        wait_until(&s.held_notify, || s.held.load(Ordering::SeqCst) >= n).await;
+    }
+
+    /// Lets every held stream (and every later one) go on.
+    pub fn release_held(&self) {
+        self.state.released.store(true, Ordering::SeqCst);
+        self.state.release_notify.notify_waiters();
     }
 
     pub fn log(&self) -> Vec<String> {
@@ -572,8 +605,10 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
     let delay = std::time::Duration::from_millis(script.token_delay_ms);
     let pace = Pace {
         hang_after,
+        hold_after: script.hold_after,
         delay,
         null_optionals: script.null_optionals,
+        state: s.clone(),
     };
     let stream = async_stream_events(ids, lps, k, finish, prompt, pace, guard);
     Sse::new(stream).into_response()
@@ -583,8 +618,10 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
 /// `delay` before every token.
 struct Pace {
     hang_after: Option<usize>,
+    hold_after: Option<usize>,
     delay: std::time::Duration,
     null_optionals: bool,
+    state: Arc<MockState>,
 }
 
 fn async_stream_events(
@@ -598,8 +635,10 @@ fn async_stream_events(
 ) -> impl futures::Stream<Item = Result<Event, Infallible>> {
     let Pace {
         hang_after,
+        hold_after,
         delay,
         null_optionals,
+        state,
     } = pace;
     let n = ids.len();
     let steps = futures::stream::iter(0..=n);
@@ -609,9 +648,18 @@ fn async_stream_events(
             let lps = lps.clone();
             let finish = finish.clone();
             let prompt = prompt.clone();
+            let state = state.clone();
             async move {
                 if hang_after == Some(i) {
                     std::future::pending::<()>().await;
+                }
+                if hold_after == Some(i) {
+                    state.held.fetch_add(1, Ordering::SeqCst);
+                    state.held_notify.notify_waiters();
+                    wait_until(&state.release_notify, || {
+                        state.released.load(Ordering::SeqCst)
+                    })
+                    .await;
                 }
                 if !delay.is_zero() {
                     tokio::time::sleep(delay).await;

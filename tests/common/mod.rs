@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod mock_vllm;
+pub mod process;
 pub mod watched_store;
 
 use std::net::SocketAddr;
