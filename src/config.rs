@@ -179,12 +179,27 @@ pub struct BackendConfig {
 }
 
 impl BackendConfig {
-    pub fn display_name(&self) -> &str {
+    /// The name in logs, metrics, errors and `/admin/backends`: `name`, else
+    /// the URL with any credentials in it replaced by `***`.
+    pub fn display_name(&self) -> String {
         if self.name.is_empty() {
-            &self.url
+            redact_url(&self.url)
         } else {
-            &self.name
+            self.name.clone()
         }
+    }
+}
+
+/// `scheme://user:pass@host/...` → `scheme://***@host/...`: a backend URL
+/// may carry credentials (sent as basic auth); they are never shown.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***{}", &rest[at..]),
+        None => url.to_string(),
     }
 }
 
@@ -542,14 +557,18 @@ impl Config {
                     if b.url != "engine" && !is_http_url(&b.url) {
                         return Err(invalid(
                             &key,
-                            &b.url,
+                            redact_url(&b.url),
                             "kind = \"engine\" takes url = \"engine\" (in-process) or the http URL of a `tito engine` server",
                         ));
                     }
                 }
                 _ => {
                     if !is_http_url(&b.url) {
-                        return Err(invalid(&key, &b.url, "expected an http:// or https:// URL"));
+                        return Err(invalid(
+                            &key,
+                            redact_url(&b.url),
+                            "expected an http:// or https:// URL",
+                        ));
                     }
                 }
             }
@@ -561,12 +580,12 @@ impl Config {
                 ));
             }
         }
-        let mut names: Vec<&str> = self.backends.iter().map(|b| b.display_name()).collect();
+        let mut names: Vec<String> = self.backends.iter().map(|b| b.display_name()).collect();
         names.sort_unstable();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {
             return Err(invalid(
                 "backends",
-                w[0],
+                &w[0],
                 "backend names/urls must be unique",
             ));
         }
@@ -628,6 +647,27 @@ tokenizer = "x"
 url = "http://127.0.0.1:8001"
 kind = "vllm"
 "#;
+
+    #[test]
+    fn backend_urls_are_shown_without_credentials() {
+        assert_eq!(
+            redact_url("https://user:s3cret@gpu-1:8000/v1?x=a@b"),
+            "https://***@gpu-1:8000/v1?x=a@b"
+        );
+        assert_eq!(redact_url("http://tok@gpu-1"), "http://***@gpu-1");
+        assert_eq!(
+            redact_url("http://gpu-1:8000/p@th"),
+            "http://gpu-1:8000/p@th"
+        );
+        assert_eq!(redact_url("engine"), "engine");
+        let b = BackendConfig {
+            url: "http://u:p@h:1".into(),
+            kind: BackendKind::Vllm,
+            name: String::new(),
+            model: String::new(),
+        };
+        assert_eq!(b.display_name(), "http://***@h:1");
+    }
 
     #[test]
     fn minimal_config_parses_with_defaults() {

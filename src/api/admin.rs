@@ -86,7 +86,7 @@ async fn add_backend(State(state): State<AppState>, body: Bytes) -> Result<Respo
     let backend = crate::backend::build_backend(&cfg, &state.config.router)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let id = state.router.add_backend(backend, b.url)?;
-    tracing::info!(backend = cfg.display_name(), id = %id, "backend added");
+    tracing::info!(backend = %cfg.display_name(), id = %id, "backend added");
     Ok((
         StatusCode::CREATED,
         Json(json!({"id": id, "backends": state.router.snapshot()})),

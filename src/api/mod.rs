@@ -596,7 +596,7 @@ pub fn build_backends(config: &Config) -> anyhow::Result<Vec<DynBackend>> {
         .map(|b| match b.kind {
             crate::config::BackendKind::Engine if b.url == "engine" => {
                 let engine: DynBackend =
-                    crate::engine::EngineBackend::start_named(&config.engine, b.display_name())?;
+                    crate::engine::EngineBackend::start_named(&config.engine, &b.display_name())?;
                 Ok(engine)
             }
             _ => crate::backend::build_backend(b, &config.router),

@@ -370,3 +370,30 @@ fn malformed_prompt_logprobs_are_protocol_errors() {
     let e = read_prompt_logprobs(other, &[1, 2]).unwrap_err();
     assert!(e.contains("no entry for token 2"), "{e}");
 }
+
+/// `https://` backends speak TLS: the first bytes on the wire are a TLS
+/// handshake record (0x16), and credentials in the URL show as `***`.
+#[tokio::test]
+async fn https_backends_open_with_a_tls_handshake() {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let first_byte = tokio::spawn(async move {
+        let (mut sock, _) = listener.accept().await.unwrap();
+        let mut b = [0u8; 1];
+        sock.read_exact(&mut b).await.unwrap();
+        b[0]
+    });
+    let cfg = BackendConfig {
+        url: format!("https://user:s3cret@{addr}"),
+        kind: crate::config::BackendKind::Vllm,
+        name: String::new(),
+        model: "m".into(),
+    };
+    let b = VllmBackend::new(&cfg, &RouterConfig::default()).unwrap();
+    assert_eq!(b.name(), format!("https://***@{addr}"));
+    let health = tokio::spawn(async move { b.health().await });
+    assert_eq!(first_byte.await.unwrap(), 0x16);
+    let e = health.await.unwrap().unwrap_err();
+    assert!(!e.to_string().contains("s3cret"), "{e}");
+}

@@ -242,7 +242,7 @@ impl Router {
         g.slots.push(Arc::new(Slot {
             id,
             name: name.clone(),
-            url: url.into(),
+            url: crate::config::redact_url(&url.into()),
             backend,
             health: health::Health::new(self.failure_threshold),
             in_flight: AtomicUsize::new(0),
