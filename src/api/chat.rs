@@ -20,7 +20,7 @@ use crate::call::{Answer, CallEvent, ChoiceEvent, Output, ParseSetup, PlanReques
 use crate::error::ApiError;
 use crate::parse::ChatStream;
 use crate::render::{run_render_work, RenderInput};
-use crate::trajectory::messages::content_bytes;
+use crate::trajectory::messages::render_bytes;
 use crate::trajectory::{CallContext, ChatInput, Prepared};
 
 const ROUTE: &str = "/v1/chat/completions";
@@ -191,7 +191,7 @@ async fn prepare(state: &AppState, tid: &str, req: &ChatRequest) -> Result<Prepa
 /// (unless asked) and cut right after the final message's content.
 fn render_continuation(state: &AppState, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
     let renderer = &state.renderer;
-    run_render_work(content_bytes(&req.messages), || {
+    run_render_work(render_bytes(&req.messages, req.tools.as_deref()), || {
         let input = RenderInput {
             messages: &req.messages,
             tools: req.tools.as_deref(),

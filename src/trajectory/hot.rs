@@ -11,8 +11,8 @@
 use std::sync::Arc;
 
 use lru::LruCache;
-use serde_json::Value as Json;
 
+use super::messages::json_bytes;
 use super::{HotCall, SegRange, TrajState};
 
 pub(super) type Shared = Arc<tokio::sync::Mutex<TrajState>>;
@@ -115,15 +115,4 @@ pub(super) fn call_bytes(c: &HotCall) -> u64 {
         .map_or(0, |m| m.iter().map(json_bytes).sum())
         + json_bytes(&c.served);
     (FIXED + ids + texts + segs + json) as u64
-}
-
-/// Rough heap bytes of a JSON value: its strings plus a node overhead.
-fn json_bytes(v: &Json) -> usize {
-    const NODE: usize = 32;
-    NODE + match v {
-        Json::String(s) => s.len(),
-        Json::Array(a) => a.iter().map(json_bytes).sum(),
-        Json::Object(o) => o.iter().map(|(k, v)| k.len() + json_bytes(v)).sum(),
-        _ => 0,
-    }
 }

@@ -110,15 +110,25 @@ pub fn normalize(m: &Json) -> Json {
 /// Hashes of every prefix of `messages`: `out[i]` covers `messages[..i]`.
 /// Bytes of message text (string contents; 256 for other shapes): a size
 /// hint for how heavy rendering the conversation will be.
-pub fn content_bytes(messages: &[Json]) -> usize {
-    messages
-        .iter()
-        .map(|m| {
-            m.get("content")
-                .and_then(Json::as_str)
-                .map_or(256, str::len)
-        })
-        .sum()
+/// What a render of `messages` (and the `tools` the template lists) has to
+/// go through, in bytes: every string in them (content and its parts, tool
+/// calls' arguments, tool schemas) plus a little per node. Decides whether
+/// the render runs off the async worker ([`crate::render::run_render_work`]).
+pub fn render_bytes(messages: &[Json], tools: Option<&[Json]>) -> usize {
+    messages.iter().map(json_bytes).sum::<usize>()
+        + tools.map_or(0, |t| t.iter().map(json_bytes).sum())
+}
+
+/// Rough heap bytes of a JSON value: its strings and keys plus a node
+/// overhead.
+pub fn json_bytes(v: &Json) -> usize {
+    const NODE: usize = 32;
+    NODE + match v {
+        Json::String(s) => s.len(),
+        Json::Array(a) => a.iter().map(json_bytes).sum(),
+        Json::Object(o) => o.iter().map(|(k, v)| k.len() + json_bytes(v)).sum(),
+        _ => 0,
+    }
 }
 
 pub fn prefix_hashes(messages: &[Json]) -> Vec<u64> {
@@ -165,6 +175,26 @@ pub fn is_served_message(echo: &Json, served: &Json) -> bool {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// Content parts, tool-call arguments and tool schemas all count toward
+    /// the size that sends a render off the async worker.
+    #[test]
+    fn render_bytes_counts_parts_tool_calls_and_tools() {
+        let big = "x".repeat(70_000);
+        let parts = [json!({"role": "user", "content": [{"type": "text", "text": big}]})];
+        let call = [
+            json!({"role": "assistant", "tool_calls": [{"id": "c", "type": "function",
+            "function": {"name": "f", "arguments": big}}]}),
+        ];
+        let small = [json!({"role": "user", "content": "hi"})];
+        let tools = [json!({"type": "function", "function": {"name": "f",
+            "parameters": {"type": "object", "description": big}}})];
+        let over = crate::render::LARGE_RENDER_BYTES;
+        assert!(render_bytes(&parts, None) > over);
+        assert!(render_bytes(&call, None) > over);
+        assert!(render_bytes(&small, Some(&tools)) > over);
+        assert!(render_bytes(&small, None) < 1024);
+    }
 
     #[test]
     fn reasoning_is_stripped() {

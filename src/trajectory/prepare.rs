@@ -18,7 +18,7 @@ use std::sync::Arc;
 use serde_json::{json, Value as Json};
 
 use super::drift::{diagnose, first_difference, SegRange, Served};
-use super::messages::{content_bytes, is_served_message, prefix_hashes};
+use super::messages::{is_served_message, prefix_hashes, render_bytes};
 use super::{extend_segments, HotCall, Trajectories, TrajectoryError};
 use crate::config::HistoryMode;
 use crate::render::{run_render_work, RenderInput};
@@ -74,7 +74,7 @@ impl Trajectories {
             (st.calls.clone(), st.served.clone())
         };
         let served = |c: u32| served.get(&c).copied().unwrap_or_default();
-        run_render_work(content_bytes(input.messages), || {
+        run_render_work(render_bytes(input.messages, input.tools), || {
             self.prepare_chat_sync(&calls, &served, input)
         })
     }
