@@ -102,6 +102,16 @@ enum Command {
         #[arg(long)]
         backend: Option<String>,
     },
+    /// Validate a configuration and exit: every key, the token files, the
+    /// exposure rule of `serve`, and the tokenizer; nothing is started.
+    CheckConfig {
+        /// The configuration file (docs/configuration.md).
+        #[arg(long, default_value = "config.toml", env = "TITO_CONFIG")]
+        config: PathBuf,
+        /// Check as `serve --insecure-open` would run.
+        #[arg(long)]
+        insecure_open: bool,
+    },
     /// Run the bundled llama.cpp engine alone, as a vLLM/SGLang-compatible server.
     Engine {
         /// GGUF model file.
@@ -213,6 +223,10 @@ async fn main() -> ExitCode {
             config,
             insecure_open,
         } => run_serve(&config, insecure_open).await,
+        Command::CheckConfig {
+            config,
+            insecure_open,
+        } => check_config(&config, insecure_open),
         Command::Export {
             config,
             format,
@@ -290,6 +304,26 @@ async fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// `tito check-config`: what `serve` checks before it binds anything.
+fn check_config(path: &std::path::Path, insecure_open: bool) -> anyhow::Result<()> {
+    let mut config = tito::Config::load(path)?;
+    config.insecure_open = insecure_open;
+    let auth = tito::api::auth::Auth::from_config(&config)?;
+    tito::api::auth::check_exposure(&config, &auth)?;
+    let renderer = tito::render::Renderer::load(&config.model)
+        .map_err(|e| anyhow::anyhow!("model.tokenizer: {e}"))?;
+    println!(
+        "{}: ok (listen {}, model {} with a {}-token vocabulary, {} backend(s), store {})",
+        path.display(),
+        config.server.listen,
+        config.model.name,
+        renderer.vocab_size(),
+        config.backends.len(),
+        tito::config::redact_url(&config.store.url),
+    );
+    Ok(())
 }
 
 async fn run_serve(path: &std::path::Path, insecure_open: bool) -> anyhow::Result<()> {

@@ -1,0 +1,55 @@
+//! `tito check-config`: exits 0 on a config `serve` would take, and 1 with a
+//! message naming the key on one it would refuse; nothing is started.
+
+mod engine_support;
+
+use std::process::Command;
+
+fn check(config: &str) -> (i32, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("config.toml");
+    std::fs::write(&path, config).expect("write");
+    let out = Command::new(env!("CARGO_BIN_EXE_tito"))
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .env_remove("TITO_CONFIG")
+        .output()
+        .expect("run tito");
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+fn config(server: &str, tokenizer: &str) -> String {
+    format!(
+        "[server]\n{server}\n[model]\nname = \"m\"\ntokenizer = \"{tokenizer}\"\n\
+         [[backends]]\nurl = \"http://127.0.0.1:9\"\nkind = \"vllm\"\n"
+    )
+}
+
+#[test]
+fn a_good_config_passes_and_each_refusal_names_its_cause() {
+    let model = engine_support::model_path().display().to_string();
+    let (code, out) = check(&config("listen = \"127.0.0.1:8000\"", &model));
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains(": ok (listen 127.0.0.1:8000, model m"),
+        "{out}"
+    );
+
+    let (code, out) = check(&config("max_concurrent_requests = 0", &model));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("server.max_concurrent_requests"), "{out}");
+
+    // Exposed without trainer / admin tokens: refused as `serve` refuses it.
+    let (code, out) = check(&config("listen = \"0.0.0.0:8000\"", &model));
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.contains("admin_tokens") && out.contains("trainer_tokens"),
+        "{out}"
+    );
+
+    let (code, out) = check(&config("", "/nonexistent/tokenizer"));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("model.tokenizer"), "{out}");
+}
