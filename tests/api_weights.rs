@@ -200,6 +200,13 @@ async fn two_step_update_forwards_vllm_pause_start_finish_resume() {
     let (status, report) = post_admin(&g, "/admin/weights/commit", json!({"version": "x"})).await;
     assert_eq!(status, 409, "commit without begin: {report}");
     assert!(report["error"]["message"].is_string());
+    // Paused by a sleep is not an update in progress either.
+    let (status, _) = post_admin(&g, "/admin/sleep", json!({"level": 1})).await;
+    assert_eq!(status, 200);
+    let (status, report) = post_admin(&g, "/admin/weights/commit", json!({"version": "x"})).await;
+    assert_eq!(status, 409, "commit while asleep: {report}");
+    let (status, _) = post_admin(&g, "/admin/wake_up", json!({})).await;
+    assert_eq!(status, 200);
 
     let (status, report) = post_admin(&g, "/admin/weights/begin", json!({})).await;
     assert_eq!(status, 200, "{report}");
@@ -235,6 +242,8 @@ async fn two_step_update_forwards_vllm_pause_start_finish_resume() {
     assert_eq!(
         admin_log,
         [
+            "/sleep?level=1",
+            "/wake_up",
             "/pause?mode=wait",
             "/start_weight_update",
             r#"/finish_weight_update {"weight_version":"step-9"}"#,
@@ -248,6 +257,9 @@ async fn two_step_update_forwards_vllm_pause_start_finish_resume() {
         .expect("call");
     let resume_at = log.iter().position(|l| l == "/resume").expect("resume");
     assert!(call_at > resume_at, "{log:?}");
+    // Committed once: a second commit has nothing to end.
+    let (status, _) = post_admin(&g, "/admin/weights/commit", json!({"version": "y"})).await;
+    assert_eq!(status, 409);
 }
 
 #[tokio::test]

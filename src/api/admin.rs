@@ -296,6 +296,7 @@ async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Res
         .broadcast_admin(&AdminOp::BeginWeightUpdate, deadline)
         .await;
     if results.iter().all(|r| r.ok) {
+        state.router.begin_update();
         tracing::info!("weight update begun: push the weights, then commit");
         return Ok(report(&state, results, json!({})));
     }
@@ -320,7 +321,7 @@ struct Commit {
 async fn weights_commit(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let c: Commit = parse_json(&body)?;
     check_version(&c.version)?;
-    if !state.router.is_paused() {
+    if !state.router.end_update() {
         return Err(ApiError::conflict(
             "no weight update is in progress: POST /admin/weights/begin first",
         ));

@@ -168,6 +168,8 @@ struct Inner {
     paused: bool,
     /// The fleet's weight version: what every backend took last.
     weight_version: Option<Arc<str>>,
+    /// A two-step weight update was begun and not committed yet.
+    updating: bool,
 }
 
 pub struct Router {
@@ -200,6 +202,7 @@ impl Router {
                 sticky: StickyMap::new(cfg.sticky_capacity),
                 paused: false,
                 weight_version: None,
+                updating: false,
             }),
             load: Arc::default(),
             admission: tokio::sync::watch::Sender::new(false),
