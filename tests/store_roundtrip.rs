@@ -50,6 +50,12 @@ async fn roundtrip_keeps_every_field() {
         assert_eq!(t.meta.num_calls, 6, "{name}");
         assert_eq!(t.meta.next_call_index, 6, "{name}");
         assert_eq!(t.meta.next_sample_index, 3, "{name}");
+        let tokens: usize = calls
+            .iter()
+            .map(|c| c.prompt_delta_ids.len() + c.sampled_ids.len())
+            .sum();
+        assert_eq!(t.meta.num_tokens, tokens as u64, "{name}");
+        assert_eq!(t.meta.drift_count, 1, "{name}");
         assert!(store.get_trajectory("nope").await.expect("get").is_none());
         assert!(store.get_meta("nope").await.expect("meta").is_none());
 
@@ -475,4 +481,31 @@ async fn missing_logprobs_roundtrip_as_none_in_both_stores_and_after_reopen() {
     assert_eq!(words[0], -0.25);
     assert!(words[1].is_nan(), "missing logprob stored as NaN");
     assert_eq!(words[2].to_bits(), 0.0f32.to_bits(), "a real 0.0 stays 0.0");
+}
+
+/// Migration 8 counts the tokens and drifted calls of trajectories written
+/// before it; appends keep both counts from then on.
+#[tokio::test]
+async fn sqlite_counts_tokens_and_drift_of_existing_trajectories_when_migrating() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("v7.db");
+    {
+        let mut conn = rusqlite::Connection::open(&path).expect("open raw");
+        assert_eq!(schema::migrate_to(&mut conn, 7).expect("v7"), 7);
+        conn.execute_batch(
+            "INSERT INTO trajectories (seq, id, status, created_at, updated_at, num_calls, \
+             next_call_index, next_sample_index) VALUES (1, 'seven', 0, 1, 1, 2, 2, 1);
+             INSERT INTO calls (traj, call_index, sample_index, backend, started_at, finished_at, \
+             prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, response, drift, \
+             tokenizer_sha256, template_sha256, truncated) VALUES \
+             (1, 0, 0, 'b', 1, 1, X'0100000002000000', X'03000000', X'00000000', 'stop', '{}', \
+              '{}', NULL, 't', 't', 0), \
+             (1, 1, 0, 'b', 1, 1, X'04000000', X'0500000006000000', X'0000000000000000', 'stop', \
+              '{}', '{}', '{\"position\": 0}', 't', 't', 0);",
+        )
+        .expect("v7 rows");
+    }
+    let store = tito::store::open(&format!("sqlite://{}", path.display())).expect("migrates");
+    let meta = store.get_meta("seven").await.expect("meta").expect("kept");
+    assert_eq!((meta.num_tokens, meta.drift_count), (6, 1));
 }

@@ -18,6 +18,8 @@ fn traj(reward: Option<f64>) -> Trajectory {
             updated_at: 0,
             reward,
             num_calls: calls.len() as u32,
+            num_tokens: 0,
+            drift_count: 0,
             next_call_index: 6,
             next_sample_index: 3,
             incomplete: false,

@@ -1,16 +1,14 @@
 // /ui: every trajectory, live. The list is read once in full (pages of 500),
 // then every second only what changed since the newest `updated_at` seen.
-// Token and drift counts come from each trajectory's own record, fetched
-// again when its `updated_at` moves. Filters apply in the browser.
+// Token and drift counts are in each summary (`num_tokens`, `drift_count`).
+// Filters apply in the browser.
 import { api, AuthError, el, show, onLeave, fmtReward, ago, fmtTime, showError } from "./app.js";
 
 const POLL_MS = 1000;
 const PAGE = 500;
 const MAX_ROWS = 5000; // kept in memory
-const DETAILED = 200; // most recent rows whose token / drift counts are read
 
 const rows = new Map(); // id -> meta
-const details = new Map(); // id -> {updated_at, tokens, drift}
 let newest = null; // largest updated_at seen (store clock, ms)
 
 async function fetchChanged() {
@@ -27,26 +25,6 @@ async function fetchChanged() {
     }
     if (!body.has_more) break;
     cursor = body.next_cursor;
-  }
-}
-
-function summarize(t) {
-  let tokens = 0;
-  for (const s of t.samples || []) tokens += s.prompt_ids.length + s.response_ids.length;
-  return { updated_at: t.updated_at, tokens, drift: (t.drift || []).length };
-}
-
-async function fetchDetails(ids) {
-  const todo = ids.filter((id) => details.get(id)?.updated_at !== rows.get(id).updated_at);
-  // A few at a time: each record carries every token id of its trajectory.
-  for (let i = 0; i < todo.length; i += 4) {
-    await Promise.all(todo.slice(i, i + 4).map(async (id) => {
-      try {
-        details.set(id, summarize(await api(`/v1/trajectories/${encodeURIComponent(id)}`)));
-      } catch (e) {
-        if (e instanceof AuthError) throw e;
-      }
-    }));
   }
 }
 
@@ -67,9 +45,8 @@ function matches(t, f) {
   if (f.group && !(t.group || "").includes(f.group)) return false;
   if (f.min !== null && !(t.reward !== null && t.reward !== undefined && t.reward >= f.min)) return false;
   if (f.max !== null && !(t.reward !== null && t.reward !== undefined && t.reward <= f.max)) return false;
-  const d = details.get(t.id);
-  if (f.drift === "yes" && !(d && d.drift > 0)) return false;
-  if (f.drift === "no" && !(d && d.drift === 0)) return false;
+  if (f.drift === "yes" && !(t.drift_count > 0)) return false;
+  if (f.drift === "no" && t.drift_count !== 0) return false;
   return true;
 }
 
@@ -96,7 +73,6 @@ function filterForm(onChange) {
 }
 
 function row(t, now) {
-  const d = details.get(t.id);
   const href = `/ui/trajectories/${encodeURIComponent(t.id)}`;
   return el(
     "tr", { dataset: { id: t.id, status: t.status } },
@@ -105,9 +81,9 @@ function row(t, now) {
       t.incomplete ? el("span", { class: "badge", title: "calls may be missing after a crash", text: "incomplete" }) : null),
     el("td", { text: t.group || "—" }),
     el("td", { class: "num", text: String(t.num_calls) }),
-    el("td", { class: "num", text: d ? String(d.tokens) : "…" }),
+    el("td", { class: "num", text: String(t.num_tokens) }),
     el("td", { class: "num reward", text: fmtReward(t.reward) }),
-    el("td", { class: `num${d && d.drift ? " has-drift" : ""}`, text: d ? String(d.drift) : "…" }),
+    el("td", { class: `num${t.drift_count ? " has-drift" : ""}`, text: String(t.drift_count) }),
     el("td", { title: fmtTime(t.updated_at), text: ago(t.updated_at, now) }),
   );
 }
@@ -147,12 +123,6 @@ export async function renderList() {
   const tick = async () => {
     try {
       await fetchChanged();
-      draw();
-      const recent = [...rows.values()]
-        .sort((a, b) => b.updated_at - a.updated_at)
-        .slice(0, DETAILED)
-        .map((t) => t.id);
-      await fetchDetails(recent);
       draw();
     } catch (e) {
       stopped = true;

@@ -348,6 +348,8 @@ async fn group(
             "reward": m.reward,
             "reward_extra_info": m.reward_extra,
             "num_calls": m.num_calls,
+            "num_tokens": m.num_tokens,
+            "drift_count": m.drift_count,
             "updated_at": m.updated_at,
         })).collect::<Vec<_>>(),
     })))

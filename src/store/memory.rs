@@ -53,6 +53,8 @@ fn new_meta(id: &str, now: i64) -> TrajectoryMeta {
         updated_at: now,
         reward: None,
         num_calls: 0,
+        num_tokens: 0,
+        drift_count: 0,
         next_call_index: 0,
         next_sample_index: 0,
         incomplete: false,
@@ -165,6 +167,8 @@ impl SpanStore for MemoryStore {
         let m = &mut traj.meta;
         m.updated_at = m.updated_at.max(now);
         m.num_calls += 1;
+        m.num_tokens += (call.prompt_delta_ids.len() + call.sampled_ids.len()) as u64;
+        m.drift_count += u32::from(call.drift.is_some());
         m.next_call_index = m.next_call_index.max(call.call_index + 1);
         m.next_sample_index = m.next_sample_index.max(call.sample_index + 1);
         traj.calls.insert(pos, call);

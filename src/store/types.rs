@@ -111,6 +111,12 @@ pub struct TrajectoryMeta {
     pub updated_at: i64,
     pub reward: Option<f64>,
     pub num_calls: u32,
+    /// Token ids recorded: every call's new prompt ids and sampled ids.
+    #[serde(default)]
+    pub num_tokens: u64,
+    /// Calls whose exact prompt differed from a fresh render (drift).
+    #[serde(default)]
+    pub drift_count: u32,
     /// `max(call_index) + 1`; the next free index after a restart.
     pub next_call_index: u32,
     /// `max(sample_index) + 1`.

@@ -204,8 +204,12 @@ def test_list_shows_a_new_trajectory_within_two_seconds(env):
     browser.goto(f"http://{addr}/ui")
     browser.wait_for("document.querySelector('#trajectories tr[data-id=\"agent-ui-1\"]')")
     assert browser.eval("document.querySelector('#trajectories tr[data-id=\"agent-ui-1\"] td.reward').textContent") == "0.75"
-    # Drift and token counts arrive from the trajectory's record.
+    # Drift and token counts are the summary's (no per-trajectory fetch).
     browser.wait_for("document.querySelector('#trajectories tr[data-id=\"agent-ui-1\"] td.has-drift')")
+    summary = next(t for t in get(addr, "/v1/trajectories")["data"] if t["id"] == "agent-ui-1")
+    assert summary["drift_count"] >= 1 and summary["num_tokens"] > 0, summary
+    cells = browser.eval("[...document.querySelectorAll('#trajectories tr[data-id=\"agent-ui-1\"] td.num:not(.reward)')].map(c => c.textContent)")
+    assert cells == [str(summary["num_calls"]), str(summary["num_tokens"]), str(summary["drift_count"])], cells
 
     client = OpenAI(base_url=f"http://{addr}/t/agent-ui-2/v1", api_key="unused")
     client.chat.completions.create(model="test-model", messages=[{"role": "user", "content": "Capital of France?"}])

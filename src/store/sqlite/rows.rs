@@ -91,7 +91,7 @@ fn status_from(code: i64) -> TrajectoryStatus {
 
 pub(crate) const META_COLS: &str = "seq, id, status, created_at, updated_at, reward, num_calls, \
      next_call_index, next_sample_index, incomplete, group_id, data_source, data_index, \
-     extra_info, reward_extra";
+     extra_info, reward_extra, num_tokens, drift_count";
 
 /// Maps a row selected with [`META_COLS`] to `(seq, meta)`.
 pub(crate) fn meta_from_row(row: &Row<'_>) -> rusqlite::Result<(i64, TrajectoryMeta)> {
@@ -104,6 +104,8 @@ pub(crate) fn meta_from_row(row: &Row<'_>) -> rusqlite::Result<(i64, TrajectoryM
             updated_at: row.get(4)?,
             reward: row.get(5)?,
             num_calls: row.get(6)?,
+            num_tokens: row.get::<_, i64>(15)?.max(0) as u64,
+            drift_count: row.get(16)?,
             next_call_index: row.get(7)?,
             next_sample_index: row.get(8)?,
             incomplete: row.get(9)?,

@@ -111,6 +111,17 @@ const MIGRATIONS: &[&str] = &[
         updated_at INTEGER NOT NULL
     ) WITHOUT ROWID;
     "#,
+    // 8: per-trajectory token and drift counts, kept by every append (for
+    // lists without reading calls), counted once here for existing rows.
+    r#"
+    ALTER TABLE trajectories ADD COLUMN num_tokens INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE trajectories ADD COLUMN drift_count INTEGER NOT NULL DEFAULT 0;
+    UPDATE trajectories SET
+        num_tokens = (SELECT COALESCE(SUM(length(prompt_delta_ids) + length(sampled_ids)), 0) / 4
+                      FROM calls WHERE calls.traj = trajectories.seq),
+        drift_count = (SELECT COUNT(*) FROM calls
+                       WHERE calls.traj = trajectories.seq AND drift IS NOT NULL);
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -325,13 +325,16 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
     conn.prepare_cached(
         "UPDATE trajectories SET updated_at = max(updated_at, ?2), num_calls = num_calls + 1, \
          next_call_index = max(next_call_index, ?3), \
-         next_sample_index = max(next_sample_index, ?4) WHERE seq = ?1",
+         next_sample_index = max(next_sample_index, ?4), num_tokens = num_tokens + ?5, \
+         drift_count = drift_count + ?6 WHERE seq = ?1",
     )?
     .execute(params![
         seq,
         now,
         i64::from(call.call_index) + 1,
-        i64::from(call.sample_index) + 1
+        i64::from(call.sample_index) + 1,
+        (call.prompt_delta_ids.len() + call.sampled_ids.len()) as i64,
+        i64::from(call.drift.is_some()),
     ])?;
     Ok(())
 }
