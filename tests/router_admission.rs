@@ -22,18 +22,23 @@ async fn nothing_is_admitted_between_drain_and_resume() {
     let stop = Arc::new(AtomicBool::new(false));
     let violations = Arc::new(AtomicUsize::new(0));
     let routed = Arc::new(AtomicUsize::new(0));
+    // Tasks that routed at least once: under a loaded machine a task may not
+    // have run yet when the others reach their counts.
+    let started = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for t in 0..64u32 {
-        let (router, drained, stop, violations, routed) = (
+        let (router, drained, stop, violations, routed, started) = (
             router.clone(),
             drained.clone(),
             stop.clone(),
             violations.clone(),
             routed.clone(),
+            started.clone(),
         );
         tasks.push(tokio::spawn(async move {
             let traj = format!("t{t}");
-            while !stop.load(Ordering::SeqCst) {
+            let mut first = true;
+            while first || !stop.load(Ordering::SeqCst) {
                 let route = router
                     .route_admitted(&traj, &prompt(t, 4), &[], FAILSAFE)
                     .await
@@ -42,6 +47,9 @@ async fn nothing_is_admitted_between_drain_and_resume() {
                     violations.fetch_add(1, Ordering::SeqCst);
                 }
                 routed.fetch_add(1, Ordering::SeqCst);
+                if std::mem::take(&mut first) {
+                    started.fetch_add(1, Ordering::SeqCst);
+                }
                 tokio::task::yield_now().await;
                 drop(route);
                 tokio::task::yield_now().await;
@@ -69,7 +77,7 @@ async fn nothing_is_admitted_between_drain_and_resume() {
 
     drained.store(false, Ordering::SeqCst);
     router.resume_admission();
-    while routed.load(Ordering::SeqCst) < at_drain + 500 {
+    while routed.load(Ordering::SeqCst) < at_drain + 500 || started.load(Ordering::SeqCst) < 64 {
         tokio::task::yield_now().await;
     }
     stop.store(true, Ordering::SeqCst);
