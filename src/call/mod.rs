@@ -106,14 +106,34 @@ impl Answer {
         self.prompts.iter().map(|p| p.len()).sum()
     }
 
-    /// Rough memory held, for the retry cache's bound.
+    /// Memory held (estimated), for the retry cache's bound: texts, ids,
+    /// logprobs with their alternatives, the served message and the prompts.
     pub fn approx_bytes(&self) -> usize {
+        use std::mem::size_of;
         let choices: usize = self
             .choices
             .iter()
-            .map(|c| c.text.len() * 2 + c.ids.len() * 16 + 256)
+            .map(|c| {
+                let logprobs: usize = c
+                    .logprobs
+                    .iter()
+                    .map(|l| {
+                        size_of::<crate::backend::TokenLogprob>()
+                            + l.top.len() * size_of::<(u32, f32)>()
+                    })
+                    .sum();
+                256 + c.text.len()
+                    + c.ids.len() * size_of::<u32>()
+                    + logprobs
+                    + crate::trajectory::messages::json_bytes(&c.served)
+            })
             .sum();
-        choices + self.prompts.iter().map(|p| p.len() * 4).sum::<usize>()
+        let prompts: usize = self
+            .prompts
+            .iter()
+            .map(|p| 64 + p.len() * size_of::<u32>())
+            .sum();
+        choices + prompts
     }
 }
 

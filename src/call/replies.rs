@@ -72,6 +72,9 @@ enum Slot {
         answer: Arc<Answer>,
         body: Bytes,
         at: Instant,
+        /// What this entry counts in [`Inner::bytes`]: the answer and the
+        /// request body.
+        bytes: usize,
     },
 }
 
@@ -89,6 +92,8 @@ struct Inner {
 pub struct Replies {
     inner: Mutex<Inner>,
     window: Duration,
+    max_answers: usize,
+    max_bytes: usize,
 }
 
 /// The outcome of a lookup.
@@ -112,9 +117,15 @@ pub struct Owner {
 
 impl Replies {
     pub fn new(window: Duration) -> Arc<Replies> {
+        Self::bounded(window, MAX_ANSWERS, MAX_BYTES)
+    }
+
+    fn bounded(window: Duration, max_answers: usize, max_bytes: usize) -> Arc<Replies> {
         Arc::new(Replies {
             inner: Mutex::new(Inner::default()),
             window,
+            max_answers,
+            max_bytes,
         })
     }
 
@@ -136,7 +147,7 @@ impl Replies {
             let mut wait = None;
             {
                 let mut inner = self.lock();
-                inner.expire(self.window);
+                inner.expire(self.window, self.max_answers, self.max_bytes);
                 if let Some(key) = &lookup {
                     match inner.slots.get(key) {
                         Some(Slot::Done { answer, body, .. })
@@ -156,13 +167,16 @@ impl Replies {
                     let mut keys = vec![body_key.clone()];
                     keys.extend(req.explicit_key());
                     for k in &keys {
-                        inner.slots.insert(
+                        let replaced = inner.slots.insert(
                             k.clone(),
                             Slot::Running {
                                 owner: id,
                                 rx: rx.clone(),
                             },
                         );
+                        if let Some(Slot::Done { bytes, .. }) = replaced {
+                            inner.bytes -= bytes;
+                        }
                     }
                     return Claim::Owner(Owner {
                         replies: self.clone(),
@@ -205,11 +219,11 @@ impl Inner {
         }
     }
 
-    fn expire(&mut self, window: Duration) {
+    fn expire(&mut self, window: Duration, max_answers: usize, max_bytes: usize) {
         let now = Instant::now();
         while let Some((at, _)) = self.order.front() {
             let old = now.duration_since(*at) > window;
-            if !old && self.order.len() <= MAX_ANSWERS && self.bytes <= MAX_BYTES {
+            if !old && self.order.len() <= max_answers && self.bytes <= max_bytes {
                 break;
             }
             let Some((at, key)) = self.order.pop_front() else {
@@ -217,8 +231,8 @@ impl Inner {
             };
             if let Some(Slot::Done { at: done_at, .. }) = self.slots.get(&key) {
                 if *done_at == at {
-                    if let Some(Slot::Done { answer, .. }) = self.slots.remove(&key) {
-                        self.bytes = self.bytes.saturating_sub(answer.approx_bytes());
+                    if let Some(Slot::Done { bytes, .. }) = self.slots.remove(&key) {
+                        self.bytes -= bytes;
                     }
                     if let Key::Body { scope: Some(s), .. } = &key {
                         if self.latest.get(s) == Some(&key) {
@@ -235,7 +249,7 @@ impl Owner {
     /// Records the answer for the owned keys and wakes waiters.
     pub fn complete(self, answer: Arc<Answer>) {
         let at = Instant::now();
-        let bytes = answer.approx_bytes();
+        let bytes = answer.approx_bytes() + self.body.len();
         {
             let mut inner = self.replies.lock();
             for k in &self.keys {
@@ -250,6 +264,7 @@ impl Owner {
                         answer: answer.clone(),
                         body: self.body.clone(),
                         at,
+                        bytes,
                     },
                 );
                 inner.order.push_back((at, k.clone()));
@@ -271,5 +286,87 @@ impl Drop for Owner {
                 inner.slots.remove(k);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answer(prompt_tokens: usize, text: &str) -> Arc<Answer> {
+        Arc::new(Answer {
+            request_id: "r".into(),
+            created: 0,
+            trajectory_id: "t".into(),
+            prompts: vec![Arc::new(vec![7; prompt_tokens])],
+            n: 1,
+            choices: vec![super::super::ChoiceResult {
+                text: text.into(),
+                ids: vec![1; text.len()],
+                ..Default::default()
+            }],
+            generated_in: Duration::ZERO,
+        })
+    }
+
+    fn request(scope: &str, body: Bytes) -> Request {
+        Request {
+            scope: Some(scope.into()),
+            key: None,
+            retry: false,
+            body,
+        }
+    }
+
+    /// The byte bound counts what an entry holds, request body included, so
+    /// a stream of calls with large bodies keeps the cache under it; an
+    /// entry replaced by a new call of the same body is counted out.
+    #[tokio::test]
+    async fn the_cache_stays_within_its_byte_bound_counting_bodies() {
+        let bound = 1 << 20;
+        let replies = Replies::bounded(Duration::from_secs(600), 1_000_000, bound);
+        let body = Bytes::from(vec![b'x'; 64 * 1024]);
+        let mut largest = 0;
+        for i in 0..200 {
+            let Claim::Owner(owner) = replies.claim(request(&format!("t{i}"), body.clone())).await
+            else {
+                panic!("nothing recorded yet");
+            };
+            let a = answer(1000, "reply");
+            largest = largest.max(a.approx_bytes() + body.len());
+            owner.complete(a);
+            let inner = replies.lock();
+            assert!(inner.bytes <= bound + largest, "{} bytes", inner.bytes);
+            let counted: usize = inner
+                .slots
+                .values()
+                .map(|s| match s {
+                    Slot::Done { bytes, .. } => *bytes,
+                    Slot::Running { .. } => 0,
+                })
+                .sum();
+            assert_eq!(inner.bytes, counted);
+        }
+        // Each entry counts its body: 64 KiB bodies under a 1 MiB bound
+        // leave at most 16 entries.
+        assert!(replies.lock().slots.len() <= 17);
+        // The same body again in one trajectory: the old entry is counted out.
+        let again = request("same", Bytes::from_static(b"{}"));
+        for _ in 0..3 {
+            let Claim::Owner(owner) = replies.claim(again.clone()).await else {
+                panic!("not a retry: generates again");
+            };
+            owner.complete(answer(10, "r"));
+        }
+        let inner = replies.lock();
+        let counted: usize = inner
+            .slots
+            .values()
+            .map(|s| match s {
+                Slot::Done { bytes, .. } => *bytes,
+                Slot::Running { .. } => 0,
+            })
+            .sum();
+        assert_eq!(inner.bytes, counted);
     }
 }
