@@ -103,6 +103,7 @@ enum Command {
         backend: Option<String>,
     },
     /// Run the bundled llama.cpp engine alone, as a vLLM/SGLang-compatible server.
+    #[cfg(feature = "engine")]
     Engine {
         /// GGUF model file.
         #[arg(long)]
@@ -260,6 +261,7 @@ async fn main() -> ExitCode {
             };
             run_verify(args).await
         }
+        #[cfg(feature = "engine")]
         Command::Engine {
             model,
             listen,
