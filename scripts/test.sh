@@ -19,6 +19,11 @@ step "python venv";        scripts/setup-python.sh
 
 step "cargo fmt";    cargo fmt --all -- --check
 step "cargo clippy"; cargo clippy --all-targets -- -D warnings
+# The gateway-only build (no llama.cpp): it must keep compiling, and refuse
+# an engine config. Only the tito crate is built again, not llama.cpp.
+step "no-engine build"
+cargo clippy --no-default-features --all-targets -- -D warnings
+cargo test --no-default-features --lib
 step "cargo test";   cargo test
 step "python tests"
 .venv/bin/python -m pytest -q tests/python

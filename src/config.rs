@@ -27,6 +27,11 @@ pub enum ConfigError {
     },
 }
 
+/// Why `url = "engine"` cannot start in a build without the engine.
+pub const ENGINE_NOT_BUILT: &str = "the bundled engine is not in this build (built with \
+     --no-default-features): rebuild with the `engine` cargo feature (on by default), or point \
+     this backend at a vLLM / SGLang server or a `tito engine` URL";
+
 fn invalid(key: &str, value: impl std::fmt::Debug, reason: &str) -> ConfigError {
     ConfigError::Invalid {
         key: key.to_string(),
@@ -572,6 +577,9 @@ impl Config {
                     }
                 }
             }
+            if b.url == "engine" && !cfg!(feature = "engine") {
+                return Err(invalid(&key, "engine", ENGINE_NOT_BUILT));
+            }
             if b.url == "engine" && b.kind != BackendKind::Engine {
                 return Err(invalid(
                     &format!("backends[{i}].kind"),
@@ -722,10 +730,27 @@ kind = "vllm"
         assert!(err.to_string().contains("fracton"), "{err}");
     }
 
+    #[cfg(feature = "engine")]
     #[test]
     fn repo_default_config_is_valid() {
         let text = include_str!("../config.toml");
         let c = Config::from_toml(text).expect("default config.toml must be valid");
         assert!(c.uses_engine());
+    }
+
+    /// A gateway-only build refuses the default config (the engine) at
+    /// start, naming the key and the cargo feature.
+    #[cfg(not(feature = "engine"))]
+    #[test]
+    fn engine_backend_needs_the_engine_feature() {
+        let err = Config::from_toml(include_str!("../config.toml"))
+            .expect_err("no engine in this build")
+            .to_string();
+        assert!(err.contains("backends[0].url"), "{err}");
+        assert!(err.contains("`engine` cargo feature"), "{err}");
+        assert!(
+            Config::from_toml(MINIMAL).is_ok(),
+            "HTTP backends still work"
+        );
     }
 }

@@ -13,8 +13,8 @@
 //!   admission control for sleep / wake.
 //! - [`metrics`]: Prometheus series, labelled by matched route.
 //! - [`trajectory`]: exact multi-turn history, drift diagnosis, budgets.
-//! - [`engine`]: the bundled llama.cpp engine (continuous batching) and the
-//!   stand-alone `tito engine` server.
+//! - `engine`: the bundled llama.cpp engine (continuous batching) and the
+//!   stand-alone `tito engine` server; cargo feature `engine` (default on).
 //! - [`error`]: the one API error type and its OpenAI JSON / SSE shapes.
 //! - [`store`]: the durable span store (trait, memory, SQLite) and sample
 //!   reconstruction from stored calls.
@@ -30,6 +30,7 @@ pub mod api;
 pub mod backend;
 pub mod call;
 pub mod config;
+#[cfg(feature = "engine")]
 pub mod engine;
 pub mod error;
 pub mod export;

@@ -113,26 +113,69 @@ enum Command {
         insecure_open: bool,
     },
     /// Run the bundled llama.cpp engine alone, as a vLLM/SGLang-compatible server.
-    Engine {
-        /// GGUF model file.
-        #[arg(long)]
-        model: PathBuf,
-        /// Address to bind (host:port; port 0 picks a free port, logged).
-        #[arg(long, default_value = "127.0.0.1:8001")]
-        listen: std::net::SocketAddr,
-        /// Most sequences decoded together.
-        #[arg(long, default_value_t = 16)]
-        max_batch: u32,
-        /// KV-cache cells shared by all sequences (0 = model's context, capped at 8192).
-        #[arg(long, default_value_t = 0)]
-        n_ctx: u32,
-        /// CPU threads (0 = all cores).
-        #[arg(long, default_value_t = 0)]
-        threads: u32,
-        /// Requests waiting for a slot before new ones get 503.
-        #[arg(long, default_value_t = 256)]
-        max_queue: u32,
-    },
+    #[cfg(feature = "engine")]
+    Engine(EngineArgs),
+}
+
+/// `tito engine`: each flag sets the `[engine]` key of the same name
+/// (docs/configuration.md); unset keys keep their config defaults.
+#[cfg(feature = "engine")]
+#[derive(clap::Args)]
+struct EngineArgs {
+    /// GGUF model file.
+    #[arg(long)]
+    model: PathBuf,
+    /// Address to bind (host:port; port 0 picks a free port, logged).
+    #[arg(long, default_value = "127.0.0.1:8001")]
+    listen: std::net::SocketAddr,
+    /// Where the model runs (`cuda` needs a build with `--features cuda`).
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    device: DeviceArg,
+    /// Most sequences decoded together in one batch (1..=512).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=512))]
+    max_batch: u32,
+    /// KV-cache cells shared by all sequences (0 = model's context, capped at 8192).
+    #[arg(long = "ctx", visible_alias = "n-ctx", default_value_t = 0)]
+    n_ctx: u32,
+    /// Most prompt tokens prefilled per engine step; longer prompts are fed
+    /// in chunks between decode steps (16..=8192).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(16..=8192))]
+    prefill_chunk: u32,
+    /// CPU threads (0 = all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: u32,
+    /// Requests waiting for a slot before new ones get 503.
+    #[arg(long, default_value_t = 256)]
+    max_queue: u32,
+}
+
+#[cfg(feature = "engine")]
+impl EngineArgs {
+    fn config(self) -> tito::config::EngineConfig {
+        tito::config::EngineConfig {
+            model: self.model,
+            device: match self.device {
+                DeviceArg::Cpu => tito::config::Device::Cpu,
+                DeviceArg::Cuda => tito::config::Device::Cuda,
+            },
+            max_batch: self.max_batch,
+            n_ctx: self.n_ctx,
+            prefill_chunk: self.prefill_chunk,
+            threads: self.threads,
+            max_queue: self.max_queue,
+            ..Default::default()
+        }
+    }
+}
+
+/// `tito engine --device`.
+#[cfg(feature = "engine")]
+#[derive(Clone, Copy, ValueEnum)]
+enum DeviceArg {
+    /// llama.cpp's CPU kernels.
+    Cpu,
+    /// Every layer on the GPU (CUDA).
+    Cuda,
 }
 
 /// `--log-format`.
@@ -274,23 +317,10 @@ async fn main() -> ExitCode {
             };
             run_verify(args).await
         }
-        Command::Engine {
-            model,
-            listen,
-            max_batch,
-            n_ctx,
-            threads,
-            max_queue,
-        } => {
-            let cfg = tito::config::EngineConfig {
-                model,
-                max_batch,
-                n_ctx,
-                threads,
-                max_queue,
-                ..Default::default()
-            };
-            tito::engine::server::serve(&cfg, listen, shutdown_signal()).await
+        #[cfg(feature = "engine")]
+        Command::Engine(args) => {
+            let listen = args.listen;
+            tito::engine::server::serve(&args.config(), listen, shutdown_signal()).await
         }
     };
     match result {

@@ -154,3 +154,48 @@ fn a_value_outside_the_set_is_rejected_with_the_set() {
         assert!(err.contains(expected), "{args:?}: {err}");
     }
 }
+
+/// `tito engine` takes the `[engine]` keys a stand-alone engine needs (a
+/// CUDA build included), each explained; out-of-range values are refused.
+#[cfg(feature = "engine")]
+#[test]
+fn engine_help_lists_the_engine_flags() {
+    let text = help(&["engine", "--help"]);
+    let opts = options(&text);
+    for flag in [
+        "--model",
+        "--listen",
+        "--device",
+        "--max-batch",
+        "--ctx",
+        "--prefill-chunk",
+        "--threads",
+        "--max-queue",
+    ] {
+        assert!(
+            opts.iter()
+                .any(|(sig, desc)| sig.starts_with(&format!("{flag} ")) && !desc.is_empty()),
+            "{flag} missing or undescribed:\n{text}"
+        );
+    }
+    assert!(
+        text.contains("- cpu:") && text.contains("- cuda:"),
+        "{text}"
+    );
+    assert!(
+        text.contains("--n-ctx"),
+        "the old spelling still works:\n{text}"
+    );
+    for args in [
+        ["--device", "tpu"],
+        ["--max-batch", "0"],
+        ["--prefill-chunk", "8"],
+    ] {
+        let out = tito(&[&["engine", "--model", "m.gguf"][..], &args[..]].concat());
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(args[0]),
+            "{args:?}: {out:?}"
+        );
+    }
+}

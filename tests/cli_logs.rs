@@ -2,6 +2,7 @@
 //! object per line on stdout and stderr, an HTTP call's lines carry its
 //! request id, and llama.cpp's own lines are debug-level (absent at the
 //! default level, there when asked for).
+#![cfg(feature = "engine")]
 
 mod common;
 mod engine_support;

@@ -9,6 +9,7 @@
 //! therefore demands identical ids, except that the first difference may fall
 //! on a step where the alone run's two best tokens are within `NEAR_TIE`
 //! nats (and the batched token is the runner-up); comparison stops there.
+#![cfg(feature = "engine")]
 
 mod engine_support;
 

@@ -2,6 +2,7 @@
 //! on every token, asked or not, as vLLM's `raw_logprobs` (log-softmax of the
 //! model's logits, the default) or `processed_logprobs` (after penalties and
 //! temperature). The mode changes the reported number, never the draw.
+#![cfg(feature = "engine")]
 
 mod engine_support;
 

@@ -1,5 +1,6 @@
 //! `tito engine` answers the vLLM `/v1/completions` and SGLang `/generate`
 //! shapes, and the vLLM client in `tito::backend::vllm` reads its answers.
+#![cfg(feature = "engine")]
 
 mod engine_support;
 

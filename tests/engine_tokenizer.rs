@@ -1,5 +1,6 @@
 //! The tokenizer tito builds from GGUF metadata gives the same ids as
 //! llama.cpp's own tokenizer for the same file.
+#![cfg(feature = "engine")]
 
 mod engine_support;
 

@@ -2,6 +2,7 @@
 //! flight finish and be recorded, and exits 0; past `server.drain_timeout_s`
 //! it exits anyway. A stream whose client stops reading ends after
 //! `server.sse_send_timeout_s`, and its backend sequence is cancelled.
+#![cfg(feature = "engine")]
 
 mod common;
 mod engine_support;

@@ -9,6 +9,7 @@
 //! tests print the numbers rather than assert a tolerance; they assert what
 //! must hold: every sampled token is compared, the replay is deterministic,
 //! and the engine's HTTP forms (vLLM and SGLang) give the in-process numbers.
+#![cfg(feature = "engine")]
 
 mod common;
 mod engine_support;

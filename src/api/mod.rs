@@ -594,14 +594,25 @@ pub fn build_backends(config: &Config) -> anyhow::Result<Vec<DynBackend>> {
         .backends
         .iter()
         .map(|b| match b.kind {
-            crate::config::BackendKind::Engine if b.url == "engine" => {
-                let engine: DynBackend =
-                    crate::engine::EngineBackend::start_named(&config.engine, &b.display_name())?;
-                Ok(engine)
-            }
+            crate::config::BackendKind::Engine if b.url == "engine" => start_engine(config, b),
             _ => crate::backend::build_backend(b, &config.router),
         })
         .collect()
+}
+
+#[cfg(feature = "engine")]
+fn start_engine(config: &Config, b: &crate::config::BackendConfig) -> anyhow::Result<DynBackend> {
+    Ok(crate::engine::EngineBackend::start_named(
+        &config.engine,
+        &b.display_name(),
+    )?)
+}
+
+/// Unreachable after config validation, which refuses `url = "engine"` in
+/// a build without the engine; kept as a second guard.
+#[cfg(not(feature = "engine"))]
+fn start_engine(_: &Config, _: &crate::config::BackendConfig) -> anyhow::Result<DynBackend> {
+    anyhow::bail!("{}", crate::config::ENGINE_NOT_BUILT)
 }
 
 /// A listener whose connections have Nagle's algorithm off, as servers of

@@ -2,7 +2,8 @@
 //! `llama-cpp-2` crate) with continuous batching, behind the same
 //! [`Backend`] trait as the HTTP backends.
 //!
-//! Owns: starting the engine thread ([`worker`]), the handle that submits
+//! Owns: starting the engine thread ([`lifecycle`], which runs [`worker`]'s
+//! batching loop, and sleeps, wakes and reloads weights), the handle that submits
 //! requests to it ([`EngineBackend`]), sampling ([`sampler`]), teacher-forced
 //! scoring for the replay check ([`score`]) and the stand-alone `tito engine`
 //! HTTP server ([`server`]). Must not: render chat templates or know about
@@ -13,6 +14,7 @@
 //! command channel and the thread exits once running requests finish.
 
 pub mod direct;
+mod lifecycle;
 pub mod logs;
 pub mod sampler;
 pub mod score;
@@ -125,7 +127,7 @@ pub fn llama_backend() -> Result<&'static LlamaBackend, EngineError> {
 /// Handle to a running engine; implements [`Backend`].
 pub struct EngineBackend {
     name: String,
-    tx: std::sync::mpsc::Sender<worker::Job>,
+    tx: std::sync::mpsc::Sender<worker::Msg>,
     shared: Arc<worker::Shared>,
     max_queue: usize,
     info: EngineInfo,
@@ -144,6 +146,7 @@ impl EngineBackend {
         let shared = Arc::new(worker::Shared {
             queued: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
+            asleep: AtomicBool::new(false),
             stats: EngineStats::default(),
         });
         let (tx, rx) = std::sync::mpsc::channel();
@@ -151,7 +154,7 @@ impl EngineBackend {
         let thread_shared = shared.clone();
         std::thread::Builder::new()
             .name(format!("tito-engine-{name}"))
-            .spawn(move || worker::run(settings, thread_shared, rx, ready_tx))
+            .spawn(move || lifecycle::run(settings, thread_shared, rx, ready_tx))
             .map_err(|e| EngineError::Init(format!("cannot spawn the engine thread: {e}")))?;
         let info = ready_rx.recv().map_err(|_| EngineError::Stopped)??;
         tracing::info!(
@@ -232,8 +235,12 @@ impl EngineBackend {
         Ok(())
     }
 
-    /// Counts a request into the queue, or refuses it when the queue is full.
+    /// Counts a request into the queue, or refuses it when the queue is full
+    /// or the engine sleeps.
     fn enter_queue(&self) -> Result<(), BackendError> {
+        if self.shared.asleep.load(Ordering::SeqCst) {
+            return Err(self.shared.asleep_error(&self.name));
+        }
         if self.shared.queued.fetch_add(1, Ordering::SeqCst) >= self.max_queue {
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             return Err(BackendError::Overloaded {
@@ -245,7 +252,7 @@ impl EngineBackend {
     }
 
     fn submit(&self, job: worker::Job) -> Result<(), BackendError> {
-        self.tx.send(job).map_err(|_| {
+        self.tx.send(worker::Msg::Job(job)).map_err(|_| {
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             BackendError::Unreachable {
                 backend: self.name.clone(),
@@ -339,9 +346,52 @@ impl Backend for EngineBackend {
         }
     }
 
+    /// Sleep, wake-up and one-step weight updates from a GGUF path (see
+    /// [`lifecycle`]). The engine cannot take weights pushed by a trainer:
+    /// it refuses to begin a two-step update, so the gateway calls the
+    /// update off on every backend.
     async fn admin(&self, op: &AdminOp) -> Result<String, BackendError> {
-        Err(self.rejected(format!(
-            "{op:?} is not supported by the bundled engine (restart with another model file instead)"
-        )))
+        let control = match op {
+            AdminOp::Sleep { level } if (1..=2).contains(level) => {
+                // Refuse new requests now; those already sent finish first.
+                self.shared.asleep.store(true, Ordering::SeqCst);
+                worker::Control::Sleep { level: *level }
+            }
+            AdminOp::Sleep { level } => {
+                return Err(self.rejected(format!("sleep level {level}: expected 1 or 2")))
+            }
+            AdminOp::WakeUp => worker::Control::WakeUp,
+            AdminOp::UpdateWeights { path, .. } => worker::Control::Reload {
+                path: PathBuf::from(path),
+            },
+            AdminOp::BeginWeightUpdate => {
+                return Err(self.rejected(
+                    "the bundled engine cannot take weights pushed by a trainer (NCCL / IPC): \
+                     load them from a GGUF file with POST /admin/weights {\"version\", \"path\"}"
+                        .into(),
+                ))
+            }
+            AdminOp::FinishWeightUpdate { .. } => {
+                return Err(self.rejected(
+                    "no weight update was begun on the bundled engine (it takes weights only \
+                     from a GGUF file: POST /admin/weights {\"version\", \"path\"})"
+                        .into(),
+                ))
+            }
+            AdminOp::AbortWeightUpdate => return Ok("no weight update to call off".into()),
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let stopped = || BackendError::Unreachable {
+            backend: self.name.clone(),
+            message: "the engine thread has stopped".into(),
+        };
+        self.tx
+            .send(worker::Msg::Control(control, tx))
+            .map_err(|_| stopped())?;
+        match rx.await {
+            Ok(Ok(text)) => Ok(text),
+            Ok(Err(message)) => Err(self.rejected(message)),
+            Err(_) => Err(stopped()),
+        }
     }
 }

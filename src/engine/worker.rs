@@ -13,6 +13,11 @@
 //! chunk); when that reaches the end, the logits of the last row give the next
 //! token. Prefill, decode, and recompute after preemption are the same path.
 //!
+//! Admin operations ([`Control`]) travel on the same channel as requests:
+//! one is taken only when every request received before it has finished,
+//! and no request behind it is read until it has run ([`Exit::Control`]
+//! hands it to [`super::lifecycle`], which owns the model and context).
+//!
 //! A scoring job (the replay check's teacher-forced pass) is a sequence that
 //! only prefills: every one of its rows asks for logits, row `p` scores token
 //! `p + 1` ([`score_row`]), and once the whole sequence is fed its scores are
@@ -20,15 +25,13 @@
 //! chunked exactly like a prompt, next to running decodes.
 
 use std::collections::VecDeque;
-use std::num::NonZeroU32;
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 
-use llama_cpp_2::context::params::LlamaContextParams;
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::model::params::LlamaModelParams;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
 use llama_cpp_2::token::data::LlamaTokenData;
@@ -39,7 +42,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::sampler::Sampler;
 use super::score::{score_row, PositionScore};
-use super::{EngineError, EngineInfo, EngineSettings};
+use super::{EngineInfo, EngineSettings};
 use crate::backend::{BackendError, FinishReason, GenEvent, SamplingParams, TokenLogprob};
 
 pub(crate) type EventTx = UnboundedSender<Result<GenEvent, BackendError>>;
@@ -72,7 +75,7 @@ impl Reply {
     }
 
     /// Sends an error (ignored when the receiver is gone).
-    fn fail(&self, e: BackendError) {
+    pub(crate) fn fail(&self, e: BackendError) {
         match self {
             Reply::Generate(tx) => {
                 let _ = tx.send(Err(e));
@@ -93,6 +96,40 @@ pub(crate) struct Job {
     pub tx: Reply,
 }
 
+/// What the engine thread receives, in order. (Requests are nearly every
+/// message: not boxed, which would cost an allocation each.)
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum Msg {
+    Job(Job),
+    Control(Control, Ack),
+}
+
+/// An admin operation for the engine thread ([`super::lifecycle`]).
+#[derive(Debug)]
+pub(crate) enum Control {
+    /// Level 1: free the KV cache (the context); level 2: unload the model too.
+    Sleep {
+        level: u32,
+    },
+    WakeUp,
+    /// Load the weights of this GGUF file (same tokenizer) in place of the
+    /// loaded ones.
+    Reload {
+        path: PathBuf,
+    },
+}
+
+/// The answer to a [`Control`]: a text for the admin report, or why not.
+pub(crate) type Ack = tokio::sync::oneshot::Sender<Result<String, String>>;
+
+/// Why [`Worker::run`] returned.
+pub(crate) enum Exit {
+    /// The command channel closed and all work is done.
+    Closed,
+    /// An admin operation, taken with no request running or waiting.
+    Control(Control, Ack),
+}
+
 /// Counters shared with the handle (benchmarks, metrics).
 #[derive(Debug, Default)]
 pub struct EngineStats {
@@ -110,6 +147,9 @@ pub struct EngineStats {
 pub(crate) struct Shared {
     pub queued: AtomicUsize,
     pub alive: AtomicBool,
+    /// Set while asleep (and from a sleep's request on): new requests are
+    /// refused at the handle.
+    pub asleep: AtomicBool,
     pub stats: EngineStats,
 }
 
@@ -137,86 +177,7 @@ impl Seq {
     }
 }
 
-/// Loads the model, reports readiness, then runs until the command channel
-/// closes and all work is done.
-pub(crate) fn run(
-    settings: EngineSettings,
-    shared: Arc<Shared>,
-    rx: Receiver<Job>,
-    ready: std::sync::mpsc::Sender<Result<EngineInfo, EngineError>>,
-) {
-    let backend = match super::llama_backend() {
-        Ok(b) => b,
-        Err(e) => {
-            let _ = ready.send(Err(e));
-            return;
-        }
-    };
-    let model_params = LlamaModelParams::default().with_n_gpu_layers(settings.gpu_layers);
-    let model = match LlamaModel::load_from_file(backend, &settings.model, &model_params) {
-        Ok(m) => m,
-        Err(e) => {
-            let _ = ready.send(Err(EngineError::Load(format!(
-                "{}: {e}",
-                settings.model.display()
-            ))));
-            return;
-        }
-    };
-    let n_ctx_train = model.n_ctx_train().max(1);
-    let n_ctx = if settings.n_ctx == 0 {
-        n_ctx_train.min(8192)
-    } else {
-        settings.n_ctx
-    };
-    let n_batch = settings.prefill_chunk + settings.max_batch;
-    let ctx_params = LlamaContextParams::default()
-        .with_n_ctx(NonZeroU32::new(n_ctx))
-        .with_n_batch(n_batch)
-        .with_n_ubatch(n_batch)
-        .with_n_seq_max(settings.max_batch)
-        .with_kv_unified(true)
-        .with_n_threads(settings.threads as i32)
-        .with_n_threads_batch(settings.threads as i32);
-    let mut ctx = match model.new_context(backend, ctx_params) {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = ready.send(Err(EngineError::Load(format!(
-                "cannot create context: {e}"
-            ))));
-            return;
-        }
-    };
-    let n_vocab = model.n_vocab().max(0) as u32;
-    let vocab = model.vocab();
-    let eog_ids: Vec<u32> = (0..n_vocab)
-        .filter(|&t| vocab.is_eog(LlamaToken::new(t as i32)))
-        .collect();
-    let info = EngineInfo {
-        n_ctx,
-        max_seq_len: n_ctx.min(n_ctx_train),
-        n_vocab,
-        max_batch: settings.max_batch,
-        eog_ids,
-    };
-    let mut w = Worker {
-        batch: LlamaBatch::new(n_batch as usize, 1),
-        info: info.clone(),
-        settings,
-        shared,
-        running: Vec::new(),
-        waiting: VecDeque::new(),
-        free_slots: Vec::new(),
-        rows: Vec::new(),
-        score_rows: Vec::new(),
-    };
-    w.free_slots = (0..w.settings.max_batch as i32).rev().collect();
-    let _ = ready.send(Ok(info));
-    w.run(&mut ctx, &rx, &model);
-    w.shared.alive.store(false, Ordering::SeqCst);
-}
-
-struct Worker {
+pub(crate) struct Worker {
     batch: LlamaBatch<'static>,
     info: EngineInfo,
     settings: EngineSettings,
@@ -233,21 +194,48 @@ struct Worker {
 }
 
 impl Worker {
-    fn run(&mut self, ctx: &mut LlamaContext<'_>, rx: &Receiver<Job>, model: &LlamaModel) {
+    pub(crate) fn new(info: EngineInfo, settings: EngineSettings, shared: Arc<Shared>) -> Worker {
+        let n_batch = super::lifecycle::batch_rows(&settings);
+        Worker {
+            batch: LlamaBatch::new(n_batch as usize, 1),
+            free_slots: (0..settings.max_batch as i32).rev().collect(),
+            info,
+            settings,
+            shared,
+            running: Vec::new(),
+            waiting: VecDeque::new(),
+            rows: Vec::new(),
+            score_rows: Vec::new(),
+        }
+    }
+
+    /// Runs requests until the channel closes (and all work is done) or an
+    /// admin operation arrives (then runs what it already has, and returns
+    /// the operation once idle).
+    pub(crate) fn run(
+        &mut self,
+        ctx: &mut LlamaContext<'_>,
+        rx: &Receiver<Msg>,
+        model: &LlamaModel,
+    ) -> Exit {
         let mut open = true;
+        let mut control: Option<(Control, Ack)> = None;
         loop {
             if self.running.is_empty() && self.waiting.is_empty() {
+                if let Some((c, ack)) = control.take() {
+                    return Exit::Control(c, ack);
+                }
                 if !open {
-                    return;
+                    return Exit::Closed;
                 }
                 match rx.recv() {
-                    Ok(job) => self.enqueue(job, model),
-                    Err(_) => return,
+                    Ok(msg) => self.receive(msg, model, &mut control),
+                    Err(_) => return Exit::Closed,
                 }
             }
-            while open {
+            while open && control.is_none() {
                 match rx.try_recv() {
-                    Ok(job) => self.enqueue(job, model),
+                    Ok(msg) => self.receive(msg, model, &mut control),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => open = false,
                 }
@@ -264,6 +252,13 @@ impl Worker {
                 // so a cache left fragmented makes every later step slower.
                 ctx.clear_kv_cache();
             }
+        }
+    }
+
+    fn receive(&mut self, msg: Msg, model: &LlamaModel, control: &mut Option<(Control, Ack)>) {
+        match msg {
+            Msg::Job(job) => self.enqueue(job, model),
+            Msg::Control(c, ack) => *control = Some((c, ack)),
         }
     }
 

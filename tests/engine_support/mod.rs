@@ -2,6 +2,8 @@
 //! engine configurations.
 #![allow(dead_code)]
 
+pub mod gguf_edit;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

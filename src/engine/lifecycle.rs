@@ -1,0 +1,318 @@
+//! The engine thread's life: loading the model, creating the llama.cpp
+//! context, and the admin operations that change them: sleep (level 1 frees
+//! the KV cache, level 2 unloads the model too), wake-up, and loading new
+//! weights from a GGUF file.
+//!
+//! Owns: the model and context lifetimes, the asleep state, and validating
+//! new weights (the file exists, its tokenizer is the loaded one's, and it
+//! loads). Must not: run sequences (that is [`super::worker`]); an admin
+//! operation runs only once the worker has finished every request it
+//! accepted before it, and requests sent after it run after it.
+//!
+//! New weights are loaded next to the old ones and swapped only once they
+//! passed every check; on any failure the old weights keep serving.
+
+use std::num::NonZeroU32;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::llama_backend::LlamaBackend;
+use llama_cpp_2::model::params::LlamaModelParams;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::token::LlamaToken;
+
+use super::worker::{Ack, Control, Exit, Msg, Shared, Worker};
+use super::{EngineError, EngineInfo, EngineSettings};
+use crate::backend::BackendError;
+
+/// The loaded weights and what the engine is doing with them.
+struct Engine {
+    backend: &'static LlamaBackend,
+    /// `None` while asleep at level 2.
+    model: Option<LlamaModel>,
+    /// The GGUF file the weights come from (loaded, or to load on wake-up).
+    path: PathBuf,
+    /// sha256 of the `tokenizer.*` metadata of the first model: new weights
+    /// must have the same (the gateway tokenizes for these weights).
+    tokenizer_sha256: Result<String, String>,
+    /// `Some(level)` while asleep.
+    asleep: Option<u32>,
+    info: EngineInfo,
+    settings: EngineSettings,
+    shared: Arc<Shared>,
+}
+
+/// The engine thread: loads the model, reports readiness, serves requests
+/// and admin operations until the command channel closes.
+pub(crate) fn run(
+    settings: EngineSettings,
+    shared: Arc<Shared>,
+    rx: Receiver<Msg>,
+    ready: std::sync::mpsc::Sender<Result<EngineInfo, EngineError>>,
+) {
+    match start(settings, shared.clone()) {
+        Ok(engine) => serve(engine, &rx, ready),
+        Err(e) => {
+            let _ = ready.send(Err(e));
+        }
+    }
+    shared.alive.store(false, Ordering::SeqCst);
+}
+
+fn start(settings: EngineSettings, shared: Arc<Shared>) -> Result<Engine, EngineError> {
+    let backend = super::llama_backend()?;
+    let model =
+        load_model(backend, &settings.model, settings.gpu_layers).map_err(EngineError::Load)?;
+    let n_ctx_train = model.n_ctx_train().max(1);
+    let n_ctx = if settings.n_ctx == 0 {
+        n_ctx_train.min(8192)
+    } else {
+        settings.n_ctx
+    };
+    let n_vocab = model.n_vocab().max(0) as u32;
+    let vocab = model.vocab();
+    let eog_ids: Vec<u32> = (0..n_vocab)
+        .filter(|&t| vocab.is_eog(LlamaToken::new(t as i32)))
+        .collect();
+    let info = EngineInfo {
+        n_ctx,
+        max_seq_len: n_ctx.min(n_ctx_train),
+        n_vocab,
+        max_batch: settings.max_batch,
+        eog_ids,
+    };
+    Ok(Engine {
+        backend,
+        tokenizer_sha256: tokenizer_sha256(&settings.model),
+        path: settings.model.clone(),
+        model: Some(model),
+        asleep: None,
+        info,
+        settings,
+        shared,
+    })
+}
+
+fn load_model(backend: &LlamaBackend, path: &Path, gpu_layers: u32) -> Result<LlamaModel, String> {
+    let params = LlamaModelParams::default().with_n_gpu_layers(gpu_layers);
+    LlamaModel::load_from_file(backend, path, &params)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn tokenizer_sha256(path: &Path) -> Result<String, String> {
+    crate::render::gguf::read_metadata(path)
+        .map(|m| m.tokenizer_sha256)
+        .map_err(|e| e.to_string())
+}
+
+/// Rows of one `llama_decode`: a prefill chunk plus one decode row per slot.
+pub(crate) fn batch_rows(settings: &EngineSettings) -> u32 {
+    settings.prefill_chunk + settings.max_batch
+}
+
+fn new_context<'m>(engine: &Engine, model: &'m LlamaModel) -> Result<LlamaContext<'m>, String> {
+    let s = &engine.settings;
+    let n_batch = batch_rows(s);
+    let params = LlamaContextParams::default()
+        .with_n_ctx(NonZeroU32::new(engine.info.n_ctx))
+        .with_n_batch(n_batch)
+        .with_n_ubatch(n_batch)
+        .with_n_seq_max(s.max_batch)
+        .with_kv_unified(true)
+        .with_n_threads(s.threads as i32)
+        .with_n_threads_batch(s.threads as i32);
+    model
+        .new_context(engine.backend, params)
+        .map_err(|e| format!("cannot create context: {e}"))
+}
+
+/// What waits for the context to exist: the start-up, or a wake-up.
+enum Waiter {
+    Ready(std::sync::mpsc::Sender<Result<EngineInfo, EngineError>>),
+    WakeUp(Ack),
+}
+
+fn serve(
+    mut engine: Engine,
+    rx: &Receiver<Msg>,
+    ready: std::sync::mpsc::Sender<Result<EngineInfo, EngineError>>,
+) {
+    let mut worker = Worker::new(
+        engine.info.clone(),
+        engine.settings.clone(),
+        engine.shared.clone(),
+    );
+    let mut waiter = Some(Waiter::Ready(ready));
+    loop {
+        if engine.asleep.is_none() {
+            if let Some(model) = engine.model.as_ref() {
+                let exit = match new_context(&engine, model) {
+                    Ok(mut ctx) => {
+                        match waiter.take() {
+                            Some(Waiter::Ready(r)) => {
+                                let _ = r.send(Ok(engine.info.clone()));
+                            }
+                            Some(Waiter::WakeUp(ack)) => {
+                                let _ = ack.send(Ok("awake".into()));
+                            }
+                            None => {}
+                        }
+                        Some(worker.run(&mut ctx, rx, model))
+                    }
+                    Err(e) => {
+                        match waiter.take() {
+                            Some(Waiter::Ready(r)) => {
+                                let _ = r.send(Err(EngineError::Load(e)));
+                                return;
+                            }
+                            Some(Waiter::WakeUp(ack)) => {
+                                let _ = ack.send(Err(e));
+                            }
+                            None => tracing::error!(engine = %engine.settings.name, error = %e,
+                                "the engine cannot serve: it stays asleep until a wake-up"),
+                        }
+                        None
+                    }
+                };
+                match exit {
+                    // No context: asleep until a wake-up succeeds.
+                    None => engine.fall_asleep(1),
+                    Some(Exit::Closed) => return,
+                    Some(Exit::Control(c, ack)) => waiter = engine.control(c, ack),
+                }
+                continue;
+            }
+        }
+        // Asleep: no context; requests that raced the sleep are refused.
+        match rx.recv() {
+            Ok(Msg::Job(job)) => {
+                engine.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                job.tx
+                    .fail(engine.shared.asleep_error(&engine.settings.name));
+            }
+            Ok(Msg::Control(c, ack)) => waiter = engine.control(c, ack),
+            Err(_) => return,
+        }
+    }
+}
+
+impl Engine {
+    fn fall_asleep(&mut self, level: u32) {
+        self.shared.asleep.store(true, Ordering::SeqCst);
+        let level = self.asleep.map_or(level, |l| l.max(level));
+        if level >= 2 {
+            self.model = None;
+        }
+        self.asleep = Some(level);
+    }
+
+    /// Runs one admin operation (the context is gone: the worker is idle).
+    /// A wake-up is answered once the context exists again: it is returned
+    /// as the waiter.
+    fn control(&mut self, c: Control, ack: Ack) -> Option<Waiter> {
+        let name = self.settings.name.clone();
+        match c {
+            Control::Sleep { level } => {
+                self.fall_asleep(level);
+                let what = if self.model.is_none() {
+                    "KV cache freed and model unloaded"
+                } else {
+                    "KV cache freed"
+                };
+                tracing::info!(engine = %name, level, "engine asleep: {what}");
+                let _ = ack.send(Ok(format!("asleep (level {level}): {what}")));
+                None
+            }
+            Control::WakeUp => {
+                if self.asleep.is_none() {
+                    let _ = ack.send(Ok("already awake".into()));
+                    return None;
+                }
+                if self.model.is_none() {
+                    match load_model(self.backend, &self.path, self.settings.gpu_layers) {
+                        Ok(m) => self.model = Some(m),
+                        Err(e) => {
+                            let _ = ack.send(Err(format!("cannot load the model again: {e}")));
+                            return None;
+                        }
+                    }
+                }
+                self.asleep = None;
+                self.shared.asleep.store(false, Ordering::SeqCst);
+                tracing::info!(engine = %name, "engine awake");
+                Some(Waiter::WakeUp(ack))
+            }
+            Control::Reload { path } => {
+                let answer = self.reload(&path);
+                match &answer {
+                    Ok(_) => tracing::info!(engine = %name, path = %path.display(),
+                        "engine weights loaded"),
+                    Err(e) => tracing::error!(engine = %name, path = %path.display(), error = %e,
+                        "engine weights not loaded: the old weights keep serving"),
+                }
+                let _ = ack.send(answer);
+                None
+            }
+        }
+    }
+
+    /// Loads and checks the weights at `path`; swaps them in only when every
+    /// check passed.
+    fn reload(&mut self, path: &Path) -> Result<String, String> {
+        let shown = path.display();
+        if !path.is_file() {
+            return Err(format!("cannot load weights: {shown} is not a file"));
+        }
+        let loaded = self.tokenizer_sha256.as_ref().map_err(|e| {
+            format!("cannot check new weights: the loaded model's tokenizer is unreadable ({e})")
+        })?;
+        let new = tokenizer_sha256(path).map_err(|e| format!("cannot load weights: {e}"))?;
+        if &new != loaded {
+            return Err(format!(
+                "cannot load weights from {shown}: its tokenizer differs from the loaded model's \
+                 (tokenizer sha256 {new}, loaded {loaded}); new weights must keep the vocabulary"
+            ));
+        }
+        let model = load_model(self.backend, path, self.settings.gpu_layers)
+            .map_err(|e| format!("cannot load weights: {e}"))?;
+        let n_vocab = model.n_vocab().max(0) as u32;
+        if n_vocab != self.info.n_vocab {
+            return Err(format!(
+                "cannot load weights from {shown}: {n_vocab} tokens, the loaded model has {}",
+                self.info.n_vocab
+            ));
+        }
+        if model.n_ctx_train() < self.info.max_seq_len {
+            return Err(format!(
+                "cannot load weights from {shown}: trained context {} is shorter than this \
+                 engine's {}",
+                model.n_ctx_train(),
+                self.info.max_seq_len
+            ));
+        }
+        self.path = path.to_path_buf();
+        // Asleep at level 2, the model stays unloaded until the wake-up.
+        self.model = if self.asleep.is_some_and(|l| l >= 2) {
+            None
+        } else {
+            Some(model)
+        };
+        Ok(format!("weights loaded from {shown}"))
+    }
+}
+
+impl Shared {
+    /// The error of a request sent while the engine sleeps.
+    pub(crate) fn asleep_error(&self, name: &str) -> BackendError {
+        BackendError::Overloaded {
+            backend: name.to_string(),
+            message: "the engine is asleep: it takes requests again after a wake-up \
+                      (POST /admin/wake_up)"
+                .into(),
+        }
+    }
+}
