@@ -4,19 +4,6 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-/// The default model's GGUF: its tokenizer is what `[model] tokenizer`
-/// names (no engine needed, so the test runs in a build without it).
-fn model_path() -> PathBuf {
-    let p =
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    assert!(
-        p.is_file(),
-        "{} is missing: run scripts/fetch-model.sh first",
-        p.display()
-    );
-    p
-}
-
 fn check(config: &str) -> (i32, String) {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("config.toml");
