@@ -187,6 +187,55 @@ async fn streamed_tool_call_deltas_equal_the_message() {
     assert_eq!(finish.as_deref(), Some("tool_calls"));
 }
 
+/// A streamed tool call carries the id recorded for it, so an agent that
+/// echoes the message it rebuilt from the deltas continues the same sample
+/// (found by scripts/soak.sh: every streamed trajectory split into samples).
+#[tokio::test]
+async fn a_streamed_tool_call_is_continued_by_its_echo() {
+    let (mock, g, sampled1) = setup().await;
+    let im_end = g.renderer.token_to_id("<|im_end|>").expect("im_end");
+    let user = json!({"role": "user", "content": "What is 2+2?"});
+    mock.push(Scripted::ids(sampled1.clone()));
+    let req = json!({"messages": [user], "tools": tools(), "stream": true});
+    let events = sse_events(g.post("/t/streamed-1/v1/chat/completions", req).await).await;
+    let (mut id, mut name, mut args) = (String::new(), String::new(), String::new());
+    for e in events.iter().filter(|e| e.as_str() != "[DONE]") {
+        let c: Value = serde_json::from_str(e).expect("chunk");
+        for ch in c["choices"].as_array().expect("choices") {
+            for tc in ch["delta"]["tool_calls"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+            {
+                id.push_str(tc["id"].as_str().unwrap_or_default());
+                name.push_str(tc["function"]["name"].as_str().unwrap_or_default());
+                args.push_str(tc["function"]["arguments"].as_str().unwrap_or_default());
+            }
+        }
+    }
+    let recorded = g.get_json("/v1/trajectories/streamed-1").await;
+    assert_eq!(
+        recorded["calls"][0]["response"]["tool_calls"][0]["id"],
+        json!(id),
+        "{recorded}"
+    );
+    // The agent's next turn: the streamed message as the SDK rebuilds it.
+    let echoed = json!({"role": "assistant", "content": null, "tool_calls": [{
+        "id": id, "type": "function", "function": {"name": name, "arguments": args}}]});
+    let tool_msg = json!({"role": "tool", "tool_call_id": id, "content": "4"});
+    mock.push(Scripted::ids(vec![b'4'.into(), im_end]));
+    let r = g
+        .post(
+            "/t/streamed-1/v1/chat/completions",
+            json!({"messages": [user, echoed, tool_msg], "tools": tools()}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let t = g.get_json("/v1/trajectories/streamed-1").await;
+    assert_eq!(t["calls"][1]["sample_index"], 0, "{t}");
+    assert_eq!(t["calls"][1]["parent_call"], 0, "{t}");
+}
+
 #[tokio::test]
 async fn malformed_tool_call_is_plain_content() {
     let (mock, g, _) = setup().await;

@@ -360,7 +360,7 @@ async fn stream_loop(
     let id = running.request_id.clone();
     let prompt = running.prompts.first().cloned();
     let mut parsers: Vec<Option<ChatStream>> = (0..running.n)
-        .map(|_| parsing.as_ref().map(|p| p.stream()))
+        .map(|i| parsing.as_ref().map(|p| p.stream(i)))
         .collect();
     for i in 0..running.n {
         let c = chunks.open(&id, i, prompt.as_deref().filter(|_| i == 0).map(|p| &p[..]));

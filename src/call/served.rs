@@ -22,6 +22,10 @@ pub struct ParseSetup {
     reasoning: Option<ReasoningParser>,
     ctx: ParseContext,
     style: IdStyle,
+    /// Seeds the tool-call ids: the streamed deltas and the message recorded
+    /// for the same choice carry the same ids, so an agent that echoes the
+    /// streamed message continues the call it got.
+    seed: u64,
     /// The tool parser needs special tokens in the text it reads.
     pub needs_special_tokens: bool,
 }
@@ -57,7 +61,13 @@ impl ParseSetup {
             tool_parser: tp.as_ref().map(|_| config.model.tool_parser.clone()),
             reasoning,
             ctx: ParseContext::from_tools(tools.as_ref()),
+            seed: rand::random(),
         }))
+    }
+
+    /// The id generator of choice `index`: equal for its stream and its parse.
+    fn ids(&self, index: u32) -> IdGen {
+        IdGen::seeded(self.seed ^ (u64::from(index) << 40), self.style)
     }
 
     fn parser(&self) -> Option<Box<dyn crate::parse::ToolParser>> {
@@ -66,23 +76,25 @@ impl ParseSetup {
             .and_then(|n| tool_parser(n).ok().flatten())
     }
 
-    pub fn parse(&self, text: &str) -> ChatOutput {
+    /// Choice `index`'s whole text, parsed.
+    pub fn parse(&self, index: u32, text: &str) -> ChatOutput {
         let tp = self.parser();
         parse_output(
             text,
             self.reasoning.as_ref(),
             tp.as_deref(),
             &self.ctx,
-            &mut IdGen::random(self.style),
+            &mut self.ids(index),
         )
     }
 
-    pub fn stream(&self) -> ChatStream {
+    /// Choice `index`'s text as it streams.
+    pub fn stream(&self, index: u32) -> ChatStream {
         ChatStream::new(
             self.reasoning.as_ref(),
             self.parser(),
             self.ctx.clone(),
-            IdGen::random(self.style),
+            self.ids(index),
         )
     }
 }
@@ -154,7 +166,7 @@ pub fn serve(output: &Output, r: &mut ChoiceResult) {
             }
         },
         Output::Chat(Some(p)) => {
-            let o = p.parse(&r.text);
+            let o = p.parse(r.index, &r.text);
             r.served = message_json(&o);
             r.finish_reason = finish_reason(&o, backend_finish);
             r.parse_outcome = Some(o.outcome.to_string());
