@@ -4,14 +4,18 @@
 # backends for M minutes. Reports the gateway's RSS at start, after warm-up
 # (the first 10% of the run) and at the end, latency p50/p99, errors by
 # status and throughput, then exports the store and checks that every
-# acknowledged call is in it (0 lost, 0 extra). Exits non-zero when a call
-# is lost or extra, or on any 5xx or transport error. The driver is
+# acknowledged call is in it (0 lost, 0 extra, the same sampled tokens, one
+# sample per trajectory). Exits non-zero when a call is lost or extra, a
+# trajectory differs or split, or on any 5xx or transport error. The driver is
 # examples/soak.rs; figures and how to read them: docs/reliability.md.
 #
-#   scripts/soak.sh [--agents N] [--minutes M] [--turns T] [--backends B] [--keep]
+#   scripts/soak.sh [--agents N] [--minutes M] [--turns T] [--backends B]
+#                   [--config-extra TOML] [--keep]
 #
-# Defaults: 200 agents, 30 minutes, 8 turns, 2 mock backends. --keep leaves
-# the temp dir (config, logs, store) in place; it is also kept on failure.
+# Defaults: 200 agents, 30 minutes, 8 turns, 2 mock backends, tito's default
+# configuration. --config-extra appends TOML to the generated config.toml
+# (e.g. $'[trajectory]\nretry_window_s = 10'). --keep leaves the temp dir
+# (config, logs, store) in place; it is also kept on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -21,14 +25,16 @@ minutes=30
 turns=8
 backends=2
 keep=0
+extra=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --agents) agents="$2"; shift 2 ;;
     --minutes) minutes="$2"; shift 2 ;;
     --turns) turns="$2"; shift 2 ;;
     --backends) backends="$2"; shift 2 ;;
+    --config-extra) extra="$2"; shift 2 ;;
     --keep) keep=1; shift ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "soak.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -97,6 +103,7 @@ tool_parser = "hermes"
 $backend_toml
 [store]
 url = "sqlite://$tmp/spans.db"
+$extra
 EOF
 
 export RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1
