@@ -7,7 +7,7 @@
 # acknowledged call is in it (0 lost, 0 extra, the same sampled tokens, one
 # sample per trajectory). Exits non-zero when a call is lost or extra, a
 # trajectory differs or split, or on any 5xx or transport error. The driver is
-# examples/soak.rs; figures and how to read them: docs/reliability.md.
+# examples/soak/; figures and how to read them: docs/reliability.md.
 #
 #   scripts/soak.sh [--agents N] [--minutes M] [--turns T] [--backends B]
 #                   [--config-extra TOML] [--keep]
