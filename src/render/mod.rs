@@ -83,6 +83,8 @@ pub struct Renderer {
     /// `bos_token`, `eos_token`, ... and named extra special tokens).
     template_vars: serde_json::Map<String, Json>,
     content_format: ContentFormat,
+    /// `get_vocab_size(true)` builds the whole vocabulary map: once here.
+    vocab_size: u32,
 }
 
 /// How a chat template reads `message.content`.
@@ -149,7 +151,9 @@ impl Renderer {
             }
         }
         let fast = fast_encoder(&source.tokenizer);
+        let vocab_size = source.tokenizer.get_vocab_size(true) as u32;
         Ok(Renderer {
+            vocab_size,
             fast,
             tokenizer: source.tokenizer,
             env,
@@ -304,7 +308,7 @@ impl Renderer {
     }
 
     pub fn vocab_size(&self) -> u32 {
-        self.tokenizer.get_vocab_size(true) as u32
+        self.vocab_size
     }
 }
 
