@@ -318,6 +318,18 @@ mod tests {
         }
     }
 
+    /// The bytes of every recorded entry, summed afresh.
+    fn counted(inner: &Inner) -> usize {
+        inner
+            .slots
+            .values()
+            .map(|s| match s {
+                Slot::Done { bytes, .. } => *bytes,
+                Slot::Running { .. } => 0,
+            })
+            .sum()
+    }
+
     /// The byte bound counts what an entry holds, request body included, so
     /// a stream of calls with large bodies keeps the cache under it; an
     /// entry replaced by a new call of the same body is counted out.
@@ -337,15 +349,7 @@ mod tests {
             owner.complete(a);
             let inner = replies.lock();
             assert!(inner.bytes <= bound + largest, "{} bytes", inner.bytes);
-            let counted: usize = inner
-                .slots
-                .values()
-                .map(|s| match s {
-                    Slot::Done { bytes, .. } => *bytes,
-                    Slot::Running { .. } => 0,
-                })
-                .sum();
-            assert_eq!(inner.bytes, counted);
+            assert_eq!(inner.bytes, counted(&inner));
         }
         // Each entry counts its body: 64 KiB bodies under a 1 MiB bound
         // leave at most 16 entries.
@@ -359,14 +363,6 @@ mod tests {
             owner.complete(answer(10, "r"));
         }
         let inner = replies.lock();
-        let counted: usize = inner
-            .slots
-            .values()
-            .map(|s| match s {
-                Slot::Done { bytes, .. } => *bytes,
-                Slot::Running { .. } => 0,
-            })
-            .sum();
-        assert_eq!(inner.bytes, counted);
+        assert_eq!(inner.bytes, counted(&inner));
     }
 }
