@@ -7,7 +7,6 @@
 mod common;
 mod engine_support;
 
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use common::mock_vllm::{MockVllm, Scripted};
@@ -120,19 +119,9 @@ async fn past_the_drain_deadline_the_process_exits_anyway() {
         "{lines:#?}"
     );
     // The backend's sequence was cancelled when the process went.
-    tokio::time::timeout(FAILSAFE, async {
-        while mock.state.cancelled.load(Ordering::SeqCst) == 0 {
-            let woken = mock.state.cancel_notify.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            if mock.state.cancelled.load(Ordering::SeqCst) > 0 {
-                break;
-            }
-            woken.await;
-        }
-    })
-    .await
-    .expect("cancelled");
+    tokio::time::timeout(FAILSAFE, mock.wait_cancelled())
+        .await
+        .expect("cancelled");
 }
 
 /// In process: a client that keeps its connection but reads nothing. Once
@@ -160,19 +149,9 @@ async fn a_stream_whose_client_stopped_reading_is_ended_and_its_backend_cancelle
         .await;
     assert_eq!(resp.status(), 200);
     // Hold the response without reading it.
-    tokio::time::timeout(FAILSAFE, async {
-        loop {
-            let woken = mock.state.cancel_notify.notified();
-            tokio::pin!(woken);
-            woken.as_mut().enable();
-            if mock.state.cancelled.load(Ordering::SeqCst) > 0 {
-                break;
-            }
-            woken.await;
-        }
-    })
-    .await
-    .expect("the backend sequence was cancelled");
+    tokio::time::timeout(FAILSAFE, mock.wait_cancelled())
+        .await
+        .expect("the backend sequence was cancelled");
     drop(resp);
     let metrics = g.get_text("/metrics").await;
     assert!(
