@@ -46,6 +46,7 @@ pub const REPLAY_FAILURES: &str = "tito_replay_check_failures_total";
 pub const BUILD_INFO: &str = "tito_build_info";
 pub const HOT_EVICTIONS: &str = "tito_hot_trajectory_evictions_total";
 pub const HOT_BYTES: &str = "tito_hot_trajectory_bytes";
+pub const RETRY_CACHE_BYTES: &str = "tito_retry_cache_bytes";
 pub const SSE_SEND_TIMEOUTS: &str = "tito_sse_send_timeouts_total";
 
 /// `# HELP` text of every series, given to the recorder once.
@@ -118,7 +119,7 @@ fn describe() {
     for (name, help) in counters {
         describe_counter!(name, Count, help);
     }
-    let gauges: [(&'static str, &'static str); 6] = [
+    let gauges: [(&'static str, &'static str); 7] = [
         (BACKEND_IN_FLIGHT, "Calls in flight on a backend"),
         (BACKEND_HEALTHY, "1 when the backend's circuit is closed"),
         (BACKEND_CIRCUIT_OPEN, "1 when the backend's circuit is open"),
@@ -130,6 +131,10 @@ fn describe() {
         (
             HOT_BYTES,
             "Estimated bytes of the hot trajectory view (bounded by trajectory.hot_bytes)",
+        ),
+        (
+            RETRY_CACHE_BYTES,
+            "Estimated bytes of the recorded answers kept for retries (bodies included)",
         ),
     ];
     for (name, help) in gauges {
@@ -283,6 +288,10 @@ pub fn hot_evictions(n: u64) {
 
 pub fn hot_bytes(bytes: u64) {
     gauge!(HOT_BYTES).set(bytes as f64);
+}
+
+pub fn retry_cache_bytes(bytes: usize) {
+    gauge!(RETRY_CACHE_BYTES).set(bytes as f64);
 }
 
 /// A stream ended because its client stopped reading.

@@ -222,21 +222,25 @@ struct RssPoint {
 }
 
 /// `tito_hot_trajectory_bytes` from `/metrics`.
-async fn hot_bytes(client: &reqwest::Client, base: &str) -> Option<f64> {
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .ok()?
-        .text()
-        .await
-        .ok()?;
-    text.lines()
-        .find(|l| l.starts_with("tito_hot_trajectory_bytes"))?
-        .split_whitespace()
-        .last()?
-        .parse()
-        .ok()
+/// The gateway's own memory estimates from `/metrics`: the hot trajectory
+/// view and the retry cache, in bytes.
+async fn gauges(client: &reqwest::Client, base: &str) -> [Option<f64>; 2] {
+    let text = match client.get(format!("{base}/metrics")).send().await {
+        Ok(r) => r.text().await.unwrap_or_default(),
+        Err(_) => String::new(),
+    };
+    let read = |name: &str| -> Option<f64> {
+        text.lines()
+            .find(|l| l.split_whitespace().next() == Some(name))?
+            .split_whitespace()
+            .last()?
+            .parse()
+            .ok()
+    };
+    [
+        read("tito_hot_trajectory_bytes"),
+        read("tito_retry_cache_bytes"),
+    ]
 }
 
 /// Per trajectory of the export: (samples, calls on the paths, sampled
@@ -332,7 +336,7 @@ async fn drive(o: DriveOpts) -> bool {
         println!("soak: cannot read /proc/{}/status", o.pid);
         return false;
     };
-    let hot_start = hot_bytes(&client, &base).await;
+    let hot_start = gauges(&client, &base).await;
     let load_start = loadavg();
     let shared = Arc::new(Shared {
         tally: Mutex::new(Tally::default()),
@@ -358,7 +362,7 @@ async fn drive(o: DriveOpts) -> bool {
         t: 0.0,
         kib: rss_start,
     }];
-    let mut warm: Option<(RssPoint, u64, Option<f64>)> = None;
+    let mut warm: Option<(RssPoint, u64, [Option<f64>; 2])> = None;
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     let mut last_progress = Instant::now();
     let mut last_calls = 0u64;
@@ -377,7 +381,7 @@ async fn drive(o: DriveOpts) -> bool {
         let calls = shared.calls.load(Ordering::Relaxed);
         if warm.is_none() && start.elapsed() >= warmup {
             let kib = rss.last().map(|p| p.kib).unwrap_or(0);
-            warm = Some((RssPoint { t, kib }, calls, hot_bytes(&client, &base).await));
+            warm = Some((RssPoint { t, kib }, calls, gauges(&client, &base).await));
         }
         if last_progress.elapsed() >= Duration::from_secs(30) {
             let mut w = std::mem::take(&mut *shared.window.lock().expect("lock"));
@@ -407,11 +411,11 @@ async fn drive(o: DriveOpts) -> bool {
     let elapsed = start.elapsed().as_secs_f64();
     let rss_end = rss_kib(o.pid);
     let load_end = loadavg();
-    let hot_end = hot_bytes(&client, &base).await;
+    let hot_end = gauges(&client, &base).await;
     let rss_max = rss.iter().map(|p| p.kib).max().unwrap_or(0);
     let (warm_rss, warm_calls, hot_warm) = match warm {
         Some((p, c, h)) => (Some(p), c, h),
-        None => (None, 0, None),
+        None => (None, 0, [None, None]),
     };
     let mut tally = std::mem::take(&mut *shared.tally.lock().expect("lock"));
     tally.latencies_us.sort_unstable();
@@ -576,9 +580,18 @@ async fn drive(o: DriveOpts) -> bool {
             "hot view start / warm-up / end",
             format!(
                 "{} / {} / {}",
-                opt_hot(hot_start),
-                opt_hot(hot_warm),
-                opt_hot(hot_end)
+                opt_hot(hot_start[0]),
+                opt_hot(hot_warm[0]),
+                opt_hot(hot_end[0])
+            ),
+        ),
+        (
+            "retry cache start / warm-up / end",
+            format!(
+                "{} / {} / {}",
+                opt_hot(hot_start[1]),
+                opt_hot(hot_warm[1]),
+                opt_hot(hot_end[1])
             ),
         ),
         ("export", export_line),

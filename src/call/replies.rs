@@ -148,6 +148,7 @@ impl Replies {
             {
                 let mut inner = self.lock();
                 inner.expire(self.window, self.max_answers, self.max_bytes);
+                crate::metrics::retry_cache_bytes(inner.bytes);
                 if let Some(key) = &lookup {
                     match inner.slots.get(key) {
                         Some(Slot::Done { answer, body, .. })
@@ -183,7 +184,9 @@ impl Replies {
                         id,
                         keys,
                         scope: req.scope.clone(),
-                        body: req.body.clone(),
+                        // A copy: the extracted body can be a view into the
+                        // connection's read buffer, which it would keep alive.
+                        body: Bytes::copy_from_slice(&req.body),
                         tx,
                     });
                 }
@@ -272,6 +275,7 @@ impl Owner {
             if let (Some(scope), Some(k)) = (&self.scope, self.keys.first()) {
                 inner.latest.insert(scope.clone(), k.clone());
             }
+            crate::metrics::retry_cache_bytes(inner.bytes);
         }
         self.tx.send_replace(Some(answer));
     }
