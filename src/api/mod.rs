@@ -105,8 +105,11 @@ impl AppState {
             renderer.clone(),
             config.trajectory.clone(),
         ));
-        let traj = trajectories.clone();
-        let forget: trajectories::FinishHook = Arc::new(move |id: &str| traj.forget(id));
+        let (traj, pins) = (trajectories.clone(), router.clone());
+        let forget: trajectories::FinishHook = Arc::new(move |id: &str| {
+            traj.forget(id);
+            pins.unpin(id);
+        });
         let pad_id = renderer.pad_token_id().unwrap_or(0);
         let dec = renderer.clone();
         let decode: trajectories::DecodeFn =

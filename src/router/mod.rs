@@ -392,6 +392,11 @@ impl Router {
         Ok(route)
     }
 
+    /// Forgets where a finished trajectory was pinned.
+    pub fn unpin(&self, trajectory_id: &str) {
+        self.lock().sticky.remove(trajectory_id);
+    }
+
     fn make_route(&self, slot: Arc<Slot>, sticky: bool, moved_from: Option<String>) -> Route {
         let weight_version = slot.weights().version.clone();
         Route {

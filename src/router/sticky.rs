@@ -130,6 +130,17 @@ impl StickyMap {
         evicted
     }
 
+    /// Unpins `key` (a finished trajectory). Its slot is reused by the next
+    /// insert.
+    pub fn remove(&mut self, key: &str) -> Option<Pin> {
+        let i = self.index.remove(key)?;
+        self.unlink(i);
+        self.free.push(i);
+        let pin = self.nodes[i].pin.clone();
+        self.count(pin.id, -1);
+        Some(pin)
+    }
+
     /// Entries pinned to `id`.
     pub fn count_for(&self, id: BackendId) -> usize {
         self.per_backend.get(&id).copied().unwrap_or(0)
@@ -266,5 +277,22 @@ mod tests {
         assert!(m.peek("t9899").is_none());
         // Freed slots are reused: storage never grows past the capacity.
         assert_eq!(m.nodes.len(), 100);
+    }
+
+    #[test]
+    fn a_removed_pin_frees_its_slot_and_keeps_the_order() {
+        let mut m = StickyMap::new(3);
+        m.insert("a", pin(0));
+        m.insert("b", pin(1));
+        m.insert("c", pin(1));
+        assert_eq!(m.remove("b"), Some(pin(1)));
+        assert_eq!(m.remove("b"), None);
+        assert_eq!((m.len(), m.count_for(BackendId(1))), (2, 1));
+        // Room again without evicting; the new entry reuses b's slot.
+        assert!(m.insert("d", pin(2)).is_none());
+        assert_eq!(m.nodes.len(), 3);
+        // "a" is still the least recently used.
+        assert_eq!(m.insert("e", pin(2)).map(|e| e.0), Some(Arc::from("a")));
+        assert_eq!(m.lookup("c"), Some(pin(1)));
     }
 }
