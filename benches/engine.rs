@@ -1,13 +1,19 @@
-//! Bundled-engine throughput: prefill and decode tokens/s and time to first
-//! token at 1, 4, 8 and 16 concurrent requests, against llama.cpp driven
-//! directly (one sequence, plain decode loop) in the same run.
+//! Bundled engine, three measurements in one run:
+//!
+//! 1. Throughput: prefill and decode tokens/s and time to first token at 1,
+//!    4, 8 and 16 concurrent requests, with `batch_invariant` on and off,
+//!    against llama.cpp driven directly (one sequence, plain decode loop).
+//! 2. Batch invariance: 8 prompts alone, then all at once; the largest
+//!    |difference| between a token's logprob alone and batched, per mode.
+//! 3. Multi-turn KV reuse: a 10-turn conversation (about 200 new prompt
+//!    tokens a turn), each turn's latency with `kv_reuse` on and off.
 //!
 //! Run: `cargo bench --bench engine` (needs scripts/fetch-model.sh first).
 //! Env: TITO_BENCH_PROMPT (prompt tokens, default 128), TITO_BENCH_GEN
 //! (generated tokens per request, default 64), TITO_BENCH_THREADS (default 2),
-//! TITO_BENCH_REPS (default 3: every figure is the best of that many runs,
-//! direct and engine runs interleaved, so a noisy shared machine penalises
-//! both sides alike).
+//! TITO_BENCH_REPS (default 3: every throughput figure is the best of that
+//! many runs, direct and both engine modes interleaved, so a noisy shared
+//! machine penalises all sides alike), TITO_BENCH_TURNS (default 10).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -123,6 +129,155 @@ fn direct(cfg: &EngineConfig, p: usize, gen: usize) -> (f64, f64) {
     .expect("direct llama.cpp")
 }
 
+fn engine_config(
+    model: &std::path::Path,
+    threads: u32,
+    invariant: bool,
+    reuse: bool,
+) -> EngineConfig {
+    EngineConfig {
+        model: model.to_path_buf(),
+        max_batch: 16,
+        n_ctx: 8192,
+        threads,
+        batch_invariant: invariant,
+        kv_reuse: reuse,
+        ..Default::default()
+    }
+}
+
+/// One throughput round at each concurrency: the best row so far is kept.
+async fn throughput_round(
+    engine: &Arc<EngineBackend>,
+    best: &mut [Option<Row>],
+    p: usize,
+    gen: usize,
+    salt: usize,
+) {
+    for (k, conc) in CONCURRENCY.into_iter().enumerate() {
+        let r = run_engine(engine, conc, p, gen, salt + 1000 * (k + 1)).await;
+        let prefill = r.prompt_tokens as f64 / r.all_first.as_secs_f64();
+        let decode_time = (r.wall - r.all_first).as_secs_f64().max(1e-9);
+        let per_stream = (gen as f64 - 1.0) / decode_time;
+        let aggregate = r.generated as f64 / r.wall.as_secs_f64();
+        let mean = r.ttft.iter().map(|d| d.as_secs_f64()).sum::<f64>() / r.ttft.len() as f64;
+        let row = (
+            prefill,
+            per_stream,
+            aggregate,
+            mean * 1000.0,
+            r.all_first.as_secs_f64() * 1000.0,
+        );
+        if best[k].is_none_or(|b| row.2 > b.2) {
+            best[k] = Some(row);
+        }
+    }
+}
+
+const CONCURRENCY: [usize; 4] = [1, 4, 8, 16];
+
+fn print_table(title: &str, best: &[Option<Row>], d_prefill: f64, d_decode: f64) {
+    println!("\n{title}");
+    let single = best[0].map_or(1.0, |b| b.2);
+    if let Some((prefill, per_stream, ..)) = best[0] {
+        println!(
+            "single stream vs direct: prefill {:.2}x, decode {:.2}x",
+            prefill / d_prefill,
+            per_stream / d_decode
+        );
+    }
+    println!("| concurrent | prefill tok/s | decode tok/s (per stream) | aggregate output tok/s | TTFT mean / max (ms) |");
+    println!("|---|---|---|---|---|");
+    for (k, conc) in CONCURRENCY.into_iter().enumerate() {
+        if let Some((prefill, per_stream, aggregate, mean, max)) = best[k] {
+            println!(
+                "| {conc} | {prefill:.0} | {per_stream:.1} | {aggregate:.1} ({:.2}x single) | {mean:.0} / {max:.0} |",
+                aggregate / single
+            );
+        }
+    }
+}
+
+/// Generates `prompts` one at a time, then all at once; returns the largest
+/// |logprob difference| over the steps where both runs sampled the same
+/// tokens so far, and how many sequences sampled other tokens.
+async fn invariance(engine: &Arc<EngineBackend>, prompts: &[Vec<u32>], gen: u32) -> (f32, usize) {
+    let params = SamplingParams {
+        max_tokens: gen,
+        temperature: Some(0.0),
+        ignore_eos: true,
+        logprobs: Some(0),
+        ..Default::default()
+    };
+    let mut alone = Vec::new();
+    for p in prompts {
+        alone.push(generate(engine, p, params.clone()).await);
+    }
+    let mut tasks = Vec::new();
+    for p in prompts {
+        let (engine, p, params) = (engine.clone(), p.clone(), params.clone());
+        tasks.push(tokio::spawn(
+            async move { generate(&engine, &p, params).await },
+        ));
+    }
+    let (mut max_diff, mut diverged) = (0.0f32, 0);
+    for (t, a) in tasks.into_iter().zip(&alone) {
+        let b = t.await.expect("task");
+        for ((ia, la), (ib, lb)) in a.iter().zip(&b) {
+            if ia != ib {
+                diverged += 1;
+                break;
+            }
+            max_diff = max_diff.max((la - lb).abs());
+        }
+    }
+    (max_diff, diverged)
+}
+
+/// Sampled ids with their logprobs.
+async fn generate(
+    engine: &EngineBackend,
+    prompt: &[u32],
+    params: SamplingParams,
+) -> Vec<(u32, f32)> {
+    let req = GenerateRequest {
+        request_id: "bench".into(),
+        prompt_ids: Arc::new(prompt.to_vec()),
+        params,
+    };
+    let mut s = engine.generate(req).await.expect("accepted");
+    let mut out = Vec::new();
+    while let Some(ev) = s.next().await {
+        if let GenEvent::Tokens { ids, logprobs } = ev.expect("no error") {
+            for (id, lp) in ids.into_iter().zip(logprobs) {
+                out.push((id, lp.logprob.unwrap_or(f32::NAN)));
+            }
+        }
+    }
+    out
+}
+
+/// A `turns`-turn conversation: each turn appends ~150 new prompt tokens and
+/// the previous answer (50 tokens). Returns each turn's latency.
+async fn conversation(engine: &Arc<EngineBackend>, turns: usize) -> Vec<Duration> {
+    let params = SamplingParams {
+        max_tokens: 50,
+        temperature: Some(0.0),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let mut prompt = Vec::new();
+    let mut times = Vec::new();
+    for t in 0..turns {
+        prompt.extend(self::prompt(150, 7000 + t));
+        let t0 = Instant::now();
+        let out = generate(engine, &prompt, params.clone()).await;
+        times.push(t0.elapsed());
+        prompt.extend(out.iter().map(|(id, _)| *id));
+    }
+    times
+}
+
 fn main() {
     let model = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
@@ -136,14 +291,9 @@ fn main() {
     let p = env_usize("TITO_BENCH_PROMPT", 128);
     let gen = env_usize("TITO_BENCH_GEN", 64);
     let threads = env_usize("TITO_BENCH_THREADS", 2) as u32;
-    let cfg = EngineConfig {
-        model,
-        max_batch: 16,
-        n_ctx: 8192,
-        threads,
-        ..Default::default()
-    };
     let reps = env_usize("TITO_BENCH_REPS", 3).max(1);
+    let turns = env_usize("TITO_BENCH_TURNS", 10).max(1);
+    let cfg = engine_config(&model, threads, true, false);
     let _ = direct(&cfg, p, 8); // warm-up
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -151,47 +301,66 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let engine = EngineBackend::start(&cfg).expect("engine");
+    // Throughput without prefix reuse, so both modes compute every token.
+    let invariant = EngineBackend::start(&cfg).expect("engine");
+    let fast = EngineBackend::start(&engine_config(&model, threads, false, false)).expect("engine");
+    println!("llama.cpp: {}", tito::engine::kernels::system_info());
     rt.block_on(async {
-        let _ = run_engine(&engine, 1, p, 8, 999).await; // warm-up
+        let _ = run_engine(&invariant, 1, p, 8, 999).await; // warm-up
+        let _ = run_engine(&fast, 1, p, 8, 999).await;
         let (mut d_prefill, mut d_decode) = (0.0f64, 0.0f64);
-        let mut best: Vec<Option<Row>> = vec![None; 4];
+        let mut best_on: Vec<Option<Row>> = vec![None; 4];
+        let mut best_off: Vec<Option<Row>> = vec![None; 4];
         for rep in 0..reps {
             let (dp, dd) = direct(&cfg, p, gen);
             d_prefill = d_prefill.max(dp);
             d_decode = d_decode.max(dd);
-            for (k, conc) in [1usize, 4, 8, 16].into_iter().enumerate() {
-                let r = run_engine(&engine, conc, p, gen, 1000 * (k + 1) + 100 * rep).await;
-                let prefill = r.prompt_tokens as f64 / r.all_first.as_secs_f64();
-                let decode_time = (r.wall - r.all_first).as_secs_f64().max(1e-9);
-                let per_stream = (gen as f64 - 1.0) / decode_time;
-                let aggregate = r.generated as f64 / r.wall.as_secs_f64();
-                let mean = r.ttft.iter().map(|d| d.as_secs_f64()).sum::<f64>() / r.ttft.len() as f64;
-                let row = (prefill, per_stream, aggregate, mean * 1000.0, r.all_first.as_secs_f64() * 1000.0);
-                if best[k].is_none_or(|b| row.2 > b.2) {
-                    best[k] = Some(row);
-                }
-            }
+            throughput_round(&invariant, &mut best_on, p, gen, 100 * rep).await;
+            throughput_round(&fast, &mut best_off, p, gen, 100 * rep).await;
         }
         println!("prompt {p} tokens, {gen} generated per request, {threads} threads, best of {reps}");
         println!("direct llama.cpp (1 sequence): prefill {d_prefill:.0} tok/s, decode {d_decode:.1} tok/s");
-        println!("| concurrent | prefill tok/s | decode tok/s (per stream) | aggregate output tok/s | TTFT mean / max (ms) |");
-        println!("|---|---|---|---|---|");
-        let single = best[0].map_or(1.0, |b| b.2);
-        if let Some((prefill, per_stream, ..)) = best[0] {
-            println!(
-                "single stream vs direct: prefill {:.2}x, decode {:.2}x",
-                prefill / d_prefill,
-                per_stream / d_decode
-            );
-        }
-        for (k, conc) in [1usize, 4, 8, 16].into_iter().enumerate() {
-            if let Some((prefill, per_stream, aggregate, mean, max)) = best[k] {
+        print_table("batch_invariant = true (default)", &best_on, d_prefill, d_decode);
+        print_table("batch_invariant = false", &best_off, d_prefill, d_decode);
+        for k in 0..CONCURRENCY.len() {
+            if let (Some(on), Some(off)) = (best_on[k], best_off[k]) {
                 println!(
-                    "| {conc} | {prefill:.0} | {per_stream:.1} | {aggregate:.1} ({:.2}x single) | {mean:.0} / {max:.0} |",
-                    aggregate / single
+                    "{} concurrent: invariant / fast aggregate = {:.2}, prefill = {:.2}",
+                    CONCURRENCY[k],
+                    on.2 / off.2,
+                    on.0 / off.0
                 );
             }
         }
+
+        let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt(40 + 60 * i, 500 + i)).collect();
+        println!("\nbatch invariance: 8 prompts of 40..460 tokens, 32 greedy tokens, alone then all at once");
+        for (name, engine) in [("batch_invariant = true", &invariant), ("batch_invariant = false", &fast)] {
+            let (diff, diverged) = invariance(engine, &prompts, 32).await;
+            println!("{name}: max |logprob alone - batched| = {diff:e} nats; {diverged} of 8 sequences sampled other tokens");
+        }
+    });
+    drop((invariant, fast));
+
+    rt.block_on(async {
+        println!("\n{turns}-turn conversation (~200 new prompt tokens a turn, 50 generated), batch_invariant = true");
+        let with = EngineBackend::start(&engine_config(&model, threads, true, true)).expect("engine");
+        let without = EngineBackend::start(&engine_config(&model, threads, true, false)).expect("engine");
+        let a = conversation(&with, turns).await;
+        let b = conversation(&without, turns).await;
+        let reused = with.stats().reused_tokens.load(std::sync::atomic::Ordering::Relaxed);
+        let fed = with.stats().prefill_tokens.load(std::sync::atomic::Ordering::Relaxed);
+        println!("| turn | kv_reuse on (ms) | kv_reuse off (ms) | speed-up |");
+        println!("|---|---|---|---|");
+        for (t, (x, y)) in a.iter().zip(&b).enumerate() {
+            println!(
+                "| {} | {:.0} | {:.0} | {:.2}x |",
+                t + 1,
+                x.as_secs_f64() * 1000.0,
+                y.as_secs_f64() * 1000.0,
+                y.as_secs_f64() / x.as_secs_f64()
+            );
+        }
+        println!("kv_reuse on: {reused} prompt tokens taken from cache, {fed} computed");
     });
 }

@@ -236,6 +236,13 @@ pub struct EngineConfig {
     /// vLLM's meanings: `raw_logprobs` is the log-softmax of the model's
     /// logits; `processed_logprobs` is taken after penalties and temperature.
     pub logprobs_mode: LogprobsMode,
+    /// Run ggml's reference CPU kernels (one per-row code path whatever the
+    /// batch), so that a sequence's tokens and logprobs are bitwise the same
+    /// alone or batched (src/engine/kernels.rs). CPU only.
+    pub batch_invariant: bool,
+    /// Keep finished sequences' KV cells and let a prompt that starts with
+    /// their tokens skip that part of its prefill (src/engine/cells.rs).
+    pub kv_reuse: bool,
 }
 
 /// `[engine] logprobs_mode`, named as vLLM names its `--logprobs-mode` values.
@@ -266,6 +273,8 @@ impl Default for EngineConfig {
             max_queue: 256,
             prefill_chunk: 256,
             logprobs_mode: LogprobsMode::RawLogprobs,
+            batch_invariant: true,
+            kv_reuse: true,
         }
     }
 }

@@ -147,6 +147,10 @@ struct EngineArgs {
     /// Requests waiting for a slot before new ones get 503.
     #[arg(long, default_value_t = 256)]
     max_queue: u32,
+    /// ggml's reference CPU kernels: a sequence's output is bitwise the same
+    /// alone or batched (`false` to run on cuda).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    batch_invariant: bool,
 }
 
 #[cfg(feature = "engine")]
@@ -163,6 +167,7 @@ impl EngineArgs {
             prefill_chunk: self.prefill_chunk,
             threads: self.threads,
             max_queue: self.max_queue,
+            batch_invariant: self.batch_invariant,
             ..Default::default()
         }
     }

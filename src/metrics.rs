@@ -47,12 +47,17 @@ pub const BUILD_INFO: &str = "tito_build_info";
 pub const HOT_EVICTIONS: &str = "tito_hot_trajectory_evictions_total";
 pub const HOT_BYTES: &str = "tito_hot_trajectory_bytes";
 pub const RETRY_CACHE_BYTES: &str = "tito_retry_cache_bytes";
+pub const ENGINE_PREFILL_TOKENS: &str = "tito_engine_prefill_tokens_total";
+pub const ENGINE_REUSED_TOKENS: &str = "tito_engine_reused_tokens_total";
+pub const ENGINE_PREEMPTIONS: &str = "tito_engine_preemptions_total";
+pub const ENGINE_RUNNING: &str = "tito_engine_running_sequences";
+pub const ENGINE_QUEUED: &str = "tito_engine_queued_requests";
 pub const SSE_SEND_TIMEOUTS: &str = "tito_sse_send_timeouts_total";
 
 /// `# HELP` text of every series, given to the recorder once.
 fn describe() {
     use Unit::{Count, Seconds};
-    let counters: [(&'static str, &'static str); 17] = [
+    let counters: [(&'static str, &'static str); 20] = [
         (
             REQUESTS,
             "HTTP requests answered, by matched route and status",
@@ -115,11 +120,23 @@ fn describe() {
             SSE_SEND_TIMEOUTS,
             "Streams ended because the client took no chunk for server.sse_send_timeout_s",
         ),
+        (
+            ENGINE_PREFILL_TOKENS,
+            "Prompt tokens the bundled engine computed (recomputation included), by engine",
+        ),
+        (
+            ENGINE_REUSED_TOKENS,
+            "Prompt tokens the bundled engine took from cached KV cells instead, by engine",
+        ),
+        (
+            ENGINE_PREEMPTIONS,
+            "Sequences the bundled engine sent back to its queue because the KV cache was full",
+        ),
     ];
     for (name, help) in counters {
         describe_counter!(name, Count, help);
     }
-    let gauges: [(&'static str, &'static str); 7] = [
+    let gauges: [(&'static str, &'static str); 9] = [
         (BACKEND_IN_FLIGHT, "Calls in flight on a backend"),
         (BACKEND_HEALTHY, "1 when the backend's circuit is closed"),
         (BACKEND_CIRCUIT_OPEN, "1 when the backend's circuit is open"),
@@ -135,6 +152,11 @@ fn describe() {
         (
             RETRY_CACHE_BYTES,
             "Estimated bytes of the recorded answers kept for retries (bodies included)",
+        ),
+        (ENGINE_RUNNING, "Sequences in the bundled engine's batch"),
+        (
+            ENGINE_QUEUED,
+            "Requests waiting for a place in the bundled engine's batch",
         ),
     ];
     for (name, help) in gauges {
@@ -292,6 +314,24 @@ pub fn hot_bytes(bytes: u64) {
 
 pub fn retry_cache_bytes(bytes: usize) {
     gauge!(RETRY_CACHE_BYTES).set(bytes as f64);
+}
+
+/// One bundled-engine step: prompt tokens computed, sequences running and
+/// requests waiting after it.
+pub fn engine_step(engine: &str, prefilled: u64, running: usize, queued: usize) {
+    if prefilled > 0 {
+        counter!(ENGINE_PREFILL_TOKENS, "engine" => engine.to_string()).increment(prefilled);
+    }
+    gauge!(ENGINE_RUNNING, "engine" => engine.to_string()).set(running as f64);
+    gauge!(ENGINE_QUEUED, "engine" => engine.to_string()).set(queued as f64);
+}
+
+pub fn engine_reused_tokens(engine: &str, n: usize) {
+    counter!(ENGINE_REUSED_TOKENS, "engine" => engine.to_string()).increment(n as u64);
+}
+
+pub fn engine_preemption(engine: &str) {
+    counter!(ENGINE_PREEMPTIONS, "engine" => engine.to_string()).increment(1);
 }
 
 /// A stream ended because its client stopped reading.

@@ -1,21 +1,19 @@
-//! Continuous batching: a sequence's greedy output does not depend on who
-//! else is in the batch; cancelled sequences free their slot; seeds reproduce;
+//! Continuous batching: a sequence's output does not depend on who else is
+//! in the batch; cancelled sequences free their slot; seeds reproduce;
 //! logprobs are the log-softmax of llama.cpp's logits; a full queue fails fast.
 //!
-//! On "identical": the KV cache is shared by all sequences (llama.cpp's
-//! unified cache), so where a sequence's cells sit depends on its neighbours,
-//! and attention sums the same terms in another order. Logits then differ in
-//! the last float bits, which can flip an exact near-tie. The greedy check
-//! therefore demands identical ids, except that the first difference may fall
-//! on a step where the alone run's two best tokens are within `NEAR_TIE`
-//! nats (and the batched token is the runner-up); comparison stops there.
+//! "Does not depend" is bitwise: the same ids and the same logprobs (and
+//! alternatives), compared with `==`, whether a sequence runs alone, with
+//! others joining at later steps, or next to identical twins. The engine's
+//! default `batch_invariant = true` runs ggml's reference kernels for this
+//! (src/engine/kernels.rs).
 #![cfg(feature = "engine")]
 
 mod engine_support;
 
 use engine_support::{collect, encode, greedy, request, start};
 use futures::StreamExt;
-use tito::backend::{Backend, BackendError, GenEvent, SamplingParams};
+use tito::backend::{Backend, BackendError, GenEvent, Generation, SamplingParams};
 
 const PROMPTS: &[&str] = &[
     "The capital of France is",
@@ -28,9 +26,6 @@ const PROMPTS: &[&str] = &[
     "Photosynthesis is the process by which",
 ];
 
-/// Logprob gap under which two tokens count as a numerical tie.
-const NEAR_TIE: f32 = 0.02;
-
 fn greedy_lp(max_tokens: u32) -> SamplingParams {
     SamplingParams {
         logprobs: Some(2),
@@ -38,40 +33,30 @@ fn greedy_lp(max_tokens: u32) -> SamplingParams {
     }
 }
 
-/// Asserts `got` equals `alone`, allowing a first divergence only at a tie.
-fn assert_same_greedy(
-    what: &str,
-    got: &tito::backend::Generation,
-    alone: &tito::backend::Generation,
-) {
-    assert_eq!(got.ids.len(), alone.ids.len(), "{what}: lengths differ");
-    if let Some(j) = got.ids.iter().zip(&alone.ids).position(|(a, b)| a != b) {
-        let top = &alone.logprobs[j].top;
-        let gap = top[0].1 - top[1].1;
+/// Asserts `got` is bitwise `alone`: ids, logprobs and alternatives.
+fn assert_identical(what: &str, got: &Generation, alone: &Generation) {
+    assert_eq!(got.ids, alone.ids, "{what}: sampled ids differ");
+    assert_eq!(got.logprobs.len(), alone.logprobs.len(), "{what}");
+    for (j, (g, a)) in got.logprobs.iter().zip(&alone.logprobs).enumerate() {
         assert!(
-            gap < NEAR_TIE && got.ids[j] == top[1].0,
-            "{what}: batched {:?} differs from alone {:?} at step {j}, where the alone run's top-2 gap is {gap} nats",
-            got.ids,
-            alone.ids
+            g.logprob.map(f32::to_bits) == a.logprob.map(f32::to_bits) && g.top == a.top,
+            "{what}: step {j}: batched {g:?}, alone {a:?}"
         );
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn greedy_output_is_the_same_alone_and_batched() {
-    let engine = start(8);
-    let prompts: Vec<Vec<u32>> = PROMPTS.iter().map(|p| encode(p)).collect();
-    let mut alone = Vec::new();
-    for p in &prompts {
-        alone.push(collect(&engine, p, greedy_lp(16)).await);
-    }
-    // Sequence 0 runs; each other sequence joins after sequence 0 has
-    // produced one more token, so they enter the batch at different steps.
+/// Runs `prompts[0]`, and starts each other prompt after the first has
+/// produced one more token, so they join the batch at different steps.
+async fn staggered(
+    engine: &std::sync::Arc<tito::engine::EngineBackend>,
+    prompts: &[Vec<u32>],
+    params: &dyn Fn(usize) -> SamplingParams,
+) -> Vec<Generation> {
     let mut first = engine
-        .generate(request(&prompts[0], greedy_lp(16)))
+        .generate(request(&prompts[0], params(0)))
         .await
         .expect("accepted");
-    let mut first_gen = tito::backend::Generation::default();
+    let mut first_gen = Generation::default();
     let mut others = Vec::new();
     while let Some(ev) = first.next().await {
         let ev = ev.expect("no engine error");
@@ -82,21 +67,79 @@ async fn greedy_output_is_the_same_alone_and_batched() {
                 if next < prompts.len() {
                     let engine = engine.clone();
                     let p = prompts[next].clone();
-                    others.push(tokio::spawn(async move {
-                        collect(&engine, &p, greedy_lp(16)).await
-                    }));
+                    let sp = params(next);
+                    others.push(tokio::spawn(async move { collect(&engine, &p, sp).await }));
                 }
             }
             GenEvent::Done { .. } => break,
         }
     }
     assert_eq!(others.len(), prompts.len() - 1, "all sequences joined");
-    assert_same_greedy("sequence 0", &first_gen, &alone[0]);
-    for (i, handle) in others.into_iter().enumerate() {
-        let got = handle.await.expect("task");
-        assert_same_greedy(&format!("sequence {}", i + 1), &got, &alone[i + 1]);
+    let mut out = vec![first_gen];
+    for handle in others {
+        out.push(handle.await.expect("task"));
+    }
+    out
+}
+
+/// The prompts, plus one long enough that attention spans more than 512
+/// cells (where ggml's fast kernels split the cells between threads).
+fn prompts() -> Vec<Vec<u32>> {
+    let mut p: Vec<Vec<u32>> = PROMPTS.iter().map(|p| encode(p)).collect();
+    let long = PROMPTS[3].repeat(30);
+    let long = encode(&long);
+    assert!(long.len() > 520, "{} tokens", long.len());
+    p[5] = long;
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn greedy_output_is_bitwise_the_same_alone_and_batched() {
+    let engine = start(8);
+    let prompts = prompts();
+    let mut alone = Vec::new();
+    for p in &prompts {
+        alone.push(collect(&engine, p, greedy_lp(16)).await);
+    }
+    let batched = staggered(&engine, &prompts, &|_| greedy_lp(16)).await;
+    for (i, (got, want)) in batched.iter().zip(&alone).enumerate() {
+        assert_identical(&format!("sequence {i}"), got, want);
     }
     assert_eq!(engine.queued(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identical_twins_in_one_batch_agree_with_each_other_and_alone() {
+    let engine = start(8);
+    let prompt = encode(PROMPTS[6]);
+    let alone = collect(&engine, &prompt, greedy_lp(24)).await;
+    let mut twins = Vec::new();
+    for _ in 0..6 {
+        let engine = engine.clone();
+        let p = prompt.clone();
+        twins.push(tokio::spawn(async move {
+            collect(&engine, &p, greedy_lp(24)).await
+        }));
+    }
+    for (i, t) in twins.into_iter().enumerate() {
+        let got = t.await.expect("task");
+        assert_identical(&format!("twin {i}"), &got, &alone);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seeded_sampling_is_bitwise_the_same_alone_and_batched() {
+    let engine = start(8);
+    let prompts = prompts();
+    let params = |i: usize| sampled(1000 + i as u64);
+    let mut alone = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        alone.push(collect(&engine, p, params(i)).await);
+    }
+    let batched = staggered(&engine, &prompts, &params).await;
+    for (i, (got, want)) in batched.iter().zip(&alone).enumerate() {
+        assert_identical(&format!("sequence {i}"), got, want);
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

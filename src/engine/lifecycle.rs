@@ -121,13 +121,23 @@ fn new_context<'m>(engine: &Engine, model: &'m LlamaModel) -> Result<LlamaContex
         .with_n_ctx(NonZeroU32::new(engine.info.n_ctx))
         .with_n_batch(n_batch)
         .with_n_ubatch(n_batch)
-        .with_n_seq_max(s.max_batch)
+        .with_n_seq_max(super::cells::Cells::n_seq_max(s.max_batch, s.kv_reuse))
         .with_kv_unified(true)
         .with_n_threads(s.threads as i32)
         .with_n_threads_batch(s.threads as i32);
-    model
+    if !s.batch_invariant {
+        return model
+            .new_context(engine.backend, params)
+            .map_err(|e| format!("cannot create context: {e}"));
+    }
+    // The reference kernels' attention is the per-row flash-attention loop.
+    let params = params.with_flash_attention_policy(llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED);
+    let ctx = model
         .new_context(engine.backend, params)
-        .map_err(|e| format!("cannot create context: {e}"))
+        .map_err(|e| format!("cannot create context: {e}"))?;
+    super::kernels::set_reference_kernels(&ctx, true)
+        .map_err(|e| format!("engine.batch_invariant: {e}"))?;
+    Ok(ctx)
 }
 
 /// What waits for the context to exist: the start-up, or a wake-up.

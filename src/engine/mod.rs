@@ -13,7 +13,9 @@
 //! Start it with [`EngineBackend::start`]; dropping every handle closes the
 //! command channel and the thread exits once running requests finish.
 
+mod cells;
 pub mod direct;
+pub mod kernels;
 mod lifecycle;
 pub mod logs;
 pub mod sampler;
@@ -75,12 +77,21 @@ pub(crate) struct EngineSettings {
     gpu_layers: u32,
     /// The logprob quantity every sampler reports (`[engine] logprobs_mode`).
     logprobs_mode: LogprobsMode,
+    /// ggml's reference CPU kernels ([`kernels`]).
+    batch_invariant: bool,
+    /// Prefix reuse of cached KV cells ([`cells`]).
+    kv_reuse: bool,
 }
 
 impl EngineSettings {
     fn from_config(cfg: &EngineConfig, name: &str) -> Result<Self, EngineError> {
         let gpu_layers = match cfg.device {
             Device::Cpu => 0,
+            Device::Cuda if cfg.batch_invariant => {
+                return Err(EngineError::Config(
+                    "engine.batch_invariant = true needs device = \"cpu\": only ggml's CPU kernels have a batch-invariant mode; set engine.batch_invariant = false to run on cuda".into(),
+                ))
+            }
             Device::Cuda if cfg!(feature = "cuda") => 999,
             Device::Cuda => {
                 return Err(EngineError::Config(
@@ -108,6 +119,8 @@ impl EngineSettings {
             prefill_chunk: cfg.prefill_chunk.max(1),
             gpu_layers,
             logprobs_mode: cfg.logprobs_mode,
+            batch_invariant: cfg.batch_invariant,
+            kv_reuse: cfg.kv_reuse,
         })
     }
 }
@@ -118,7 +131,9 @@ pub fn llama_backend() -> Result<&'static LlamaBackend, EngineError> {
     BACKEND
         .get_or_init(|| {
             logs::install();
-            LlamaBackend::init().map_err(|e| e.to_string())
+            let backend = LlamaBackend::init().map_err(|e| e.to_string());
+            tracing::info!(system_info = %kernels::system_info(), "llama.cpp kernels");
+            backend
         })
         .as_ref()
         .map_err(|e| EngineError::Init(e.clone()))

@@ -2,9 +2,9 @@
 //! continuous-batching loop.
 //!
 //! Owns: admission, the per-step batch (running sequences' next tokens plus
-//! chunks of newcomers' prompts, in one `llama_decode`), KV-cell bookkeeping
-//! (a finished, cancelled or preempted sequence's cells are removed at once),
-//! stop conditions, and sending events to each request's channel. Must not:
+//! chunks of newcomers' prompts, in one `llama_decode`), stop conditions, and
+//! sending events to each request's channel. Which cells a sequence may reuse
+//! and when cells are freed is [`super::cells`]'s. Must not:
 //! block on anything but its own command channel when idle, or touch async
 //! code (it talks to tokio only through unbounded, non-blocking senders).
 //!
@@ -40,6 +40,7 @@ use llama_cpp_2::token::LlamaToken;
 use llama_cpp_2::DecodeError;
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::cells::Cells;
 use super::sampler::Sampler;
 use super::score::{score_row, PositionScore};
 use super::{EngineInfo, EngineSettings};
@@ -141,6 +142,11 @@ pub struct EngineStats {
     pub steps: AtomicU64,
     /// Sequences preempted because the KV cache was full.
     pub preemptions: AtomicU64,
+    /// Prompt tokens taken from cached cells instead of being fed.
+    pub reused_tokens: AtomicU64,
+    /// Batch-invariant mode: cache clears that recomputed the running
+    /// sequences to free parked cells.
+    pub compactions: AtomicU64,
 }
 
 /// State the handle and the thread share.
@@ -186,7 +192,7 @@ pub(crate) struct Worker {
     running: Vec<Seq>,
     /// Not yet admitted; preempted sequences go back to the front.
     waiting: VecDeque<Seq>,
-    free_slots: Vec<i32>,
+    cells: Cells,
     /// (index into `running`, batch row) of rows whose logits are read.
     rows: Vec<(usize, i32)>,
     /// (index into `running`, position, batch row) of scoring jobs' rows.
@@ -198,7 +204,11 @@ impl Worker {
         let n_batch = super::lifecycle::batch_rows(&settings);
         Worker {
             batch: LlamaBatch::new(n_batch as usize, 1),
-            free_slots: (0..settings.max_batch as i32).rev().collect(),
+            cells: Cells::new(
+                settings.max_batch,
+                settings.kv_reuse,
+                settings.batch_invariant,
+            ),
             info,
             settings,
             shared,
@@ -220,6 +230,8 @@ impl Worker {
     ) -> Exit {
         let mut open = true;
         let mut control: Option<(Control, Ack)> = None;
+        // A new context: nothing is cached.
+        self.cells.reset();
         loop {
             if self.running.is_empty() && self.waiting.is_empty() {
                 if let Some((c, ack)) = control.take() {
@@ -241,16 +253,17 @@ impl Worker {
                 }
             }
             self.drop_cancelled(ctx);
-            self.admit();
+            self.admit(ctx);
             if self.running.is_empty() {
                 continue;
             }
             self.step(ctx);
-            if self.running.is_empty() {
-                // Idle: reset the cache so the next sequences start at cell 0.
-                // llama.cpp attends over cells up to the highest one in use,
-                // so a cache left fragmented makes every later step slower.
-                ctx.clear_kv_cache();
+            if self.running.is_empty() && !self.cells.has_kept() {
+                // Idle with nothing worth keeping: reset the cache so the next
+                // sequences start at cell 0. llama.cpp attends over cells up
+                // to the highest one in use, so a cache left fragmented makes
+                // every later step slower.
+                self.cells.clear(ctx);
             }
         }
     }
@@ -295,7 +308,8 @@ impl Worker {
         });
     }
 
-    fn kv_used(&self) -> usize {
+    /// Cells the running sequences hold (a shared prefix counts for each).
+    fn running_cells(&self) -> usize {
         self.running.iter().map(|s| s.fed).sum()
     }
 
@@ -315,21 +329,29 @@ impl Worker {
         }
     }
 
-    /// Frees a sequence's KV cells and slot.
+    /// A sequence left the batch: its cells are kept for reuse or let go.
     fn release(&mut self, ctx: &mut LlamaContext<'_>, seq: &Seq) {
         if seq.slot >= 0 {
-            let _ = ctx.clear_kv_cache_seq(Some(seq.slot as u32), None, None);
-            self.free_slots.push(seq.slot);
+            self.cells.finish(ctx, seq.slot, &seq.tokens[..seq.fed]);
         }
     }
 
-    /// Moves waiting sequences into the batch while slots and KV cells last.
-    fn admit(&mut self) {
+    /// Moves waiting sequences into the batch while slots and KV cells last;
+    /// a newcomer whose prompt starts with cached tokens shares their cells.
+    fn admit(&mut self, ctx: &mut LlamaContext<'_>) {
         let n_ctx = self.info.n_ctx as usize;
         while let Some(front) = self.waiting.front() {
-            if self.free_slots.is_empty() {
+            if self.running.len() >= self.settings.max_batch as usize {
                 break;
             }
+            let prefix = if front.scoring() {
+                // Every row of a scoring job must be computed for its logits.
+                None
+            } else {
+                let running = self.running.iter().map(|s| (s.slot, &s.tokens[..s.fed]));
+                self.cells.find_prefix(&front.tokens, running)
+            };
+            let reused = prefix.as_ref().map_or(0, |p| p.len);
             // Cells the running set needs to finish feeding what it already
             // has, plus one decode token each, plus the newcomer's tokens.
             let pending: usize = self
@@ -337,20 +359,28 @@ impl Worker {
                 .iter()
                 .map(|s| s.tokens.len() - s.fed + 1)
                 .sum();
-            let need = self.kv_used() + pending + front.tokens.len() + 1;
+            let need = self.running_cells() + pending + front.tokens.len() - reused + 1;
             if need > n_ctx && !self.running.is_empty() {
                 break;
             }
-            let Some(mut seq) = self.waiting.pop_front() else {
+            let Some(slot) = self.cells.take_id() else {
                 break;
             };
-            let Some(slot) = self.free_slots.pop() else {
-                self.waiting.push_front(seq);
+            let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
             self.shared.queued.fetch_sub(1, Ordering::SeqCst);
             seq.slot = slot;
             seq.fed = 0;
+            if let Some(p) = prefix {
+                self.cells.share(ctx, &p, slot);
+                seq.fed = p.len;
+                self.shared
+                    .stats
+                    .reused_tokens
+                    .fetch_add(p.len as u64, Ordering::Relaxed);
+                crate::metrics::engine_reused_tokens(&self.settings.name, p.len);
+            }
             self.running.push(seq);
         }
     }
@@ -364,7 +394,7 @@ impl Worker {
         let Some(mut seq) = self.running.pop() else {
             return false;
         };
-        self.release(ctx, &seq);
+        self.cells.discard(ctx, seq.slot);
         seq.slot = -1;
         seq.fed = 0;
         self.shared.queued.fetch_add(1, Ordering::SeqCst);
@@ -373,7 +403,21 @@ impl Worker {
             .preemptions
             .fetch_add(1, Ordering::Relaxed);
         self.waiting.push_front(seq);
+        crate::metrics::engine_preemption(&self.settings.name);
         true
+    }
+
+    /// Batch-invariant mode: clears the cache, which frees parked cells, and
+    /// has every running sequence computed again from its tokens.
+    fn compact(&mut self, ctx: &mut LlamaContext<'_>) {
+        self.cells.clear(ctx);
+        for s in &mut self.running {
+            s.fed = 0;
+        }
+        self.shared
+            .stats
+            .compactions
+            .fetch_add(1, Ordering::Relaxed);
     }
 
     /// Plans `(running index, tokens to feed)` for this step: every sequence
@@ -401,8 +445,19 @@ impl Worker {
     fn step(&mut self, ctx: &mut LlamaContext<'_>) {
         let n_ctx = self.info.n_ctx as usize;
         let mut plan = self.plan();
-        while self.kv_used() + plan.iter().map(|p| p.1).sum::<usize>() > n_ctx {
-            if !self.preempt_newest(ctx) {
+        loop {
+            let planned: usize = plan.iter().map(|p| p.1).sum();
+            let running = self.running_cells();
+            if self.cells.in_use(running) + planned <= n_ctx {
+                break;
+            }
+            if self.cells.can_evict() {
+                self.cells.evict_oldest(ctx);
+                continue;
+            }
+            if self.cells.can_compact(running) {
+                self.compact(ctx);
+            } else if !self.preempt_newest(ctx) {
                 break;
             }
             plan = self.plan();
@@ -450,9 +505,16 @@ impl Worker {
                 return;
             }
         }
+        self.cells.appended(self.batch.n_tokens().max(0) as usize);
         let stats = &self.shared.stats;
         stats.steps.fetch_add(1, Ordering::Relaxed);
         stats.prefill_tokens.fetch_add(prefilled, Ordering::Relaxed);
+        crate::metrics::engine_step(
+            &self.settings.name,
+            prefilled,
+            self.running.len(),
+            self.shared.queued.load(Ordering::Relaxed),
+        );
         for &(i, take) in &plan {
             self.running[i].fed += take;
         }
