@@ -214,9 +214,22 @@ fn handle() -> &'static PrometheusHandle {
         // Another recorder may already be installed (e.g. by an embedding
         // program); then our series are simply not collected.
         let _ = metrics::set_global_recorder(recorder);
+        // Histogram samples wait in the recorder until they are folded into
+        // their buckets, which happens on a scrape or in this upkeep: without
+        // it, a gateway nobody scrapes keeps every sample (~40 bytes a call).
+        let upkeep = handle.clone();
+        let _ = std::thread::Builder::new()
+            .name("tito-metrics-upkeep".into())
+            .spawn(move || loop {
+                std::thread::sleep(UPKEEP_INTERVAL);
+                upkeep.run_upkeep();
+            });
         handle
     })
 }
+
+/// How often histogram samples are folded into their buckets.
+const UPKEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Installs the recorder and describes every series (idempotent). Call
 /// once at start-up.
