@@ -273,6 +273,8 @@ async fn finished_trajectory_refuses_calls_before_generating() {
     let g = start_gateway(config(&[mock.url()], "")).await;
     let m1 = json!([{"role": "user", "content": "q"}]);
     chat(&g, "traj-f", &m1).await;
+    let pins = |v: serde_json::Value| v["backends"][0]["sticky"].clone();
+    assert_eq!(pins(g.get_json("/admin/backends").await), 1);
     let r = g
         .client
         .post(g.url("/v1/trajectories/traj-f/finish"))
@@ -280,6 +282,8 @@ async fn finished_trajectory_refuses_calls_before_generating() {
         .await
         .expect("finish");
     assert_eq!(r.status(), 200);
+    // Its pin is gone: finished trajectories do not fill the sticky map.
+    assert_eq!(pins(g.get_json("/admin/backends").await), 0);
     let before = mock.requests().len();
     let m2 = json!([{"role": "user", "content": "q"}, {"role": "assistant", "content": "A"},
                     {"role": "user", "content": "again"}]);

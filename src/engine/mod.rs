@@ -410,3 +410,20 @@ impl Backend for EngineBackend {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batch_invariance_on_cuda_is_refused_with_the_key_to_change() {
+        let cfg = EngineConfig {
+            device: Device::Cuda,
+            ..Default::default()
+        };
+        let Err(EngineError::Config(msg)) = EngineSettings::from_config(&cfg, "engine") else {
+            panic!("engine.batch_invariant = true on cuda must be refused");
+        };
+        assert!(msg.contains("engine.batch_invariant = false"), "{msg}");
+    }
+}
