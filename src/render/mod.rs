@@ -11,6 +11,7 @@ pub mod gguf;
 mod hf;
 mod pretok;
 mod pyfmt;
+pub mod shipped;
 mod template;
 pub mod testing;
 
@@ -120,10 +121,13 @@ impl Renderer {
         } else {
             hf::load_dir_with_vars(path)?
         };
-        let override_template = if model.chat_template.as_os_str().is_empty() {
+        let spec = model.chat_template.as_path();
+        let override_template = if spec.as_os_str().is_empty() {
             None
+        } else if let Some(t) = spec.to_str().and_then(shipped::by_name) {
+            Some(t.to_string())
         } else {
-            Some(read_template(&model.chat_template)?)
+            Some(read_template(spec)?)
         };
         let mut renderer = Renderer::new(source, override_template)?;
         renderer.template_vars.extend(extra_vars);
@@ -341,7 +345,10 @@ pub fn alias_reasoning_fields(message: &Json) -> Json {
 fn read_template(path: &Path) -> Result<String, RenderError> {
     let text = std::fs::read_to_string(path).map_err(|e| RenderError::Load {
         path: path.display().to_string(),
-        message: e.to_string(),
+        message: format!(
+            "{e} (a chat_template is a file, or one of the shipped templates: {})",
+            shipped::names()
+        ),
     })?;
     // A `.json` override may be a tokenizer_config-style {"chat_template": ...}.
     if path.extension().is_some_and(|e| e == "json") {

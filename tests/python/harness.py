@@ -56,9 +56,9 @@ def start_mock(reply_ids, script=None, structured_reply_ids=None):
     return _start(cmd, r"listening on (\S+)")
 
 
-def start_tito(tokenizer_dir, backend_url, model="test-model", extra_config=""):
+def start_tito(tokenizer_dir, backend_url, model="test-model", extra_config="", model_extra=""):
     """`extra_config`: TOML appended to the generated config (e.g. an
-    `[auth]` table)."""
+    `[auth]` table); `model_extra`: lines added to its `[model]` table."""
     tmp = tempfile.mkdtemp(prefix="tito-test-")
     cfg = pathlib.Path(tmp) / "config.toml"
     cfg.write_text(
@@ -68,6 +68,7 @@ listen = "127.0.0.1:0"
 [model]
 name = "{model}"
 tokenizer = "{tokenizer_dir}"
+{model_extra}
 [[backends]]
 url = "{backend_url}"
 kind = "vllm"
@@ -136,6 +137,7 @@ listen = "127.0.0.1:0"
 [model]
 name = "{model}"
 tokenizer = "{tokenizer_dir}"
+{model_extra}
 [[backends]]
 url = "{backend_url}"
 kind = "vllm"
