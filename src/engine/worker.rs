@@ -494,6 +494,11 @@ impl Worker {
         }
         match ctx.decode(&mut self.batch) {
             Ok(()) => {}
+            Err(DecodeError::NoKvCacheSlot) if self.cells.can_compact(self.running_cells()) => {
+                // Parked cells fill the cache: free them, recompute, retry.
+                self.compact(ctx);
+                return;
+            }
             Err(DecodeError::NoKvCacheSlot) if self.preempt_newest(ctx) => {
                 // Fragmented cache: retry next step with fewer sequences. The
                 // preempted sequence lost its cells; survivors' cells from this
