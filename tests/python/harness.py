@@ -125,34 +125,6 @@ def mock_gateway(tokenizer_dir, reply_ids, script=None, structured_reply_ids=Non
 
 
 
-def start_tito_with(tokenizer_dir, backend_url, extra_config, model="test-model"):
-    """`start_tito` with `extra_config` (TOML tables, e.g. `[auth]`) appended
-    to its configuration."""
-    tmp = tempfile.mkdtemp(prefix="tito-test-")
-    cfg = pathlib.Path(tmp) / "config.toml"
-    cfg.write_text(
-        f"""
-[server]
-listen = "127.0.0.1:0"
-[model]
-name = "{model}"
-tokenizer = "{tokenizer_dir}"
-{model_extra}
-[[backends]]
-url = "{backend_url}"
-kind = "vllm"
-[store]
-url = "sqlite://{tmp}/spans.db"
-{extra_config}
-"""
-    )
-    return _start(
-        [str(TARGET / "debug" / "tito"), "serve", "--config", str(cfg)],
-        r"tito listening addr=(\S+)",
-        env={"RUST_LOG": "info", "NO_COLOR": "1"},
-    )
-
-
 def chromium_path():
     """The system chromium (Debian's `chromium`, installed by
     scripts/setup-system.sh), or None."""

@@ -233,8 +233,9 @@ def test_list_shows_a_new_trajectory_within_two_seconds(env):
 
 def test_trainer_token_is_asked_for_and_api_is_401_until_given(env):
     _, browser, mock_addr = env
-    tito, addr = harness.start_tito_with(
-        TOKENIZER, f"http://{mock_addr}", f'[auth]\ntrainer_tokens = ["{TRAINER_TOKEN}"]'
+    tito, addr = harness.start_tito(
+        TOKENIZER, f"http://{mock_addr}",
+        extra_config=f'[auth]\ntrainer_tokens = ["{TRAINER_TOKEN}"]',
     )
     try:
         # The shell loads without a token; the data does not.
