@@ -50,6 +50,7 @@ pub const RETRY_CACHE_BYTES: &str = "tito_retry_cache_bytes";
 pub const ENGINE_PREFILL_TOKENS: &str = "tito_engine_prefill_tokens_total";
 pub const ENGINE_REUSED_TOKENS: &str = "tito_engine_reused_tokens_total";
 pub const ENGINE_PREEMPTIONS: &str = "tito_engine_preemptions_total";
+pub const ENGINE_COMPACTIONS: &str = "tito_engine_compactions_total";
 pub const ENGINE_RUNNING: &str = "tito_engine_running_sequences";
 pub const ENGINE_QUEUED: &str = "tito_engine_queued_requests";
 pub const SSE_SEND_TIMEOUTS: &str = "tito_sse_send_timeouts_total";
@@ -57,7 +58,7 @@ pub const SSE_SEND_TIMEOUTS: &str = "tito_sse_send_timeouts_total";
 /// `# HELP` text of every series, given to the recorder once.
 fn describe() {
     use Unit::{Count, Seconds};
-    let counters: [(&'static str, &'static str); 20] = [
+    let counters: [(&'static str, &'static str); 21] = [
         (
             REQUESTS,
             "HTTP requests answered, by matched route and status",
@@ -131,6 +132,10 @@ fn describe() {
         (
             ENGINE_PREEMPTIONS,
             "Sequences the bundled engine sent back to its queue because the KV cache was full",
+        ),
+        (
+            ENGINE_COMPACTIONS,
+            "Batch-invariant engine: cache clears that recomputed the running sequences to free parked cells",
         ),
     ];
     for (name, help) in counters {
@@ -345,6 +350,10 @@ pub fn engine_reused_tokens(engine: &str, n: usize) {
 
 pub fn engine_preemption(engine: &str) {
     counter!(ENGINE_PREEMPTIONS, "engine" => engine.to_string()).increment(1);
+}
+
+pub fn engine_compaction(engine: &str) {
+    counter!(ENGINE_COMPACTIONS, "engine" => engine.to_string()).increment(1);
 }
 
 /// A stream ended because its client stopped reading.

@@ -418,6 +418,7 @@ impl Worker {
             .stats
             .compactions
             .fetch_add(1, Ordering::Relaxed);
+        crate::metrics::engine_compaction(&self.settings.name);
     }
 
     /// Plans `(running index, tokens to feed)` for this step: every sequence
