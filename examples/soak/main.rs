@@ -336,7 +336,7 @@ async fn drive(o: DriveOpts) -> bool {
         println!("soak: cannot read /proc/{}/status", o.pid);
         return false;
     };
-    let hot_start = gauges(&client, &base).await;
+    let gauges_start = gauges(&client, &base).await;
     let load_start = loadavg();
     let shared = Arc::new(Shared {
         tally: Mutex::new(Tally::default()),
@@ -411,9 +411,9 @@ async fn drive(o: DriveOpts) -> bool {
     let elapsed = start.elapsed().as_secs_f64();
     let rss_end = rss_kib(o.pid);
     let load_end = loadavg();
-    let hot_end = gauges(&client, &base).await;
+    let gauges_end = gauges(&client, &base).await;
     let rss_max = rss.iter().map(|p| p.kib).max().unwrap_or(0);
-    let (warm_rss, warm_calls, hot_warm) = match warm {
+    let (warm_rss, warm_calls, gauges_warm) = match warm {
         Some((p, c, h)) => (Some(p), c, h),
         None => (None, 0, [None, None]),
     };
@@ -520,7 +520,16 @@ async fn drive(o: DriveOpts) -> bool {
         }
     };
     let opt_mib = |k: Option<u64>| k.map_or("-".into(), |k| format!("{:.1} MiB", mib(k)));
-    let opt_hot = |h: Option<f64>| h.map_or("-".into(), |h| format!("{:.1} MiB", h / 1048576.0));
+    let opt_mib_f = |h: Option<f64>| h.map_or("-".into(), |h| format!("{:.1} MiB", h / 1048576.0));
+    // One of [`gauges`]' series at the start, at warm-up and at the end.
+    let gauge_row = |i: usize| {
+        format!(
+            "{} / {} / {}",
+            opt_mib_f(gauges_start[i]),
+            opt_mib_f(gauges_warm[i]),
+            opt_mib_f(gauges_end[i])
+        )
+    };
     let lat = &tally.latencies_us;
     let rows: Vec<(&str, String)> = vec![
         ("agents x turns", format!("{} x {}", o.agents, o.turns)),
@@ -576,24 +585,8 @@ async fn drive(o: DriveOpts) -> bool {
             growth.map_or("-".into(), |g| format!("{g:+.1} %")),
         ),
         ("RSS after export", opt_mib(rss_after_export)),
-        (
-            "hot view start / warm-up / end",
-            format!(
-                "{} / {} / {}",
-                opt_hot(hot_start[0]),
-                opt_hot(hot_warm[0]),
-                opt_hot(hot_end[0])
-            ),
-        ),
-        (
-            "retry cache start / warm-up / end",
-            format!(
-                "{} / {} / {}",
-                opt_hot(hot_start[1]),
-                opt_hot(hot_warm[1]),
-                opt_hot(hot_end[1])
-            ),
-        ),
+        ("hot view start / warm-up / end", gauge_row(0)),
+        ("retry cache start / warm-up / end", gauge_row(1)),
         ("export", export_line),
         ("sampled tokens acknowledged", acked_tokens.to_string()),
         ("calls in export", exported_calls.to_string()),
