@@ -11,7 +11,7 @@
 
 mod engine_support;
 
-use engine_support::{collect, encode, greedy, request, start};
+use engine_support::{assert_bitwise_same, collect, encode, greedy, request, start};
 use futures::StreamExt;
 use tito::backend::{Backend, BackendError, GenEvent, Generation, SamplingParams};
 
@@ -30,18 +30,6 @@ fn greedy_lp(max_tokens: u32) -> SamplingParams {
     SamplingParams {
         logprobs: Some(2),
         ..greedy(max_tokens)
-    }
-}
-
-/// Asserts `got` is bitwise `alone`: ids, logprobs and alternatives.
-fn assert_identical(what: &str, got: &Generation, alone: &Generation) {
-    assert_eq!(got.ids, alone.ids, "{what}: sampled ids differ");
-    assert_eq!(got.logprobs.len(), alone.logprobs.len(), "{what}");
-    for (j, (g, a)) in got.logprobs.iter().zip(&alone.logprobs).enumerate() {
-        assert!(
-            g.logprob.map(f32::to_bits) == a.logprob.map(f32::to_bits) && g.top == a.top,
-            "{what}: step {j}: batched {g:?}, alone {a:?}"
-        );
     }
 }
 
@@ -103,7 +91,7 @@ async fn greedy_output_is_bitwise_the_same_alone_and_batched() {
     }
     let batched = staggered(&engine, &prompts, &|_| greedy_lp(16)).await;
     for (i, (got, want)) in batched.iter().zip(&alone).enumerate() {
-        assert_identical(&format!("sequence {i}"), got, want);
+        assert_bitwise_same(&format!("sequence {i}"), got, want);
     }
     assert_eq!(engine.queued(), 0);
 }
@@ -123,7 +111,7 @@ async fn identical_twins_in_one_batch_agree_with_each_other_and_alone() {
     }
     for (i, t) in twins.into_iter().enumerate() {
         let got = t.await.expect("task");
-        assert_identical(&format!("twin {i}"), &got, &alone);
+        assert_bitwise_same(&format!("twin {i}"), &got, &alone);
     }
 }
 
@@ -138,7 +126,7 @@ async fn seeded_sampling_is_bitwise_the_same_alone_and_batched() {
     }
     let batched = staggered(&engine, &prompts, &params).await;
     for (i, (got, want)) in batched.iter().zip(&alone).enumerate() {
-        assert_identical(&format!("sequence {i}"), got, want);
+        assert_bitwise_same(&format!("sequence {i}"), got, want);
     }
 }
 

@@ -8,7 +8,7 @@ mod engine_support;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use engine_support::{collect, config, encode};
+use engine_support::{assert_bitwise_same, collect, config, encode};
 use tito::backend::{Generation, SamplingParams};
 use tito::engine::EngineBackend;
 
@@ -51,16 +51,6 @@ async fn conversation(engine: &EngineBackend, seed: u64) -> Vec<(Vec<u32>, Gener
     out
 }
 
-fn assert_same(what: &str, a: &Generation, b: &Generation) {
-    assert_eq!(a.ids, b.ids, "{what}: sampled ids");
-    for (j, (x, y)) in a.logprobs.iter().zip(&b.logprobs).enumerate() {
-        assert!(
-            x.logprob.map(f32::to_bits) == y.logprob.map(f32::to_bits) && x.top == y.top,
-            "{what}: step {j}: {x:?} vs {y:?}"
-        );
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_three_turn_conversation_reuses_its_cells_and_answers_the_same() {
     let with = engine(2048, true);
@@ -69,7 +59,7 @@ async fn a_three_turn_conversation_reuses_its_cells_and_answers_the_same() {
     let b = conversation(&without, 7).await;
     for (t, ((pa, ga), (pb, gb))) in a.iter().zip(&b).enumerate() {
         assert_eq!(pa, pb, "turn {t}: prompts");
-        assert_same(&format!("turn {t}"), ga, gb);
+        assert_bitwise_same(&format!("turn {t}"), ga, gb);
     }
     let prompt_tokens: u64 = a.iter().map(|(p, _)| p.len() as u64).sum();
     let reused = with.stats().reused_tokens.load(Ordering::Relaxed);
@@ -111,8 +101,8 @@ async fn a_prefix_dropped_for_space_is_computed_again_exactly() {
         );
         runs.push((g0.clone(), second));
     }
-    assert_same("turn 0", &runs[0].0, &runs[1].0);
-    assert_same("turn 1, its prefix computed again", &runs[0].1, &runs[1].1);
+    assert_bitwise_same("turn 0", &runs[0].0, &runs[1].0);
+    assert_bitwise_same("turn 1, its prefix computed again", &runs[0].1, &runs[1].1);
     let compactions = with.stats().compactions.load(Ordering::Relaxed);
     assert!(
         compactions > 0,

@@ -77,3 +77,16 @@ pub fn encode(text: &str) -> Vec<u32> {
         .get_ids()
         .to_vec()
 }
+
+/// Asserts two generations are bitwise the same: ids, each logprob's bits
+/// and the alternatives.
+pub fn assert_bitwise_same(what: &str, got: &Generation, want: &Generation) {
+    assert_eq!(got.ids, want.ids, "{what}: sampled ids differ");
+    assert_eq!(got.logprobs.len(), want.logprobs.len(), "{what}");
+    for (j, (g, w)) in got.logprobs.iter().zip(&want.logprobs).enumerate() {
+        assert!(
+            g.logprob.map(f32::to_bits) == w.logprob.map(f32::to_bits) && g.top == w.top,
+            "{what}: step {j}: got {g:?}, want {w:?}"
+        );
+    }
+}
