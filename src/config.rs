@@ -331,7 +331,8 @@ impl Default for RouterConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
-    /// `sqlite://path`, or `memory://` (tests only: nothing is durable).
+    /// `sqlite://path`, `postgres://user:pass@host:port/db` (shared by
+    /// replicas), or `memory://` (tests only: nothing is durable).
     pub url: String,
     /// When a call is answered: after its commit, or once queued for it.
     pub ack: crate::store::Ack,
@@ -633,11 +634,22 @@ impl Config {
         if self.router.max_attempts == 0 {
             return Err(invalid("router.max_attempts", 0, "must be at least 1"));
         }
-        if !(self.store.url.starts_with("sqlite://") || self.store.url == "memory://") {
+        let postgres = self.store.url.starts_with("postgres://")
+            || self.store.url.starts_with("postgresql://");
+        if !(self.store.url.starts_with("sqlite://") || self.store.url == "memory://" || postgres)
+        {
             return Err(invalid(
                 "store.url",
                 &self.store.url,
-                "expected sqlite://PATH or memory://",
+                "expected sqlite://PATH, postgres://USER:PASS@HOST:PORT/DB or memory://",
+            ));
+        }
+        if postgres && self.store.ack == crate::store::Ack::Queued {
+            return Err(invalid(
+                "store.ack",
+                "queued",
+                "needs a sqlite:// store: replicas sharing a postgres store cannot tell which \
+                 trajectories a crashed replica left behind; use \"committed\"",
             ));
         }
         self.verify.validate(&self.backends)

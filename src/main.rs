@@ -384,7 +384,7 @@ struct ExportArgs {
 /// `tito export`: reads the store named by `[store] url` (also while a
 /// gateway runs on it: WAL readers do not block the writer) with a progress bar.
 fn run_export(a: ExportArgs) -> anyhow::Result<()> {
-    use anyhow::{anyhow, bail};
+    use anyhow::anyhow;
     use tito::export::{ExportOptions, Layout};
     use tito::store::TrajectoryFilter;
 
@@ -419,15 +419,7 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
         complete_groups: a.complete_groups,
         group_size: None,
     };
-    let url = &config.store.url;
-    if url == "memory://" {
-        bail!("store.url is memory://: nothing persisted to export");
-    }
-    let path = tito::store::sqlite::SqliteUrl::parse(url)?.path;
-    if !path.exists() {
-        bail!("no span store at {} (store.url = {url})", path.display());
-    }
-    let store = tito::store::open(url)?;
+    let store = open_persisted_store(&config.store.url, "export")?;
     let total = store.count(&filter)?;
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(indicatif::ProgressStyle::with_template(
@@ -448,6 +440,21 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
         stats.truncated_responses
     );
     Ok(())
+}
+
+/// The store an offline command reads: never `memory://`, and a SQLite
+/// file must exist (opening would create an empty one).
+fn open_persisted_store(url: &str, what: &str) -> anyhow::Result<tito::store::DynStore> {
+    if url == "memory://" {
+        anyhow::bail!("store.url is memory://: nothing persisted to {what}");
+    }
+    if url.starts_with("sqlite://") {
+        let path = tito::store::sqlite::SqliteUrl::parse(url)?.path;
+        if !path.exists() {
+            anyhow::bail!("no span store at {} (store.url = {url})", path.display());
+        }
+    }
+    Ok(tito::store::open(url)?)
 }
 
 struct VerifyArgs {
@@ -485,15 +492,7 @@ async fn run_verify(a: VerifyArgs) -> anyhow::Result<()> {
                 .ok_or_else(|| anyhow!("--since: expected unix milliseconds or RFC 3339"))?,
         ),
     };
-    let url = config.store.url.clone();
-    if url == "memory://" {
-        bail!("store.url is memory://: nothing persisted to verify");
-    }
-    let path = tito::store::sqlite::SqliteUrl::parse(&url)?.path;
-    if !path.exists() {
-        bail!("no span store at {} (store.url = {url})", path.display());
-    }
-    let store = tito::store::open(&url)?;
+    let store = open_persisted_store(&config.store.url, "verify")?;
     let cfg = config.clone();
     let backends = tokio::task::spawn_blocking(move || tito::api::build_backends(&cfg)).await??;
     let router = tito::router::Router::new(&config.router);

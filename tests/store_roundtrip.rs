@@ -1,4 +1,5 @@
-//! Span store behaviour, run against both implementations: roundtrip,
+//! Span store behaviour, run against every implementation (memory, SQLite,
+//! PostgreSQL): roundtrip,
 //! validation errors, rewards, finish, pagination, latest calls; plus the
 //! SQLite specifics (reopen, migrations, compact BLOBs, concurrent appends).
 
@@ -19,6 +20,10 @@ fn stores(dir: &tempfile::TempDir) -> Vec<(&'static str, DynStore)> {
         (
             "sqlite",
             tito::store::open(&url).expect("open sqlite store"),
+        ),
+        (
+            "postgres",
+            tito::store::open(&store_support::postgres_url()).expect("open postgres store"),
         ),
     ]
 }
@@ -402,11 +407,31 @@ async fn sqlite_concurrent_appends_all_land() {
 
 #[test]
 fn bad_urls_are_rejected() {
-    for url in ["postgres://x", "sqlite://", "sqlite://a.db?synchronous=off"] {
+    for url in [
+        "mysql://x",
+        "sqlite://",
+        "sqlite://a.db?synchronous=off",
+        "postgres://u@h:notaport/db",
+    ] {
         assert!(
             matches!(tito::store::open(url), Err(StoreError::BadUrl(_))),
             "{url}"
         );
+    }
+}
+
+#[test]
+fn an_unreachable_postgres_is_an_error_naming_it() {
+    // A port nothing listens on: bound, then released.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port();
+    let url = format!("postgres://tito@127.0.0.1:{port}/db");
+    match tito::store::open(&url) {
+        Err(StoreError::Postgres(e)) => assert!(e.contains("connect"), "{e}"),
+        Err(e) => panic!("expected a postgres error, got {e}"),
+        Ok(_) => panic!("opened a store on a closed port"),
     }
 }
 

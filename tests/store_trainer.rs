@@ -1,4 +1,5 @@
-//! What a trainer reads from the store, on both stores: consumer-group
+//! What a trainer reads from the store, on every store (memory, SQLite,
+//! PostgreSQL): consumer-group
 //! export pages (disjoint between workers of one consumer, served again
 //! after an unacknowledged lease, independent between consumers), groups and
 //! their completeness, task metadata, reward parts and replay checks.
@@ -19,6 +20,10 @@ fn stores(dir: &tempfile::TempDir) -> Vec<(&'static str, DynStore)> {
     vec![
         ("memory", Arc::new(MemoryStore::new()) as DynStore),
         ("sqlite", tito::store::open(&url).expect("open sqlite")),
+        (
+            "postgres",
+            tito::store::open(&store_support::postgres_url()).expect("open postgres"),
+        ),
     ]
 }
 

@@ -1,7 +1,8 @@
 //! The span store: durable record of every LLM call of every trajectory.
 //!
-//! Owns the [`SpanStore`] trait, its two implementations ([`MemoryStore`] for
-//! tests and `memory://`, [`SqliteStore`] for `sqlite://PATH`), the record
+//! Owns the [`SpanStore`] trait, its implementations ([`MemoryStore`] for
+//! tests and `memory://`, [`SqliteStore`] for `sqlite://PATH`, [`PgStore`]
+//! for `postgres://`, shared by gateway replicas), the record
 //! types, and sample reconstruction (`sample`). It must not know about HTTP,
 //! templates or tokenizers: it keeps ids and JSON, and rebuilds sequences.
 //!
@@ -21,7 +22,10 @@
 //! `append_call`, `set_reward` and `finish` return only after the transaction
 //! holding them has committed. See [`sqlite`] for why that survives `kill -9`.
 
+mod codec;
+mod group_commit;
 mod memory;
+pub mod postgres;
 mod sample;
 pub mod sqlite;
 mod types;
@@ -31,6 +35,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 pub use memory::MemoryStore;
+pub use postgres::PgStore;
 pub use sample::{
     build_sample, find_call, full_prompt_ids, path_to, request_of, sample_leaves, samples,
     segments, Sample, Segment, SegmentKind,
@@ -59,7 +64,7 @@ pub enum StoreError {
     CursorNotFound(String),
     #[error("invalid record: {0}")]
     Invalid(String),
-    #[error("bad store url `{0}`: expected sqlite://PATH or memory://")]
+    #[error("bad store url `{0}`: expected sqlite://PATH, postgres://USER:PASS@HOST:PORT/DB or memory://")]
     BadUrl(String),
     #[error("store schema: {0}")]
     Schema(String),
@@ -67,6 +72,8 @@ pub enum StoreError {
     Corrupt(String),
     #[error("sqlite: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("postgres: {0}")]
+    Postgres(String),
     #[error("store i/o: {0}")]
     Io(#[from] std::io::Error),
     #[error("commit failed: {0}")]
@@ -220,6 +227,9 @@ pub fn open_with(url: &str, ack: Ack) -> Result<DynStore, StoreError> {
     }
     if url.starts_with("sqlite://") {
         return Ok(Arc::new(SqliteStore::open_with(url, ack)?));
+    }
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        return Ok(Arc::new(PgStore::open_with(url, ack)?));
     }
     Err(StoreError::BadUrl(url.to_string()))
 }

@@ -82,3 +82,38 @@ pub fn without_logprobs(mut calls: Vec<CallRecord>) -> Vec<CallRecord> {
     }
     calls
 }
+
+/// A fresh, empty database on the throwaway PostgreSQL cluster that
+/// `scripts/test.sh` starts (`TITO_TEST_POSTGRES`, the cluster's base URL
+/// without a database); one per call, so tests never share rows.
+pub fn postgres_url() -> String {
+    let base = std::env::var("TITO_TEST_POSTGRES").unwrap_or_else(|_| {
+        panic!(
+            "TITO_TEST_POSTGRES is unset: run the tests with scripts/test.sh, or start a cluster \
+             with `export TITO_TEST_POSTGRES=$(scripts/postgres.sh start /tmp/tito-pg)`"
+        )
+    });
+    let name = format!("tito_{:016x}", rand::random::<u64>());
+    let admin = format!("{base}/postgres");
+    let sql = format!("CREATE DATABASE {name}");
+    // The driver needs a runtime of its own: the caller may be inside one.
+    let created = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| e.to_string())?;
+        rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+                .await
+                .map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            client.batch_execute(&sql).await.map_err(|e| e.to_string())
+        })
+    })
+    .join();
+    match created {
+        Ok(Ok(())) => format!("{base}/{name}"),
+        Ok(Err(e)) => panic!("cannot create a test database on {base}: {e}"),
+        Err(_) => panic!("database creation thread panicked"),
+    }
+}

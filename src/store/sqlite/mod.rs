@@ -31,20 +31,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
+use super::group_commit::{Writer, QUEUE};
 use super::types::{clamp_limit, parse_cursor};
 use super::{
-    validate_call, Ack, Acked, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore,
-    StoreError, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
+    Ack, Acked, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
+    Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
 };
-use writer::{Job, Op};
 
 pub(crate) use consumers::page_of;
 pub use schema::SCHEMA_VERSION;
 
-/// Jobs that may wait for the writer before `append_call` awaits capacity.
-const QUEUE: usize = 16 * 1024;
 /// Idle read connections kept for reuse.
 const MAX_IDLE_READERS: usize = 8;
 /// Trajectory metas fetched per scan round trip.
@@ -138,8 +136,7 @@ impl Readers {
 }
 
 pub struct SqliteStore {
-    ack: Ack,
-    jobs: Option<mpsc::Sender<Job>>,
+    jobs: Writer,
     writer: Option<JoinHandle<()>>,
     readers: Arc<Readers>,
 }
@@ -154,12 +151,14 @@ impl SqliteStore {
     /// [`SqliteStore::open`], acknowledging appends as `ack` says.
     pub fn open_with(url: &str, ack: Ack) -> Result<Self, StoreError> {
         let url = SqliteUrl::parse(url)?;
-        let mut store = Self::open_path(&url.path, url.synchronous)?;
-        store.ack = ack;
-        Ok(store)
+        Self::open_path_with(&url.path, url.synchronous, ack)
     }
 
     pub fn open_path(path: &Path, synchronous: Synchronous) -> Result<Self, StoreError> {
+        Self::open_path_with(path, synchronous, Ack::Committed)
+    }
+
+    fn open_path_with(path: &Path, synchronous: Synchronous, ack: Ack) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() {
                 std::fs::create_dir_all(dir)?;
@@ -185,29 +184,13 @@ impl SqliteStore {
             .name("tito-store-writer".into())
             .spawn(move || writer::run(conn, rx))?;
         Ok(SqliteStore {
-            ack: Ack::Committed,
-            jobs: Some(tx),
+            jobs: Writer::new(tx, ack),
             writer: Some(writer),
             readers: Arc::new(Readers {
                 path: path.to_path_buf(),
                 idle: Mutex::new(Vec::new()),
             }),
         })
-    }
-
-    async fn submit(&self, op: Op) -> writer::Outcome {
-        let done = self.queue(op).await?;
-        done.await.map_err(|_| StoreError::Closed)?
-    }
-
-    /// Queues a job for the writer; the receiver gets its outcome.
-    async fn queue(&self, op: Op) -> Result<oneshot::Receiver<writer::Outcome>, StoreError> {
-        let jobs = self.jobs.as_ref().ok_or(StoreError::Closed)?;
-        let (ack, done) = oneshot::channel();
-        jobs.send(Job { op, ack })
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        Ok(done)
     }
 
     async fn read<T: Send + 'static>(
@@ -224,47 +207,32 @@ impl SqliteStore {
 impl Drop for SqliteStore {
     /// Closes the queue and waits for the writer to commit what is queued.
     fn drop(&mut self) {
-        self.jobs.take();
+        self.jobs.close();
         if let Some(handle) = self.writer.take() {
             let _ = handle.join();
         }
     }
 }
 
-fn need_meta(outcome: writer::Done) -> Result<TrajectoryMeta, StoreError> {
-    match outcome {
-        writer::Done::Meta(m) => Ok(*m),
-        _ => Err(StoreError::Task("writer returned no trajectory".into())),
-    }
-}
-
 #[async_trait]
 impl SpanStore for SqliteStore {
     async fn append_call(&self, call: CallRecord) -> Result<(), StoreError> {
-        validate_call(&call)?;
-        let op = Op::Append(Box::new(call));
-        match self.ack {
-            Ack::Committed => self.submit(op).await.map(|_| ()),
-            // The writer logs a failure nobody waits for.
-            Ack::Queued => self.queue(op).await.map(|_| ()),
-        }
+        self.jobs.append(call).await
     }
 
     async fn writable(&self) -> Result<(), StoreError> {
-        self.submit(Op::Ping).await.map(|_| ())
+        self.jobs.ping().await
     }
 
     async fn set_weight_version(&self, version: &str) -> Result<(), StoreError> {
-        self.submit(Op::WeightVersion(version.to_string()))
-            .await
-            .map(|_| ())
+        self.jobs.weight_version(version).await
     }
 
     async fn weight_version(&self) -> Result<Option<String>, StoreError> {
         self.read(|c| {
             let v = c.query_row(
                 "SELECT value FROM gateway_state WHERE key = ?1",
-                [writer::WEIGHT_VERSION],
+                [super::group_commit::WEIGHT_VERSION],
                 |r| r.get::<_, String>(0),
             );
             match v {
@@ -277,13 +245,7 @@ impl SpanStore for SqliteStore {
     }
 
     async fn begin_run(&self, ack: Ack) -> Result<u64, StoreError> {
-        let op = Op::BeginRun {
-            queued: ack == Ack::Queued,
-        };
-        match self.submit(op).await? {
-            writer::Done::Marked(n) => Ok(n),
-            _ => Err(StoreError::Task("writer returned no run".into())),
-        }
+        self.jobs.begin_run(ack).await
     }
 
     async fn set_reward(
@@ -293,13 +255,7 @@ impl SpanStore for SqliteStore {
         reward: f64,
         extra: Option<serde_json::Value>,
     ) -> Result<TrajectoryMeta, StoreError> {
-        let op = Op::Reward {
-            trajectory: trajectory_id.to_string(),
-            call,
-            reward,
-            extra,
-        };
-        need_meta(self.submit(op).await?)
+        self.jobs.reward(trajectory_id, call, reward, extra).await
     }
 
     async fn set_metadata(
@@ -307,11 +263,7 @@ impl SpanStore for SqliteStore {
         trajectory_id: &str,
         update: &TrajectoryMetadata,
     ) -> Result<TrajectoryMeta, StoreError> {
-        let op = Op::Metadata {
-            trajectory: trajectory_id.to_string(),
-            update: update.clone(),
-        };
-        need_meta(self.submit(op).await?)
+        self.jobs.metadata(trajectory_id, update).await
     }
 
     async fn set_replays(
@@ -319,11 +271,7 @@ impl SpanStore for SqliteStore {
         trajectory_id: &str,
         replays: Vec<SampleReplay>,
     ) -> Result<(), StoreError> {
-        let op = Op::Replays {
-            trajectory: trajectory_id.to_string(),
-            replays,
-        };
-        self.submit(op).await.map(|_| ())
+        self.jobs.replays(trajectory_id, replays).await
     }
 
     async fn group(&self, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError> {
@@ -338,34 +286,15 @@ impl SpanStore for SqliteStore {
         limit: usize,
         lease_ms: i64,
     ) -> Result<Lease, StoreError> {
-        let op = Op::Lease {
-            consumer: consumer.to_string(),
-            filter: filter.clone(),
-            limit,
-            lease_ms,
-        };
-        match self.submit(op).await? {
-            writer::Done::Leased(l) => Ok(l),
-            _ => Err(StoreError::Task("writer returned no lease".into())),
-        }
+        self.jobs.lease(consumer, filter, limit, lease_ms).await
     }
 
     async fn ack(&self, consumer: &str, cursor: &str) -> Result<Acked, StoreError> {
-        let op = Op::Ack {
-            consumer: consumer.to_string(),
-            cursor: cursor.to_string(),
-        };
-        match self.submit(op).await? {
-            writer::Done::Acked(a) => Ok(a),
-            _ => Err(StoreError::Task("writer returned no ack".into())),
-        }
+        self.jobs.ack(consumer, cursor).await
     }
 
     async fn finish(&self, trajectory_id: &str) -> Result<TrajectoryMeta, StoreError> {
-        let op = Op::Finish {
-            trajectory: trajectory_id.to_string(),
-        };
-        need_meta(self.submit(op).await?)
+        self.jobs.finish(trajectory_id).await
     }
 
     async fn get_meta(&self, trajectory_id: &str) -> Result<Option<TrajectoryMeta>, StoreError> {

@@ -1,53 +1,26 @@
-//! Row <-> record mapping for the SQLite store: the little-endian BLOB codec
-//! for ids and logprobs, and the SELECTs every reader shares. No writes here.
+//! Row <-> record mapping for the SQLite store (ids and logprobs in the
+//! [`crate::store::codec`] layout) and the SELECTs every reader shares. No
+//! writes here.
 
 use rusqlite::types::Type;
 use rusqlite::{params, Connection, OptionalExtension, Row};
 
+use crate::store::codec::{ids_from_bytes, logprobs_from_bytes};
 use crate::store::{
     CallRecord, Drift, SampleReplay, StoreError, Trajectory, TrajectoryFilter, TrajectoryMeta,
     TrajectoryMetadata, TrajectoryStatus,
 };
 
-pub(crate) fn ids_to_blob(ids: &[u32]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(ids.len() * 4);
-    for id in ids {
-        out.extend_from_slice(&id.to_le_bytes());
-    }
-    out
-}
-
-/// Logprobs as little-endian f32 words; a missing logprob is written as a
-/// quiet NaN (no backend reports NaN as a logprob) and read back as `None`.
-pub(crate) fn logprobs_to_blob(xs: &[Option<f32>]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(xs.len() * 4);
-    for x in xs {
-        out.extend_from_slice(&x.unwrap_or(f32::NAN).to_le_bytes());
-    }
-    out
-}
-
-fn blob_words(blob: &[u8], col: usize) -> rusqlite::Result<impl Iterator<Item = [u8; 4]> + '_> {
-    if blob.len() % 4 != 0 {
-        return Err(rusqlite::Error::FromSqlConversionFailure(
-            col,
-            Type::Blob,
-            format!("blob of {} bytes is not a multiple of 4", blob.len()).into(),
-        ));
-    }
-    Ok(blob.chunks_exact(4).map(|c| [c[0], c[1], c[2], c[3]]))
+fn conversion(col: usize, e: String) -> rusqlite::Error {
+    rusqlite::Error::FromSqlConversionFailure(col, Type::Blob, e.into())
 }
 
 fn ids_col(row: &Row<'_>, col: usize) -> rusqlite::Result<Vec<u32>> {
-    let blob = row.get_ref(col)?.as_blob()?;
-    Ok(blob_words(blob, col)?.map(u32::from_le_bytes).collect())
+    ids_from_bytes(row.get_ref(col)?.as_blob()?).map_err(|e| conversion(col, e))
 }
 
 fn logprobs_col(row: &Row<'_>, col: usize) -> rusqlite::Result<Vec<Option<f32>>> {
-    let blob = row.get_ref(col)?.as_blob()?;
-    Ok(blob_words(blob, col)?
-        .map(|w| Some(f32::from_le_bytes(w)).filter(|x| !x.is_nan()))
-        .collect())
+    logprobs_from_bytes(row.get_ref(col)?.as_blob()?).map_err(|e| conversion(col, e))
 }
 
 fn json_col<T: serde::de::DeserializeOwned>(row: &Row<'_>, col: usize) -> rusqlite::Result<T> {

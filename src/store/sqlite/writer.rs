@@ -6,73 +6,16 @@
 //! at once (no timer, no added latency).
 
 use rusqlite::{params, Connection, ErrorCode};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use super::consumers;
-use super::rows::{ids_to_blob, json_text, logprobs_to_blob, meta_by_id, replays_of, status_code};
+use super::rows::{json_text, meta_by_id, replays_of, status_code};
+use crate::store::codec::{ids_to_bytes, logprobs_to_bytes};
+use crate::store::group_commit::{acknowledge, Done, Job, Op, Outcome, MAX_BATCH, WEIGHT_VERSION};
 use crate::store::{
-    now_ms, Acked, CallRecord, Lease, SampleReplay, StoreError, TrajectoryFilter, TrajectoryMeta,
-    TrajectoryMetadata, TrajectoryStatus,
+    now_ms, CallRecord, SampleReplay, StoreError, TrajectoryMeta, TrajectoryMetadata,
+    TrajectoryStatus,
 };
-
-/// Most jobs committed in one transaction.
-pub(crate) const MAX_BATCH: usize = 1024;
-
-pub(crate) enum Op {
-    Append(Box<CallRecord>),
-    Reward {
-        trajectory: String,
-        call: Option<u32>,
-        reward: f64,
-        extra: Option<serde_json::Value>,
-    },
-    Metadata {
-        trajectory: String,
-        update: TrajectoryMetadata,
-    },
-    Replays {
-        trajectory: String,
-        replays: Vec<SampleReplay>,
-    },
-    Lease {
-        consumer: String,
-        filter: TrajectoryFilter,
-        limit: usize,
-        lease_ms: i64,
-    },
-    Ack {
-        consumer: String,
-        cursor: String,
-    },
-    Finish {
-        trajectory: String,
-    },
-    /// A serving gateway starts: see [`crate::store::SpanStore::begin_run`].
-    BeginRun {
-        queued: bool,
-    },
-    /// Nothing to write: proves the writer commits (readiness).
-    Ping,
-    WeightVersion(String),
-}
-
-/// What a job returns.
-#[derive(Debug)]
-pub(crate) enum Done {
-    Appended,
-    Meta(Box<TrajectoryMeta>),
-    /// Trajectories marked incomplete when a run began.
-    Marked(u64),
-    Leased(Lease),
-    Acked(Acked),
-}
-
-pub(crate) type Outcome = Result<Done, StoreError>;
-
-pub(crate) struct Job {
-    pub op: Op,
-    pub ack: oneshot::Sender<Outcome>,
-}
 
 /// Runs until every sender is dropped and the queue is drained; a gateway
 /// run begun on this writer is then recorded as ended cleanly.
@@ -89,13 +32,7 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Job>) {
         }
         run_begun |= batch.iter().any(|j| matches!(j.op, Op::BeginRun { .. }));
         let outcomes = commit_batch(&mut conn, &batch);
-        for (job, outcome) in batch.drain(..).zip(outcomes) {
-            // Nobody waits for a queued append (or its request was cancelled):
-            // a failure can only be logged.
-            if let Err(Err(e)) = job.ack.send(outcome) {
-                tracing::error!(error = %e, "span store write failed with nobody waiting for it");
-            }
-        }
+        acknowledge(&mut batch, outcomes);
     }
     if run_begun {
         if let Err(e) = conn.execute("UPDATE gateway_run SET clean = 1 WHERE id = 1", []) {
@@ -201,9 +138,6 @@ fn apply(conn: &Connection, op: &Op, now: i64) -> Outcome {
     }
 }
 
-/// The `gateway_state` key of the fleet's weight version.
-pub(crate) const WEIGHT_VERSION: &str = "weight_version";
-
 fn set_state(conn: &Connection, key: &str, value: &str, now: i64) -> Result<(), StoreError> {
     conn.execute(
         "INSERT INTO gateway_state (key, value, updated_at) VALUES (?1, ?2, ?3) \
@@ -294,9 +228,9 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             call.backend,
             call.started_at,
             call.finished_at,
-            ids_to_blob(&call.prompt_delta_ids),
-            ids_to_blob(&call.sampled_ids),
-            logprobs_to_blob(&call.logprobs),
+            ids_to_bytes(&call.prompt_delta_ids),
+            ids_to_bytes(&call.sampled_ids),
+            logprobs_to_bytes(&call.logprobs),
             call.finish_reason,
             call.request.to_string(),
             call.response.to_string(),
@@ -452,6 +386,7 @@ fn missing_parent(call: &CallRecord) -> StoreError {
 mod tests {
     use super::*;
     use serde_json::json;
+    use tokio::sync::oneshot;
 
     fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
         CallRecord {

@@ -1,0 +1,236 @@
+//! What the durable stores share: writes are jobs queued to one writer, which
+//! commits whatever is queued as one transaction and only then acknowledges
+//! each job (group commit). [`Writer`] is the request side of that queue:
+//! typed methods that queue a job and await its outcome. Each store runs its
+//! own writer loop (a thread for SQLite, a task for PostgreSQL).
+
+use tokio::sync::{mpsc, oneshot};
+
+use crate::store::{
+    Ack, Acked, CallRecord, Lease, SampleReplay, StoreError, TrajectoryFilter, TrajectoryMeta,
+    TrajectoryMetadata,
+};
+
+/// Most jobs committed in one transaction.
+pub(crate) const MAX_BATCH: usize = 1024;
+/// Jobs that may wait for the writer before `append_call` awaits capacity.
+pub(crate) const QUEUE: usize = 16 * 1024;
+
+pub(crate) enum Op {
+    Append(Box<CallRecord>),
+    Reward {
+        trajectory: String,
+        call: Option<u32>,
+        reward: f64,
+        extra: Option<serde_json::Value>,
+    },
+    Metadata {
+        trajectory: String,
+        update: TrajectoryMetadata,
+    },
+    Replays {
+        trajectory: String,
+        replays: Vec<SampleReplay>,
+    },
+    Lease {
+        consumer: String,
+        filter: TrajectoryFilter,
+        limit: usize,
+        lease_ms: i64,
+    },
+    Ack {
+        consumer: String,
+        cursor: String,
+    },
+    Finish {
+        trajectory: String,
+    },
+    /// A serving gateway starts: see [`crate::store::SpanStore::begin_run`].
+    BeginRun {
+        queued: bool,
+    },
+    /// Nothing to write: proves the writer commits (readiness).
+    Ping,
+    WeightVersion(String),
+}
+
+/// What a job returns.
+#[derive(Debug)]
+pub(crate) enum Done {
+    Appended,
+    Meta(Box<TrajectoryMeta>),
+    /// Trajectories marked incomplete when a run began.
+    Marked(u64),
+    Leased(Lease),
+    Acked(Acked),
+}
+
+pub(crate) type Outcome = Result<Done, StoreError>;
+
+pub(crate) struct Job {
+    pub op: Op,
+    pub ack: oneshot::Sender<Outcome>,
+}
+
+/// The `gateway_state` key of the fleet's weight version.
+pub(crate) const WEIGHT_VERSION: &str = "weight_version";
+
+/// Sends each job of a committed (or failed) batch its outcome. Nobody waits
+/// for a queued append (or its request was cancelled): a failure can then
+/// only be logged.
+pub(crate) fn acknowledge(batch: &mut Vec<Job>, outcomes: Vec<Outcome>) {
+    for (job, outcome) in batch.drain(..).zip(outcomes) {
+        if let Err(Err(e)) = job.ack.send(outcome) {
+            tracing::error!(error = %e, "span store write failed with nobody waiting for it");
+        }
+    }
+}
+
+/// The request side of a store's writer queue.
+pub(crate) struct Writer {
+    ack: Ack,
+    jobs: Option<mpsc::Sender<Job>>,
+}
+
+impl Writer {
+    pub(crate) fn new(jobs: mpsc::Sender<Job>, ack: Ack) -> Self {
+        Writer {
+            ack,
+            jobs: Some(jobs),
+        }
+    }
+
+    /// Closes the queue: the writer commits what is queued, then ends.
+    pub(crate) fn close(&mut self) {
+        self.jobs.take();
+    }
+
+    async fn submit(&self, op: Op) -> Outcome {
+        let done = self.queue(op).await?;
+        done.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Queues a job for the writer; the receiver gets its outcome.
+    async fn queue(&self, op: Op) -> Result<oneshot::Receiver<Outcome>, StoreError> {
+        let jobs = self.jobs.as_ref().ok_or(StoreError::Closed)?;
+        let (ack, done) = oneshot::channel();
+        jobs.send(Job { op, ack })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        Ok(done)
+    }
+
+    pub(crate) async fn append(&self, call: CallRecord) -> Result<(), StoreError> {
+        crate::store::validate_call(&call)?;
+        let op = Op::Append(Box::new(call));
+        match self.ack {
+            Ack::Committed => self.submit(op).await.map(|_| ()),
+            // The writer logs a failure nobody waits for.
+            Ack::Queued => self.queue(op).await.map(|_| ()),
+        }
+    }
+
+    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
+        self.submit(Op::Ping).await.map(|_| ())
+    }
+
+    pub(crate) async fn weight_version(&self, version: &str) -> Result<(), StoreError> {
+        self.submit(Op::WeightVersion(version.to_string()))
+            .await
+            .map(|_| ())
+    }
+
+    pub(crate) async fn begin_run(&self, ack: Ack) -> Result<u64, StoreError> {
+        let op = Op::BeginRun {
+            queued: ack == Ack::Queued,
+        };
+        match self.submit(op).await? {
+            Done::Marked(n) => Ok(n),
+            _ => Err(StoreError::Task("writer returned no run".into())),
+        }
+    }
+
+    pub(crate) async fn reward(
+        &self,
+        trajectory: &str,
+        call: Option<u32>,
+        reward: f64,
+        extra: Option<serde_json::Value>,
+    ) -> Result<TrajectoryMeta, StoreError> {
+        let op = Op::Reward {
+            trajectory: trajectory.to_string(),
+            call,
+            reward,
+            extra,
+        };
+        need_meta(self.submit(op).await?)
+    }
+
+    pub(crate) async fn metadata(
+        &self,
+        trajectory: &str,
+        update: &TrajectoryMetadata,
+    ) -> Result<TrajectoryMeta, StoreError> {
+        let op = Op::Metadata {
+            trajectory: trajectory.to_string(),
+            update: update.clone(),
+        };
+        need_meta(self.submit(op).await?)
+    }
+
+    pub(crate) async fn replays(
+        &self,
+        trajectory: &str,
+        replays: Vec<SampleReplay>,
+    ) -> Result<(), StoreError> {
+        let op = Op::Replays {
+            trajectory: trajectory.to_string(),
+            replays,
+        };
+        self.submit(op).await.map(|_| ())
+    }
+
+    pub(crate) async fn lease(
+        &self,
+        consumer: &str,
+        filter: &TrajectoryFilter,
+        limit: usize,
+        lease_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let op = Op::Lease {
+            consumer: consumer.to_string(),
+            filter: filter.clone(),
+            limit,
+            lease_ms,
+        };
+        match self.submit(op).await? {
+            Done::Leased(l) => Ok(l),
+            _ => Err(StoreError::Task("writer returned no lease".into())),
+        }
+    }
+
+    pub(crate) async fn ack(&self, consumer: &str, cursor: &str) -> Result<Acked, StoreError> {
+        let op = Op::Ack {
+            consumer: consumer.to_string(),
+            cursor: cursor.to_string(),
+        };
+        match self.submit(op).await? {
+            Done::Acked(a) => Ok(a),
+            _ => Err(StoreError::Task("writer returned no ack".into())),
+        }
+    }
+
+    pub(crate) async fn finish(&self, trajectory: &str) -> Result<TrajectoryMeta, StoreError> {
+        let op = Op::Finish {
+            trajectory: trajectory.to_string(),
+        };
+        need_meta(self.submit(op).await?)
+    }
+}
+
+fn need_meta(outcome: Done) -> Result<TrajectoryMeta, StoreError> {
+    match outcome {
+        Done::Meta(m) => Ok(*m),
+        _ => Err(StoreError::Task("writer returned no trajectory".into())),
+    }
+}

@@ -1,0 +1,417 @@
+//! The PostgreSQL [`SpanStore`] (`postgres://user:pass@host:port/db`): one
+//! database shared by any number of gateway replicas.
+//!
+//! Each store owns a small private tokio runtime that drives its
+//! connections and its writer task, so the store works the same from the
+//! gateway's runtime, from `spawn_blocking`, and from the plain threads of
+//! `tito export` (the blocking [`SpanStore::scan`] and
+//! [`SpanStore::count`] wait on the driver with `futures`' `block_on`).
+//! Writes go through one writer task per process doing group commit
+//! ([`writer`]); reads use a small pool of connections.
+//!
+//! # Durability
+//!
+//! An append is acknowledged after `COMMIT` returned. With PostgreSQL's
+//! default `synchronous_commit = on`, the commit record is flushed to the
+//! server's WAL before that, so an acknowledged call survives a crash of the
+//! gateway, of the server, and of the machine. Connections are plain TCP or
+//! Unix sockets without TLS: keep the database on loopback or a private
+//! network.
+
+mod consumers;
+mod rows;
+pub mod schema;
+mod writer;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use tokio::sync::mpsc;
+use tokio_postgres::{NoTls, Statement};
+
+use super::group_commit::{Writer, QUEUE};
+use super::types::{clamp_limit, parse_cursor};
+use super::{
+    Ack, Acked, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
+    Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
+};
+use rows::Key;
+
+pub use schema::SCHEMA_VERSION;
+
+/// Idle read connections kept for reuse.
+const MAX_IDLE_READERS: usize = 8;
+/// Trajectory metas fetched per scan round trip.
+const SCAN_PAGE: usize = 256;
+
+impl From<tokio_postgres::Error> for StoreError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        StoreError::Postgres(e.to_string())
+    }
+}
+
+/// One connection and its prepared statements.
+pub(crate) struct Conn {
+    client: tokio_postgres::Client,
+    stmts: HashMap<String, Statement>,
+}
+
+impl Conn {
+    /// Connects on the current runtime and drives the connection there.
+    async fn connect(url: &str) -> Result<Conn, StoreError> {
+        let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+        tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::warn!(error = %e, "span store: postgres connection ended");
+            }
+        });
+        Ok(Conn {
+            client,
+            stmts: HashMap::new(),
+        })
+    }
+
+    /// The prepared statement of `sql`, prepared once per connection.
+    async fn prep(&mut self, sql: &str) -> Result<Statement, StoreError> {
+        if let Some(s) = self.stmts.get(sql) {
+            return Ok(s.clone());
+        }
+        let s = self.client.prepare(sql).await?;
+        self.stmts.insert(sql.to_string(), s.clone());
+        Ok(s)
+    }
+}
+
+/// Read connections, opened on the store's runtime when the pool is empty.
+struct Readers {
+    url: String,
+    rt: tokio::runtime::Handle,
+    idle: Mutex<Vec<Conn>>,
+}
+
+impl Readers {
+    async fn take(&self) -> Result<Conn, StoreError> {
+        let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
+        match pooled {
+            Some(c) if !c.client.is_closed() => Ok(c),
+            _ => {
+                let url = self.url.clone();
+                self.rt
+                    .spawn(async move { Conn::connect(&url).await })
+                    .await
+                    .map_err(|e| StoreError::Task(e.to_string()))?
+            }
+        }
+    }
+
+    fn give(&self, conn: Conn) {
+        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
+        if idle.len() < MAX_IDLE_READERS {
+            idle.push(conn);
+        }
+    }
+
+    /// A pooled connection, given back by [`Pooled::done`].
+    async fn get(&self) -> Result<Pooled<'_>, StoreError> {
+        Ok(Pooled {
+            conn: self.take().await?,
+            readers: self,
+        })
+    }
+}
+
+struct Pooled<'a> {
+    conn: Conn,
+    readers: &'a Readers,
+}
+
+impl Pooled<'_> {
+    /// Gives the connection back when its work succeeded; one whose work
+    /// failed is closed (it may be mid-transaction).
+    fn done<T>(self, out: Result<T, StoreError>) -> Result<T, StoreError> {
+        if out.is_ok() {
+            self.readers.give(self.conn);
+        }
+        out
+    }
+}
+
+pub struct PgStore {
+    jobs: Writer,
+    writer: Option<tokio::task::JoinHandle<()>>,
+    readers: Arc<Readers>,
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl PgStore {
+    /// Connects, migrates the schema and starts the writer task.
+    pub fn open(url: &str) -> Result<Self, StoreError> {
+        Self::open_with(url, Ack::Committed)
+    }
+
+    /// [`PgStore::open`] with an acknowledgement mode; only
+    /// [`Ack::Committed`] is accepted (see [`writer`]).
+    pub fn open_with(url: &str, ack: Ack) -> Result<Self, StoreError> {
+        if ack == Ack::Queued {
+            return Err(StoreError::Invalid(
+                "store.ack = \"queued\" needs a sqlite:// store: replicas sharing a postgres \
+                 store cannot tell which trajectories a crashed replica left behind"
+                    .into(),
+            ));
+        }
+        url.parse::<tokio_postgres::Config>()
+            .map_err(|_| StoreError::BadUrl(url.to_string()))?;
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("tito-postgres")
+            .enable_all()
+            .build()?;
+        let owned = url.to_string();
+        let conn = futures::executor::block_on(rt.spawn(async move {
+            let conn = Conn::connect(&owned).await?;
+            schema::migrate(&conn).await?;
+            Ok::<_, StoreError>(conn)
+        }))
+        .map_err(|e| StoreError::Task(e.to_string()))??;
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let writer = rt.spawn(writer::run(url.to_string(), conn, rx));
+        Ok(PgStore {
+            jobs: Writer::new(tx, ack),
+            writer: Some(writer),
+            readers: Arc::new(Readers {
+                url: url.to_string(),
+                rt: rt.handle().clone(),
+                idle: Mutex::new(Vec::new()),
+            }),
+            rt: Some(rt),
+        })
+    }
+}
+
+impl Drop for PgStore {
+    /// Closes the queue and waits for the writer to commit what is queued.
+    fn drop(&mut self) {
+        self.jobs.close();
+        if let Some(handle) = self.writer.take() {
+            let _ = futures::executor::block_on(handle);
+        }
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+#[async_trait]
+impl SpanStore for PgStore {
+    async fn append_call(&self, call: CallRecord) -> Result<(), StoreError> {
+        self.jobs.append(call).await
+    }
+
+    async fn writable(&self) -> Result<(), StoreError> {
+        self.jobs.ping().await
+    }
+
+    async fn set_weight_version(&self, version: &str) -> Result<(), StoreError> {
+        self.jobs.weight_version(version).await
+    }
+
+    async fn weight_version(&self) -> Result<Option<String>, StoreError> {
+        let mut c = self.readers.get().await?;
+        let out = rows::state(&mut c.conn, super::group_commit::WEIGHT_VERSION).await;
+        c.done(out)
+    }
+
+    async fn begin_run(&self, ack: Ack) -> Result<u64, StoreError> {
+        self.jobs.begin_run(ack).await
+    }
+
+    async fn set_reward(
+        &self,
+        trajectory_id: &str,
+        call: Option<u32>,
+        reward: f64,
+        extra: Option<serde_json::Value>,
+    ) -> Result<TrajectoryMeta, StoreError> {
+        self.jobs.reward(trajectory_id, call, reward, extra).await
+    }
+
+    async fn set_metadata(
+        &self,
+        trajectory_id: &str,
+        update: &TrajectoryMetadata,
+    ) -> Result<TrajectoryMeta, StoreError> {
+        self.jobs.metadata(trajectory_id, update).await
+    }
+
+    async fn set_replays(
+        &self,
+        trajectory_id: &str,
+        replays: Vec<SampleReplay>,
+    ) -> Result<(), StoreError> {
+        self.jobs.replays(trajectory_id, replays).await
+    }
+
+    async fn group(&self, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError> {
+        let mut c = self.readers.get().await?;
+        let out = rows::group(&mut c.conn, group).await;
+        c.done(out)
+    }
+
+    async fn lease(
+        &self,
+        consumer: &str,
+        filter: &TrajectoryFilter,
+        limit: usize,
+        lease_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        self.jobs.lease(consumer, filter, limit, lease_ms).await
+    }
+
+    async fn ack(&self, consumer: &str, cursor: &str) -> Result<Acked, StoreError> {
+        self.jobs.ack(consumer, cursor).await
+    }
+
+    async fn finish(&self, trajectory_id: &str) -> Result<TrajectoryMeta, StoreError> {
+        self.jobs.finish(trajectory_id).await
+    }
+
+    async fn get_meta(&self, trajectory_id: &str) -> Result<Option<TrajectoryMeta>, StoreError> {
+        let mut c = self.readers.get().await?;
+        let out = rows::meta_by_id(&mut c.conn, trajectory_id).await;
+        c.done(out).map(|found| found.map(|(_, m)| m))
+    }
+
+    async fn get_trajectory(&self, trajectory_id: &str) -> Result<Option<Trajectory>, StoreError> {
+        let mut c = self.readers.get().await?;
+        let out = rows::load(&mut c.conn, Key::Id(trajectory_id)).await;
+        c.done(out)
+    }
+
+    async fn latest_calls(
+        &self,
+        trajectory_id: &str,
+        n: usize,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        let mut c = self.readers.get().await?;
+        let out = match rows::meta_by_id(&mut c.conn, trajectory_id).await {
+            Ok(Some((seq, _))) => rows::calls_of(&mut c.conn, seq, trajectory_id, Some(n)).await,
+            Ok(None) => Err(StoreError::NotFound(trajectory_id.to_string())),
+            Err(e) => Err(e),
+        };
+        c.done(out)
+    }
+
+    async fn list_trajectories(&self, query: &ListQuery) -> Result<Page, StoreError> {
+        let after = i64::try_from(parse_cursor(query.cursor.as_deref())?)
+            .map_err(|_| StoreError::Invalid("bad cursor".into()))?;
+        let limit = clamp_limit(query.limit);
+        let mut c = self.readers.get().await?;
+        // One extra row tells whether another page exists.
+        let out = rows::page(&mut c.conn, &query.filter, after, limit + 1).await;
+        let mut rows = c.done(out)?;
+        let more = rows.len() > limit;
+        rows.truncate(limit);
+        let next_cursor = if more {
+            rows.last().map(|(seq, _)| seq.to_string())
+        } else {
+            None
+        };
+        Ok(Page {
+            items: rows.into_iter().map(|(_, m)| m).collect(),
+            next_cursor,
+        })
+    }
+
+    fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError> {
+        futures::executor::block_on(async {
+            let mut c = self.readers.get().await?;
+            let out = rows::count(&mut c.conn, filter).await;
+            c.done(out)
+        })
+    }
+
+    fn scan(&self, filter: &TrajectoryFilter) -> Result<TrajectoryIter, StoreError> {
+        let conn = futures::executor::block_on(self.readers.take())?;
+        Ok(Box::new(Scan {
+            conn,
+            filter: filter.clone(),
+            after: 0,
+            pending: std::collections::VecDeque::new(),
+            done: false,
+        }))
+    }
+
+    fn scan_ids(&self, ids: Vec<String>) -> Result<TrajectoryIter, StoreError> {
+        Ok(Box::new(ScanIds {
+            conn: futures::executor::block_on(self.readers.take())?,
+            ids: ids.into_iter(),
+        }))
+    }
+}
+
+/// Named trajectories, one snapshot each, on one connection.
+struct ScanIds {
+    conn: Conn,
+    ids: std::vec::IntoIter<String>,
+}
+
+impl Iterator for ScanIds {
+    type Item = Result<Trajectory, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let id = self.ids.next()?;
+            match futures::executor::block_on(rows::load(&mut self.conn, Key::Id(&id))) {
+                Ok(Some(t)) => return Some(Ok(t)),
+                Ok(None) => continue,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+    }
+}
+
+/// Keyset-paginated scan owning its read connection.
+struct Scan {
+    conn: Conn,
+    filter: TrajectoryFilter,
+    after: i64,
+    pending: std::collections::VecDeque<i64>,
+    done: bool,
+}
+
+impl Iterator for Scan {
+    type Item = Result<Trajectory, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            if self.done {
+                return None;
+            }
+            if self.pending.is_empty() {
+                let page = rows::page(&mut self.conn, &self.filter, self.after, SCAN_PAGE);
+                match futures::executor::block_on(page) {
+                    Ok(page) if page.is_empty() => {
+                        self.done = true;
+                        return None;
+                    }
+                    Ok(page) => self.pending.extend(page.into_iter().map(|(seq, _)| seq)),
+                    Err(e) => {
+                        self.done = true;
+                        return Some(Err(e));
+                    }
+                }
+            }
+            let seq = self.pending.pop_front()?;
+            self.after = seq;
+            match futures::executor::block_on(rows::load(&mut self.conn, Key::Seq(seq))) {
+                Ok(Some(t)) => return Some(Ok(t)),
+                Ok(None) => continue,
+                Err(e) => {
+                    self.done = true;
+                    return Some(Err(e));
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! PostgreSQL schema and its migrations. The version lives in the one-row
+//! table `tito_schema`; each migration runs in its own transaction together
+//! with the version bump, under an advisory lock, so replicas starting at
+//! once migrate one after the other and a crash leaves the database at an old
+//! or the new version, never in between. Only append to [`MIGRATIONS`].
+//!
+//! The layout follows the SQLite schema at its version 8 (see
+//! `store::sqlite::schema`): every integer is `BIGINT`, token ids and
+//! logprobs are `BYTEA` in the [`crate::store::codec`] layout, and JSON is
+//! `TEXT`, not `JSONB`, so a stored request keeps its key order byte for
+//! byte.
+
+use crate::store::StoreError;
+
+use super::Conn;
+
+/// Migration `i` (0-based) takes the schema from version `i` to `i + 1`.
+const MIGRATIONS: &[&str] = &[r#"
+    CREATE TABLE trajectories (
+        seq BIGSERIAL PRIMARY KEY,
+        id TEXT NOT NULL UNIQUE,
+        status BIGINT NOT NULL,
+        created_at BIGINT NOT NULL,
+        updated_at BIGINT NOT NULL,
+        reward DOUBLE PRECISION,
+        num_calls BIGINT NOT NULL DEFAULT 0,
+        next_call_index BIGINT NOT NULL DEFAULT 0,
+        next_sample_index BIGINT NOT NULL DEFAULT 0,
+        incomplete BOOLEAN NOT NULL DEFAULT FALSE,
+        group_id TEXT,
+        data_source TEXT,
+        data_index BIGINT,
+        extra_info TEXT,
+        reward_extra TEXT,
+        replays TEXT,
+        num_tokens BIGINT NOT NULL DEFAULT 0,
+        drift_count BIGINT NOT NULL DEFAULT 0
+    );
+    CREATE INDEX trajectories_status_updated ON trajectories(status, updated_at);
+    CREATE INDEX trajectories_group ON trajectories(group_id);
+    CREATE TABLE calls (
+        traj BIGINT NOT NULL REFERENCES trajectories(seq),
+        call_index BIGINT NOT NULL,
+        sample_index BIGINT NOT NULL,
+        parent_call BIGINT,
+        backend TEXT NOT NULL,
+        started_at BIGINT NOT NULL,
+        finished_at BIGINT NOT NULL,
+        prompt_delta_ids BYTEA NOT NULL,
+        sampled_ids BYTEA NOT NULL,
+        logprobs BYTEA NOT NULL,
+        finish_reason TEXT NOT NULL,
+        request TEXT NOT NULL,
+        response TEXT NOT NULL,
+        drift TEXT,
+        parse_outcome TEXT,
+        moved_from TEXT,
+        weight_version TEXT,
+        tokenizer_sha256 TEXT NOT NULL,
+        template_sha256 TEXT NOT NULL,
+        reward DOUBLE PRECISION,
+        truncated BOOLEAN NOT NULL,
+        normalized TEXT,
+        request_of BIGINT,
+        PRIMARY KEY (traj, call_index)
+    );
+    CREATE TABLE export_leases (
+        consumer TEXT NOT NULL,
+        traj BIGINT NOT NULL REFERENCES trajectories(seq),
+        cursor TEXT NOT NULL,
+        expires_at BIGINT NOT NULL,
+        PRIMARY KEY (consumer, traj)
+    );
+    CREATE INDEX export_leases_cursor ON export_leases(consumer, cursor);
+    CREATE TABLE export_acks (
+        consumer TEXT NOT NULL,
+        traj BIGINT NOT NULL REFERENCES trajectories(seq),
+        cursor TEXT NOT NULL,
+        acked_at BIGINT NOT NULL,
+        PRIMARY KEY (consumer, traj)
+    );
+    CREATE INDEX export_acks_cursor ON export_acks(consumer, cursor);
+    CREATE TABLE gateway_state (
+        key TEXT PRIMARY KEY,
+        value TEXT NOT NULL,
+        updated_at BIGINT NOT NULL
+    );
+    "#];
+
+/// The schema version this build writes.
+pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
+
+/// Any constant both sides agree on: the advisory lock migrations take.
+const MIGRATION_LOCK: i64 = 0x7469_746f_5f73_6368; // "tito_sch"
+
+/// Brings the database to [`SCHEMA_VERSION`]; refuses a newer one.
+pub(crate) async fn migrate(conn: &Conn) -> Result<u32, StoreError> {
+    let c = &conn.client;
+    c.batch_execute("CREATE TABLE IF NOT EXISTS tito_schema (version BIGINT NOT NULL)")
+        .await?;
+    loop {
+        c.batch_execute("BEGIN").await?;
+        let step = migrate_step(conn).await;
+        match step {
+            Ok(Some(_)) => c.batch_execute("COMMIT").await?,
+            Ok(None) => {
+                c.batch_execute("COMMIT").await?;
+                return Ok(SCHEMA_VERSION);
+            }
+            Err(e) => {
+                let _ = c.batch_execute("ROLLBACK").await;
+                return Err(e);
+            }
+        }
+    }
+}
+
+/// In an open transaction: applies the next migration, if any, and returns
+/// the version it reached.
+async fn migrate_step(conn: &Conn) -> Result<Option<u32>, StoreError> {
+    let c = &conn.client;
+    c.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    let current: i64 = match c.query_opt("SELECT version FROM tito_schema", &[]).await? {
+        Some(row) => row.try_get(0)?,
+        None => {
+            c.execute("INSERT INTO tito_schema (version) VALUES (0)", &[])
+                .await?;
+            0
+        }
+    };
+    if current > i64::from(SCHEMA_VERSION) {
+        return Err(StoreError::Schema(format!(
+            "database is at schema version {current}, this tito knows up to {SCHEMA_VERSION}; \
+             upgrade tito"
+        )));
+    }
+    let Some(sql) = usize::try_from(current)
+        .ok()
+        .and_then(|v| MIGRATIONS.get(v))
+    else {
+        return Ok(None);
+    };
+    c.batch_execute(sql).await?;
+    c.execute("UPDATE tito_schema SET version = $1", &[&(current + 1)])
+        .await?;
+    Ok(Some((current + 1) as u32))
+}

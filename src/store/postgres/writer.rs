@@ -1,0 +1,533 @@
+//! The writer task of a PostgreSQL store, doing group commit as the SQLite
+//! writer does: it waits for a job, drains whatever else is queued (up to
+//! [`MAX_BATCH`]), applies the batch in one transaction and commits once
+//! before acknowledging any job. Appends are pipelined: every statement of
+//! a run of appends is sent before the first answer is read, so a batch
+//! costs about one round trip plus its commit, not two per call.
+//!
+//! Several replicas may write one database. The trajectory row is created
+//! with `ON CONFLICT DO NOTHING`, a call slot is the primary key
+//! `(traj, call_index)`, so two writers can never both store one slot: the
+//! second gets [`StoreError::Duplicate`].
+
+use tokio::sync::mpsc;
+use tokio_postgres::error::SqlState;
+use tokio_postgres::types::ToSql;
+
+use super::rows::{meta_by_id, replays_of, status_code};
+use super::{consumers, Conn};
+use crate::store::codec::{ids_to_bytes, logprobs_to_bytes};
+use crate::store::group_commit::{acknowledge, Done, Job, Op, Outcome, MAX_BATCH, WEIGHT_VERSION};
+use crate::store::{
+    now_ms, CallRecord, SampleReplay, StoreError, TrajectoryMeta, TrajectoryMetadata,
+    TrajectoryStatus,
+};
+
+/// Runs until every sender is dropped and the queue is drained. A lost
+/// connection fails the batch in flight and is opened again for the next.
+pub(crate) async fn run(url: String, conn: Conn, mut rx: mpsc::Receiver<Job>) {
+    let mut conn = Some(conn);
+    let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
+    while let Some(first) = rx.recv().await {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        if conn.as_ref().is_none_or(|c| c.client.is_closed()) {
+            conn = match Conn::connect(&url).await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::error!(error = %e, "span store: cannot reconnect to postgres");
+                    None
+                }
+            };
+        }
+        let outcomes = match conn.as_mut() {
+            Some(c) => commit_batch(c, &batch).await,
+            None => batch.iter().map(|_| Err(StoreError::Closed)).collect(),
+        };
+        acknowledge(&mut batch, outcomes);
+    }
+}
+
+/// The whole batch in one transaction; a job that fails sends the batch
+/// down [`commit_each`], which isolates it with savepoints.
+pub(crate) async fn commit_batch(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
+    match commit_all(conn, batch).await {
+        Some(outcomes) => outcomes,
+        None => commit_each(conn, batch).await,
+    }
+}
+
+async fn commit_all(conn: &mut Conn, batch: &[Job]) -> Option<Vec<Outcome>> {
+    conn.client.batch_execute("BEGIN").await.ok()?;
+    let outcomes = apply_all(conn, batch, now_ms()).await;
+    if outcomes.is_some() && conn.client.batch_execute("COMMIT").await.is_ok() {
+        return outcomes;
+    }
+    let _ = conn.client.batch_execute("ROLLBACK").await;
+    None
+}
+
+/// Every job in order; `None` at the first that fails.
+async fn apply_all(conn: &mut Conn, batch: &[Job], now: i64) -> Option<Vec<Outcome>> {
+    let mut out = Vec::with_capacity(batch.len());
+    let mut rest = batch;
+    while let Some(job) = rest.first() {
+        let calls: Vec<&CallRecord> = rest
+            .iter()
+            .map_while(|j| match &j.op {
+                Op::Append(c) => Some(c.as_ref()),
+                _ => None,
+            })
+            .collect();
+        if calls.is_empty() {
+            out.push(Ok(apply(conn, &job.op, now).await.ok()?));
+            rest = &rest[1..];
+        } else {
+            for r in append_pipelined(conn, &calls, now).await.ok()? {
+                r.ok()?;
+                out.push(Ok(Done::Appended));
+            }
+            rest = &rest[calls.len()..];
+        }
+    }
+    Some(out)
+}
+
+/// Each job under its own savepoint, so one bad record fails alone.
+async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
+    let failed = |e: &StoreError| -> Vec<Outcome> {
+        batch
+            .iter()
+            .map(|_| Err(StoreError::Commit(e.to_string())))
+            .collect()
+    };
+    if let Err(e) = conn.client.batch_execute("BEGIN").await {
+        return failed(&e.into());
+    }
+    let now = now_ms();
+    let mut outcomes = Vec::with_capacity(batch.len());
+    for job in batch {
+        let outcome = match conn.client.batch_execute("SAVEPOINT job").await {
+            Ok(()) => {
+                let r = apply(conn, &job.op, now).await;
+                let end = if r.is_ok() {
+                    "RELEASE SAVEPOINT job"
+                } else {
+                    "ROLLBACK TO SAVEPOINT job"
+                };
+                match conn.client.batch_execute(end).await {
+                    Ok(()) => r,
+                    Err(e) => Err(e.into()),
+                }
+            }
+            Err(e) => Err(e.into()),
+        };
+        outcomes.push(outcome);
+    }
+    match conn.client.batch_execute("COMMIT").await {
+        Ok(()) => outcomes,
+        Err(e) => {
+            let _ = conn.client.batch_execute("ROLLBACK").await;
+            failed(&e.into())
+        }
+    }
+}
+
+async fn apply(conn: &mut Conn, op: &Op, now: i64) -> Outcome {
+    match op {
+        Op::Append(call) => {
+            let mut r = append_pipelined(conn, &[call.as_ref()], now).await?;
+            r.pop()
+                .unwrap_or_else(|| Err(StoreError::Task("append returned nothing".into())))
+                .map(|()| Done::Appended)
+        }
+        Op::Reward {
+            trajectory,
+            call,
+            reward,
+            extra,
+        } => set_reward(conn, trajectory, *call, *reward, extra.as_ref(), now)
+            .await
+            .map(|m| Done::Meta(Box::new(m))),
+        Op::Metadata { trajectory, update } => set_metadata(conn, trajectory, update, now)
+            .await
+            .map(|m| Done::Meta(Box::new(m))),
+        Op::Replays {
+            trajectory,
+            replays,
+        } => set_replays(conn, trajectory, replays)
+            .await
+            .map(|()| Done::Appended),
+        Op::Lease {
+            consumer,
+            filter,
+            limit,
+            lease_ms,
+        } => consumers::lease(conn, consumer, filter, *limit, *lease_ms, now)
+            .await
+            .map(Done::Leased),
+        Op::Ack { consumer, cursor } => consumers::ack(conn, consumer, cursor, now)
+            .await
+            .map(Done::Acked),
+        Op::Ping => Ok(Done::Appended),
+        Op::WeightVersion(v) => set_state(conn, WEIGHT_VERSION, v, now)
+            .await
+            .map(|()| Done::Appended),
+        Op::Finish { trajectory } => finish(conn, trajectory, now)
+            .await
+            .map(|m| Done::Meta(Box::new(m))),
+        // Several replicas share the database, so no one of them can say
+        // which trajectories a crashed queued run left behind; the config
+        // refuses `ack = "queued"` with a postgres store.
+        Op::BeginRun { queued: false } => Ok(Done::Marked(0)),
+        Op::BeginRun { queued: true } => Err(StoreError::Invalid(
+            "store.ack = \"queued\" needs a sqlite:// store".into(),
+        )),
+    }
+}
+
+async fn set_state(conn: &mut Conn, key: &str, value: &str, now: i64) -> Result<(), StoreError> {
+    let stmt = conn
+        .prep(
+            "INSERT INTO gateway_state (key, value, updated_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (key) DO UPDATE SET value = $2, updated_at = $3",
+        )
+        .await?;
+    conn.client.execute(&stmt, &[&key, &value, &now]).await?;
+    Ok(())
+}
+
+const CREATE_SQL: &str = "INSERT INTO trajectories (id, status, created_at, updated_at) \
+     VALUES ($1, 0, $2, $2) ON CONFLICT (id) DO NOTHING";
+
+/// One call, in one statement: insert it when its trajectory is active and
+/// its parent is stored, and count it on the trajectory row. Returns the
+/// trajectory's status and whether the call went in.
+const APPEND_SQL: &str = "WITH t AS (SELECT seq, status FROM trajectories WHERE id = $1), \
+     ins AS (INSERT INTO calls (traj, call_index, sample_index, parent_call, backend, \
+       started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
+       response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
+       template_sha256, reward, truncated, normalized, request_of) \
+     SELECT t.seq, $2::BIGINT, $3::BIGINT, $4::BIGINT, $5::TEXT, $6::BIGINT, $7::BIGINT, \
+       $8::BYTEA, $9::BYTEA, $10::BYTEA, $11::TEXT, $12::TEXT, $13::TEXT, $14::TEXT, $15::TEXT, \
+       $16::TEXT, $17::TEXT, $18::TEXT, $19::TEXT, $20::FLOAT8, $21::BOOLEAN, $22::TEXT, \
+       $23::BIGINT FROM t \
+     WHERE t.status = 0 AND ($4::BIGINT IS NULL OR EXISTS \
+       (SELECT 1 FROM calls p WHERE p.traj = t.seq AND p.call_index = $4::BIGINT)) \
+     RETURNING traj), \
+     up AS (UPDATE trajectories SET updated_at = GREATEST(updated_at, $24::BIGINT), \
+       num_calls = num_calls + 1, next_call_index = GREATEST(next_call_index, $2::BIGINT + 1), \
+       next_sample_index = GREATEST(next_sample_index, $3::BIGINT + 1), \
+       num_tokens = num_tokens + $25::BIGINT, drift_count = drift_count + $26::BIGINT \
+     WHERE seq IN (SELECT traj FROM ins) RETURNING seq) \
+     SELECT t.status, EXISTS (SELECT 1 FROM up) AS stored FROM t";
+
+/// A call's statement parameters, owned so the pipelined futures can borrow
+/// them.
+struct AppendParams {
+    id: String,
+    call_index: i64,
+    sample_index: i64,
+    parent: Option<i64>,
+    backend: String,
+    started_at: i64,
+    finished_at: i64,
+    delta: Vec<u8>,
+    sampled: Vec<u8>,
+    logprobs: Vec<u8>,
+    finish_reason: String,
+    request: String,
+    response: String,
+    drift: Option<String>,
+    parse_outcome: Option<String>,
+    moved_from: Option<String>,
+    weight_version: Option<String>,
+    tokenizer_sha256: String,
+    template_sha256: String,
+    reward: Option<f64>,
+    truncated: bool,
+    normalized: Option<String>,
+    request_of: Option<i64>,
+    now: i64,
+    tokens: i64,
+    drifted: i64,
+}
+
+impl AppendParams {
+    fn of(call: &CallRecord, now: i64) -> Result<Self, StoreError> {
+        let drift = match &call.drift {
+            Some(d) => {
+                Some(serde_json::to_string(d).map_err(|e| StoreError::Invalid(e.to_string()))?)
+            }
+            None => None,
+        };
+        Ok(AppendParams {
+            id: call.trajectory_id.clone(),
+            call_index: i64::from(call.call_index),
+            sample_index: i64::from(call.sample_index),
+            parent: call.parent_call.map(i64::from),
+            backend: call.backend.clone(),
+            started_at: call.started_at,
+            finished_at: call.finished_at,
+            delta: ids_to_bytes(&call.prompt_delta_ids),
+            sampled: ids_to_bytes(&call.sampled_ids),
+            logprobs: logprobs_to_bytes(&call.logprobs),
+            finish_reason: call.finish_reason.clone(),
+            request: call.request.to_string(),
+            response: call.response.to_string(),
+            drift,
+            parse_outcome: call.parse_outcome.clone(),
+            moved_from: call.moved_from.clone(),
+            weight_version: call.weight_version.clone(),
+            tokenizer_sha256: call.tokenizer_sha256.clone(),
+            template_sha256: call.template_sha256.clone(),
+            reward: call.reward,
+            truncated: call.truncated,
+            normalized: (!call.normalized.is_empty())
+                .then(|| serde_json::Value::from(call.normalized.clone()).to_string()),
+            request_of: call.request_of.map(i64::from),
+            now,
+            tokens: (call.prompt_delta_ids.len() + call.sampled_ids.len()) as i64,
+            drifted: i64::from(call.drift.is_some()),
+        })
+    }
+
+    fn values(&self) -> [&(dyn ToSql + Sync); 26] {
+        [
+            &self.id,
+            &self.call_index,
+            &self.sample_index,
+            &self.parent,
+            &self.backend,
+            &self.started_at,
+            &self.finished_at,
+            &self.delta,
+            &self.sampled,
+            &self.logprobs,
+            &self.finish_reason,
+            &self.request,
+            &self.response,
+            &self.drift,
+            &self.parse_outcome,
+            &self.moved_from,
+            &self.weight_version,
+            &self.tokenizer_sha256,
+            &self.template_sha256,
+            &self.reward,
+            &self.truncated,
+            &self.normalized,
+            &self.request_of,
+            &self.now,
+            &self.tokens,
+            &self.drifted,
+        ]
+    }
+}
+
+/// Appends `calls` in order with every statement pipelined. The outer error
+/// is the first statement error (the transaction is then aborted); the inner
+/// results say which calls were refused (finished trajectory, parent not
+/// stored).
+async fn append_pipelined(
+    conn: &mut Conn,
+    calls: &[&CallRecord],
+    now: i64,
+) -> Result<Vec<Result<(), StoreError>>, StoreError> {
+    let create = conn.prep(CREATE_SQL).await?;
+    let insert = conn.prep(APPEND_SQL).await?;
+    let params = calls
+        .iter()
+        .map(|c| AppendParams::of(c, now))
+        .collect::<Result<Vec<_>, _>>()?;
+    let client = &conn.client;
+    let values: Vec<_> = params.iter().map(AppendParams::values).collect();
+    let keys: Vec<[&(dyn ToSql + Sync); 2]> = params.iter().map(|p| [&p.id as _, &p.now as _]).collect();
+    // Created in order and polled in order by `join_all`: the statements go
+    // out in this order, and the server runs them in this order.
+    let futures = keys.iter().zip(&values).flat_map(|(key, values)| {
+        [
+            client.query(&create, key.as_slice()),
+            client.query(&insert, values.as_slice()),
+        ]
+    });
+    let results = futures::future::join_all(futures.collect::<Vec<_>>()).await;
+    let mut out = Vec::with_capacity(calls.len());
+    for (call, pair) in calls.iter().zip(results.chunks(2)) {
+        let [created, inserted] = pair else {
+            return Err(StoreError::Task("pipelined append lost a statement".into()));
+        };
+        if let Err(e) = created {
+            return Err(e.clone_error());
+        }
+        let rows = match inserted {
+            Ok(rows) => rows,
+            Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
+                return Err(StoreError::Duplicate {
+                    trajectory: call.trajectory_id.clone(),
+                    call: call.call_index,
+                })
+            }
+            Err(e) => return Err(e.clone_error()),
+        };
+        let Some(row) = rows.first() else {
+            return Err(StoreError::Task(format!(
+                "trajectory `{}` vanished while appending",
+                call.trajectory_id
+            )));
+        };
+        let status: i64 = row.try_get(0)?;
+        let stored: bool = row.try_get(1)?;
+        out.push(if stored {
+            Ok(())
+        } else if status == status_code(TrajectoryStatus::Finished) {
+            Err(StoreError::Finished(call.trajectory_id.clone()))
+        } else {
+            Err(missing_parent(call))
+        });
+    }
+    Ok(out)
+}
+
+trait CloneError {
+    fn clone_error(&self) -> StoreError;
+}
+
+impl CloneError for tokio_postgres::Error {
+    /// A statement error as the store's error (the driver's error is not
+    /// `Clone`, and the results are borrowed).
+    fn clone_error(&self) -> StoreError {
+        StoreError::Postgres(self.to_string())
+    }
+}
+
+async fn existing(conn: &mut Conn, id: &str) -> Result<i64, StoreError> {
+    meta_by_id(conn, id)
+        .await?
+        .map(|(seq, _)| seq)
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))
+}
+
+async fn reread(conn: &mut Conn, id: &str) -> Result<TrajectoryMeta, StoreError> {
+    meta_by_id(conn, id)
+        .await?
+        .map(|(_, m)| m)
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))
+}
+
+async fn set_metadata(
+    conn: &mut Conn,
+    id: &str,
+    update: &TrajectoryMetadata,
+    now: i64,
+) -> Result<TrajectoryMeta, StoreError> {
+    let create = conn.prep(CREATE_SQL).await?;
+    conn.client.execute(&create, &[&id, &now]).await?;
+    let (seq, old) = meta_by_id(conn, id)
+        .await?
+        .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
+    let m = old.metadata.merged(id, update)?;
+    let extra = m.extra_info.as_ref().map(serde_json::Value::to_string);
+    let stmt = conn
+        .prep(
+            "UPDATE trajectories SET group_id = $2, data_source = $3, data_index = $4, \
+             extra_info = $5, updated_at = GREATEST(updated_at, $6) WHERE seq = $1",
+        )
+        .await?;
+    conn.client
+        .execute(
+            &stmt,
+            &[&seq, &m.group, &m.data_source, &m.index, &extra, &now],
+        )
+        .await?;
+    reread(conn, id).await
+}
+
+async fn set_replays(conn: &mut Conn, id: &str, new: &[SampleReplay]) -> Result<(), StoreError> {
+    let seq = existing(conn, id).await?;
+    let mut all = replays_of(conn, seq).await?;
+    all.retain(|old| new.iter().all(|r| r.sample != old.sample));
+    all.extend_from_slice(new);
+    all.sort_by_key(|r| r.sample);
+    let text = serde_json::to_string(&all).map_err(|e| StoreError::Invalid(e.to_string()))?;
+    let stmt = conn
+        .prep("UPDATE trajectories SET replays = $2 WHERE seq = $1")
+        .await?;
+    conn.client.execute(&stmt, &[&seq, &text]).await?;
+    Ok(())
+}
+
+async fn set_reward(
+    conn: &mut Conn,
+    id: &str,
+    call: Option<u32>,
+    reward: f64,
+    extra: Option<&serde_json::Value>,
+    now: i64,
+) -> Result<TrajectoryMeta, StoreError> {
+    let seq = existing(conn, id).await?;
+    match call {
+        None => {
+            let stmt = conn
+                .prep("UPDATE trajectories SET reward = $2 WHERE seq = $1")
+                .await?;
+            conn.client.execute(&stmt, &[&seq, &reward]).await?;
+        }
+        Some(idx) => {
+            let stmt = conn
+                .prep("UPDATE calls SET reward = $3 WHERE traj = $1 AND call_index = $2")
+                .await?;
+            let n = conn
+                .client
+                .execute(&stmt, &[&seq, &i64::from(idx), &reward])
+                .await?;
+            if n == 0 {
+                return Err(StoreError::CallNotFound {
+                    trajectory: id.to_string(),
+                    call: idx,
+                });
+            }
+        }
+    }
+    if let Some(extra) = extra {
+        let stmt = conn
+            .prep("UPDATE trajectories SET reward_extra = $2 WHERE seq = $1")
+            .await?;
+        conn.client
+            .execute(&stmt, &[&seq, &extra.to_string()])
+            .await?;
+    }
+    touch(conn, seq, now).await?;
+    reread(conn, id).await
+}
+
+async fn finish(conn: &mut Conn, id: &str, now: i64) -> Result<TrajectoryMeta, StoreError> {
+    let seq = existing(conn, id).await?;
+    let finished = status_code(TrajectoryStatus::Finished);
+    let stmt = conn
+        .prep("UPDATE trajectories SET status = $2 WHERE seq = $1 AND status != $2")
+        .await?;
+    if conn.client.execute(&stmt, &[&seq, &finished]).await? > 0 {
+        touch(conn, seq, now).await?;
+    }
+    reread(conn, id).await
+}
+
+async fn touch(conn: &mut Conn, seq: i64, now: i64) -> Result<(), StoreError> {
+    let stmt = conn
+        .prep("UPDATE trajectories SET updated_at = GREATEST(updated_at, $2) WHERE seq = $1")
+        .await?;
+    conn.client.execute(&stmt, &[&seq, &now]).await?;
+    Ok(())
+}
+
+fn missing_parent(call: &CallRecord) -> StoreError {
+    StoreError::Invalid(format!(
+        "call {} of `{}`: parent {:?} is not stored",
+        call.call_index, call.trajectory_id, call.parent_call
+    ))
+}
