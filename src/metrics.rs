@@ -46,6 +46,7 @@ pub const REPLAY_FAILURES: &str = "tito_replay_check_failures_total";
 pub const BUILD_INFO: &str = "tito_build_info";
 pub const HOT_EVICTIONS: &str = "tito_hot_trajectory_evictions_total";
 pub const HOT_BYTES: &str = "tito_hot_trajectory_bytes";
+pub const HOT_STALE_RELOADS: &str = "tito_hot_trajectory_stale_reloads_total";
 pub const RETRY_CACHE_BYTES: &str = "tito_retry_cache_bytes";
 pub const ENGINE_PREFILL_TOKENS: &str = "tito_engine_prefill_tokens_total";
 pub const ENGINE_REUSED_TOKENS: &str = "tito_engine_reused_tokens_total";
@@ -58,7 +59,7 @@ pub const SSE_SEND_TIMEOUTS: &str = "tito_sse_send_timeouts_total";
 /// `# HELP` text of every series, given to the recorder once.
 fn describe() {
     use Unit::{Count, Seconds};
-    let counters: [(&'static str, &'static str); 21] = [
+    let counters: [(&'static str, &'static str); 22] = [
         (
             REQUESTS,
             "HTTP requests answered, by matched route and status",
@@ -116,6 +117,10 @@ fn describe() {
         (
             HOT_EVICTIONS,
             "Trajectories dropped from the hot view to stay within trajectory.hot_bytes",
+        ),
+        (
+            HOT_STALE_RELOADS,
+            "Trajectories reloaded because another replica wrote them (shared store)",
         ),
         (
             SSE_SEND_TIMEOUTS,
@@ -324,6 +329,11 @@ pub fn replay_failure(source: &'static str) {
 /// Trajectories evicted from the hot view.
 pub fn hot_evictions(n: u64) {
     counter!(HOT_EVICTIONS).increment(n);
+}
+
+/// Trajectories reloaded from a shared store that another replica wrote.
+pub fn hot_stale_reloads(n: u64) {
+    counter!(HOT_STALE_RELOADS).increment(n);
 }
 
 pub fn hot_bytes(bytes: u64) {

@@ -203,6 +203,13 @@ pub trait SpanStore: Send + Sync + 'static {
     /// The last weight version recorded with [`SpanStore::set_weight_version`].
     async fn weight_version(&self) -> Result<Option<String>, StoreError>;
 
+    /// Whether other processes (gateway replicas) may write this store. The
+    /// hot view then checks a trajectory's stored call count before each
+    /// call and reloads what another replica appended.
+    fn shared(&self) -> bool {
+        false
+    }
+
     /// Called once by a serving gateway before it takes calls: records the
     /// run's [`Ack`] mode, and when the previous run used `Queued` and did not
     /// end cleanly, marks every trajectory that was still active `incomplete`.

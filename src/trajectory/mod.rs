@@ -267,11 +267,16 @@ impl Trajectories {
         let state = self.state(tid);
         {
             let mut st = state.lock().await;
+            let stale = st.loaded && self.store.shared() && self.behind_store(tid, &st).await?;
+            if stale {
+                crate::metrics::hot_stale_reloads(1);
+                *st = TrajState::default();
+            }
             if !st.loaded {
                 if let Some(t) = self.store.get_trajectory(tid).await? {
                     self.rebuild(&mut st, t)?;
-                    self.resized(tid, &st);
                 }
+                self.resized(tid, &st);
                 st.loaded = true;
             }
             if st.finished {
@@ -279,6 +284,18 @@ impl Trajectories {
             }
         }
         Ok(state)
+    }
+
+    /// Whether a shared store holds calls (or a finish) of `tid` that the
+    /// view has not seen: another replica served the trajectory meanwhile.
+    async fn behind_store(&self, tid: &str, st: &TrajState) -> Result<bool, TrajectoryError> {
+        Ok(match self.store.get_meta(tid).await? {
+            Some(m) => {
+                m.next_call_index != st.next_call
+                    || (m.status == crate::store::TrajectoryStatus::Finished) != st.finished
+            }
+            None => st.next_call != 0,
+        })
     }
 
     /// Rebuilds the hot view from stored calls (after a restart or eviction).

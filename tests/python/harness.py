@@ -56,24 +56,27 @@ def start_mock(reply_ids, script=None, structured_reply_ids=None):
     return _start(cmd, r"listening on (\S+)")
 
 
-def start_tito(tokenizer_dir, backend_url, model="test-model", extra_config="", model_extra=""):
+def start_tito(tokenizer_dir, backend_url, model="test-model", extra_config="", model_extra="",
+               store_url=None, listen="127.0.0.1:0"):
     """`extra_config`: TOML appended to the generated config (e.g. an
-    `[auth]` table); `model_extra`: lines added to its `[model]` table."""
+    `[auth]` table); `model_extra`: lines added to its `[model]` table;
+    `backend_url`: one URL or a list; `store_url`: default a fresh SQLite
+    file."""
     tmp = tempfile.mkdtemp(prefix="tito-test-")
     cfg = pathlib.Path(tmp) / "config.toml"
+    urls = [backend_url] if isinstance(backend_url, str) else backend_url
+    backends = "".join(f'[[backends]]\nurl = "{u}"\nkind = "vllm"\n' for u in urls)
     cfg.write_text(
         f"""
 [server]
-listen = "127.0.0.1:0"
+listen = "{listen}"
 [model]
 name = "{model}"
 tokenizer = "{tokenizer_dir}"
 {model_extra}
-[[backends]]
-url = "{backend_url}"
-kind = "vllm"
+{backends}
 [store]
-url = "sqlite://{tmp}/spans.db"
+url = "{store_url or f'sqlite://{tmp}/spans.db'}"
 {extra_config}
 """
     )

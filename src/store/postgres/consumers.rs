@@ -51,8 +51,15 @@ pub(crate) async fn lease(
         .query(
             &stmt,
             &[
-                &0i64, &f.status, &f.since, &f.group, &f.complete, &f.size, &sql_limit,
-                &consumer, &now,
+                &0i64,
+                &f.status,
+                &f.since,
+                &f.group,
+                &f.complete,
+                &f.size,
+                &sql_limit,
+                &consumer,
+                &now,
             ],
         )
         .await?;

@@ -168,12 +168,24 @@ impl PgStore {
             .enable_all()
             .build()?;
         let owned = url.to_string();
-        let conn = futures::executor::block_on(rt.spawn(async move {
+        let opened = futures::executor::block_on(rt.spawn(async move {
             let conn = Conn::connect(&owned).await?;
             schema::migrate(&conn).await?;
             Ok::<_, StoreError>(conn)
-        }))
-        .map_err(|e| StoreError::Task(e.to_string()))??;
+        }));
+        // Dropping a runtime blocks, which panics on an async caller: a
+        // failed open shuts it down in the background.
+        let conn = match opened {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) => {
+                rt.shutdown_background();
+                return Err(e);
+            }
+            Err(e) => {
+                rt.shutdown_background();
+                return Err(StoreError::Task(e.to_string()));
+            }
+        };
         let (tx, rx) = mpsc::channel(QUEUE);
         let writer = rt.spawn(writer::run(url.to_string(), conn, rx));
         Ok(PgStore {
@@ -224,6 +236,10 @@ impl SpanStore for PgStore {
 
     async fn begin_run(&self, ack: Ack) -> Result<u64, StoreError> {
         self.jobs.begin_run(ack).await
+    }
+
+    fn shared(&self) -> bool {
+        true
     }
 
     async fn set_reward(

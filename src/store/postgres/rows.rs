@@ -162,10 +162,7 @@ pub(crate) async fn calls_of(
 }
 
 /// The stored replay checks of a trajectory.
-pub(crate) async fn replays_of(
-    conn: &mut Conn,
-    seq: i64,
-) -> Result<Vec<SampleReplay>, StoreError> {
+pub(crate) async fn replays_of(conn: &mut Conn, seq: i64) -> Result<Vec<SampleReplay>, StoreError> {
     let stmt = conn
         .prep("SELECT replays FROM trajectories WHERE seq = $1")
         .await?;
@@ -176,10 +173,7 @@ pub(crate) async fn replays_of(
 }
 
 /// Reads one trajectory (meta, calls, replay checks) in one snapshot.
-pub(crate) async fn load(
-    conn: &mut Conn,
-    key: Key<'_>,
-) -> Result<Option<Trajectory>, StoreError> {
+pub(crate) async fn load(conn: &mut Conn, key: Key<'_>) -> Result<Option<Trajectory>, StoreError> {
     conn.client
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .await?;
@@ -195,10 +189,7 @@ pub(crate) enum Key<'a> {
     Seq(i64),
 }
 
-async fn load_in_snapshot(
-    conn: &mut Conn,
-    key: Key<'_>,
-) -> Result<Option<Trajectory>, StoreError> {
+async fn load_in_snapshot(conn: &mut Conn, key: Key<'_>) -> Result<Option<Trajectory>, StoreError> {
     let found = match key {
         Key::Id(id) => meta_by_id(conn, id).await?,
         Key::Seq(seq) => {
@@ -271,7 +262,13 @@ pub(crate) async fn page(
         .query(
             &stmt,
             &[
-                &after, &f.status, &f.since, &f.group, &f.complete, &f.size, &limit,
+                &after,
+                &f.status,
+                &f.since,
+                &f.group,
+                &f.complete,
+                &f.size,
+                &limit,
             ],
         )
         .await?;
@@ -294,14 +291,13 @@ pub(crate) async fn count(conn: &mut Conn, filter: &TrajectoryFilter) -> Result<
 }
 
 /// Every trajectory of a group, in creation order.
-pub(crate) async fn group(
-    conn: &mut Conn,
-    group: &str,
-) -> Result<Vec<TrajectoryMeta>, StoreError> {
+pub(crate) async fn group(conn: &mut Conn, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError> {
     let sql = format!("SELECT {META_COLS} FROM trajectories WHERE group_id = $1 ORDER BY seq");
     let stmt = conn.prep(&sql).await?;
     let rows = conn.client.query(&stmt, &[&group]).await?;
-    rows.iter().map(|r| meta_from_row(r).map(|(_, m)| m)).collect()
+    rows.iter()
+        .map(|r| meta_from_row(r).map(|(_, m)| m))
+        .collect()
 }
 
 /// A `gateway_state` value.

@@ -346,7 +346,8 @@ async fn append_pipelined(
         .collect::<Result<Vec<_>, _>>()?;
     let client = &conn.client;
     let values: Vec<_> = params.iter().map(AppendParams::values).collect();
-    let keys: Vec<[&(dyn ToSql + Sync); 2]> = params.iter().map(|p| [&p.id as _, &p.now as _]).collect();
+    let keys: Vec<[&(dyn ToSql + Sync); 2]> =
+        params.iter().map(|p| [&p.id as _, &p.now as _]).collect();
     // Created in order and polled in order by `join_all`: the statements go
     // out in this order, and the server runs them in this order.
     let futures = keys.iter().zip(&values).flat_map(|(key, values)| {

@@ -1,0 +1,153 @@
+//! PostgreSQL specifics: several stores (one per gateway replica) writing one
+//! database never both store one call slot, share consumer leases without
+//! overlap, and a database from a newer tito is refused.
+
+mod store_support;
+
+use std::collections::BTreeSet;
+
+use store_support::{call, ids, postgres_url};
+use tito::store::{DynStore, StoreError, TrajectoryFilter};
+
+fn replicas(n: usize) -> (String, Vec<DynStore>) {
+    let url = postgres_url();
+    let stores = (0..n)
+        .map(|_| tito::store::open(&url).expect("open postgres"))
+        .collect();
+    (url, stores)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_racing_for_one_call_slot_store_it_once() {
+    let (_, stores) = replicas(2);
+    let mut tasks = Vec::new();
+    for t in 0..40u32 {
+        for (r, store) in stores.iter().enumerate() {
+            let store = store.clone();
+            tasks.push(tokio::spawn(async move {
+                // Both replicas write call 0 and 1 of the same trajectory,
+                // with different sampled ids, so the stored row names its
+                // writer.
+                let id = format!("race-{t}");
+                let base = 1000 * (r as u32 + 1);
+                let first = store
+                    .append_call(call(&id, 0, 0, None, ids(1, 4), ids(base, 3)))
+                    .await;
+                let second = store
+                    .append_call(call(&id, 1, 0, Some(0), ids(9, 2), ids(base + 10, 2)))
+                    .await;
+                (id, r, first, second)
+            }));
+        }
+    }
+    let mut winners = std::collections::HashMap::new();
+    for task in tasks {
+        let (id, r, first, second) = task.await.expect("task");
+        for (slot, result) in [(0u32, first), (1, second)] {
+            match result {
+                Ok(()) => {
+                    let before = winners.insert((id.clone(), slot), r);
+                    assert!(before.is_none(), "{id} call {slot} stored twice");
+                }
+                Err(StoreError::Duplicate { call, .. }) => assert_eq!(call, slot),
+                Err(e) => panic!("{id} call {slot}: {e}"),
+            }
+        }
+    }
+    assert_eq!(winners.len(), 80, "every slot stored exactly once");
+    for t in 0..40u32 {
+        let id = format!("race-{t}");
+        let traj = stores[1]
+            .get_trajectory(&id)
+            .await
+            .expect("read")
+            .expect("exists");
+        assert_eq!(traj.calls.len(), 2);
+        assert_eq!(traj.meta.num_calls, 2);
+        assert_eq!(traj.meta.next_call_index, 2);
+        for c in &traj.calls {
+            let r = winners[&(id.clone(), c.call_index)] as u32;
+            let base = 1000 * (r + 1) + 10 * c.call_index;
+            assert_eq!(c.sampled_ids[0], base, "{id} call {}", c.call_index);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_of_one_consumer_on_two_replicas_lease_disjoint_pages() {
+    let (_, stores) = replicas(2);
+    let mut all = BTreeSet::new();
+    for i in 0..60u32 {
+        let id = format!("t-{i:03}");
+        stores[0]
+            .append_call(call(&id, 0, 0, None, ids(1, 2), ids(3, 2)))
+            .await
+            .expect("append");
+        stores[0].finish(&id).await.expect("finish");
+        all.insert(id);
+    }
+    let mut tasks = Vec::new();
+    for store in stores.iter().cycle().take(4) {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut got = Vec::new();
+            loop {
+                let lease = store
+                    .lease("trainer", &TrajectoryFilter::default(), 7, 60_000)
+                    .await
+                    .expect("lease");
+                let Some(cursor) = lease.cursor else { break };
+                got.extend(lease.ids);
+                store.ack("trainer", &cursor).await.expect("ack");
+            }
+            got
+        }));
+    }
+    let mut seen = BTreeSet::new();
+    for task in tasks {
+        for id in task.await.expect("worker") {
+            assert!(seen.insert(id.clone()), "{id} leased twice");
+        }
+    }
+    assert_eq!(seen, all);
+}
+
+#[tokio::test]
+async fn reopening_keeps_everything_and_a_newer_schema_is_refused() {
+    let (url, stores) = replicas(1);
+    let store = stores.into_iter().next().expect("store");
+    for c in store_support::branching("kept") {
+        store.append_call(c).await.expect("append");
+    }
+    let before = store.get_trajectory("kept").await.expect("read");
+    drop(store);
+    let store = tito::store::open(&url).expect("reopen");
+    assert_eq!(store.get_trajectory("kept").await.expect("read"), before);
+    drop(store);
+
+    let newer = i64::from(tito::store::postgres::SCHEMA_VERSION) + 1;
+    let admin = url.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime");
+        rt.block_on(async {
+            let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            tokio::spawn(conn);
+            client
+                .execute("UPDATE tito_schema SET version = $1", &[&newer])
+                .await
+                .expect("bump version");
+        })
+    })
+    .join()
+    .expect("thread");
+    match tito::store::open(&url) {
+        Err(StoreError::Schema(e)) => assert!(e.contains("upgrade tito"), "{e}"),
+        Err(e) => panic!("expected a schema error, got {e}"),
+        Ok(_) => panic!("opened a database from a newer schema"),
+    }
+}
