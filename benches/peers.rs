@@ -24,54 +24,23 @@
 mod load;
 #[path = "../tests/common/mock_vllm.rs"]
 mod mock_vllm;
+#[path = "common/procs.rs"]
+mod procs;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use load::{ms, signed_ms, MakeRequest, Stats, Until};
 use mock_vllm::{MockVllm, Scripted};
+use procs::{free_port, spawn, Proc};
 use serde_json::{json, Value};
 
 const REPLY: &str = "Sure, here you go.";
 const LITELLM_KEY: &str = "sk-tito-bench";
 const USER: &str = "Write one short sentence about the sea.";
-
-/// A child process killed when the bench ends, whatever way it ends.
-struct Proc {
-    name: &'static str,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
-}
-
-fn spawn(name: &'static str, dir: &Path, cmd: &mut Command) -> Proc {
-    let log = dir.join(format!("{name}.log"));
-    let out = std::fs::File::create(&log).expect("log file");
-    let err = out.try_clone().expect("log file");
-    let child = cmd
-        .stdin(Stdio::null())
-        .stdout(out)
-        .stderr(err)
-        .spawn()
-        .unwrap_or_else(|e| panic!("starting {name}: {e}"));
-    Proc { name, child, log }
-}
 
 /// One target of the load: where to post, what, with which headers.
 #[derive(Clone)]
@@ -109,31 +78,12 @@ impl Target {
     }
 }
 
-/// Polls until the target answers a request with 200 (gateways load
-/// tokenizers, discover workers, import Python modules first).
+/// Waits until the target answers a request with 200.
 async fn wait_ready(client: &reqwest::Client, target: &Target, proc: &mut Proc) {
-    let deadline = Instant::now() + Duration::from_secs(180);
-    let mut pause = Duration::from_millis(50);
-    loop {
-        if let Ok(r) = target.request(client).send().await {
-            if r.status().is_success() {
-                return;
-            }
-        }
-        if let Ok(Some(status)) = proc.child.try_wait() {
-            let log = std::fs::read_to_string(&proc.log).unwrap_or_default();
-            panic!(
-                "{} exited ({status}) before it was ready:\n{log}",
-                proc.name
-            );
-        }
-        if Instant::now() > deadline {
-            let log = std::fs::read_to_string(&proc.log).unwrap_or_default();
-            panic!("{} not ready after 180 s:\n{log}", proc.name);
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(500));
-    }
+    procs::wait_ready(proc, || async {
+        matches!(target.request(client).send().await, Ok(r) if r.status().is_success())
+    })
+    .await;
 }
 
 /// The round with the median throughput (its latencies with it); errors

@@ -1,8 +1,10 @@
 //! Span store ingest (calls/s with durability on, group commit under
 //! concurrent appenders) and export throughput (tokens/s to Parquet / JSONL).
 //!
-//! `cargo bench --bench store`. Each ingested call carries 200 prompt-delta
-//! ids + 100 sampled ids (300 tokens); multiply calls/s by 300 for tokens/s.
+//! `scripts/bench-store.sh` (a throwaway PostgreSQL cluster, then `cargo
+//! bench --bench store`; without `TITO_BENCH_POSTGRES` only SQLite runs).
+//! Ingest reports calls/s; each case's name carries its tokens per call
+//! (200 + 100 or 4,096 + 1,024): multiply for tokens/s.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -41,16 +43,17 @@ fn call(traj: &str, i: u32, delta: u32, sampled: u32) -> CallRecord {
     }
 }
 
-/// `total` calls from `conc` tasks, each appending a chain to its own
-/// trajectory, every append awaited (acknowledged after commit).
-async fn ingest_batch(store: &DynStore, conc: u64, total: u64, round: u64) {
+/// `total` calls of `delta` + `sampled` tokens from `conc` tasks, each
+/// appending a chain to its own trajectory, every append awaited
+/// (acknowledged after commit).
+async fn ingest_batch(store: &DynStore, conc: u64, total: u64, round: u64, size: (u32, u32)) {
     let mut tasks = Vec::new();
     for t in 0..conc {
         let store = store.clone();
         tasks.push(tokio::spawn(async move {
             let id = format!("r{round}-{t}");
             for i in 0..(total / conc) as u32 {
-                let c = call(&id, i, 200, 100);
+                let c = call(&id, i, size.0, size.1);
                 if let Err(e) = store.append_call(c).await {
                     panic!("append failed: {e}");
                 }
@@ -64,6 +67,30 @@ async fn ingest_batch(store: &DynStore, conc: u64, total: u64, round: u64) {
     }
 }
 
+/// A fresh database on the cluster `scripts/bench-store.sh` starts
+/// (`TITO_BENCH_POSTGRES`, its base URL), or `None` without one.
+fn postgres_url() -> Option<String> {
+    let base = std::env::var("TITO_BENCH_POSTGRES").ok()?;
+    let name = format!("tito_bench_{:016x}", rand::random::<u64>());
+    let admin = format!("{base}/postgres");
+    let sql = format!("CREATE DATABASE {name}");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("runtime: {e}"));
+    rt.block_on(async {
+        let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+            .await
+            .unwrap_or_else(|e| panic!("connect {admin}: {e}"));
+        tokio::spawn(conn);
+        client
+            .batch_execute(&sql)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+    });
+    Some(format!("{base}/{name}"))
+}
+
 fn ingest(c: &mut Criterion) {
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -74,34 +101,59 @@ fn ingest(c: &mut Criterion) {
     };
     let mut g = c.benchmark_group("store_ingest_calls");
     g.sample_size(10);
-    for (sync, conc, total) in [
-        ("full", 1u64, 100u64),
-        ("full", 64, 2048),
-        ("normal", 64, 2048),
-    ] {
+    // (store, appenders, calls per iteration, (prompt-delta ids, sampled ids))
+    let small = (200, 100);
+    let large = (4096, 1024);
+    let mut cases = vec![
+        ("sqlite_full", 1u64, 100u64, small),
+        ("sqlite_full", 64, 2048, small),
+        ("sqlite_normal", 64, 2048, small),
+        ("sqlite_normal", 64, 1024, large),
+    ];
+    let postgres = postgres_url();
+    if postgres.is_some() {
+        cases.extend([
+            ("postgres", 1, 100, small),
+            ("postgres", 64, 2048, small),
+            ("postgres", 64, 1024, large),
+        ]);
+    } else {
+        eprintln!("TITO_BENCH_POSTGRES unset: no postgres rows (scripts/bench-store.sh sets it)");
+    }
+    for (kind, conc, total, size) in cases {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let url = format!(
-            "sqlite://{}/spans.db?synchronous={sync}",
-            dir.path().display()
-        );
+        let url = match (kind, &postgres) {
+            ("postgres", Some(_)) => postgres_url().unwrap_or_else(|| panic!("postgres url")),
+            ("sqlite_full", _) => format!(
+                "sqlite://{}/spans.db?synchronous=full",
+                dir.path().display()
+            ),
+            _ => format!(
+                "sqlite://{}/spans.db?synchronous=normal",
+                dir.path().display()
+            ),
+        };
         let store = tito::store::open(&url).unwrap_or_else(|e| panic!("open: {e}"));
         let round = AtomicU64::new(0);
+        let tokens = u64::from(size.0 + size.1);
         g.throughput(Throughput::Elements(total));
         g.bench_function(
-            BenchmarkId::new(format!("sync_{sync}"), format!("{conc}_appenders")),
+            BenchmarkId::new(kind, format!("{conc}_appenders_{tokens}_tokens")),
             |b| {
                 b.iter_custom(|iters| {
                     rt.block_on(async {
                         let start = Instant::now();
                         for _ in 0..iters {
                             let r = round.fetch_add(1, Ordering::Relaxed);
-                            ingest_batch(&store, conc, total, r).await;
+                            ingest_batch(&store, conc, total, r, size).await;
                         }
                         start.elapsed()
                     })
                 })
             },
         );
+        // The store's writer commits what is queued before the next case.
+        drop(store);
     }
     g.finish();
 }

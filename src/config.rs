@@ -639,7 +639,7 @@ impl Config {
         if !(self.store.url.starts_with("sqlite://") || self.store.url == "memory://" || postgres) {
             return Err(invalid(
                 "store.url",
-                &self.store.url,
+                redact_url(&self.store.url),
                 "expected sqlite://PATH, postgres://USER:PASS@HOST:PORT/DB or memory://",
             ));
         }

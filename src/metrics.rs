@@ -47,6 +47,7 @@ pub const BUILD_INFO: &str = "tito_build_info";
 pub const HOT_EVICTIONS: &str = "tito_hot_trajectory_evictions_total";
 pub const HOT_BYTES: &str = "tito_hot_trajectory_bytes";
 pub const HOT_STALE_RELOADS: &str = "tito_hot_trajectory_stale_reloads_total";
+pub const EXPORT_LAG: &str = "tito_export_lag_seconds";
 pub const RETRY_CACHE_BYTES: &str = "tito_retry_cache_bytes";
 pub const ENGINE_PREFILL_TOKENS: &str = "tito_engine_prefill_tokens_total";
 pub const ENGINE_REUSED_TOKENS: &str = "tito_engine_reused_tokens_total";
@@ -146,7 +147,11 @@ fn describe() {
     for (name, help) in counters {
         describe_counter!(name, Count, help);
     }
-    let gauges: [(&'static str, &'static str); 9] = [
+    let gauges: [(&'static str, &'static str); 10] = [
+        (
+            EXPORT_LAG,
+            "Seconds the oldest trajectory of a consumer's last export page waited since it finished",
+        ),
         (BACKEND_IN_FLIGHT, "Calls in flight on a backend"),
         (BACKEND_HEALTHY, "1 when the backend's circuit is closed"),
         (BACKEND_CIRCUIT_OPEN, "1 when the backend's circuit is open"),
@@ -329,6 +334,12 @@ pub fn replay_failure(source: &'static str) {
 /// Trajectories evicted from the hot view.
 pub fn hot_evictions(n: u64) {
     counter!(HOT_EVICTIONS).increment(n);
+}
+
+/// Seconds the oldest trajectory of a consumer's last leased page waited
+/// between its finish and that lease (0 when the page was empty).
+pub fn export_lag(consumer: &str, seconds: f64) {
+    gauge!(EXPORT_LAG, "consumer" => consumer.to_string()).set(seconds);
 }
 
 /// Trajectories reloaded from a shared store that another replica wrote.

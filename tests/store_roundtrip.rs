@@ -421,6 +421,19 @@ fn bad_urls_are_rejected() {
 }
 
 #[test]
+fn a_bad_postgres_url_is_reported_without_its_password() {
+    match tito::store::open("postgres://tito:s3cret@db:notaport/tito") {
+        Err(e @ StoreError::BadUrl(_)) => {
+            let text = e.to_string();
+            assert!(!text.contains("s3cret"), "{text}");
+            assert!(text.contains("***@db:notaport/tito"), "{text}");
+        }
+        Err(e) => panic!("expected a bad url error, got {e}"),
+        Ok(_) => panic!("opened a store with a bad url"),
+    }
+}
+
+#[test]
 fn an_unreachable_postgres_is_an_error_naming_it() {
     // A port nothing listens on: bound, then released.
     let port = std::net::TcpListener::bind("127.0.0.1:0")

@@ -64,6 +64,41 @@ async fn drain(store: DynStore, consumer: &str, limit: usize) -> Vec<String> {
     }
 }
 
+#[tokio::test]
+async fn a_lease_says_how_long_its_oldest_trajectory_waited() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, store) in stores(&dir) {
+        let all = finished(&store, 12).await;
+        let lease = store
+            .lease("lag", &TrajectoryFilter::default(), 5, 60_000)
+            .await
+            .expect("lease");
+        let mut finished_at = Vec::new();
+        for id in &lease.ids {
+            let meta = store.get_meta(id).await.expect("meta").expect("exists");
+            finished_at.push(meta.updated_at);
+        }
+        assert_eq!(lease.ids.len(), 5, "{name}");
+        assert_eq!(
+            lease.oldest_updated_at,
+            finished_at.into_iter().min(),
+            "{name}"
+        );
+        // A consumer that has caught up leases nothing, and nothing waited.
+        let rest = drain(store.clone(), "lag", 100).await;
+        assert_eq!(rest.len(), all.len() - 5, "{name}");
+        let empty = store
+            .lease("lag", &TrajectoryFilter::default(), 5, 60_000)
+            .await
+            .expect("lease");
+        assert_eq!(
+            (empty.cursor, empty.oldest_updated_at),
+            (None, None),
+            "{name}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_workers_of_one_consumer_read_disjoint_pages_covering_everything() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -168,6 +168,11 @@ async fn export(
         None => Source::Filter(filter),
         Some(consumer) => {
             let lease = lease(&st, consumer, filter, &p).await?;
+            // Nothing left to lease: the consumer has caught up.
+            let lag_ms = lease
+                .oldest_updated_at
+                .map_or(0, |at| crate::store::now_ms().saturating_sub(at).max(0));
+            crate::metrics::export_lag(consumer, lag_ms as f64 / 1000.0);
             let count = lease.ids.len().to_string();
             headers.push((
                 header::HeaderName::from_static("x-export-trajectories"),

@@ -283,28 +283,21 @@ impl SpanStore for MemoryStore {
             let key = (consumer.to_string(), *seq);
             let leased = inner.leases.get(&key).is_some_and(|(_, exp)| *exp > now);
             if !inner.acks.contains(&key) && !leased && inner.matches(&t.meta, &filter) {
-                eligible.push((*seq, t.meta.id.clone(), t.meta.metadata.group.clone()));
+                let key = (*seq, t.meta.updated_at);
+                eligible.push((key, t.meta.id.clone(), t.meta.metadata.group.clone()));
             }
         }
         let picked = super::sqlite::page_of(eligible, limit, filter.complete_groups);
         if picked.is_empty() {
-            return Ok(Lease {
-                cursor: None,
-                ids: Vec::new(),
-                expires_at,
-            });
+            return Ok(Lease::of::<u64>(None, Vec::new(), expires_at));
         }
         let cursor = new_cursor();
-        for (seq, _) in &picked {
+        for ((seq, _), _) in &picked {
             inner
                 .leases
                 .insert((consumer.to_string(), *seq), (cursor.clone(), expires_at));
         }
-        Ok(Lease {
-            cursor: Some(cursor),
-            ids: picked.into_iter().map(|(_, id)| id).collect(),
-            expires_at,
-        })
+        Ok(Lease::of(Some(cursor), picked, expires_at))
     }
 
     async fn ack(&self, consumer: &str, cursor: &str) -> Result<Acked, StoreError> {

@@ -256,6 +256,27 @@ pub struct Lease {
     pub ids: Vec<String>,
     /// Unix milliseconds.
     pub expires_at: i64,
+    /// The earliest `updated_at` (a finished trajectory's finish time) among
+    /// the leased trajectories: how long the oldest of them waited to be
+    /// exported. `None` when nothing was leased.
+    #[serde(skip)]
+    pub oldest_updated_at: Option<i64>,
+}
+
+impl Lease {
+    /// A lease of `picked` `((seq, updated_at), id)` rows.
+    pub(crate) fn of<K>(
+        cursor: Option<String>,
+        picked: Vec<((K, i64), String)>,
+        expires_at: i64,
+    ) -> Lease {
+        Lease {
+            cursor,
+            oldest_updated_at: picked.iter().map(|((_, at), _)| *at).min(),
+            ids: picked.into_iter().map(|(_, id)| id).collect(),
+            expires_at,
+        }
+    }
 }
 
 /// What `POST /v1/export/ack` did.

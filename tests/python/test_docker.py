@@ -23,8 +23,11 @@ MODEL = harness.ROOT / "models" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def test_compose_parses_and_its_files_exist():
     compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
-    assert {"tito", "prometheus", "grafana"} <= set(compose["services"])
-    build = compose["services"]["tito"]["build"]
+    services = compose["services"]
+    assert {"postgres", "tito-1", "tito-2", "nginx", "prometheus", "grafana"} <= set(services)
+    # Both replicas are one definition (a YAML anchor) and share the store.
+    assert services["tito-1"] == services["tito-2"]
+    build = services["tito-1"]["build"]
     context = (DOCKER / build["context"]).resolve()
     assert (context / build["dockerfile"]).is_file()
     for name, service in compose["services"].items():
@@ -37,7 +40,24 @@ def test_compose_parses_and_its_files_exist():
         assert (DOCKER / secret["file"]).parent.is_dir(), name
 
 
-@pytest.mark.parametrize("config", ["config.toml", "config.cuda.toml"])
+def test_prometheus_scrapes_and_nginx_balances_both_replicas():
+    compose = yaml.safe_load((DOCKER / "compose.yaml").read_text())
+    replicas = sorted(n for n in compose["services"] if n.startswith("tito-"))
+    prom = yaml.safe_load((DOCKER / "prometheus.yml").read_text())
+    targets = [t for job in prom["scrape_configs"] for c in job["static_configs"]
+               for t in c["targets"]]
+    assert targets == [f"{r}:8000" for r in replicas]
+    nginx = (DOCKER / "nginx.conf").read_text()
+    assert re.findall(r"server (tito-\d+):8000", nginx) == replicas
+    mounted = compose["services"]["tito-1"]["volumes"][0].split(":")[0]
+    store = re.search(r'^url = "(postgres://[^"]+)"', (DOCKER / mounted).read_text(), re.M)
+    assert store, "the replicas' config names a postgres store"
+    env = compose["services"]["postgres"]["environment"]
+    assert store.group(1) == (f"postgres://{env['POSTGRES_USER']}:{env['POSTGRES_PASSWORD']}"
+                              f"@postgres:5432/{env['POSTGRES_DB']}")
+
+
+@pytest.mark.parametrize("config", ["config.toml", "config.cuda.toml", "config.replica.toml"])
 def test_the_mounted_config_passes_check_config(config):
     if not MODEL.exists():
         pytest.fail(f"missing {MODEL}: run scripts/fetch-model.sh")
@@ -88,6 +108,10 @@ def test_every_dashboard_metric_is_exposed_after_traffic():
                          {"role": "user", "content": "Another?"}]
         client.chat.completions.create(model="smollm2-135m-instruct", messages=third,
                                        max_tokens=4)
+        # A trainer reads a page as a consumer: the export lag is measured.
+        urllib.request.urlopen(f"http://{addr}/v1/trajectories/dash-1/finish", data=b"",
+                               timeout=30).read()
+        urllib.request.urlopen(f"http://{addr}/v1/export?consumer=dash", timeout=30).read()
         text = urllib.request.urlopen(f"http://{addr}/metrics", timeout=30).read().decode()
     finally:
         proc.terminate()

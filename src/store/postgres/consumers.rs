@@ -37,7 +37,7 @@ pub(crate) async fn lease(
         i64::try_from(limit).unwrap_or(i64::MAX)
     };
     let sql = format!(
-        "SELECT seq, id, group_id FROM trajectories WHERE {FILTER_SQL} \
+        "SELECT seq, updated_at, id, group_id FROM trajectories WHERE {FILTER_SQL} \
          AND NOT EXISTS (SELECT 1 FROM export_acks a \
                          WHERE a.consumer = $8 AND a.traj = trajectories.seq) \
          AND NOT EXISTS (SELECT 1 FROM export_leases l \
@@ -65,19 +65,15 @@ pub(crate) async fn lease(
         .await?;
     let rows = rows
         .iter()
-        .map(|r| Ok((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?)))
-        .collect::<Result<Vec<(i64, String, Option<String>)>, StoreError>>()?;
+        .map(|r| Ok(((r.try_get(0)?, r.try_get(1)?), r.try_get(2)?, r.try_get(3)?)))
+        .collect::<Result<Vec<((i64, i64), String, Option<String>)>, StoreError>>()?;
     let picked = page_of(rows, limit, f.complete);
     let expires_at = now.saturating_add(lease_ms);
     if picked.is_empty() {
-        return Ok(Lease {
-            cursor: None,
-            ids: Vec::new(),
-            expires_at,
-        });
+        return Ok(Lease::of::<i64>(None, Vec::new(), expires_at));
     }
     let cursor = new_cursor();
-    let seqs: Vec<i64> = picked.iter().map(|(seq, _)| *seq).collect();
+    let seqs: Vec<i64> = picked.iter().map(|((seq, _), _)| *seq).collect();
     let stmt = conn
         .prep(
             "INSERT INTO export_leases (consumer, traj, cursor, expires_at) \
@@ -88,11 +84,7 @@ pub(crate) async fn lease(
     conn.client
         .execute(&stmt, &[&consumer, &seqs, &cursor, &expires_at])
         .await?;
-    Ok(Lease {
-        cursor: Some(cursor),
-        ids: picked.into_iter().map(|(_, id)| id).collect(),
-        expires_at,
-    })
+    Ok(Lease::of(Some(cursor), picked, expires_at))
 }
 
 pub(crate) async fn ack(

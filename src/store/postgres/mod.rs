@@ -161,7 +161,7 @@ impl PgStore {
             ));
         }
         url.parse::<tokio_postgres::Config>()
-            .map_err(|_| StoreError::BadUrl(url.to_string()))?;
+            .map_err(|_| StoreError::BadUrl(crate::config::redact_url(url)))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("tito-postgres")

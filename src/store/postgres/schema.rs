@@ -64,6 +64,11 @@ const MIGRATIONS: &[&str] = &[r#"
         request_of BIGINT,
         PRIMARY KEY (traj, call_index)
     );
+    -- Token ids and logprobs are near-random words that compress poorly:
+    -- store them out of line without compression (pglz's CPU per call).
+    ALTER TABLE calls ALTER COLUMN prompt_delta_ids SET STORAGE EXTERNAL;
+    ALTER TABLE calls ALTER COLUMN sampled_ids SET STORAGE EXTERNAL;
+    ALTER TABLE calls ALTER COLUMN logprobs SET STORAGE EXTERNAL;
     CREATE TABLE export_leases (
         consumer TEXT NOT NULL,
         traj BIGINT NOT NULL REFERENCES trajectories(seq),

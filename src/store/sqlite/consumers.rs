@@ -28,42 +28,34 @@ pub(crate) fn lease(
         i64::try_from(limit).unwrap_or(i64::MAX)
     };
     let sql = format!(
-        "SELECT seq, id, group_id FROM trajectories WHERE {FILTER_SQL} \
+        "SELECT seq, updated_at, id, group_id FROM trajectories WHERE {FILTER_SQL} \
          AND NOT EXISTS (SELECT 1 FROM export_acks a \
                          WHERE a.consumer = ?8 AND a.traj = trajectories.seq) \
          AND NOT EXISTS (SELECT 1 FROM export_leases l \
                          WHERE l.consumer = ?8 AND l.traj = trajectories.seq AND l.expires_at > ?9) \
          ORDER BY seq LIMIT ?7"
     );
-    let rows: Vec<(i64, String, Option<String>)> = conn
+    let rows: Vec<((i64, i64), String, Option<String>)> = conn
         .prepare_cached(&sql)?
         .query_map(
             params![0i64, status, since, group, complete, size, sql_limit, consumer, now],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+            |r| Ok(((r.get(0)?, r.get(1)?), r.get(2)?, r.get(3)?)),
         )?
         .collect::<Result<_, _>>()?;
     let picked = page_of(rows, limit, complete);
     let expires_at = now.saturating_add(lease_ms);
     if picked.is_empty() {
-        return Ok(Lease {
-            cursor: None,
-            ids: Vec::new(),
-            expires_at,
-        });
+        return Ok(Lease::of::<i64>(None, Vec::new(), expires_at));
     }
     let cursor = new_cursor();
     let mut insert = conn.prepare_cached(
         "INSERT INTO export_leases (consumer, traj, cursor, expires_at) VALUES (?1, ?2, ?3, ?4) \
          ON CONFLICT(consumer, traj) DO UPDATE SET cursor = ?3, expires_at = ?4",
     )?;
-    for (seq, _) in &picked {
+    for ((seq, _), _) in &picked {
         insert.execute(params![consumer, seq, cursor, expires_at])?;
     }
-    Ok(Lease {
-        cursor: Some(cursor),
-        ids: picked.into_iter().map(|(_, id)| id).collect(),
-        expires_at,
-    })
+    Ok(Lease::of(Some(cursor), picked, expires_at))
 }
 
 /// The page out of eligible `(seq, id, group)` rows in creation order: the
