@@ -113,6 +113,9 @@ impl HotCall {
 #[derive(Default)]
 struct TrajState {
     loaded: bool,
+    /// The gateway named this trajectory and it has no call yet: no other
+    /// replica can know it, so a shared store need not be asked.
+    named_here: bool,
     finished: bool,
     calls: Vec<Arc<HotCall>>,
     next_call: u32,
@@ -232,6 +235,7 @@ impl Trajectories {
         let lock = state.try_lock();
         if let Ok(mut st) = lock {
             st.loaded = true;
+            st.named_here = true;
         }
     }
 
@@ -267,7 +271,9 @@ impl Trajectories {
         let state = self.state(tid);
         {
             let mut st = state.lock().await;
-            let stale = st.loaded && self.store.shared() && self.behind_store(tid, &st).await?;
+            let unseen = st.named_here && st.next_call == 0;
+            let stale =
+                st.loaded && !unseen && self.store.shared() && self.behind_store(tid, &st).await?;
             if stale {
                 crate::metrics::hot_stale_reloads(1);
                 *st = TrajState::default();

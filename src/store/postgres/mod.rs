@@ -40,8 +40,8 @@ use rows::Key;
 
 pub use schema::SCHEMA_VERSION;
 
-/// Idle read connections kept for reuse.
-const MAX_IDLE_READERS: usize = 8;
+/// Most read connections a store opens.
+const READERS: usize = 16;
 /// Trajectory metas fetched per scan round trip.
 const SCAN_PAGE: usize = 256;
 
@@ -83,55 +83,62 @@ impl Conn {
     }
 }
 
-/// Read connections, opened on the store's runtime when the pool is empty.
+/// Read connections: at most [`READERS`] open, opened on the store's runtime
+/// when none is idle; a read waits for a free one rather than opening more
+/// (a PostgreSQL connection is a server process: opening one per read costs
+/// milliseconds).
 struct Readers {
     url: String,
     rt: tokio::runtime::Handle,
     idle: Mutex<Vec<Conn>>,
+    permits: Arc<tokio::sync::Semaphore>,
 }
 
 impl Readers {
-    async fn take(&self) -> Result<Conn, StoreError> {
+    async fn take(self: &Arc<Self>) -> Result<Pooled, StoreError> {
+        let permit = self
+            .permits
+            .clone()
+            .acquire_owned()
+            .await
+            .map_err(|_| StoreError::Closed)?;
         let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
-        match pooled {
-            Some(c) if !c.client.is_closed() => Ok(c),
+        let conn = match pooled {
+            Some(c) if !c.client.is_closed() => c,
             _ => {
                 let url = self.url.clone();
                 self.rt
                     .spawn(async move { Conn::connect(&url).await })
                     .await
-                    .map_err(|e| StoreError::Task(e.to_string()))?
+                    .map_err(|e| StoreError::Task(e.to_string()))??
             }
-        }
-    }
-
-    fn give(&self, conn: Conn) {
-        let mut idle = self.idle.lock().unwrap_or_else(|e| e.into_inner());
-        if idle.len() < MAX_IDLE_READERS {
-            idle.push(conn);
-        }
-    }
-
-    /// A pooled connection, given back by [`Pooled::done`].
-    async fn get(&self) -> Result<Pooled<'_>, StoreError> {
+        };
         Ok(Pooled {
-            conn: self.take().await?,
-            readers: self,
+            conn,
+            readers: self.clone(),
+            _permit: permit,
         })
     }
 }
 
-struct Pooled<'a> {
+/// A connection taken from [`Readers`], with its permit. Dropped without
+/// [`Pooled::done`] (a scan's), the connection is closed.
+struct Pooled {
     conn: Conn,
-    readers: &'a Readers,
+    readers: Arc<Readers>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
 }
 
-impl Pooled<'_> {
+impl Pooled {
     /// Gives the connection back when its work succeeded; one whose work
     /// failed is closed (it may be mid-transaction).
     fn done<T>(self, out: Result<T, StoreError>) -> Result<T, StoreError> {
         if out.is_ok() {
-            self.readers.give(self.conn);
+            self.readers
+                .idle
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .push(self.conn);
         }
         out
     }
@@ -195,6 +202,7 @@ impl PgStore {
                 url: url.to_string(),
                 rt: rt.handle().clone(),
                 idle: Mutex::new(Vec::new()),
+                permits: Arc::new(tokio::sync::Semaphore::new(READERS)),
             }),
             rt: Some(rt),
         })
@@ -229,7 +237,7 @@ impl SpanStore for PgStore {
     }
 
     async fn weight_version(&self) -> Result<Option<String>, StoreError> {
-        let mut c = self.readers.get().await?;
+        let mut c = self.readers.take().await?;
         let out = rows::state(&mut c.conn, super::group_commit::WEIGHT_VERSION).await;
         c.done(out)
     }
@@ -269,7 +277,7 @@ impl SpanStore for PgStore {
     }
 
     async fn group(&self, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError> {
-        let mut c = self.readers.get().await?;
+        let mut c = self.readers.take().await?;
         let out = rows::group(&mut c.conn, group).await;
         c.done(out)
     }
@@ -293,13 +301,13 @@ impl SpanStore for PgStore {
     }
 
     async fn get_meta(&self, trajectory_id: &str) -> Result<Option<TrajectoryMeta>, StoreError> {
-        let mut c = self.readers.get().await?;
+        let mut c = self.readers.take().await?;
         let out = rows::meta_by_id(&mut c.conn, trajectory_id).await;
         c.done(out).map(|found| found.map(|(_, m)| m))
     }
 
     async fn get_trajectory(&self, trajectory_id: &str) -> Result<Option<Trajectory>, StoreError> {
-        let mut c = self.readers.get().await?;
+        let mut c = self.readers.take().await?;
         let out = rows::load(&mut c.conn, Key::Id(trajectory_id)).await;
         c.done(out)
     }
@@ -309,7 +317,7 @@ impl SpanStore for PgStore {
         trajectory_id: &str,
         n: usize,
     ) -> Result<Vec<CallRecord>, StoreError> {
-        let mut c = self.readers.get().await?;
+        let mut c = self.readers.take().await?;
         let out = match rows::meta_by_id(&mut c.conn, trajectory_id).await {
             Ok(Some((seq, _))) => rows::calls_of(&mut c.conn, seq, trajectory_id, Some(n)).await,
             Ok(None) => Err(StoreError::NotFound(trajectory_id.to_string())),
@@ -322,7 +330,7 @@ impl SpanStore for PgStore {
         let after = i64::try_from(parse_cursor(query.cursor.as_deref())?)
             .map_err(|_| StoreError::Invalid("bad cursor".into()))?;
         let limit = clamp_limit(query.limit);
-        let mut c = self.readers.get().await?;
+        let mut c = self.readers.take().await?;
         // One extra row tells whether another page exists.
         let out = rows::page(&mut c.conn, &query.filter, after, limit + 1).await;
         let mut rows = c.done(out)?;
@@ -341,7 +349,7 @@ impl SpanStore for PgStore {
 
     fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError> {
         futures::executor::block_on(async {
-            let mut c = self.readers.get().await?;
+            let mut c = self.readers.take().await?;
             let out = rows::count(&mut c.conn, filter).await;
             c.done(out)
         })
@@ -368,7 +376,7 @@ impl SpanStore for PgStore {
 
 /// Named trajectories, one snapshot each, on one connection.
 struct ScanIds {
-    conn: Conn,
+    conn: Pooled,
     ids: std::vec::IntoIter<String>,
 }
 
@@ -378,7 +386,7 @@ impl Iterator for ScanIds {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             let id = self.ids.next()?;
-            match futures::executor::block_on(rows::load(&mut self.conn, Key::Id(&id))) {
+            match futures::executor::block_on(rows::load(&mut self.conn.conn, Key::Id(&id))) {
                 Ok(Some(t)) => return Some(Ok(t)),
                 Ok(None) => continue,
                 Err(e) => return Some(Err(e)),
@@ -389,7 +397,7 @@ impl Iterator for ScanIds {
 
 /// Keyset-paginated scan owning its read connection.
 struct Scan {
-    conn: Conn,
+    conn: Pooled,
     filter: TrajectoryFilter,
     after: i64,
     pending: std::collections::VecDeque<i64>,
@@ -405,7 +413,7 @@ impl Iterator for Scan {
                 return None;
             }
             if self.pending.is_empty() {
-                let page = rows::page(&mut self.conn, &self.filter, self.after, SCAN_PAGE);
+                let page = rows::page(&mut self.conn.conn, &self.filter, self.after, SCAN_PAGE);
                 match futures::executor::block_on(page) {
                     Ok(page) if page.is_empty() => {
                         self.done = true;
@@ -420,7 +428,7 @@ impl Iterator for Scan {
             }
             let seq = self.pending.pop_front()?;
             self.after = seq;
-            match futures::executor::block_on(rows::load(&mut self.conn, Key::Seq(seq))) {
+            match futures::executor::block_on(rows::load(&mut self.conn.conn, Key::Seq(seq))) {
                 Ok(Some(t)) => return Some(Ok(t)),
                 Ok(None) => continue,
                 Err(e) => {
