@@ -18,13 +18,6 @@ step "tokenizer fixtures"; scripts/fetch-tokenizers.sh
 step "model";              scripts/fetch-model.sh
 step "python venv";        scripts/setup-python.sh
 
-step "cargo fmt";    cargo fmt --all -- --check
-step "cargo clippy"; cargo clippy --all-targets -- -D warnings
-# The gateway-only build (no llama.cpp): it must keep compiling, and refuse
-# an engine config. Only the tito crate is built again, not llama.cpp.
-step "no-engine build"
-cargo clippy --no-default-features --all-targets -- -D warnings
-cargo test --no-default-features --lib
 step "postgres"
 # A throwaway cluster for the postgres store tests, stopped by PID on exit.
 pg_dir=$(mktemp -d /tmp/tito-pg.XXXXXX)
@@ -32,6 +25,13 @@ trap 'scripts/postgres.sh stop "$pg_dir"; rm -rf "$pg_dir"' EXIT
 TITO_TEST_POSTGRES=$(scripts/postgres.sh start "$pg_dir")
 export TITO_TEST_POSTGRES
 echo "postgres at $TITO_TEST_POSTGRES"
+step "cargo fmt";    cargo fmt --all -- --check
+step "cargo clippy"; cargo clippy --all-targets -- -D warnings
+# The gateway-only build (no llama.cpp): it must keep compiling, and refuse
+# an engine config. Only the tito crate is built again, not llama.cpp.
+step "no-engine build"
+cargo clippy --no-default-features --all-targets -- -D warnings
+cargo test --no-default-features --lib
 step "cargo test";   cargo test
 step "python tests"
 .venv/bin/python -m pytest -q tests/python

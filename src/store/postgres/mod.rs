@@ -18,6 +18,7 @@
 //! Unix sockets without TLS: keep the database on loopback or a private
 //! network.
 
+mod bulk;
 mod consumers;
 mod rows;
 pub mod schema;

@@ -3,7 +3,8 @@
 //! [`MAX_BATCH`]), applies the batch in one transaction and commits once
 //! before acknowledging any job. Appends are pipelined: every statement of
 //! a run of appends is sent before the first answer is read, so a batch
-//! costs about one round trip plus its commit, not two per call.
+//! costs about one round trip plus its commit, not two per call; a long run
+//! of appends goes in with one binary `COPY` ([`super::bulk`]).
 //!
 //! Several replicas may write one database. The trajectory row is created
 //! with `ON CONFLICT DO NOTHING`, a call slot is the primary key
@@ -22,6 +23,10 @@ use crate::store::{
     now_ms, CallRecord, SampleReplay, StoreError, TrajectoryMeta, TrajectoryMetadata,
     TrajectoryStatus,
 };
+
+/// Runs of at least this many appends take the bulk path ([`super::bulk`]):
+/// a fixed handful of round trips instead of two statements per call.
+const BULK_FROM: usize = 8;
 
 /// Runs until every sender is dropped and the queue is drained. A lost
 /// connection fails the batch in flight and is opened again for the next.
@@ -62,7 +67,7 @@ pub(crate) async fn commit_batch(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome>
     }
 }
 
-async fn commit_all(conn: &mut Conn, batch: &[Job]) -> Option<Vec<Outcome>> {
+pub(super) async fn commit_all(conn: &mut Conn, batch: &[Job]) -> Option<Vec<Outcome>> {
     conn.client.batch_execute("BEGIN").await.ok()?;
     let outcomes = apply_all(conn, batch, now_ms()).await;
     if outcomes.is_some() && conn.client.batch_execute("COMMIT").await.is_ok() {
@@ -88,10 +93,14 @@ async fn apply_all(conn: &mut Conn, batch: &[Job], now: i64) -> Option<Vec<Outco
             out.push(Ok(apply(conn, &job.op, now).await.ok()?));
             rest = &rest[1..];
         } else {
-            for r in append_pipelined(conn, &calls, now).await.ok()? {
-                r.ok()?;
-                out.push(Ok(Done::Appended));
+            if calls.len() >= BULK_FROM {
+                super::bulk::append_many(conn, &calls, now).await.ok()?;
+            } else {
+                for r in append_pipelined(conn, &calls, now).await.ok()? {
+                    r.ok()?;
+                }
             }
+            out.extend(calls.iter().map(|_| Ok(Done::Appended)));
             rest = &rest[calls.len()..];
         }
     }
@@ -229,37 +238,37 @@ const APPEND_SQL: &str = "WITH t AS (SELECT seq, status FROM trajectories WHERE 
 
 /// A call's statement parameters, owned so the pipelined futures can borrow
 /// them.
-struct AppendParams {
-    id: String,
-    call_index: i64,
-    sample_index: i64,
-    parent: Option<i64>,
-    backend: String,
-    started_at: i64,
-    finished_at: i64,
-    delta: Vec<u8>,
-    sampled: Vec<u8>,
-    logprobs: Vec<u8>,
-    finish_reason: String,
-    request: String,
-    response: String,
-    drift: Option<String>,
-    parse_outcome: Option<String>,
-    moved_from: Option<String>,
-    weight_version: Option<String>,
-    tokenizer_sha256: String,
-    template_sha256: String,
-    reward: Option<f64>,
-    truncated: bool,
-    normalized: Option<String>,
-    request_of: Option<i64>,
-    now: i64,
-    tokens: i64,
-    drifted: i64,
+pub(super) struct AppendParams {
+    pub id: String,
+    pub call_index: i64,
+    pub sample_index: i64,
+    pub parent: Option<i64>,
+    pub backend: String,
+    pub started_at: i64,
+    pub finished_at: i64,
+    pub delta: Vec<u8>,
+    pub sampled: Vec<u8>,
+    pub logprobs: Vec<u8>,
+    pub finish_reason: String,
+    pub request: String,
+    pub response: String,
+    pub drift: Option<String>,
+    pub parse_outcome: Option<String>,
+    pub moved_from: Option<String>,
+    pub weight_version: Option<String>,
+    pub tokenizer_sha256: String,
+    pub template_sha256: String,
+    pub reward: Option<f64>,
+    pub truncated: bool,
+    pub normalized: Option<String>,
+    pub request_of: Option<i64>,
+    pub now: i64,
+    pub tokens: i64,
+    pub drifted: i64,
 }
 
 impl AppendParams {
-    fn of(call: &CallRecord, now: i64) -> Result<Self, StoreError> {
+    pub(super) fn of(call: &CallRecord, now: i64) -> Result<Self, StoreError> {
         let drift = match &call.drift {
             Some(d) => {
                 Some(serde_json::to_string(d).map_err(|e| StoreError::Invalid(e.to_string()))?)
