@@ -9,10 +9,12 @@
 //! # Sync or async
 //!
 //! The request path methods are `async`: an append is a message to the one
-//! writer thread plus an await on its acknowledgement, so a waiting request
-//! holds no thread while its batch commits (a blocking API would park one
-//! blocking-pool thread per in-flight call under load). Reads run on
-//! `spawn_blocking` with a small pool of read connections. The export scan
+//! writer (`group_commit`: a thread for SQLite, a task for PostgreSQL) plus an
+//! await on its acknowledgement, so a waiting request holds no thread while
+//! its batch commits (a blocking API would park one blocking-pool thread per
+//! in-flight call under load). SQLite reads run on `spawn_blocking` with a
+//! small pool of read connections; PostgreSQL reads are async on a bounded
+//! pool. The export scan
 //! ([`SpanStore::scan`]) is a plain blocking iterator, because its consumers
 //! (Parquet encoding, the offline `tito export`) are blocking code anyway: call
 //! it from `spawn_blocking` or a plain thread.
@@ -20,7 +22,8 @@
 //! # Durability
 //!
 //! `append_call`, `set_reward` and `finish` return only after the transaction
-//! holding them has committed. See [`sqlite`] for why that survives `kill -9`.
+//! holding them has committed. See [`sqlite`] for why that survives `kill -9`,
+//! and [`postgres`] for the PostgreSQL commit.
 
 mod codec;
 mod group_commit;
