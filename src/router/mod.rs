@@ -16,7 +16,6 @@ pub mod admission;
 pub mod fleet;
 pub mod health;
 pub mod least_requests;
-pub mod pins;
 pub mod policy;
 pub mod prefix_affinity;
 pub mod round_robin;
@@ -33,9 +32,8 @@ use crate::config::RouterConfig;
 pub use admission::InFlight;
 pub use fleet::{AdminOutcome, AdminResult};
 pub use health::{CircuitState, HealthTask};
-use pins::SharedPins;
 pub use policy::{Candidate, RoutingPolicy};
-use sticky::Pin;
+use sticky::{Pin, StickyMap};
 
 /// A backend's id inside this router: assigned on add, never reused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -166,6 +164,7 @@ struct Inner {
     /// Ordered by id.
     slots: Vec<Arc<Slot>>,
     next_id: u64,
+    sticky: StickyMap,
     paused: bool,
     /// The fleet's weight version: what every backend took last.
     weight_version: Option<Arc<str>>,
@@ -179,8 +178,6 @@ pub struct Router {
     failure_threshold: u32,
     max_attempts: u32,
     inner: Mutex<Inner>,
-    /// Outside `inner`: a sticky hit reads its pin without the router lock.
-    sticky: SharedPins,
     load: Arc<admission::Load>,
     admission: tokio::sync::watch::Sender<bool>,
     retries: AtomicU64,
@@ -202,11 +199,11 @@ impl Router {
             inner: Mutex::new(Inner {
                 slots: Vec::new(),
                 next_id: 0,
+                sticky: StickyMap::new(cfg.sticky_capacity),
                 paused: false,
                 weight_version: None,
                 updating: false,
             }),
-            sticky: SharedPins::new(cfg.sticky_capacity),
             load: Arc::default(),
             admission: tokio::sync::watch::Sender::new(false),
             retries: AtomicU64::new(0),
@@ -271,7 +268,7 @@ impl Router {
             .position(|s| s.id == id)
             .ok_or(RouteError::UnknownBackend(id))?;
         let slot = g.slots.remove(pos);
-        let status = status_of(&slot, self.sticky.count_for(id));
+        let status = status_of(&slot, g.sticky.count_for(id));
         drop(g);
         tracing::info!(backend = %slot.name, id = id.0, "backend removed");
         Ok(status)
@@ -310,9 +307,7 @@ impl Router {
         prompt_ids: &[u32],
         exclude: &[BackendId],
     ) -> Result<Route, RouteError> {
-        // Before the router lock: counted even when the call is then refused.
-        let looked_up = self.sticky.lookup(trajectory_id);
-        let g = self.lock();
+        let mut g = self.lock();
         if g.paused {
             return Err(RouteError::Paused);
         }
@@ -323,10 +318,7 @@ impl Router {
             self.retries.fetch_add(1, Ordering::Relaxed);
         }
         let mut moved_from = None;
-        // A concurrent first call of this trajectory may have pinned it since
-        // the lookup; pins are only inserted under the router lock.
-        let pin = looked_up.or_else(|| self.sticky.peek(trajectory_id));
-        if let Some(pin) = pin {
+        if let Some(pin) = g.sticky.lookup(trajectory_id) {
             let usable = g.slots.iter().find(|s| {
                 s.id == pin.id
                     && !exclude.contains(&s.id)
@@ -384,7 +376,7 @@ impl Router {
             id: slot.id,
             name: slot.name.clone(),
         };
-        let evicted = self.sticky.insert(trajectory_id, pin);
+        let evicted = g.sticky.insert(trajectory_id, pin);
         // Count the call before unlocking so that concurrent picks see it.
         let route = self.make_route(slot, false, moved_from);
         drop(g);
@@ -402,7 +394,7 @@ impl Router {
 
     /// Forgets where a finished trajectory was pinned.
     pub fn unpin(&self, trajectory_id: &str) {
-        self.sticky.remove(trajectory_id);
+        self.lock().sticky.remove(trajectory_id);
     }
 
     fn make_route(&self, slot: Arc<Slot>, sticky: bool, moved_from: Option<String>) -> Route {
@@ -456,35 +448,36 @@ impl Router {
         let g = self.lock();
         g.slots
             .iter()
-            .map(|s| status_of(s, self.sticky.count_for(s.id)))
+            .map(|s| status_of(s, g.sticky.count_for(s.id)))
             .collect()
     }
 
     pub fn counters(&self) -> RouterCounters {
+        let g = self.lock();
         RouterCounters {
-            sticky_hits: self.sticky.hits(),
-            sticky_misses: self.sticky.misses(),
-            sticky_evictions: self.sticky.evictions(),
+            sticky_hits: g.sticky.hits(),
+            sticky_misses: g.sticky.misses(),
+            sticky_evictions: g.sticky.evictions(),
             retries: self.retries.load(Ordering::Relaxed),
             moves: self.moves.load(Ordering::Relaxed),
         }
     }
 
     pub fn sticky_hits(&self) -> u64 {
-        self.sticky.hits()
+        self.lock().sticky.hits()
     }
 
     pub fn sticky_misses(&self) -> u64 {
-        self.sticky.misses()
+        self.lock().sticky.misses()
     }
 
     pub fn sticky_evictions(&self) -> u64 {
-        self.sticky.evictions()
+        self.lock().sticky.evictions()
     }
 
     /// Trajectories currently pinned.
     pub fn sticky_len(&self) -> usize {
-        self.sticky.len()
+        self.lock().sticky.len()
     }
 
     pub fn retries(&self) -> u64 {
@@ -497,7 +490,7 @@ impl Router {
 
     /// The backend a trajectory is pinned to, if any (no counters touched).
     pub fn pinned(&self, trajectory_id: &str) -> Option<BackendId> {
-        self.sticky.peek(trajectory_id).map(|p| p.id)
+        self.lock().sticky.peek(trajectory_id).map(|p| p.id)
     }
 }
 
