@@ -2,14 +2,20 @@
 //! - sticky_hit: a trajectory already pinned (100k pins in the map).
 //! - new_trajectory: a first call (miss, policy pick, insert, LRU eviction
 //!   once the 100k map is full), per policy.
+//! - contended_2_threads: two OS threads routing at once (least_requests),
+//!   each iteration is one call on each thread:
+//!   - evicting: random ids from 80k over a 20k map (about 1 hit in 4; each
+//!     miss evicts);
+//!   - sticky_hit: random ids from 20k, all pinned (100k map).
 //!
 //! Run: `cargo bench --bench router`
 
 #![allow(clippy::unwrap_used)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use tito::backend::{AdminOp, Backend, BackendError, GenStream, GenerateRequest};
 use tito::config::{PolicyKind, RouterConfig};
 use tito::router::Router;
@@ -36,9 +42,13 @@ impl Backend for Idle {
 }
 
 fn router(policy: PolicyKind) -> Arc<Router> {
+    router_with(policy, 100_000)
+}
+
+fn router_with(policy: PolicyKind, sticky_capacity: usize) -> Arc<Router> {
     let cfg = RouterConfig {
         policy,
-        sticky_capacity: 100_000,
+        sticky_capacity,
         ..RouterConfig::default()
     };
     let r = Router::new(&cfg);
@@ -83,5 +93,56 @@ fn bench(c: &mut Criterion) {
     }
 }
 
-criterion_group!(benches, bench);
+/// Both threads start together; returns the wall time for `iters` calls on
+/// each thread.
+fn two_threads(r: &Router, ids: &[String], prompt: &[u32], iters: u64) -> Duration {
+    let start = Barrier::new(3);
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..2u64)
+            .map(|t| {
+                let start = &start;
+                s.spawn(move || {
+                    // xorshift64: a different id stream per thread.
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t + 1);
+                    start.wait();
+                    for _ in 0..iters {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let id = &ids[(x % ids.len() as u64) as usize];
+                        drop(r.route(id, prompt, &[]).unwrap());
+                    }
+                })
+            })
+            .collect();
+        start.wait();
+        let t0 = Instant::now();
+        for w in workers {
+            w.join().unwrap();
+        }
+        t0.elapsed()
+    })
+}
+
+fn contended(c: &mut Criterion) {
+    let prompt: Vec<u32> = (0..2048).collect();
+    let mut g = c.benchmark_group("route/contended_2_threads");
+    g.throughput(Throughput::Elements(2));
+    for (name, pool, capacity) in [
+        ("evicting", 80_000, 20_000),
+        ("sticky_hit", 20_000, 100_000),
+    ] {
+        let r = router_with(PolicyKind::LeastRequests, capacity);
+        let ids: Vec<String> = (0..pool).map(|i| format!("traj-{i}")).collect();
+        for id in &ids {
+            drop(r.route(id, &prompt, &[]).unwrap());
+        }
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| two_threads(&r, &ids, &prompt, iters))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, contended);
 criterion_main!(benches);

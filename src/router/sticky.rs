@@ -1,16 +1,17 @@
 //! The sticky map: trajectory id → the backend serving it, as a bounded LRU
-//! with O(1) lookup, insert, touch and eviction, plus per-backend entry
-//! counts and hit / miss / eviction counters.
+//! (`lru::LruCache`: O(1) lookup, insert, touch and eviction), plus
+//! per-backend entry counts and hit / miss / eviction counters.
 //!
 //! Owns: which backend a trajectory is pinned to. Must not: decide where a
 //! new trajectory goes (policies do) or know about health.
 
 use std::collections::HashMap;
+use std::num::NonZeroUsize;
 use std::sync::Arc;
 
-use super::BackendId;
+use lru::LruCache;
 
-const NIL: usize = usize::MAX;
+use super::BackendId;
 
 /// Where a trajectory is pinned. The name is kept so a move away from a
 /// backend that was removed can still say where it came from.
@@ -20,24 +21,12 @@ pub struct Pin {
     pub name: Arc<str>,
 }
 
-struct Node {
-    key: Arc<str>,
-    pin: Pin,
-    prev: usize,
-    next: usize,
-}
-
 /// Bounded LRU of trajectory pins. Not thread-safe by itself: the router
 /// keeps it under its lock.
 pub struct StickyMap {
-    capacity: usize,
-    index: HashMap<Arc<str>, usize>,
-    nodes: Vec<Node>,
-    free: Vec<usize>,
-    /// Most recently used.
-    head: usize,
-    /// Least recently used: evicted first.
-    tail: usize,
+    /// One node per pinned trajectory, most recently used first; never more
+    /// than the capacity (a full insert reuses the evicted node).
+    nodes: LruCache<Arc<str>, Pin>,
     per_backend: HashMap<BackendId, usize>,
     hits: u64,
     misses: u64,
@@ -47,13 +36,10 @@ pub struct StickyMap {
 impl StickyMap {
     /// `capacity` is clamped to at least 1.
     pub fn new(capacity: usize) -> Self {
+        let capacity = NonZeroUsize::new(capacity).unwrap_or(NonZeroUsize::MIN);
         StickyMap {
-            capacity: capacity.max(1),
-            index: HashMap::new(),
-            nodes: Vec::new(),
-            free: Vec::new(),
-            head: NIL,
-            tail: NIL,
+            // Grows with use, like the map it holds; not allocated up front.
+            nodes: LruCache::sparse(capacity),
             per_backend: HashMap::new(),
             hits: 0,
             misses: 0,
@@ -62,22 +48,20 @@ impl StickyMap {
     }
 
     pub fn len(&self) -> usize {
-        self.index.len()
+        self.nodes.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.index.is_empty()
+        self.nodes.is_empty()
     }
 
     /// Looks a trajectory up, marks it most recently used, and counts a hit
     /// or a miss.
     pub fn lookup(&mut self, key: &str) -> Option<Pin> {
-        match self.index.get(key).copied() {
-            Some(i) => {
+        match self.nodes.get(key) {
+            Some(pin) => {
                 self.hits += 1;
-                self.unlink(i);
-                self.push_front(i);
-                Some(self.nodes[i].pin.clone())
+                Some(pin.clone())
             }
             None => {
                 self.misses += 1;
@@ -88,55 +72,32 @@ impl StickyMap {
 
     /// Looks a trajectory up without touching recency or counters.
     pub fn peek(&self, key: &str) -> Option<&Pin> {
-        self.index.get(key).map(|&i| &self.nodes[i].pin)
+        self.nodes.peek(key)
     }
 
     /// Pins `key` to `pin` (most recently used). Returns the entry evicted to
     /// make room, if any.
     pub fn insert(&mut self, key: &str, pin: Pin) -> Option<(Arc<str>, Pin)> {
-        if let Some(&i) = self.index.get(key) {
-            let old = std::mem::replace(&mut self.nodes[i].pin, pin.clone());
+        if let Some(slot) = self.nodes.get_mut(key) {
+            let old = std::mem::replace(slot, pin.clone());
             self.count(old.id, -1);
             self.count(pin.id, 1);
-            self.unlink(i);
-            self.push_front(i);
             return None;
         }
-        let evicted = if self.index.len() >= self.capacity {
-            self.pop_lru()
-        } else {
-            None
-        };
-        let key: Arc<str> = Arc::from(key);
         self.count(pin.id, 1);
-        let node = Node {
-            key: key.clone(),
-            pin,
-            prev: NIL,
-            next: NIL,
-        };
-        let i = match self.free.pop() {
-            Some(i) => {
-                self.nodes[i] = node;
-                i
-            }
-            None => {
-                self.nodes.push(node);
-                self.nodes.len() - 1
-            }
-        };
-        self.index.insert(key, i);
-        self.push_front(i);
+        // `key` is not in the map, so what `push` hands back is the evicted
+        // least recently used entry.
+        let evicted = self.nodes.push(Arc::from(key), pin);
+        if let Some((_, old)) = &evicted {
+            self.count(old.id, -1);
+            self.evictions += 1;
+        }
         evicted
     }
 
-    /// Unpins `key` (a finished trajectory). Its slot is reused by the next
-    /// insert.
+    /// Unpins `key` (a finished trajectory).
     pub fn remove(&mut self, key: &str) -> Option<Pin> {
-        let i = self.index.remove(key)?;
-        self.unlink(i);
-        self.free.push(i);
-        let pin = self.nodes[i].pin.clone();
+        let pin = self.nodes.pop(key)?;
         self.count(pin.id, -1);
         Some(pin)
     }
@@ -158,58 +119,11 @@ impl StickyMap {
         self.evictions
     }
 
-    fn pop_lru(&mut self) -> Option<(Arc<str>, Pin)> {
-        let i = self.tail;
-        if i == NIL {
-            return None;
-        }
-        self.unlink(i);
-        let key = self.nodes[i].key.clone();
-        self.index.remove(&key);
-        self.free.push(i);
-        let pin = self.nodes[i].pin.clone();
-        self.count(pin.id, -1);
-        self.evictions += 1;
-        Some((key, pin))
-    }
-
     fn count(&mut self, id: BackendId, delta: isize) {
         let n = self.per_backend.entry(id).or_insert(0);
         *n = n.saturating_add_signed(delta);
         if *n == 0 {
             self.per_backend.remove(&id);
-        }
-    }
-
-    fn unlink(&mut self, i: usize) {
-        let (prev, next) = (self.nodes[i].prev, self.nodes[i].next);
-        if prev == NIL {
-            if self.head == i {
-                self.head = next;
-            }
-        } else {
-            self.nodes[prev].next = next;
-        }
-        if next == NIL {
-            if self.tail == i {
-                self.tail = prev;
-            }
-        } else {
-            self.nodes[next].prev = prev;
-        }
-        self.nodes[i].prev = NIL;
-        self.nodes[i].next = NIL;
-    }
-
-    fn push_front(&mut self, i: usize) {
-        self.nodes[i].prev = NIL;
-        self.nodes[i].next = self.head;
-        if self.head != NIL {
-            self.nodes[self.head].prev = i;
-        }
-        self.head = i;
-        if self.tail == NIL {
-            self.tail = i;
         }
     }
 }
