@@ -24,8 +24,8 @@ pub struct Pin {
 /// Bounded LRU of trajectory pins. Not thread-safe by itself: the router
 /// keeps it under its lock.
 pub struct StickyMap {
-    /// One node per pinned trajectory, most recently used first; never more
-    /// than the capacity (a full insert reuses the evicted node).
+    /// One entry per pinned trajectory, most recently used first; never more
+    /// than the capacity (a full insert evicts the least recently used).
     nodes: LruCache<Arc<str>, Pin>,
     per_backend: HashMap<BackendId, usize>,
     hits: u64,
@@ -189,12 +189,12 @@ mod tests {
         // Late lookups (of t{i/2}) all miss, so the newest 100 keys survive.
         assert!((9_900..10_000).all(|i| m.peek(&format!("t{i}")).is_some()));
         assert!(m.peek("t9899").is_none());
-        // Freed slots are reused: storage never grows past the capacity.
+        // The cache never holds more entries than the capacity.
         assert_eq!(m.nodes.len(), 100);
     }
 
     #[test]
-    fn a_removed_pin_frees_its_slot_and_keeps_the_order() {
+    fn a_removed_pin_frees_room_and_keeps_the_order() {
         let mut m = StickyMap::new(3);
         m.insert("a", pin(0));
         m.insert("b", pin(1));
@@ -202,7 +202,7 @@ mod tests {
         assert_eq!(m.remove("b"), Some(pin(1)));
         assert_eq!(m.remove("b"), None);
         assert_eq!((m.len(), m.count_for(BackendId(1))), (2, 1));
-        // Room again without evicting; the new entry reuses b's slot.
+        // Room again: the next insert evicts nothing.
         assert!(m.insert("d", pin(2)).is_none());
         assert_eq!(m.nodes.len(), 3);
         // "a" is still the least recently used.
