@@ -20,6 +20,8 @@ mod load;
 mod mock_vllm;
 #[path = "common/procs.rs"]
 mod procs;
+#[path = "../tests/store_support/mod.rs"]
+mod store_support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -111,21 +113,6 @@ fn start_nginx(root: &Path, dir: &Path, name: &str, replicas: &[u16]) -> (Nginx,
     (Nginx { pid }, port)
 }
 
-/// A fresh database on the cluster at `base`.
-async fn create_database(base: &str) -> String {
-    let name = format!("tito_replicas_{:016x}", rand::random::<u64>());
-    let (client, conn) =
-        tokio_postgres::connect(&format!("{base}/postgres"), tokio_postgres::NoTls)
-            .await
-            .expect("connect to TITO_BENCH_POSTGRES");
-    tokio::spawn(conn);
-    client
-        .batch_execute(&format!("CREATE DATABASE {name}"))
-        .await
-        .expect("create database");
-    format!("{base}/{name}")
-}
-
 fn reply_ids(tokenizer_dir: &Path) -> Vec<u32> {
     let tok = tokenizers::Tokenizer::from_file(tokenizer_dir.join("tokenizer.json"))
         .expect("Qwen3 tokenizer.json");
@@ -186,7 +173,7 @@ async fn main() {
     let mock = MockVllm::start(Scripted::ids(reply_ids(&tokenizer_dir))).await;
     mock.quiet();
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = create_database(&base).await;
+    let store = store_support::postgres_database(&base);
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(256)
         .tcp_nodelay(true)
@@ -235,7 +222,7 @@ async fn main() {
     ];
     let concurrency = 64;
     println!("{secs} s per cell, median of {rounds_n} interleaved rounds, {concurrency} concurrent clients, store {}\n",
-        tito::config::redact_url(&store));
+        tito::config::redact_store_url(&store));
     let mut rounds: Vec<Vec<Stats>> = targets.iter().map(|_| Vec::new()).collect();
     for _ in 0..rounds_n {
         for ((_, make), cell) in targets.iter().zip(rounds.iter_mut()) {

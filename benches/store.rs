@@ -6,6 +6,9 @@
 //! Ingest reports calls/s; each case's name carries its tokens per call
 //! (200 + 100 or 4,096 + 1,024): multiply for tokens/s.
 
+#[path = "../tests/store_support/mod.rs"]
+mod store_support;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -71,24 +74,7 @@ async fn ingest_batch(store: &DynStore, conc: u64, total: u64, round: u64, size:
 /// (`TITO_BENCH_POSTGRES`, its base URL), or `None` without one.
 fn postgres_url() -> Option<String> {
     let base = std::env::var("TITO_BENCH_POSTGRES").ok()?;
-    let name = format!("tito_bench_{:016x}", rand::random::<u64>());
-    let admin = format!("{base}/postgres");
-    let sql = format!("CREATE DATABASE {name}");
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap_or_else(|e| panic!("runtime: {e}"));
-    rt.block_on(async {
-        let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
-            .await
-            .unwrap_or_else(|e| panic!("connect {admin}: {e}"));
-        tokio::spawn(conn);
-        client
-            .batch_execute(&sql)
-            .await
-            .unwrap_or_else(|e| panic!("{sql}: {e}"));
-    });
-    Some(format!("{base}/{name}"))
+    Some(store_support::postgres_database(&base))
 }
 
 fn ingest(c: &mut Criterion) {

@@ -356,7 +356,7 @@ fn check_config(path: &std::path::Path, insecure_open: bool) -> anyhow::Result<(
         config.model.name,
         renderer.vocab_size(),
         config.backends.len(),
-        tito::config::redact_url(&config.store.url),
+        tito::config::redact_store_url(&config.store.url),
     );
     Ok(())
 }

@@ -150,7 +150,7 @@ fn describe() {
     let gauges: [(&'static str, &'static str); 10] = [
         (
             EXPORT_LAG,
-            "Seconds the oldest trajectory of a consumer's last export page waited since it finished",
+            "Seconds the oldest trajectory of a consumer's last export page waited since its last update (finish or reward)",
         ),
         (BACKEND_IN_FLIGHT, "Calls in flight on a backend"),
         (BACKEND_HEALTHY, "1 when the backend's circuit is closed"),
@@ -337,7 +337,8 @@ pub fn hot_evictions(n: u64) {
 }
 
 /// Seconds the oldest trajectory of a consumer's last leased page waited
-/// between its finish and that lease (0 when the page was empty).
+/// between its last update (its finish, or a later reward) and that lease
+/// (0 when the page was empty).
 pub fn export_lag(consumer: &str, seconds: f64) {
     gauge!(EXPORT_LAG, "consumer" => consumer.to_string()).set(seconds);
 }

@@ -241,7 +241,7 @@ pub fn open_with(url: &str, ack: Ack) -> Result<DynStore, StoreError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         return Ok(Arc::new(PgStore::open_with(url, ack)?));
     }
-    Err(StoreError::BadUrl(crate::config::redact_url(url)))
+    Err(StoreError::BadUrl(crate::config::redact_store_url(url)))
 }
 
 /// Checks a call before it is queued: cheap structural invariants.

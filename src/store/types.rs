@@ -256,9 +256,10 @@ pub struct Lease {
     pub ids: Vec<String>,
     /// Unix milliseconds.
     pub expires_at: i64,
-    /// The earliest `updated_at` (a finished trajectory's finish time) among
-    /// the leased trajectories: how long the oldest of them waited to be
-    /// exported. `None` when nothing was leased.
+    /// The earliest `updated_at` among the leased trajectories (for a
+    /// finished trajectory its finish, or a reward set after it): how long
+    /// the oldest of them waited to be exported. `None` when nothing was
+    /// leased.
     #[serde(skip)]
     pub oldest_updated_at: Option<i64>,
 }

@@ -271,7 +271,8 @@ impl Trajectories {
         let state = self.state(tid);
         {
             let mut st = state.lock().await;
-            let unseen = st.named_here && st.next_call == 0;
+            // Only the first try: a retry after a failed first call asks.
+            let unseen = std::mem::take(&mut st.named_here) && st.next_call == 0;
             let stale =
                 st.loaded && !unseen && self.store.shared() && self.behind_store(tid, &st).await?;
             if stale {

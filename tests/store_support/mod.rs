@@ -93,6 +93,12 @@ pub fn postgres_url() -> String {
              with `export TITO_TEST_POSTGRES=$(scripts/postgres.sh start /tmp/tito-pg)`"
         )
     });
+    postgres_database(&base)
+}
+
+/// Creates a database with a random name on the cluster at `base` (a URL
+/// without a database) and returns its URL. Also used by the benches.
+pub fn postgres_database(base: &str) -> String {
     let name = format!("tito_{:016x}", rand::random::<u64>());
     let admin = format!("{base}/postgres");
     let sql = format!("CREATE DATABASE {name}");
@@ -113,7 +119,7 @@ pub fn postgres_url() -> String {
     .join();
     match created {
         Ok(Ok(())) => format!("{base}/{name}"),
-        Ok(Err(e)) => panic!("cannot create a test database on {base}: {e}"),
+        Ok(Err(e)) => panic!("cannot create a database on {base}: {e}"),
         Err(_) => panic!("database creation thread panicked"),
     }
 }

@@ -10,7 +10,7 @@
 //! when it succeeds, the rows are exactly those the call-by-call path would
 //! have written.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use futures::pin_mut;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
@@ -26,7 +26,10 @@ const CREATE_MANY: &str = "INSERT INTO trajectories (id, status, created_at, upd
      SELECT u.id, 0, $2, $2 FROM unnest($1::TEXT[]) WITH ORDINALITY AS u(id, n) ORDER BY u.n \
      ON CONFLICT (id) DO NOTHING";
 
-const STATUS_MANY: &str = "SELECT id, seq, status FROM trajectories WHERE id = ANY($1::TEXT[])";
+/// `FOR SHARE`, in seq order: waits for a finish another replica has not
+/// committed yet (as the call-by-call path does), locking rows in one order.
+const STATUS_MANY: &str = "SELECT id, seq, status FROM trajectories WHERE id = ANY($1::TEXT[]) \
+     ORDER BY seq FOR SHARE";
 
 const PARENTS_MANY: &str = "SELECT c.traj, c.call_index FROM calls c \
      JOIN unnest($1::BIGINT[], $2::BIGINT[]) AS p(traj, call_index) \
@@ -150,34 +153,13 @@ pub(super) async fn append_many(
     let sink = conn.client.copy_in(COPY_CALLS).await?;
     let writer = BinaryCopyInWriter::new(sink, &COPY_TYPES);
     pin_mut!(writer);
-    let mut counts: HashMap<i64, Counts> = HashMap::with_capacity(ids.len());
+    // In seq order: rows are locked in one order by every writer.
+    let mut counts: BTreeMap<i64, Counts> = BTreeMap::new();
     for (c, p) in calls.iter().zip(&params) {
         let seq = seq_of(c)?;
-        let row: [&(dyn ToSql + Sync); 23] = [
-            &seq,
-            &p.call_index,
-            &p.sample_index,
-            &p.parent,
-            &p.backend,
-            &p.started_at,
-            &p.finished_at,
-            &p.delta,
-            &p.sampled,
-            &p.logprobs,
-            &p.finish_reason,
-            &p.request,
-            &p.response,
-            &p.drift,
-            &p.parse_outcome,
-            &p.moved_from,
-            &p.weight_version,
-            &p.tokenizer_sha256,
-            &p.template_sha256,
-            &p.reward,
-            &p.truncated,
-            &p.normalized,
-            &p.request_of,
-        ];
+        let mut row: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(23);
+        row.push(&seq);
+        row.extend(p.columns());
         writer.as_mut().write(&row).await?;
         let k = counts.entry(seq).or_default();
         k.n += 1;
@@ -286,14 +268,49 @@ mod tests {
         t
     }
 
+    fn drifted(mut c: CallRecord) -> CallRecord {
+        c.drift = Some(crate::store::Drift {
+            position: 3,
+            cause: "bpe_retokenization".into(),
+            details: serde_json::json!({"exact_ids": [1, 2]}),
+        });
+        c
+    }
+
+    async fn ids_in_creation_order(conn: &Conn) -> Vec<String> {
+        conn.client
+            .query("SELECT id FROM trajectories ORDER BY seq", &[])
+            .await
+            .expect("ids")
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    }
+
     #[tokio::test]
     async fn a_run_goes_in_whole_and_stores_what_call_by_call_stores() {
         let mut conn = database().await;
-        // 12 appends, chains continuing within the run: the bulk path.
-        fn chain(t: &str) -> impl Iterator<Item = CallRecord> + '_ {
-            (0..6).map(move |i| call(t, i, i.checked_sub(1)))
+        // Call 0 of each chain is stored before the run: the run's first
+        // calls continue a stored parent, the later ones a parent in the run.
+        for t in ["z-bulk", "a-bulk", "single"] {
+            let out = writer::commit_batch(&mut conn, &jobs(vec![call(t, 0, None)])).await;
+            assert!(out[0].is_ok(), "{out:?}");
         }
-        let run: Vec<CallRecord> = chain("bulk").chain(chain("bulk-2")).collect();
+        fn chain(t: &str) -> impl Iterator<Item = CallRecord> + '_ {
+            (1..6).map(move |i| {
+                let c = call(t, i, Some(i - 1));
+                if i == 2 {
+                    drifted(c)
+                } else {
+                    c
+                }
+            })
+        }
+        // New trajectories first seen in this order: "y-new" before "b-new".
+        let run: Vec<CallRecord> = chain("z-bulk")
+            .chain([call("y-new", 0, None), call("b-new", 0, None)])
+            .chain(chain("a-bulk"))
+            .collect();
         // All of it in the one transaction of the fast path (no fallback).
         let outcomes = writer::commit_all(&mut conn, &jobs(run)).await;
         let outcomes = outcomes.expect("the run commits whole");
@@ -303,18 +320,80 @@ mod tests {
             let out = writer::commit_batch(&mut conn, &jobs(vec![c])).await;
             assert!(out[0].is_ok(), "{out:?}");
         }
-        let bulk = load(&mut conn, Key::Id("bulk"))
-            .await
-            .expect("load")
-            .expect("bulk");
         let single = load(&mut conn, Key::Id("single"))
             .await
             .expect("load")
             .expect("one");
-        assert_eq!(bulk.meta.num_calls, 6);
-        assert_eq!(bulk.meta.next_call_index, 6);
-        assert_eq!(bulk.meta.num_tokens, 30);
-        assert_eq!(renamed(bulk), renamed(single));
+        assert_eq!(single.meta.num_calls, 6);
+        assert_eq!(single.meta.num_tokens, 30);
+        assert_eq!(single.meta.drift_count, 1);
+        for t in ["z-bulk", "a-bulk"] {
+            let bulk = load(&mut conn, Key::Id(t))
+                .await
+                .expect("load")
+                .expect("bulk");
+            assert_eq!(renamed(bulk), renamed(single.clone()), "{t}");
+        }
+        assert_eq!(
+            ids_in_creation_order(&conn).await,
+            ["z-bulk", "a-bulk", "single", "y-new", "b-new"]
+        );
+    }
+
+    #[tokio::test]
+    async fn each_refusal_alone_sends_the_run_down_the_call_by_call_path() {
+        let mut conn = database().await;
+        let stored = [call("done", 0, None), call("kept", 0, None)];
+        assert!(writer::commit_batch(&mut conn, &jobs(stored.to_vec()))
+            .await
+            .iter()
+            .all(Result::is_ok));
+        conn.client
+            .batch_execute("UPDATE trajectories SET status = 1 WHERE id = 'done'")
+            .await
+            .expect("finish");
+        type Expected = fn(&StoreError) -> bool;
+        let refusals: [(CallRecord, Expected); 4] = [
+            (call("done", 1, Some(0)), |e| {
+                matches!(e, StoreError::Finished(_))
+            }),
+            (call("orphan", 1, Some(0)), |e| {
+                matches!(e, StoreError::Invalid(_))
+            }),
+            (call("kept", 0, None), |e| {
+                matches!(e, StoreError::Duplicate { .. })
+            }),
+            (call("late", 2, Some(1)), |e| {
+                matches!(e, StoreError::Invalid(_))
+            }),
+        ];
+        for (n, (bad, expected)) in refusals.into_iter().enumerate() {
+            let fine = |i: u32| call(&format!("fine-{n}"), i, i.checked_sub(1));
+            // Seven good calls around the bad one; "late" names a parent that
+            // comes after it in the run.
+            let mut run: Vec<CallRecord> = (0..3).map(fine).collect();
+            run.push(bad.clone());
+            run.extend((3..7).map(fine));
+            if bad.trajectory_id == "late" {
+                run.push(call("late", 1, None));
+            }
+            assert!(
+                writer::commit_all(&mut conn, &jobs(run.clone()))
+                    .await
+                    .is_none(),
+                "{}: the fast path refuses the run",
+                bad.trajectory_id
+            );
+            let outcomes = writer::commit_batch(&mut conn, &jobs(run)).await;
+            let failed: Vec<usize> = (0..outcomes.len())
+                .filter(|&i| outcomes[i].is_err())
+                .collect();
+            assert_eq!(failed, [3], "{}: {outcomes:?}", bad.trajectory_id);
+            match &outcomes[3] {
+                Err(e) => assert!(expected(e), "{}: {e}", bad.trajectory_id),
+                Ok(_) => panic!("{}: stored", bad.trajectory_id),
+            }
+        }
     }
 
     #[tokio::test]

@@ -26,6 +26,7 @@ mod writer;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::mpsc;
@@ -59,9 +60,25 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    /// Connects on the current runtime and drives the connection there.
+    /// Connects on the current runtime and drives the connection there. A
+    /// server that stops answering without closing the connection (its host
+    /// gone) fails the calls waiting on it within about half a minute,
+    /// instead of hanging them: a connect timeout (unless the URL sets one),
+    /// TCP keepalives and a TCP user timeout.
     async fn connect(url: &str) -> Result<Conn, StoreError> {
-        let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
+        let mut config: tokio_postgres::Config = url
+            .parse()
+            .map_err(|_| StoreError::BadUrl(crate::config::redact_store_url(url)))?;
+        if config.get_connect_timeout().is_none() {
+            config.connect_timeout(Duration::from_secs(10));
+        }
+        config
+            .keepalives(true)
+            .keepalives_idle(Duration::from_secs(10))
+            .keepalives_interval(Duration::from_secs(5))
+            .keepalives_retries(3)
+            .tcp_user_timeout(Duration::from_secs(30));
+        let (client, connection) = config.connect(NoTls).await?;
         tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::warn!(error = %e, "span store: postgres connection ended");
@@ -96,6 +113,17 @@ struct Readers {
 }
 
 impl Readers {
+    /// A connection of its own, outside the pool and its limit: an export
+    /// scan holds one for as long as its client reads, and must not starve
+    /// the calls' reads.
+    async fn open(&self) -> Result<Conn, StoreError> {
+        let url = self.url.clone();
+        self.rt
+            .spawn(async move { Conn::connect(&url).await })
+            .await
+            .map_err(|e| StoreError::Task(e.to_string()))?
+    }
+
     async fn take(self: &Arc<Self>) -> Result<Pooled, StoreError> {
         let permit = self
             .permits
@@ -106,13 +134,7 @@ impl Readers {
         let pooled = self.idle.lock().unwrap_or_else(|e| e.into_inner()).pop();
         let conn = match pooled {
             Some(c) if !c.client.is_closed() => c,
-            _ => {
-                let url = self.url.clone();
-                self.rt
-                    .spawn(async move { Conn::connect(&url).await })
-                    .await
-                    .map_err(|e| StoreError::Task(e.to_string()))??
-            }
+            _ => self.open().await?,
         };
         Ok(Pooled {
             conn,
@@ -123,7 +145,7 @@ impl Readers {
 }
 
 /// A connection taken from [`Readers`], with its permit. Dropped without
-/// [`Pooled::done`] (a scan's), the connection is closed.
+/// [`Pooled::done`], the connection is closed.
 struct Pooled {
     conn: Conn,
     readers: Arc<Readers>,
@@ -169,7 +191,7 @@ impl PgStore {
             ));
         }
         url.parse::<tokio_postgres::Config>()
-            .map_err(|_| StoreError::BadUrl(crate::config::redact_url(url)))?;
+            .map_err(|_| StoreError::BadUrl(crate::config::redact_store_url(url)))?;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("tito-postgres")
@@ -357,7 +379,7 @@ impl SpanStore for PgStore {
     }
 
     fn scan(&self, filter: &TrajectoryFilter) -> Result<TrajectoryIter, StoreError> {
-        let conn = futures::executor::block_on(self.readers.take())?;
+        let conn = futures::executor::block_on(self.readers.open())?;
         Ok(Box::new(Scan {
             conn,
             filter: filter.clone(),
@@ -369,7 +391,7 @@ impl SpanStore for PgStore {
 
     fn scan_ids(&self, ids: Vec<String>) -> Result<TrajectoryIter, StoreError> {
         Ok(Box::new(ScanIds {
-            conn: futures::executor::block_on(self.readers.take())?,
+            conn: futures::executor::block_on(self.readers.open())?,
             ids: ids.into_iter(),
         }))
     }
@@ -377,7 +399,7 @@ impl SpanStore for PgStore {
 
 /// Named trajectories, one snapshot each, on one connection.
 struct ScanIds {
-    conn: Pooled,
+    conn: Conn,
     ids: std::vec::IntoIter<String>,
 }
 
@@ -387,7 +409,7 @@ impl Iterator for ScanIds {
     fn next(&mut self) -> Option<Self::Item> {
         loop {
             let id = self.ids.next()?;
-            match futures::executor::block_on(rows::load(&mut self.conn.conn, Key::Id(&id))) {
+            match futures::executor::block_on(rows::load(&mut self.conn, Key::Id(&id))) {
                 Ok(Some(t)) => return Some(Ok(t)),
                 Ok(None) => continue,
                 Err(e) => return Some(Err(e)),
@@ -398,7 +420,7 @@ impl Iterator for ScanIds {
 
 /// Keyset-paginated scan owning its read connection.
 struct Scan {
-    conn: Pooled,
+    conn: Conn,
     filter: TrajectoryFilter,
     after: i64,
     pending: std::collections::VecDeque<i64>,
@@ -414,7 +436,7 @@ impl Iterator for Scan {
                 return None;
             }
             if self.pending.is_empty() {
-                let page = rows::page(&mut self.conn.conn, &self.filter, self.after, SCAN_PAGE);
+                let page = rows::page(&mut self.conn, &self.filter, self.after, SCAN_PAGE);
                 match futures::executor::block_on(page) {
                     Ok(page) if page.is_empty() => {
                         self.done = true;
@@ -429,7 +451,7 @@ impl Iterator for Scan {
             }
             let seq = self.pending.pop_front()?;
             self.after = seq;
-            match futures::executor::block_on(rows::load(&mut self.conn.conn, Key::Seq(seq))) {
+            match futures::executor::block_on(rows::load(&mut self.conn, Key::Seq(seq))) {
                 Ok(Some(t)) => return Some(Ok(t)),
                 Ok(None) => continue,
                 Err(e) => {

@@ -1,7 +1,7 @@
 //! PostgreSQL schema and its migrations. The version lives in the one-row
 //! table `tito_schema`; each migration runs in its own transaction together
-//! with the version bump, under an advisory lock, so replicas starting at
-//! once migrate one after the other and a crash leaves the database at an old
+//! with the version bump, all under one advisory lock, so replicas starting
+//! at once migrate one after the other and a crash leaves the database at an old
 //! or the new version, never in between. Only append to [`MIGRATIONS`].
 //!
 //! The layout follows the SQLite schema at its version 8 (see
@@ -98,8 +98,23 @@ pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;
 /// Any constant both sides agree on: the advisory lock migrations take.
 const MIGRATION_LOCK: i64 = 0x7469_746f_5f73_6368; // "tito_sch"
 
-/// Brings the database to [`SCHEMA_VERSION`]; refuses a newer one.
+/// Brings the database to [`SCHEMA_VERSION`]; refuses a newer one. Holds a
+/// session advisory lock throughout, so replicas starting together take
+/// turns (even to create the version table).
 pub(crate) async fn migrate(conn: &Conn) -> Result<u32, StoreError> {
+    let c = &conn.client;
+    c.execute("SELECT pg_advisory_lock($1)", &[&MIGRATION_LOCK])
+        .await?;
+    let result = migrate_locked(conn).await;
+    let unlocked = c
+        .execute("SELECT pg_advisory_unlock($1)", &[&MIGRATION_LOCK])
+        .await;
+    let version = result?;
+    unlocked?;
+    Ok(version)
+}
+
+async fn migrate_locked(conn: &Conn) -> Result<u32, StoreError> {
     let c = &conn.client;
     c.batch_execute("CREATE TABLE IF NOT EXISTS tito_schema (version BIGINT NOT NULL)")
         .await?;
@@ -124,8 +139,6 @@ pub(crate) async fn migrate(conn: &Conn) -> Result<u32, StoreError> {
 /// the version it reached.
 async fn migrate_step(conn: &Conn) -> Result<Option<u32>, StoreError> {
     let c = &conn.client;
-    c.execute("SELECT pg_advisory_xact_lock($1)", &[&MIGRATION_LOCK])
-        .await?;
     let current: i64 = match c.query_opt("SELECT version FROM tito_schema", &[]).await? {
         Some(row) => row.try_get(0)?,
         None => {

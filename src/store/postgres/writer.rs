@@ -107,7 +107,9 @@ async fn apply_all(conn: &mut Conn, batch: &[Job], now: i64) -> Option<Vec<Outco
     Some(out)
 }
 
-/// Each job under its own savepoint, so one bad record fails alone.
+/// Each job under its own savepoint, so one bad record fails alone. When a
+/// savepoint itself fails, the transaction is aborted (PostgreSQL would
+/// answer `COMMIT` with a rollback): the whole batch fails.
 async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
     let failed = |e: &StoreError| -> Vec<Outcome> {
         batch
@@ -121,22 +123,21 @@ async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
     let now = now_ms();
     let mut outcomes = Vec::with_capacity(batch.len());
     for job in batch {
-        let outcome = match conn.client.batch_execute("SAVEPOINT job").await {
-            Ok(()) => {
-                let r = apply(conn, &job.op, now).await;
-                let end = if r.is_ok() {
-                    "RELEASE SAVEPOINT job"
-                } else {
-                    "ROLLBACK TO SAVEPOINT job"
-                };
-                match conn.client.batch_execute(end).await {
-                    Ok(()) => r,
-                    Err(e) => Err(e.into()),
-                }
-            }
-            Err(e) => Err(e.into()),
+        if let Err(e) = conn.client.batch_execute("SAVEPOINT job").await {
+            let _ = conn.client.batch_execute("ROLLBACK").await;
+            return failed(&e.into());
+        }
+        let r = apply(conn, &job.op, now).await;
+        let end = if r.is_ok() {
+            "RELEASE SAVEPOINT job"
+        } else {
+            "ROLLBACK TO SAVEPOINT job"
         };
-        outcomes.push(outcome);
+        if let Err(e) = conn.client.batch_execute(end).await {
+            let _ = conn.client.batch_execute("ROLLBACK").await;
+            return failed(&e.into());
+        }
+        outcomes.push(r);
     }
     match conn.client.batch_execute("COMMIT").await {
         Ok(()) => outcomes,
@@ -216,8 +217,11 @@ const CREATE_SQL: &str = "INSERT INTO trajectories (id, status, created_at, upda
 
 /// One call, in one statement: insert it when its trajectory is active and
 /// its parent is stored, and count it on the trajectory row. Returns the
-/// trajectory's status and whether the call went in.
-const APPEND_SQL: &str = "WITH t AS (SELECT seq, status FROM trajectories WHERE id = $1), \
+/// trajectory's status and whether the call went in. `FOR SHARE` waits for a
+/// finish another replica has not committed yet, then reads its outcome: a
+/// call is never stored after its trajectory's finish.
+const APPEND_SQL: &str =
+    "WITH t AS (SELECT seq, status FROM trajectories WHERE id = $1 FOR SHARE), \
      ins AS (INSERT INTO calls (traj, call_index, sample_index, parent_call, backend, \
        started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
        response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
@@ -306,9 +310,10 @@ impl AppendParams {
         })
     }
 
-    fn values(&self) -> [&(dyn ToSql + Sync); 26] {
+    /// The `calls` columns after `traj`, in table order: `$2`..`$23` of
+    /// [`APPEND_SQL`], and the bulk `COPY`'s columns after its first.
+    pub(super) fn columns(&self) -> [&(dyn ToSql + Sync); 22] {
         [
-            &self.id,
             &self.call_index,
             &self.sample_index,
             &self.parent,
@@ -331,10 +336,18 @@ impl AppendParams {
             &self.truncated,
             &self.normalized,
             &self.request_of,
-            &self.now,
-            &self.tokens,
-            &self.drifted,
         ]
+    }
+
+    /// `$1`..`$26` of [`APPEND_SQL`].
+    fn values(&self) -> Vec<&(dyn ToSql + Sync)> {
+        let mut v: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(26);
+        v.push(&self.id);
+        v.extend(self.columns());
+        v.push(&self.now);
+        v.push(&self.tokens);
+        v.push(&self.drifted);
+        v
     }
 }
 

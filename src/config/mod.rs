@@ -6,6 +6,10 @@
 //! validation messages that name the offending key. Must not: open files other
 //! than the config itself, or touch the network.
 
+mod redact;
+
+pub use redact::{redact_store_url, redact_url};
+
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -192,19 +196,6 @@ impl BackendConfig {
         } else {
             self.name.clone()
         }
-    }
-}
-
-/// `scheme://user:pass@host/...` → `scheme://***@host/...`: a backend URL
-/// may carry credentials (sent as basic auth); they are never shown.
-pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_string();
-    };
-    let authority_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***{}", &rest[at..]),
-        None => url.to_string(),
     }
 }
 
@@ -639,7 +630,7 @@ impl Config {
         if !(self.store.url.starts_with("sqlite://") || self.store.url == "memory://" || postgres) {
             return Err(invalid(
                 "store.url",
-                redact_url(&self.store.url),
+                redact_store_url(&self.store.url),
                 "expected sqlite://PATH, postgres://USER:PASS@HOST:PORT/DB or memory://",
             ));
         }
@@ -753,7 +744,7 @@ kind = "vllm"
     #[cfg(feature = "engine")]
     #[test]
     fn repo_default_config_is_valid() {
-        let text = include_str!("../config.toml");
+        let text = include_str!("../../config.toml");
         let c = Config::from_toml(text).expect("default config.toml must be valid");
         assert!(c.uses_engine());
     }
@@ -763,7 +754,7 @@ kind = "vllm"
     #[cfg(not(feature = "engine"))]
     #[test]
     fn engine_backend_needs_the_engine_feature() {
-        let err = Config::from_toml(include_str!("../config.toml"))
+        let err = Config::from_toml(include_str!("../../config.toml"))
             .expect_err("no engine in this build")
             .to_string();
         assert!(err.contains("backends[0].url"), "{err}");
