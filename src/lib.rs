@@ -16,8 +16,8 @@
 //! - `engine`: the bundled llama.cpp engine (continuous batching) and the
 //!   stand-alone `tito engine` server; cargo feature `engine` (default on).
 //! - [`error`]: the one API error type and its OpenAI JSON / SSE shapes.
-//! - [`store`]: the durable span store (trait, memory, SQLite) and sample
-//!   reconstruction from stored calls.
+//! - [`store`]: the durable span store (trait, memory, SQLite, PostgreSQL
+//!   shared by gateway replicas) and sample reconstruction from stored calls.
 //! - [`parse`]: tool-call and `<think>` reasoning parsers over decoded text,
 //!   full and streamed.
 //! - [`export`]: training rows (trajectory / per_call / verl layouts) written
