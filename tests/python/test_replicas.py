@@ -12,6 +12,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -71,7 +72,7 @@ def start_nginx(replicas):
         check=True,
     )
     pid = int((prefix / "nginx.pid").read_text())
-    return pid, f"127.0.0.1:{port}", prefix / "logs" / "access.log"
+    return pid, f"127.0.0.1:{port}", prefix
 
 
 def upstreams_by_trajectory(access_log):
@@ -118,12 +119,13 @@ def test_two_replicas_behind_nginx_keep_exact_history_through_a_kill_9():
     mocks = [harness.start_mock(REPLY) for _ in range(2)]
     backends = [f"http://{addr}" for _, addr in mocks]
     procs = [p for p, _ in mocks]
-    nginx_pid = None
+    nginx_pid, nginx_dir = None, None
     try:
         a, a_addr = harness.start_tito(tok_dir, backends, store_url=store_url)
         b, b_addr = harness.start_tito(tok_dir, backends, store_url=store_url)
         procs += [a, b]
-        nginx_pid, front, access_log = start_nginx([a_addr, b_addr])
+        nginx_pid, front, nginx_dir = start_nginx([a_addr, b_addr])
+        access_log = nginx_dir / "logs" / "access.log"
 
         acked, lock = [], threading.Lock()
         killed = threading.Event()
@@ -214,6 +216,8 @@ def test_two_replicas_behind_nginx_keep_exact_history_through_a_kill_9():
     finally:
         if nginx_pid:
             os.kill(nginx_pid, signal.SIGQUIT)
+        if nginx_dir:
+            shutil.rmtree(nginx_dir, ignore_errors=True)
         for p in procs:
             if p.poll() is None:
                 p.terminate()
