@@ -287,7 +287,7 @@ impl SpanStore for MemoryStore {
                 eligible.push((key, t.meta.id.clone(), t.meta.metadata.group.clone()));
             }
         }
-        let picked = super::sqlite::page_of(eligible, limit, filter.complete_groups);
+        let picked = super::types::lease_page(eligible, limit, filter.complete_groups);
         if picked.is_empty() {
             return Ok(Lease::of::<u64>(None, Vec::new(), expires_at));
         }

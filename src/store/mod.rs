@@ -30,6 +30,7 @@ mod group_commit;
 mod memory;
 pub mod postgres;
 mod sample;
+mod scan;
 pub mod sqlite;
 mod types;
 

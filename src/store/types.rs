@@ -280,6 +280,34 @@ impl Lease {
     }
 }
 
+/// The page out of eligible `(seq, id, group)` rows in creation order: the
+/// first `limit`, or with `whole_groups` every eligible member of the groups
+/// the first `limit` rows start (a group is never split between pages, so
+/// workers sharing a consumer each get whole GRPO groups).
+pub(crate) fn lease_page<K>(
+    rows: Vec<(K, String, Option<String>)>,
+    limit: usize,
+    whole_groups: bool,
+) -> Vec<(K, String)> {
+    if !whole_groups {
+        return rows
+            .into_iter()
+            .take(limit)
+            .map(|(k, id, _)| (k, id))
+            .collect();
+    }
+    let mut groups = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for (k, id, group) in rows {
+        let Some(group) = group else { continue };
+        if groups.contains(&group) || out.len() < limit {
+            groups.insert(group);
+            out.push((k, id));
+        }
+    }
+    out
+}
+
 /// What `POST /v1/export/ack` did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct Acked {
@@ -317,6 +345,12 @@ pub(crate) fn parse_cursor(cursor: Option<&str>) -> Result<u64, super::StoreErro
             .parse::<u64>()
             .map_err(|_| super::StoreError::Invalid(format!("bad cursor `{c}`"))),
     }
+}
+
+/// [`parse_cursor`] as the durable stores' key (a SQL `BIGINT`).
+pub(crate) fn cursor_key(cursor: Option<&str>) -> Result<i64, super::StoreError> {
+    i64::try_from(parse_cursor(cursor)?)
+        .map_err(|_| super::StoreError::Invalid("bad cursor".into()))
 }
 
 pub(crate) fn clamp_limit(limit: usize) -> usize {

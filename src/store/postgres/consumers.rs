@@ -6,7 +6,7 @@
 
 use super::rows::{FilterParams, FILTER_SQL};
 use super::Conn;
-use crate::store::sqlite::page_of;
+use crate::store::types::lease_page;
 use crate::store::{new_cursor, Acked, Lease, StoreError, TrajectoryFilter, TrajectoryStatus};
 
 async fn lock_consumer(conn: &mut Conn, consumer: &str) -> Result<(), StoreError> {
@@ -67,7 +67,7 @@ pub(crate) async fn lease(
         .iter()
         .map(|r| Ok(((r.try_get(0)?, r.try_get(1)?), r.try_get(2)?, r.try_get(3)?)))
         .collect::<Result<Vec<((i64, i64), String, Option<String>)>, StoreError>>()?;
-    let picked = page_of(rows, limit, f.complete);
+    let picked = lease_page(rows, limit, f.complete);
     let expires_at = now.saturating_add(lease_ms);
     if picked.is_empty() {
         return Ok(Lease::of::<i64>(None, Vec::new(), expires_at));

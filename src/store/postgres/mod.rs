@@ -33,7 +33,8 @@ use tokio::sync::mpsc;
 use tokio_postgres::{NoTls, Statement};
 
 use super::group_commit::{Writer, QUEUE};
-use super::types::{clamp_limit, parse_cursor};
+use super::scan::{self, listing_page};
+use super::types::{clamp_limit, cursor_key};
 use super::{
     Ack, Acked, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
     Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
@@ -44,8 +45,6 @@ pub use schema::SCHEMA_VERSION;
 
 /// Most read connections a store opens.
 const READERS: usize = 16;
-/// Trajectory metas fetched per scan round trip.
-const SCAN_PAGE: usize = 256;
 
 impl From<tokio_postgres::Error> for StoreError {
     fn from(e: tokio_postgres::Error) -> Self {
@@ -350,24 +349,11 @@ impl SpanStore for PgStore {
     }
 
     async fn list_trajectories(&self, query: &ListQuery) -> Result<Page, StoreError> {
-        let after = i64::try_from(parse_cursor(query.cursor.as_deref())?)
-            .map_err(|_| StoreError::Invalid("bad cursor".into()))?;
+        let after = cursor_key(query.cursor.as_deref())?;
         let limit = clamp_limit(query.limit);
         let mut c = self.readers.take().await?;
-        // One extra row tells whether another page exists.
         let out = rows::page(&mut c.conn, &query.filter, after, limit + 1).await;
-        let mut rows = c.done(out)?;
-        let more = rows.len() > limit;
-        rows.truncate(limit);
-        let next_cursor = if more {
-            rows.last().map(|(seq, _)| seq.to_string())
-        } else {
-            None
-        };
-        Ok(Page {
-            items: rows.into_iter().map(|(_, m)| m).collect(),
-            next_cursor,
-        })
+        Ok(listing_page(c.done(out)?, limit))
     }
 
     fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError> {
@@ -380,85 +366,32 @@ impl SpanStore for PgStore {
 
     fn scan(&self, filter: &TrajectoryFilter) -> Result<TrajectoryIter, StoreError> {
         let conn = futures::executor::block_on(self.readers.open())?;
-        Ok(Box::new(Scan {
-            conn,
-            filter: filter.clone(),
-            after: 0,
-            pending: std::collections::VecDeque::new(),
-            done: false,
-        }))
+        Ok(scan::by_filter(conn, filter))
     }
 
     fn scan_ids(&self, ids: Vec<String>) -> Result<TrajectoryIter, StoreError> {
-        Ok(Box::new(ScanIds {
-            conn: futures::executor::block_on(self.readers.open())?,
-            ids: ids.into_iter(),
-        }))
+        let conn = futures::executor::block_on(self.readers.open())?;
+        Ok(scan::by_ids(conn, ids))
     }
 }
 
-/// Named trajectories, one snapshot each, on one connection.
-struct ScanIds {
-    conn: Conn,
-    ids: std::vec::IntoIter<String>,
-}
-
-impl Iterator for ScanIds {
-    type Item = Result<Trajectory, StoreError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            let id = self.ids.next()?;
-            match futures::executor::block_on(rows::load(&mut self.conn, Key::Id(&id))) {
-                Ok(Some(t)) => return Some(Ok(t)),
-                Ok(None) => continue,
-                Err(e) => return Some(Err(e)),
-            }
-        }
+/// The blocking scans wait on the driver, which runs on the store's runtime.
+impl super::scan::Reader for Conn {
+    fn keys(
+        &mut self,
+        filter: &TrajectoryFilter,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<i64>, StoreError> {
+        let page = futures::executor::block_on(rows::page(self, filter, after, limit))?;
+        Ok(page.into_iter().map(|(seq, _)| seq).collect())
     }
-}
 
-/// Keyset-paginated scan owning its read connection.
-struct Scan {
-    conn: Conn,
-    filter: TrajectoryFilter,
-    after: i64,
-    pending: std::collections::VecDeque<i64>,
-    done: bool,
-}
+    fn by_key(&mut self, key: i64) -> Result<Option<Trajectory>, StoreError> {
+        futures::executor::block_on(rows::load(self, Key::Seq(key)))
+    }
 
-impl Iterator for Scan {
-    type Item = Result<Trajectory, StoreError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if self.done {
-                return None;
-            }
-            if self.pending.is_empty() {
-                let page = rows::page(&mut self.conn, &self.filter, self.after, SCAN_PAGE);
-                match futures::executor::block_on(page) {
-                    Ok(page) if page.is_empty() => {
-                        self.done = true;
-                        return None;
-                    }
-                    Ok(page) => self.pending.extend(page.into_iter().map(|(seq, _)| seq)),
-                    Err(e) => {
-                        self.done = true;
-                        return Some(Err(e));
-                    }
-                }
-            }
-            let seq = self.pending.pop_front()?;
-            self.after = seq;
-            match futures::executor::block_on(rows::load(&mut self.conn, Key::Seq(seq))) {
-                Ok(Some(t)) => return Some(Ok(t)),
-                Ok(None) => continue,
-                Err(e) => {
-                    self.done = true;
-                    return Some(Err(e));
-                }
-            }
-        }
+    fn by_id(&mut self, id: &str) -> Result<Option<Trajectory>, StoreError> {
+        futures::executor::block_on(rows::load(self, Key::Id(id)))
     }
 }

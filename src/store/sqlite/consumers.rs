@@ -7,6 +7,7 @@
 use rusqlite::{params, Connection};
 
 use super::rows::{filter_params, FILTER_SQL};
+use crate::store::types::lease_page;
 use crate::store::{new_cursor, Acked, Lease, StoreError, TrajectoryFilter, TrajectoryStatus};
 
 pub(crate) fn lease(
@@ -42,7 +43,7 @@ pub(crate) fn lease(
             |r| Ok(((r.get(0)?, r.get(1)?), r.get(2)?, r.get(3)?)),
         )?
         .collect::<Result<_, _>>()?;
-    let picked = page_of(rows, limit, complete);
+    let picked = lease_page(rows, limit, complete);
     let expires_at = now.saturating_add(lease_ms);
     if picked.is_empty() {
         return Ok(Lease::of::<i64>(None, Vec::new(), expires_at));
@@ -56,34 +57,6 @@ pub(crate) fn lease(
         insert.execute(params![consumer, seq, cursor, expires_at])?;
     }
     Ok(Lease::of(Some(cursor), picked, expires_at))
-}
-
-/// The page out of eligible `(seq, id, group)` rows in creation order: the
-/// first `limit`, or with `whole_groups` every eligible member of the groups
-/// the first `limit` rows start (a group is never split between pages, so
-/// workers sharing a consumer each get whole GRPO groups).
-pub(crate) fn page_of<K>(
-    rows: Vec<(K, String, Option<String>)>,
-    limit: usize,
-    whole_groups: bool,
-) -> Vec<(K, String)> {
-    if !whole_groups {
-        return rows
-            .into_iter()
-            .take(limit)
-            .map(|(k, id, _)| (k, id))
-            .collect();
-    }
-    let mut groups = std::collections::HashSet::new();
-    let mut out = Vec::new();
-    for (k, id, group) in rows {
-        let Some(group) = group else { continue };
-        if groups.contains(&group) || out.len() < limit {
-            groups.insert(group);
-            out.push((k, id));
-        }
-    }
-    out
 }
 
 pub(crate) fn ack(

@@ -34,19 +34,17 @@ use rusqlite::{Connection, OpenFlags};
 use tokio::sync::mpsc;
 
 use super::group_commit::{Writer, QUEUE};
-use super::types::{clamp_limit, parse_cursor};
+use super::scan::{self, listing_page};
+use super::types::{clamp_limit, cursor_key};
 use super::{
     Ack, Acked, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
     Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
 };
 
-pub(crate) use consumers::page_of;
 pub use schema::SCHEMA_VERSION;
 
 /// Idle read connections kept for reuse.
 const MAX_IDLE_READERS: usize = 8;
-/// Trajectory metas fetched per scan round trip.
-const SCAN_PAGE: usize = 256;
 
 /// `synchronous` pragma of the writing connection.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -323,24 +321,14 @@ impl SpanStore for SqliteStore {
     }
 
     async fn list_trajectories(&self, query: &ListQuery) -> Result<Page, StoreError> {
-        let after = i64::try_from(parse_cursor(query.cursor.as_deref())?)
-            .map_err(|_| StoreError::Invalid("bad cursor".into()))?;
+        let after = cursor_key(query.cursor.as_deref())?;
         let limit = clamp_limit(query.limit);
         let filter = query.filter.clone();
         self.read(move |c| {
-            // One extra row tells whether another page exists.
-            let mut rows = rows::page(c, &filter, after, limit + 1)?;
-            let more = rows.len() > limit;
-            rows.truncate(limit);
-            let next_cursor = if more {
-                rows.last().map(|(seq, _)| seq.to_string())
-            } else {
-                None
-            };
-            Ok(Page {
-                items: rows.into_iter().map(|(_, m)| m).collect(),
-                next_cursor,
-            })
+            Ok(listing_page(
+                rows::page(c, &filter, after, limit + 1)?,
+                limit,
+            ))
         })
         .await
     }
@@ -350,85 +338,32 @@ impl SpanStore for SqliteStore {
     }
 
     fn scan(&self, filter: &TrajectoryFilter) -> Result<TrajectoryIter, StoreError> {
-        let conn = self.readers.take()?;
-        Ok(Box::new(Scan {
-            conn,
-            filter: filter.clone(),
-            after: 0,
-            pending: std::collections::VecDeque::new(),
-            done: false,
-        }))
+        Ok(scan::by_filter(self.readers.take()?, filter))
     }
 
     fn scan_ids(&self, ids: Vec<String>) -> Result<TrajectoryIter, StoreError> {
-        Ok(Box::new(ScanIds {
-            conn: self.readers.take()?,
-            ids: ids.into_iter(),
-        }))
+        Ok(scan::by_ids(self.readers.take()?, ids))
     }
 }
 
-/// Named trajectories, one read each, on one connection.
-struct ScanIds {
-    conn: Connection,
-    ids: std::vec::IntoIter<String>,
-}
-
-impl Iterator for ScanIds {
-    type Item = Result<Trajectory, StoreError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            let id = self.ids.next()?;
-            match rows::load_by_id(&self.conn, &id) {
-                Ok(Some(t)) => return Some(Ok(t)),
-                Ok(None) => continue,
-                Err(e) => return Some(Err(e)),
-            }
-        }
+impl super::scan::Reader for Connection {
+    fn keys(
+        &mut self,
+        filter: &TrajectoryFilter,
+        after: i64,
+        limit: usize,
+    ) -> Result<Vec<i64>, StoreError> {
+        Ok(rows::page(self, filter, after, limit)?
+            .into_iter()
+            .map(|(seq, _)| seq)
+            .collect())
     }
-}
 
-/// Keyset-paginated scan owning its read connection.
-struct Scan {
-    conn: Connection,
-    filter: TrajectoryFilter,
-    after: i64,
-    pending: std::collections::VecDeque<i64>,
-    done: bool,
-}
+    fn by_key(&mut self, key: i64) -> Result<Option<Trajectory>, StoreError> {
+        rows::load_by_seq(self, key)
+    }
 
-impl Iterator for Scan {
-    type Item = Result<Trajectory, StoreError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        loop {
-            if self.done {
-                return None;
-            }
-            if self.pending.is_empty() {
-                match rows::page(&self.conn, &self.filter, self.after, SCAN_PAGE) {
-                    Ok(page) if page.is_empty() => {
-                        self.done = true;
-                        return None;
-                    }
-                    Ok(page) => self.pending.extend(page.into_iter().map(|(seq, _)| seq)),
-                    Err(e) => {
-                        self.done = true;
-                        return Some(Err(e));
-                    }
-                }
-            }
-            let seq = self.pending.pop_front()?;
-            self.after = seq;
-            match rows::load_by_seq(&self.conn, seq) {
-                Ok(Some(t)) => return Some(Ok(t)),
-                Ok(None) => continue,
-                Err(e) => {
-                    self.done = true;
-                    return Some(Err(e));
-                }
-            }
-        }
+    fn by_id(&mut self, id: &str) -> Result<Option<Trajectory>, StoreError> {
+        rows::load_by_id(self, id)
     }
 }
