@@ -27,13 +27,13 @@ mod mock_vllm;
 #[path = "common/procs.rs"]
 mod procs;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use load::{ms, signed_ms, MakeRequest, Stats, Until};
+use load::{env_or, median, ms, reply_ids, signed_ms, MakeRequest, Stats, Until};
 use mock_vllm::{MockVllm, Scripted};
 use procs::{free_port, spawn, Proc};
 use serde_json::{json, Value};
@@ -86,28 +86,6 @@ async fn wait_ready(client: &reqwest::Client, target: &Target, proc: &mut Proc) 
     .await;
 }
 
-/// The round with the median throughput (its latencies with it); errors
-/// summed over all rounds.
-fn median(mut rounds: Vec<Stats>) -> Stats {
-    let errors = rounds.iter().map(|s| s.errors).sum();
-    rounds.sort_by(|a, b| a.rps.total_cmp(&b.rps));
-    let mid = rounds.len() / 2;
-    let mut m = rounds.swap_remove(mid);
-    m.errors = errors;
-    m
-}
-
-fn reply_ids(tokenizer_dir: &Path) -> Vec<u32> {
-    let tok = tokenizers::Tokenizer::from_file(tokenizer_dir.join("tokenizer.json"))
-        .expect("Qwen3 tokenizer.json");
-    let mut ids = tok.encode(REPLY, false).expect("encode").get_ids().to_vec();
-    ids.push(
-        tok.token_to_id("<|im_end|>")
-            .expect("<|im_end|> in the vocabulary"),
-    );
-    ids
-}
-
 #[tokio::main]
 async fn main() {
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
@@ -137,17 +115,10 @@ async fn main() {
         "{} missing: scripts/fetch-tokenizers.sh",
         tokenizer_dir.display()
     );
-    let secs: f64 = std::env::var("TITO_PEERS_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5.0);
-    let rounds_n: usize = std::env::var("TITO_PEERS_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3)
-        .max(1);
+    let secs: f64 = env_or("TITO_PEERS_SECS", 5.0);
+    let rounds_n: usize = env_or("TITO_PEERS_ROUNDS", 3usize).max(1);
 
-    let mock = MockVllm::start(Scripted::ids(reply_ids(&tokenizer_dir))).await;
+    let mock = MockVllm::start(Scripted::ids(reply_ids(&tokenizer_dir, REPLY))).await;
     mock.quiet();
     mock.set_chat_content(REPLY);
     let dir = tempfile::tempdir().expect("tempdir");

@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use load::{ms, MakeRequest, Stats, Until};
+use load::{env_or, median, ms, reply_ids, MakeRequest, Stats, Until};
 use mock_vllm::{MockVllm, Scripted};
 use procs::{free_port, spawn, Proc};
 use serde_json::json;
@@ -113,14 +113,6 @@ fn start_nginx(root: &Path, dir: &Path, name: &str, replicas: &[u16]) -> (Nginx,
     (Nginx { pid }, port)
 }
 
-fn reply_ids(tokenizer_dir: &Path) -> Vec<u32> {
-    let tok = tokenizers::Tokenizer::from_file(tokenizer_dir.join("tokenizer.json"))
-        .expect("Qwen3 tokenizer.json");
-    let mut ids = tok.encode(REPLY, false).expect("encode").get_ids().to_vec();
-    ids.push(tok.token_to_id("<|im_end|>").expect("<|im_end|>"));
-    ids
-}
-
 fn chat(client: &reqwest::Client, port: u16) -> MakeRequest {
     let client = client.clone();
     let url = format!("http://127.0.0.1:{port}/v1/chat/completions");
@@ -132,14 +124,6 @@ fn chat(client: &reqwest::Client, port: u16) -> MakeRequest {
             "max_tokens": 64,
         }))
     })
-}
-
-fn median(mut rounds: Vec<Stats>) -> Stats {
-    let errors = rounds.iter().map(|s| s.errors).sum();
-    rounds.sort_by(|a, b| a.rps.total_cmp(&b.rps));
-    let mut m = rounds.swap_remove(rounds.len() / 2);
-    m.errors = errors;
-    m
 }
 
 #[tokio::main]
@@ -160,17 +144,10 @@ async fn main() {
         .unwrap_or_else(|| root.join("target/release/tito"));
     assert!(tito_bin.exists(), "{} missing", tito_bin.display());
     let tokenizer_dir = root.join(".cache/tokenizers/qwen3");
-    let secs: f64 = std::env::var("TITO_REPLICAS_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(5.0);
-    let rounds_n: usize = std::env::var("TITO_REPLICAS_ROUNDS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(3)
-        .max(1);
+    let secs: f64 = env_or("TITO_REPLICAS_SECS", 5.0);
+    let rounds_n: usize = env_or("TITO_REPLICAS_ROUNDS", 3usize).max(1);
 
-    let mock = MockVllm::start(Scripted::ids(reply_ids(&tokenizer_dir))).await;
+    let mock = MockVllm::start(Scripted::ids(reply_ids(&tokenizer_dir, REPLY))).await;
     mock.quiet();
     let dir = tempfile::tempdir().expect("tempdir");
     let store = store_support::postgres_database(&base);

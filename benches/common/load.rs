@@ -80,3 +80,35 @@ pub fn ms(d: Duration) -> String {
 pub fn signed_ms(a: Duration, b: Duration) -> String {
     format!("{:.3}", (a.as_secs_f64() - b.as_secs_f64()) * 1000.0)
 }
+
+/// The round with the median throughput (its latencies with it); errors
+/// summed over all rounds.
+pub fn median(mut rounds: Vec<Stats>) -> Stats {
+    let errors = rounds.iter().map(|s| s.errors).sum();
+    rounds.sort_by(|a, b| a.rps.total_cmp(&b.rps));
+    let mid = rounds.len() / 2;
+    let mut m = rounds.swap_remove(mid);
+    m.errors = errors;
+    m
+}
+
+/// A number from the environment, or `default` when unset or unparsable.
+pub fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `text` as the Qwen3 tokenizer fixture splits it, then `<|im_end|>`: the
+/// mock backend's reply.
+pub fn reply_ids(tokenizer_dir: &std::path::Path, text: &str) -> Vec<u32> {
+    let tok = tokenizers::Tokenizer::from_file(tokenizer_dir.join("tokenizer.json"))
+        .expect("Qwen3 tokenizer.json");
+    let mut ids = tok.encode(text, false).expect("encode").get_ids().to_vec();
+    ids.push(
+        tok.token_to_id("<|im_end|>")
+            .expect("<|im_end|> in the vocabulary"),
+    );
+    ids
+}

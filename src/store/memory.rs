@@ -289,7 +289,7 @@ impl SpanStore for MemoryStore {
         }
         let picked = super::types::lease_page(eligible, limit, filter.complete_groups);
         if picked.is_empty() {
-            return Ok(Lease::of::<u64>(None, Vec::new(), expires_at));
+            return Ok(Lease::empty(expires_at));
         }
         let cursor = new_cursor();
         for ((seq, _), _) in &picked {
@@ -297,7 +297,7 @@ impl SpanStore for MemoryStore {
                 .leases
                 .insert((consumer.to_string(), *seq), (cursor.clone(), expires_at));
         }
-        Ok(Lease::of(Some(cursor), picked, expires_at))
+        Ok(Lease::of(cursor, picked, expires_at))
     }
 
     async fn ack(&self, consumer: &str, cursor: &str) -> Result<Acked, StoreError> {

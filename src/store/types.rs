@@ -265,14 +265,20 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// A lease of `picked` `((seq, updated_at), id)` rows.
-    pub(crate) fn of<K>(
-        cursor: Option<String>,
-        picked: Vec<((K, i64), String)>,
-        expires_at: i64,
-    ) -> Lease {
+    /// Nothing was left to lease.
+    pub(crate) fn empty(expires_at: i64) -> Lease {
         Lease {
-            cursor,
+            cursor: None,
+            ids: Vec::new(),
+            expires_at,
+            oldest_updated_at: None,
+        }
+    }
+
+    /// A lease of `picked` `((seq, updated_at), id)` rows.
+    pub(crate) fn of<K>(cursor: String, picked: Vec<((K, i64), String)>, expires_at: i64) -> Lease {
+        Lease {
+            cursor: Some(cursor),
             oldest_updated_at: picked.iter().map(|((_, at), _)| *at).min(),
             ids: picked.into_iter().map(|(_, id)| id).collect(),
             expires_at,

@@ -70,7 +70,7 @@ pub(crate) async fn lease(
     let picked = lease_page(rows, limit, f.complete);
     let expires_at = now.saturating_add(lease_ms);
     if picked.is_empty() {
-        return Ok(Lease::of::<i64>(None, Vec::new(), expires_at));
+        return Ok(Lease::empty(expires_at));
     }
     let cursor = new_cursor();
     let seqs: Vec<i64> = picked.iter().map(|((seq, _), _)| *seq).collect();
@@ -84,7 +84,7 @@ pub(crate) async fn lease(
     conn.client
         .execute(&stmt, &[&consumer, &seqs, &cursor, &expires_at])
         .await?;
-    Ok(Lease::of(Some(cursor), picked, expires_at))
+    Ok(Lease::of(cursor, picked, expires_at))
 }
 
 pub(crate) async fn ack(

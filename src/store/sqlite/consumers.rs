@@ -46,7 +46,7 @@ pub(crate) fn lease(
     let picked = lease_page(rows, limit, complete);
     let expires_at = now.saturating_add(lease_ms);
     if picked.is_empty() {
-        return Ok(Lease::of::<i64>(None, Vec::new(), expires_at));
+        return Ok(Lease::empty(expires_at));
     }
     let cursor = new_cursor();
     let mut insert = conn.prepare_cached(
@@ -56,7 +56,7 @@ pub(crate) fn lease(
     for ((seq, _), _) in &picked {
         insert.execute(params![consumer, seq, cursor, expires_at])?;
     }
-    Ok(Lease::of(Some(cursor), picked, expires_at))
+    Ok(Lease::of(cursor, picked, expires_at))
 }
 
 pub(crate) fn ack(
