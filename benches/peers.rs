@@ -125,34 +125,22 @@ async fn main() {
 
     // tito twice: the default `[store] ack = "committed"` (answer after the
     // commit) and `ack = "queued"` (answer once the commit is queued).
-    let start_tito = |ack: &str| {
-        let port = free_port();
-        let config = dir.path().join(format!("tito-{ack}.toml"));
-        std::fs::write(
-            &config,
-            format!(
-                "[server]\nlisten = \"127.0.0.1:{port}\"\n\
-                 [model]\nname = \"m\"\ntokenizer = \"{}\"\n\
-                 [[backends]]\nurl = \"{}\"\nkind = \"vllm\"\n\
-                 [store]\nurl = \"sqlite://{}/spans-{ack}.db\"\nack = \"{ack}\"\n",
-                tokenizer_dir.display(),
-                mock.url(),
-                dir.path().display()
-            ),
-        )
-        .expect("tito config");
-        let proc = spawn(
-            "tito",
-            dir.path(),
-            Command::new(&tito_bin)
-                .args(["serve", "--config"])
-                .arg(&config)
-                .env("NO_COLOR", "1"),
+    let start_tito = |name: &'static str, ack: &str| {
+        let store = format!(
+            "url = \"sqlite://{}/spans-{ack}.db\"\nack = \"{ack}\"",
+            dir.path().display()
         );
-        (port, proc)
+        procs::start_tito(
+            &tito_bin,
+            dir.path(),
+            name,
+            &tokenizer_dir,
+            &mock.url(),
+            &store,
+        )
     };
-    let (tito_port, mut tito) = start_tito("committed");
-    let (tito_q_port, mut tito_q) = start_tito("queued");
+    let (tito_port, mut tito) = start_tito("tito", "committed");
+    let (tito_q_port, mut tito_q) = start_tito("tito-queued", "queued");
 
     let sgl_port = free_port();
     let mut sgl = spawn(

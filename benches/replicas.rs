@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use load::{env_or, median, ms, reply_ids, MakeRequest, Stats, Until};
 use mock_vllm::{MockVllm, Scripted};
-use procs::{free_port, spawn, Proc};
+use procs::{free_port, Proc};
 use serde_json::json;
 
 const NGINX: &str = "/usr/sbin/nginx";
@@ -159,27 +159,14 @@ async fn main() {
 
     let mut replicas: Vec<(u16, Proc)> = Vec::new();
     for name in ["tito-1", "tito-2"] {
-        let port = free_port();
-        let config = dir.path().join(format!("{name}.toml"));
-        std::fs::write(
-            &config,
-            format!(
-                "[server]\nlisten = \"127.0.0.1:{port}\"\n\
-                 [model]\nname = \"m\"\ntokenizer = \"{}\"\n\
-                 [[backends]]\nurl = \"{}\"\nkind = \"vllm\"\n\
-                 [store]\nurl = \"{store}\"\n",
-                tokenizer_dir.display(),
-                mock.url(),
-            ),
-        )
-        .expect("config");
-        let mut proc = spawn(
-            name,
+        let store_toml = format!("url = \"{store}\"");
+        let (port, mut proc) = procs::start_tito(
+            &tito_bin,
             dir.path(),
-            Command::new(&tito_bin)
-                .args(["serve", "--config"])
-                .arg(&config)
-                .env("NO_COLOR", "1"),
+            name,
+            &tokenizer_dir,
+            &mock.url(),
+            &store_toml,
         );
         let make = chat(&client, port);
         procs::wait_ready(&mut proc, || async {

@@ -43,6 +43,41 @@ pub fn spawn(name: &'static str, dir: &Path, cmd: &mut Command) -> Proc {
     Proc { name, child, log }
 }
 
+/// `tito serve` on a free loopback port in front of one vLLM-kind backend,
+/// with the Qwen3 tokenizer fixture and `store` (TOML lines of its `[store]`
+/// table); its config and log in `dir`. Returns the port and the process.
+pub fn start_tito(
+    bin: &Path,
+    dir: &Path,
+    name: &'static str,
+    tokenizer_dir: &Path,
+    backend: &str,
+    store: &str,
+) -> (u16, Proc) {
+    let port = free_port();
+    let config = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &config,
+        format!(
+            "[server]\nlisten = \"127.0.0.1:{port}\"\n\
+             [model]\nname = \"m\"\ntokenizer = \"{}\"\n\
+             [[backends]]\nurl = \"{backend}\"\nkind = \"vllm\"\n\
+             [store]\n{store}\n",
+            tokenizer_dir.display(),
+        ),
+    )
+    .expect("tito config");
+    let proc = spawn(
+        name,
+        dir,
+        Command::new(bin)
+            .args(["serve", "--config"])
+            .arg(&config)
+            .env("NO_COLOR", "1"),
+    );
+    (port, proc)
+}
+
 /// Polls `ready` until it says yes (gateways load tokenizers, discover
 /// workers, import Python modules first); panics with the process's log if
 /// it exits or takes over 180 s.
