@@ -18,11 +18,14 @@
 //! pump reads the body to its end (bounded by the idle timeout and a byte
 //! cap) so the connection can go back to the pool.
 
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::StreamExt;
-use tokio::sync::mpsc;
-use tokio::time::Instant;
+use futures::{Stream, StreamExt};
+use tokio::time::{Instant, Sleep};
 
 use super::sse::SseDecoder;
 use super::{BackendError, GenEvent, GenStream};
@@ -53,9 +56,6 @@ impl StreamTimeouts {
     }
 }
 
-/// Events buffered between the pump task and the consumer.
-const CHANNEL_CAPACITY: usize = 64;
-
 /// At most this many bytes are read after `Done` while draining the body.
 const DRAIN_LIMIT: usize = 1 << 20;
 
@@ -63,7 +63,7 @@ const DRAIN_LIMIT: usize = 1 << 20;
 /// The first-token clock starts here, before the request is sent: a backend
 /// that never answers fails with `Timeout` from this call, one that answers
 /// but never produces an event fails with `Timeout` from the stream.
-pub async fn send_and_pump<D: EventDecoder>(
+pub async fn send_and_pump<D: EventDecoder + Unpin>(
     backend: &str,
     request: reqwest::RequestBuilder,
     timeouts: StreamTimeouts,
@@ -81,142 +81,279 @@ pub async fn send_and_pump<D: EventDecoder>(
 }
 
 /// Pumps an already status-checked streaming response: the first event must
-/// arrive by `first_deadline`, each later one within `idle` of the previous.
-pub fn pump<D: EventDecoder>(
+/// arrive by `first_deadline`, each later one within `idle` of the consumer
+/// asking for it.
+///
+/// The stream decodes in its consumer's task, as the consumer polls it: no
+/// task or channel of its own sits between the connection and the call (a
+/// hop per event was a measurable share of a call's CPU, docs/benchmarks.md).
+pub fn pump<D: EventDecoder + Unpin>(
     backend: &str,
     resp: reqwest::Response,
     first_deadline: Instant,
     idle: Duration,
     decoder: D,
 ) -> GenStream {
-    let (tx, rx) = mpsc::channel(CHANNEL_CAPACITY);
-    let out = Out {
+    Box::pin(Pump {
         backend: backend.to_string(),
-        tx,
-    };
-    // In the caller's span (the request's): log lines carry its id.
-    let task = run(out, resp, first_deadline, idle, decoder);
-    tokio::spawn(tracing::Instrument::in_current_span(task));
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
+        body: Some(Box::pin(resp.bytes_stream())),
+        sse: SseDecoder::default(),
+        decoder,
+        deadline: Box::pin(tokio::time::sleep_until(first_deadline)),
+        idle,
+        any_event: false,
+        rearm: false,
+        ready: VecDeque::new(),
+        failed: None,
+        ended: false,
+    })
 }
 
-/// The pump task: reads, decodes and sends until `Done`, an error, or the
-/// consumer dropping the stream.
-async fn run<D: EventDecoder>(
-    out: Out,
-    resp: reqwest::Response,
-    first_deadline: Instant,
-    idle: Duration,
-    mut decoder: D,
-) {
-    let mut body = resp.bytes_stream();
-    let mut sse = SseDecoder::default();
-    let mut deadline = first_deadline;
-    let mut any_event = false;
-    loop {
-        let chunk = match out.read(&mut body, deadline, any_event).await {
-            Read::Chunk(c) => c,
-            Read::End => break,
-            Read::Failed(e) => return out.fail(e).await,
-            // Returning drops `body`: the connection closes, the backend
-            // cancels the request.
-            Read::Gone => return,
-        };
-        sse.push(&chunk);
-        while let Some(data) = sse.next_event() {
-            if data.trim() == "[DONE]" {
-                return out.fail(out.ended("[DONE]")).await;
-            }
-            let events = match decoder.on_data(&data) {
-                Ok(events) => events,
-                Err(e) => return out.fail(e).await,
-            };
-            if events.is_empty() {
-                continue;
-            }
-            for ev in events {
-                let done = matches!(ev, GenEvent::Done { .. });
-                if out.tx.send(Ok(ev)).await.is_err() {
-                    return;
-                }
-                if done {
-                    drop(out);
-                    drain(body, idle).await;
-                    return;
-                }
-            }
-            any_event = true;
-            // The idle clock runs while waiting on the backend only, not
-            // while a slow consumer keeps the channel full.
-            deadline = Instant::now() + idle;
-        }
-    }
-    out.fail(out.ended("the end of the body")).await;
-}
+type Body = Pin<Box<dyn Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
 
-/// The sending side of a pump, and the backend's name for its errors.
-struct Out {
+/// One streamed backend call, read as its consumer polls.
+struct Pump<D> {
     backend: String,
-    tx: mpsc::Sender<Result<GenEvent, BackendError>>,
+    /// `None` once the body has ended, failed, or gone to the drain after
+    /// `Done`.
+    body: Option<Body>,
+    sse: SseDecoder,
+    decoder: D,
+    /// The first-token deadline, then the idle one.
+    deadline: Pin<Box<Sleep>>,
+    idle: Duration,
+    any_event: bool,
+    /// Events were handed out: the idle clock restarts at the next wait.
+    rearm: bool,
+    /// Decoded, not yet handed out (one chunk may hold several events).
+    ready: VecDeque<GenEvent>,
+    /// What ends the stream once `ready` is handed out.
+    failed: Option<BackendError>,
+    /// Nothing follows `ready` (and `failed`).
+    ended: bool,
 }
 
-/// What reading the next chunk of the body gave.
-enum Read {
-    Chunk(bytes::Bytes),
-    End,
-    Failed(BackendError),
-    /// The consumer dropped the stream.
-    Gone,
-}
-
-impl Out {
-    /// The next body chunk, unless the deadline passes or the consumer goes.
-    async fn read<S>(&self, body: &mut S, deadline: Instant, any_event: bool) -> Read
-    where
-        S: futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
-    {
-        tokio::select! {
-            _ = self.tx.closed() => Read::Gone,
-            next = tokio::time::timeout_at(deadline, body.next()) => match next {
-                Err(_) => Read::Failed(super::timeout(
-                    &self.backend,
-                    if any_event {
-                        "no event within the idle stream timeout"
-                    } else {
-                        "no token before the first-token timeout"
-                    },
-                )),
-                Ok(None) => Read::End,
-                Ok(Some(Err(e))) => Read::Failed(super::map_reqwest(&self.backend, e)),
-                Ok(Some(Ok(c))) => Read::Chunk(c),
-            },
-        }
+impl<D: EventDecoder> Pump<D> {
+    /// Ends the stream with `e`, after the events already decoded. Dropping
+    /// the body closes the connection: the backend cancels the request.
+    fn fail(&mut self, e: BackendError) {
+        self.ended = true;
+        self.body = None;
+        self.failed = Some(e);
     }
 
-    fn ended(&self, how: &str) -> BackendError {
+    fn ended_without_finish(&self, how: &str) -> BackendError {
         BackendError::Protocol {
             backend: self.backend.clone(),
             message: format!("stream reached {how} without a finish_reason"),
         }
     }
 
-    async fn fail(&self, e: BackendError) {
-        // The consumer may be gone already; then nobody needs the error.
-        let _ = self.tx.send(Err(e)).await;
+    /// Decodes every complete SSE event of the buffer into `ready`; on
+    /// `Done` hands the rest of the body to the drain. An error ends the
+    /// stream.
+    fn decode(&mut self) -> Result<(), BackendError> {
+        while let Some(data) = self.sse.next_event() {
+            if data.trim() == "[DONE]" {
+                return Err(self.ended_without_finish("[DONE]"));
+            }
+            let events = self.decoder.on_data(&data)?;
+            if events.is_empty() {
+                continue;
+            }
+            self.any_event = true;
+            self.rearm = true;
+            for ev in events {
+                let done = matches!(ev, GenEvent::Done { .. });
+                self.ready.push_back(ev);
+                if done {
+                    self.ended = true;
+                    if let Some(body) = self.body.take() {
+                        tokio::spawn(drain(body, self.idle));
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<D: EventDecoder + Unpin> Stream for Pump<D> {
+    type Item = Result<GenEvent, BackendError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        loop {
+            if let Some(ev) = this.ready.pop_front() {
+                return Poll::Ready(Some(Ok(ev)));
+            }
+            if this.ended {
+                return Poll::Ready(this.failed.take().map(Err));
+            }
+            if std::mem::take(&mut this.rearm) {
+                // The idle clock runs while waiting on the backend only, not
+                // while the consumer is busy with earlier events.
+                this.deadline.as_mut().reset(Instant::now() + this.idle);
+            }
+            let Some(body) = this.body.as_mut() else {
+                return Poll::Ready(None);
+            };
+            match body.as_mut().poll_next(cx) {
+                Poll::Ready(Some(Ok(chunk))) => {
+                    this.sse.push(&chunk);
+                    if let Err(e) = this.decode() {
+                        this.fail(e);
+                    }
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    let e = super::map_reqwest(&this.backend, e);
+                    this.fail(e);
+                }
+                Poll::Ready(None) => {
+                    let e = this.ended_without_finish("the end of the body");
+                    this.fail(e);
+                }
+                Poll::Pending => {
+                    if this.deadline.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    let why = if this.any_event {
+                        "no event within the idle stream timeout"
+                    } else {
+                        "no token before the first-token timeout"
+                    };
+                    let e = super::timeout(&this.backend, why);
+                    this.fail(e);
+                }
+            }
+        }
     }
 }
 
 /// Reads what follows `Done` (a usage chunk, `[DONE]`, the end of a chunked
 /// body) and discards it, so a well-behaved backend's connection is reused.
-async fn drain<S>(mut body: S, idle: Duration)
-where
-    S: futures::Stream<Item = reqwest::Result<bytes::Bytes>> + Unpin,
-{
+async fn drain(mut body: Body, idle: Duration) {
     let mut read = 0usize;
     while read <= DRAIN_LIMIT {
         match tokio::time::timeout(idle, body.next()).await {
             Ok(Some(Ok(c))) => read += c.len(),
             _ => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::FinishReason;
+
+    /// `t N` is a token, `done` the finish, anything else an error.
+    struct Lines;
+
+    impl EventDecoder for Lines {
+        fn on_data(&mut self, data: &str) -> Result<Vec<GenEvent>, BackendError> {
+            match data.split_once(' ') {
+                Some(("t", n)) => Ok(vec![GenEvent::Tokens {
+                    ids: vec![n.parse().map_err(|_| protocol("bad id"))?],
+                    logprobs: Vec::new(),
+                }]),
+                _ if data == "done" => Ok(vec![GenEvent::Done {
+                    finish_reason: FinishReason::Stop,
+                }]),
+                _ if data == "nothing" => Ok(Vec::new()),
+                _ => Err(protocol("bad chunk")),
+            }
+        }
+    }
+
+    fn protocol(message: &str) -> BackendError {
+        BackendError::Protocol {
+            backend: "b".into(),
+            message: message.into(),
+        }
+    }
+
+    /// A pump over a body sent in `chunks`, then held open (never ended).
+    fn pumped(chunks: &[&'static str], idle: Duration) -> GenStream {
+        let parts: Vec<Result<bytes::Bytes, std::io::Error>> = chunks
+            .iter()
+            .map(|c| Ok(bytes::Bytes::from_static(c.as_bytes())))
+            .collect();
+        let body = futures::stream::iter(parts).chain(futures::stream::pending());
+        let resp = axum::http::Response::new(reqwest::Body::wrap_stream(body));
+        pump(
+            "b",
+            reqwest::Response::from(resp),
+            Instant::now() + idle,
+            idle,
+            Lines,
+        )
+    }
+
+    fn ids(ev: Option<Result<GenEvent, BackendError>>) -> Vec<u32> {
+        match ev {
+            Some(Ok(GenEvent::Tokens { ids, .. })) => ids,
+            other => panic!("expected tokens, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn events_of_one_chunk_come_in_order_and_done_ends_the_stream() {
+        let mut s = pumped(
+            &[
+                "data: t 1\n\ndata: t",
+                " 2\n\ndata: nothing\n\ndata: done\n\ndata: t 9\n\n",
+            ],
+            Duration::from_secs(5),
+        );
+        assert_eq!(ids(s.next().await), vec![1]);
+        assert_eq!(ids(s.next().await), vec![2]);
+        assert!(matches!(s.next().await, Some(Ok(GenEvent::Done { .. }))));
+        // What follows `Done` goes to the drain, not to the consumer.
+        assert!(s.next().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn events_decoded_before_an_error_come_first() {
+        let mut s = pumped(&["data: t 1\n\ndata: garbage\n\n"], Duration::from_secs(5));
+        assert_eq!(ids(s.next().await), vec![1]);
+        assert!(matches!(
+            s.next().await,
+            Some(Err(BackendError::Protocol { .. }))
+        ));
+        assert!(s.next().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_idle_clock_restarts_when_the_consumer_asks_again() {
+        let idle = Duration::from_millis(100);
+        let mut s = pumped(&["data: t 1\n\n"], idle);
+        assert_eq!(ids(s.next().await), vec![1]);
+        // A consumer busy for longer than the idle timeout is not the
+        // backend's silence: the clock starts at the next wait.
+        tokio::time::advance(idle * 3).await;
+        let t0 = Instant::now();
+        match s.next().await {
+            Some(Err(BackendError::Timeout { message, .. })) => {
+                assert!(message.contains("idle"), "{message}");
+            }
+            other => panic!("expected an idle timeout, got {other:?}"),
+        }
+        assert_eq!(t0.elapsed(), idle);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_event_before_the_first_deadline_times_out() {
+        let mut s = pumped(
+            &[": keep-alive\n\ndata: nothing\n\n"],
+            Duration::from_millis(50),
+        );
+        match s.next().await {
+            Some(Err(BackendError::Timeout { message, .. })) => {
+                assert!(message.contains("first-token"), "{message}");
+            }
+            other => panic!("expected a first-token timeout, got {other:?}"),
         }
     }
 }
