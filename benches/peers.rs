@@ -18,7 +18,12 @@
 //! Environment: `TITO_PEERS_VENV` (default `.bench-venv`), `TITO_BIN`
 //! (default `target/release/tito`), `TITO_PEERS_SECS` (seconds measured per
 //! cell, default 5), `TITO_PEERS_ROUNDS` (interleaved rounds, median
-//! reported, default 3). Without the venv the bench says so and skips.
+//! reported, default 3), `TITO_PEERS_ONLY` (comma-separated target names to
+//! load, e.g. `tito` while `perf record -p` watches it; the direct calls and
+//! ratios are then skipped), `TITO_BIN_B` (a second tito binary, e.g. the
+//! previous commit's, loaded beside `tito` in the `TITO_PEERS_ONLY` rounds
+//! with the same config: an A/B in one run). Without the venv the bench says
+//! so and skips.
 
 #[path = "common/load.rs"]
 mod load;
@@ -33,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use load::{env_or, median, ms, reply_ids, signed_ms, MakeRequest, Stats, Until};
+use load::{cpu_time, env_or, ms, reply_ids, signed_ms, MakeRequest, Stats, Until};
 use mock_vllm::{MockVllm, Scripted};
 use procs::{free_port, spawn, Proc};
 use serde_json::{json, Value};
@@ -52,6 +57,24 @@ struct Target {
     /// Number the user message of every request, so that no gateway can
     /// answer from a cache of earlier prompts (tito tokenizes each one).
     vary: bool,
+    /// The gateway's process, whose CPU time per request is measured.
+    pid: Option<u32>,
+}
+
+/// One target's median round, with CPU time per answered request: the
+/// gateway's process, and this bench process (the load's client and the
+/// mock backend).
+struct Cell {
+    stats: Stats,
+    gateway_cpu: Option<Duration>,
+    bench_cpu: Option<Duration>,
+}
+
+impl Cell {
+    fn cpu_us(d: Option<Duration>) -> String {
+        d.map(|d| format!("{:.0}", d.as_secs_f64() * 1e6))
+            .unwrap_or_default()
+    }
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -76,6 +99,70 @@ impl Target {
         }
         r
     }
+}
+
+/// Loads each target `rounds` times, interleaved so that a slow spell of the
+/// machine hits all of them, each round after a warm-up; the median round of
+/// each target (by throughput), in the order given.
+async fn interleaved(
+    client: &reqwest::Client,
+    targets: &[&Target],
+    concurrency: usize,
+    secs: f64,
+    rounds: usize,
+) -> Vec<Cell> {
+    let mut cells: Vec<Vec<Cell>> = targets.iter().map(|_| Vec::new()).collect();
+    for _ in 0..rounds {
+        for (t, cell) in targets.iter().zip(cells.iter_mut()) {
+            let make = t.load(client);
+            let warm = Duration::from_secs_f64((secs / 5.0).max(0.5));
+            load::run(&make, concurrency, Until::Elapsed(warm)).await;
+            let (gw0, me0) = (t.pid.and_then(|p| cpu_time(Some(p))), cpu_time(None));
+            let stats = load::run(
+                &make,
+                concurrency,
+                Until::Elapsed(Duration::from_secs_f64(secs)),
+            )
+            .await;
+            let (gw1, me1) = (t.pid.and_then(|p| cpu_time(Some(p))), cpu_time(None));
+            let per = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+                (Some(a), Some(b)) if stats.ok > 0 => Some(b.saturating_sub(a) / stats.ok as u32),
+                _ => None,
+            };
+            cell.push(Cell {
+                gateway_cpu: per(gw0, gw1),
+                bench_cpu: per(me0, me1),
+                stats,
+            });
+        }
+    }
+    cells
+        .into_iter()
+        .map(|mut rounds| {
+            let errors = rounds.iter().map(|c| c.stats.errors).sum();
+            rounds.sort_by(|a, b| a.stats.rps.total_cmp(&b.stats.rps));
+            let mut m = rounds.swap_remove(rounds.len() / 2);
+            m.stats.errors = errors;
+            m
+        })
+        .collect()
+}
+
+/// One table row; `base` is the direct call the added latency is over.
+fn row(concurrency: usize, name: &str, c: &Cell, base: Option<&Stats>) {
+    let s = &c.stats;
+    let (ap50, ap99) = base
+        .map(|b| (signed_ms(s.p50, b.p50), signed_ms(s.p99, b.p99)))
+        .unwrap_or_default();
+    println!(
+        "| {concurrency} | {name} | {:.0} | {} | {} | {ap50} | {ap99} | {} | {} | {} |",
+        s.rps,
+        ms(s.p50),
+        ms(s.p99),
+        Cell::cpu_us(c.gateway_cpu),
+        Cell::cpu_us(c.bench_cpu),
+        s.errors
+    );
 }
 
 /// Waits until the target answers a request with 200.
@@ -141,6 +228,19 @@ async fn main() {
     };
     let (tito_port, mut tito) = start_tito("tito", "committed");
     let (tito_q_port, mut tito_q) = start_tito("tito-queued", "queued");
+    // `TITO_BIN_B`: a second binary (say, the previous commit's) run beside
+    // the first with the same config, for an A/B in one run.
+    let tito_b = std::env::var_os("TITO_BIN_B").map(|bin| {
+        let store = format!("url = \"sqlite://{}/spans-b.db\"", dir.path().display());
+        procs::start_tito(
+            &PathBuf::from(bin),
+            dir.path(),
+            "tito-b",
+            &tokenizer_dir,
+            &mock.url(),
+            &store,
+        )
+    });
 
     let sgl_port = free_port();
     let mut sgl = spawn(
@@ -193,6 +293,7 @@ async fn main() {
         body: chat.clone(),
         bearer: None,
         vary: true,
+        pid: Some(tito.child.id()),
     };
     wait_ready(&client, &tito_t, &mut tito).await;
     let tito_q_t = Target {
@@ -201,8 +302,24 @@ async fn main() {
         body: chat.clone(),
         bearer: None,
         vary: true,
+        pid: Some(tito_q.child.id()),
     };
     wait_ready(&client, &tito_q_t, &mut tito_q).await;
+    let (tito_b_t, _tito_b_proc) = match tito_b {
+        Some((port, mut proc)) => {
+            let t = Target {
+                name: "tito B",
+                url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
+                body: chat.clone(),
+                bearer: None,
+                vary: true,
+                pid: Some(proc.child.id()),
+            };
+            wait_ready(&client, &t, &mut proc).await;
+            (Some(t), Some(proc))
+        }
+        None => (None, None),
+    };
     // The direct token-id call carries exactly the prompt tito sends.
     let prompt_ids = {
         let mut body = (*chat).clone();
@@ -229,6 +346,7 @@ async fn main() {
             "return_tokens_as_token_ids": true, "stream": true})),
         bearer: None,
         vary: false,
+        pid: None,
     };
     let direct_text = Target {
         name: "direct (text chat)",
@@ -236,6 +354,7 @@ async fn main() {
         body: chat.clone(),
         bearer: None,
         vary: true,
+        pid: None,
     };
     let sgl_t = Target {
         name: "sglang-router",
@@ -243,6 +362,7 @@ async fn main() {
         body: chat.clone(),
         bearer: None,
         vary: true,
+        pid: Some(sgl.child.id()),
     };
     let lite_t = Target {
         name: "litellm",
@@ -250,6 +370,7 @@ async fn main() {
         body: chat.clone(),
         bearer: Some(LITELLM_KEY),
         vary: true,
+        pid: Some(lite.child.id()),
     };
     wait_ready(&client, &sgl_t, &mut sgl).await;
     wait_ready(&client, &lite_t, &mut lite).await;
@@ -258,9 +379,34 @@ async fn main() {
         "{secs} s per cell, median of {rounds_n} interleaved rounds; added = gateway minus the direct call it makes\n"
     );
     println!(
-        "| concurrency | target | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | errors |"
+        "| concurrency | target | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | \
+         gateway CPU µs/req | bench CPU µs/req | errors |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
+    let only: Option<Vec<String>> = std::env::var("TITO_PEERS_ONLY")
+        .ok()
+        .map(|s| s.split(',').map(|n| n.trim().to_string()).collect());
+    if let Some(only) = &only {
+        let mut picked: Vec<&Target> = [&tito_t, &tito_q_t, &sgl_t, &lite_t]
+            .into_iter()
+            .filter(|t| only.iter().any(|n| n == t.name))
+            .collect();
+        picked.extend(tito_b_t.as_ref());
+        for concurrency in [1usize, 64] {
+            let cells = interleaved(&client, &picked, concurrency, secs, rounds_n).await;
+            for (t, c) in picked.iter().zip(&cells) {
+                row(concurrency, t.name, c, None);
+            }
+            if let (Some(b), Some(a), Some(_)) = (cells.last(), cells.first(), &tito_b_t) {
+                println!(
+                    "concurrency {concurrency}: tito B / {} = {:.3}x",
+                    picked[0].name,
+                    b.stats.rps / a.stats.rps
+                );
+            }
+        }
+        return;
+    }
     let mut summary = Vec::new();
     for concurrency in [1usize, 64] {
         let targets = [
@@ -271,42 +417,17 @@ async fn main() {
             &sgl_t,
             &lite_t,
         ];
-        // Rounds interleave the targets, so a slow spell of the machine hits
-        // all of them; each cell reports its median round.
-        let mut rounds: Vec<Vec<Stats>> = targets.iter().map(|_| Vec::new()).collect();
-        for _ in 0..rounds_n {
-            for (t, cell) in targets.iter().zip(rounds.iter_mut()) {
-                let make = t.load(&client);
-                let warm = Duration::from_secs_f64((secs / 5.0).max(0.5));
-                load::run(&make, concurrency, Until::Elapsed(warm)).await;
-                let secs = Duration::from_secs_f64(secs);
-                cell.push(load::run(&make, concurrency, Until::Elapsed(secs)).await);
-            }
-        }
-        let stats: Vec<(&str, Stats)> = targets
-            .iter()
-            .zip(rounds)
-            .map(|(t, cell)| (t.name, median(cell)))
-            .collect();
-        for (i, (name, s)) in stats.iter().enumerate() {
+        let cells = interleaved(&client, &targets, concurrency, secs, rounds_n).await;
+        for (i, (t, c)) in targets.iter().zip(&cells).enumerate() {
             // tito calls the token-id endpoint; the peers call the text one.
             let base = match i {
-                2 | 3 => Some(&stats[0].1),
-                4 | 5 => Some(&stats[1].1),
+                2 | 3 => Some(&cells[0].stats),
+                4 | 5 => Some(&cells[1].stats),
                 _ => None,
             };
-            let (ap50, ap99) = base
-                .map(|b| (signed_ms(s.p50, b.p50), signed_ms(s.p99, b.p99)))
-                .unwrap_or_else(|| ("".into(), "".into()));
-            println!(
-                "| {concurrency} | {name} | {:.0} | {} | {} | {ap50} | {ap99} | {} |",
-                s.rps,
-                ms(s.p50),
-                ms(s.p99),
-                s.errors
-            );
+            row(concurrency, t.name, c, base);
         }
-        let rps = |i: usize| stats[i].1.rps;
+        let rps = |i: usize| cells[i].stats.rps;
         summary.push((concurrency, rps(2), rps(3), rps(4), rps(5)));
     }
     println!();

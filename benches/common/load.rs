@@ -22,6 +22,8 @@ pub struct Stats {
     pub rps: f64,
     /// Requests that failed or answered a non-2xx status.
     pub errors: usize,
+    /// Requests answered with success.
+    pub ok: usize,
 }
 
 pub async fn run(make: &MakeRequest, concurrency: usize, until: Until) -> Stats {
@@ -68,6 +70,7 @@ pub async fn run(make: &MakeRequest, concurrency: usize, until: Until) -> Stats 
         p99: pct(0.99),
         rps: all.len() as f64 / elapsed.as_secs_f64(),
         errors,
+        ok: all.len(),
     }
 }
 
@@ -111,4 +114,22 @@ pub fn reply_ids(tokenizer_dir: &std::path::Path, text: &str) -> Vec<u32> {
             .expect("<|im_end|> in the vocabulary"),
     );
     ids
+}
+
+/// CPU time (user + system) used so far by process `pid`, or by this
+/// process when `None`, from `/proc/PID/stat` (clock-tick resolution).
+pub fn cpu_time(pid: Option<u32>) -> Option<Duration> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/stat"),
+        None => "/proc/self/stat".to_string(),
+    };
+    let stat = std::fs::read_to_string(path).ok()?;
+    // Fields after the parenthesised command name; utime and stime are the
+    // 14th and 15th fields of the whole line.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    (hz > 0).then(|| Duration::from_secs_f64(ticks as f64 / hz as f64))
 }
