@@ -172,6 +172,14 @@ async fn reward_and_finish() {
             matches!(late, Err(StoreError::Finished(_))),
             "{name}: {late:?}"
         );
+        // A new root (no parent) is refused too, not a second trajectory.
+        let late_root = store
+            .append_call(call("t", 6, 9, None, ids(1, 3), ids(5, 1)))
+            .await;
+        assert!(
+            matches!(late_root, Err(StoreError::Finished(_))),
+            "{name}: {late_root:?}"
+        );
         // Rewards are still accepted after finish.
         store
             .set_reward("t", None, 0.5, None)

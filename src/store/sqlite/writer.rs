@@ -5,7 +5,7 @@
 //! job. Under load many appends share one fsync; idle, a lone append commits
 //! at once (no timer, no added latency).
 
-use rusqlite::{params, Connection, ErrorCode};
+use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use tokio::sync::mpsc;
 
 use super::consumers;
@@ -175,6 +175,34 @@ fn begin_run(conn: &Connection, queued: bool, now: i64) -> Result<u64, StoreErro
     Ok(marked)
 }
 
+/// Inserts an empty active trajectory unless one with this id exists; its
+/// seq when inserted.
+fn create_new(conn: &Connection, id: &str, now: i64) -> Result<Option<i64>, StoreError> {
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO trajectories (id, status, created_at, updated_at, reward, num_calls, \
+             next_call_index, next_sample_index) VALUES (?1, 0, ?2, ?2, NULL, 0, 0, 0) \
+             ON CONFLICT(id) DO NOTHING",
+        )?
+        .execute(params![id, now])?;
+    Ok((inserted == 1).then(|| conn.last_insert_rowid()))
+}
+
+/// The seq of a trajectory that calls can still be appended to: `None` when
+/// there is none with this id, `Finished` when it is finished.
+fn open_slot(conn: &Connection, id: &str) -> Result<Option<i64>, StoreError> {
+    let row: Option<(i64, i64)> = conn
+        .prepare_cached("SELECT seq, status FROM trajectories WHERE id = ?1")?
+        .query_row(params![id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    match row {
+        Some((_, status)) if status == status_code(TrajectoryStatus::Finished) => {
+            Err(StoreError::Finished(id.to_string()))
+        }
+        other => Ok(other.map(|(seq, _)| seq)),
+    }
+}
+
 /// Inserts an empty active trajectory; returns its seq.
 fn create(conn: &Connection, id: &str, now: i64) -> Result<i64, StoreError> {
     conn.prepare_cached(
@@ -187,17 +215,14 @@ fn create(conn: &Connection, id: &str, now: i64) -> Result<i64, StoreError> {
 
 fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreError> {
     let id = &call.trajectory_id;
-    let seq = match meta_by_id(conn, id)? {
-        Some((_, meta)) if meta.status == TrajectoryStatus::Finished => {
-            return Err(StoreError::Finished(id.clone()))
-        }
-        Some((seq, _)) => seq,
-        None => {
-            if call.parent_call.is_some() {
-                return Err(missing_parent(call));
-            }
-            create(conn, id, now)?
-        }
+    let seq = match call.parent_call {
+        // A root call usually starts its trajectory: insert the row first,
+        // and look it up only when it already exists.
+        None => match create_new(conn, id, now)? {
+            Some(seq) => seq,
+            None => open_slot(conn, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?,
+        },
+        Some(_) => open_slot(conn, id)?.ok_or_else(|| missing_parent(call))?,
     };
     if let Some(parent) = call.parent_call {
         let exists = conn
