@@ -9,7 +9,10 @@
 //!   (`[router] idle_stream_timeout_ms`).
 //!
 //! Bytes that decode to no event (SSE comments, keep-alives, a cumulative
-//! chunk with nothing new) do not reset either clock. A timeout is
+//! chunk with nothing new) do not reset either clock. Both run only while the
+//! consumer waits: the idle clock starts when it asks for the next event, and
+//! a deadline found passed just as bytes that waited for it are read starts
+//! over (the consumer was away, not the backend). A timeout is
 //! [`BackendError::Timeout`]. `data: [DONE]` or the end of the body ends the
 //! stream; ending before a `Done` event is a protocol error.
 //!
@@ -184,6 +187,9 @@ impl<D: EventDecoder + Unpin> Stream for Pump<D> {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let this = &mut *self;
+        // Bytes read in this poll: the consumer may have come back after
+        // being away past the deadline, to data that waited for it.
+        let mut read_now = false;
         loop {
             if let Some(ev) = this.ready.pop_front() {
                 return Poll::Ready(Some(Ok(ev)));
@@ -201,6 +207,7 @@ impl<D: EventDecoder + Unpin> Stream for Pump<D> {
             };
             match body.as_mut().poll_next(cx) {
                 Poll::Ready(Some(Ok(chunk))) => {
+                    read_now = true;
                     this.sse.push(&chunk);
                     if let Err(e) = this.decode() {
                         this.fail(e);
@@ -217,6 +224,13 @@ impl<D: EventDecoder + Unpin> Stream for Pump<D> {
                 Poll::Pending => {
                     if this.deadline.as_mut().poll(cx).is_pending() {
                         return Poll::Pending;
+                    }
+                    if std::mem::take(&mut read_now) {
+                        // The deadline passed while bytes (a keep-alive, part
+                        // of an event) sat unread: the consumer was away, not
+                        // the backend. The wait starts now.
+                        this.deadline.as_mut().reset(Instant::now() + this.idle);
+                        continue;
                     }
                     let why = if this.any_event {
                         "no event within the idle stream timeout"
@@ -281,7 +295,12 @@ mod tests {
             .map(|c| Ok(bytes::Bytes::from_static(c.as_bytes())))
             .collect();
         let body = futures::stream::iter(parts).chain(futures::stream::pending());
-        let resp = axum::http::Response::new(reqwest::Body::wrap_stream(body));
+        over(reqwest::Body::wrap_stream(body), idle)
+    }
+
+    /// A pump over `body`, with `idle` as both deadlines.
+    fn over(body: reqwest::Body, idle: Duration) -> GenStream {
+        let resp = axum::http::Response::new(body);
         pump(
             "b",
             reqwest::Response::from(resp),
@@ -341,6 +360,34 @@ mod tests {
             other => panic!("expected an idle timeout, got {other:?}"),
         }
         assert_eq!(t0.elapsed(), idle);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn bytes_that_waited_for_an_absent_consumer_are_not_silence() {
+        use futures::FutureExt;
+        let idle = Duration::from_millis(100);
+        let (tx, rx) =
+            tokio::sync::mpsc::unbounded_channel::<Result<bytes::Bytes, std::io::Error>>();
+        let body = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
+        let mut s = over(reqwest::Body::wrap_stream(body), idle);
+        let send = |text: &'static str| tx.send(Ok(bytes::Bytes::from_static(text.as_bytes())));
+        send("data: t 1\n\n").expect("send");
+        assert_eq!(ids(s.next().await), vec![1]);
+        // The consumer waits (the idle clock runs), then is away for longer
+        // than the idle timeout while a keep-alive and half an event arrive.
+        assert!(s.next().now_or_never().is_none());
+        send(": keep-alive\n\ndata: t").expect("send");
+        tokio::time::advance(idle * 3).await;
+        // Back, it waits a full idle period for the rest of the event.
+        let next =
+            tokio::spawn(async move { (s.next().await.map(|r| r.map_err(|e| e.to_string())), s) });
+        tokio::time::advance(idle / 2).await;
+        send(" 2\n\n").expect("send");
+        let (ev, _s) = next.await.expect("join");
+        match ev {
+            Some(Ok(GenEvent::Tokens { ids, .. })) => assert_eq!(ids, vec![2]),
+            other => panic!("expected token 2, got {other:?}"),
+        }
     }
 
     #[tokio::test(start_paused = true)]
