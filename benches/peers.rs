@@ -80,6 +80,19 @@ impl Cell {
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
 impl Target {
+    /// The varied chat request, posted to a gateway's `/v1/chat/completions`
+    /// on loopback `port`; `proc` is that gateway's process.
+    fn gateway(name: &'static str, port: u16, proc: &Proc, body: &Arc<Value>) -> Target {
+        Target {
+            name,
+            url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
+            body: body.clone(),
+            bearer: None,
+            vary: true,
+            pid: Some(proc.child.id()),
+        }
+    }
+
     fn load(&self, client: &reqwest::Client) -> MakeRequest {
         let (target, client) = (self.clone(), client.clone());
         Arc::new(move || target.request(&client))
@@ -287,34 +300,13 @@ async fn main() {
         .build()
         .expect("client");
 
-    let tito_t = Target {
-        name: "tito",
-        url: format!("http://127.0.0.1:{tito_port}/v1/chat/completions"),
-        body: chat.clone(),
-        bearer: None,
-        vary: true,
-        pid: Some(tito.child.id()),
-    };
+    let tito_t = Target::gateway("tito", tito_port, &tito, &chat);
     wait_ready(&client, &tito_t, &mut tito).await;
-    let tito_q_t = Target {
-        name: "tito (ack queued)",
-        url: format!("http://127.0.0.1:{tito_q_port}/v1/chat/completions"),
-        body: chat.clone(),
-        bearer: None,
-        vary: true,
-        pid: Some(tito_q.child.id()),
-    };
+    let tito_q_t = Target::gateway("tito (ack queued)", tito_q_port, &tito_q, &chat);
     wait_ready(&client, &tito_q_t, &mut tito_q).await;
     let (tito_b_t, _tito_b_proc) = match tito_b {
         Some((port, mut proc)) => {
-            let t = Target {
-                name: "tito B",
-                url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
-                body: chat.clone(),
-                bearer: None,
-                vary: true,
-                pid: Some(proc.child.id()),
-            };
+            let t = Target::gateway("tito B", port, &proc, &chat);
             wait_ready(&client, &t, &mut proc).await;
             (Some(t), Some(proc))
         }
@@ -356,21 +348,10 @@ async fn main() {
         vary: true,
         pid: None,
     };
-    let sgl_t = Target {
-        name: "sglang-router",
-        url: format!("http://127.0.0.1:{sgl_port}/v1/chat/completions"),
-        body: chat.clone(),
-        bearer: None,
-        vary: true,
-        pid: Some(sgl.child.id()),
-    };
+    let sgl_t = Target::gateway("sglang-router", sgl_port, &sgl, &chat);
     let lite_t = Target {
-        name: "litellm",
-        url: format!("http://127.0.0.1:{lite_port}/v1/chat/completions"),
-        body: chat.clone(),
         bearer: Some(LITELLM_KEY),
-        vary: true,
-        pid: Some(lite.child.id()),
+        ..Target::gateway("litellm", lite_port, &lite, &chat)
     };
     wait_ready(&client, &sgl_t, &mut sgl).await;
     wait_ready(&client, &lite_t, &mut lite).await;
