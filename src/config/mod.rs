@@ -471,14 +471,15 @@ impl Config {
                 "expected host:port, e.g. 127.0.0.1:8000",
             ));
         }
-        if self.server.max_concurrent_requests == 0 {
-            return Err(invalid(
-                "server.max_concurrent_requests",
-                self.server.max_concurrent_requests,
-                "must be at least 1",
-            ));
-        }
         for (key, v) in [
+            (
+                "server.max_concurrent_requests",
+                u64::from(self.server.max_concurrent_requests),
+            ),
+            (
+                "server.max_sequences_per_request",
+                u64::from(self.server.max_sequences_per_request),
+            ),
             ("server.drain_timeout_s", self.server.drain_timeout_s),
             ("server.sse_send_timeout_s", self.server.sse_send_timeout_s),
             ("router.admin_timeout_s", self.router.admin_timeout_s),
@@ -492,13 +493,6 @@ impl Config {
                 "trajectory.hot_bytes",
                 self.trajectory.hot_bytes,
                 "must be at least 1048576 (1 MiB)",
-            ));
-        }
-        if self.server.max_sequences_per_request == 0 {
-            return Err(invalid(
-                "server.max_sequences_per_request",
-                self.server.max_sequences_per_request,
-                "must be at least 1",
             ));
         }
         if self.server.max_body_bytes < 1024 {
