@@ -38,7 +38,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use load::{cpu_time, env_or, ms, reply_ids, signed_ms, MakeRequest, Stats, Until};
+use load::{cpu_time, env_or, median, ms, reply_ids, signed_ms, MakeRequest, Stats, Until};
 use mock_vllm::{MockVllm, Scripted};
 use procs::{free_port, spawn, Proc};
 use serde_json::{json, Value};
@@ -151,13 +151,7 @@ async fn interleaved(
     }
     cells
         .into_iter()
-        .map(|mut rounds| {
-            let errors = rounds.iter().map(|c| c.stats.errors).sum();
-            rounds.sort_by(|a, b| a.stats.rps.total_cmp(&b.stats.rps));
-            let mut m = rounds.swap_remove(rounds.len() / 2);
-            m.stats.errors = errors;
-            m
-        })
+        .map(|rounds| median(rounds, |c| &mut c.stats))
         .collect()
 }
 

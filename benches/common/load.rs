@@ -84,14 +84,19 @@ pub fn signed_ms(a: Duration, b: Duration) -> String {
     format!("{:.3}", (a.as_secs_f64() - b.as_secs_f64()) * 1000.0)
 }
 
-/// The round with the median throughput (its latencies with it); errors
-/// summed over all rounds.
-pub fn median(mut rounds: Vec<Stats>) -> Stats {
-    let errors = rounds.iter().map(|s| s.errors).sum();
-    rounds.sort_by(|a, b| a.rps.total_cmp(&b.rps));
-    let mid = rounds.len() / 2;
-    let mut m = rounds.swap_remove(mid);
-    m.errors = errors;
+/// The round with the median throughput (its latencies, and whatever else
+/// the round holds, with it); errors summed over all rounds. `stats` finds a
+/// round's [`Stats`].
+pub fn median<T>(mut rounds: Vec<T>, stats: impl Fn(&mut T) -> &mut Stats) -> T {
+    let errors = rounds.iter_mut().map(|r| stats(r).errors).sum();
+    let mut order: Vec<(f64, usize)> = rounds
+        .iter_mut()
+        .enumerate()
+        .map(|(i, r)| (stats(r).rps, i))
+        .collect();
+    order.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let mut m = rounds.swap_remove(order[order.len() / 2].1);
+    stats(&mut m).errors = errors;
     m
 }
 
