@@ -22,7 +22,8 @@
 //! load, e.g. `tito` while `perf record -p` watches it; the direct calls and
 //! ratios are then skipped), `TITO_BIN_B` (a second tito binary, e.g. the
 //! previous commit's, loaded beside `tito` in the `TITO_PEERS_ONLY` rounds
-//! with the same config: an A/B in one run). Without the venv the bench says
+//! with the same config: an A/B in one run), `TITO_STORE_B` (B's `[store]`
+//! table instead, e.g. `url = "memory://"`). Without the venv the bench says
 //! so and skips.
 
 #[path = "common/load.rs"]
@@ -236,9 +237,11 @@ async fn main() {
     let (tito_port, mut tito) = start_tito("tito", "committed");
     let (tito_q_port, mut tito_q) = start_tito("tito-queued", "queued");
     // `TITO_BIN_B`: a second binary (say, the previous commit's) run beside
-    // the first with the same config, for an A/B in one run.
+    // the first, for an A/B in one run; with the same config, or with
+    // `TITO_STORE_B` as its `[store]` table (say, `url = "memory://"`).
     let tito_b = std::env::var_os("TITO_BIN_B").map(|bin| {
-        let store = format!("url = \"sqlite://{}/spans-b.db\"", dir.path().display());
+        let store = std::env::var("TITO_STORE_B")
+            .unwrap_or_else(|_| format!("url = \"sqlite://{}/spans-b.db\"", dir.path().display()));
         procs::start_tito(
             &PathBuf::from(bin),
             dir.path(),
