@@ -108,7 +108,6 @@ pub fn pump<D: EventDecoder + Unpin>(
         rearm: false,
         ready: VecDeque::new(),
         failed: None,
-        ended: false,
     })
 }
 
@@ -118,7 +117,7 @@ type Body = Pin<Box<dyn Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
 struct Pump<D> {
     backend: String,
     /// `None` once the body has ended, failed, or gone to the drain after
-    /// `Done`.
+    /// `Done`: nothing then follows `ready` (and `failed`).
     body: Option<Body>,
     sse: SseDecoder,
     decoder: D,
@@ -132,15 +131,12 @@ struct Pump<D> {
     ready: VecDeque<GenEvent>,
     /// What ends the stream once `ready` is handed out.
     failed: Option<BackendError>,
-    /// Nothing follows `ready` (and `failed`).
-    ended: bool,
 }
 
 impl<D: EventDecoder> Pump<D> {
     /// Ends the stream with `e`, after the events already decoded. Dropping
     /// the body closes the connection: the backend cancels the request.
     fn fail(&mut self, e: BackendError) {
-        self.ended = true;
         self.body = None;
         self.failed = Some(e);
     }
@@ -170,7 +166,6 @@ impl<D: EventDecoder> Pump<D> {
                 let done = matches!(ev, GenEvent::Done { .. });
                 self.ready.push_back(ev);
                 if done {
-                    self.ended = true;
                     if let Some(body) = self.body.take() {
                         tokio::spawn(drain(body, self.idle));
                     }
@@ -194,17 +189,14 @@ impl<D: EventDecoder + Unpin> Stream for Pump<D> {
             if let Some(ev) = this.ready.pop_front() {
                 return Poll::Ready(Some(Ok(ev)));
             }
-            if this.ended {
+            let Some(body) = this.body.as_mut() else {
                 return Poll::Ready(this.failed.take().map(Err));
-            }
+            };
             if std::mem::take(&mut this.rearm) {
                 // The idle clock runs while waiting on the backend only, not
                 // while the consumer is busy with earlier events.
                 this.deadline.as_mut().reset(Instant::now() + this.idle);
             }
-            let Some(body) = this.body.as_mut() else {
-                return Poll::Ready(None);
-            };
             match body.as_mut().poll_next(cx) {
                 Poll::Ready(Some(Ok(chunk))) => {
                     read_now = true;
