@@ -203,16 +203,6 @@ fn open_slot(conn: &Connection, id: &str) -> Result<Option<i64>, StoreError> {
     }
 }
 
-/// Inserts an empty active trajectory; returns its seq.
-fn create(conn: &Connection, id: &str, now: i64) -> Result<i64, StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO trajectories (id, status, created_at, updated_at, reward, num_calls, \
-         next_call_index, next_sample_index) VALUES (?1, 0, ?2, ?2, NULL, 0, 0, 0)",
-    )?
-    .execute(params![id, now])?;
-    Ok(conn.last_insert_rowid())
-}
-
 fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreError> {
     let id = &call.trajectory_id;
     let seq = match call.parent_call {
@@ -318,7 +308,12 @@ fn set_metadata(
 ) -> Result<TrajectoryMeta, StoreError> {
     let (seq, old) = match meta_by_id(conn, id)? {
         Some((seq, meta)) => (seq, meta.metadata),
-        None => (create(conn, id, now)?, TrajectoryMetadata::default()),
+        None => {
+            // Only this connection writes: nothing can have inserted the row
+            // since the lookup.
+            let seq = create_new(conn, id, now)?.ok_or_else(|| StoreError::NotFound(id.into()))?;
+            (seq, TrajectoryMetadata::default())
+        }
     };
     let m = old.merged(id, update)?;
     conn.prepare_cached(
