@@ -16,6 +16,7 @@ step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
 # its cause: say how much was free at the start and again on any failure.
 disk_free() { df -h . /tmp | awk 'NR > 1 {print "disk free under " $6 ": " $4}'; }
 disk_free
+trap 'rc=$?; [ "$rc" = 0 ] || disk_free' EXIT
 step "system packages";    scripts/setup-system.sh --test
 step "tokenizer fixtures"; scripts/fetch-tokenizers.sh
 step "model";              scripts/fetch-model.sh
