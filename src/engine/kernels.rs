@@ -1,7 +1,7 @@
 //! Which CPU kernels llama.cpp runs, and the batch-invariant mode.
 //!
 //! Why a sequence's logprobs depend on its batch (measured in
-//! docs/benchmarks.md): ggml picks kernels by the shape of each step. A
+//! docs/benchmarks-engine.md): ggml picks kernels by the shape of each step. A
 //! matrix product with two or more rows goes through the llamafile `sgemm`
 //! tiles, one row through the per-element dot product; flash attention over
 //! many query rows uses a tiled kernel, one query row over 512 or more cells
