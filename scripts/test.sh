@@ -15,8 +15,14 @@ step() { printf '\n== %s (%ss)\n' "$1" "$SECONDS"; }
 # A full disk fails the store tests (SQLite and PostgreSQL writes) far from
 # its cause: say how much was free at the start and again on any failure.
 disk_free() { df -h . /tmp | awk 'NR > 1 {print "disk free under " $6 ": " $4}'; }
+pg_dir=""
+on_exit() {
+  local rc=$?
+  [ "$rc" = 0 ] || disk_free
+  if [ -n "$pg_dir" ]; then scripts/postgres.sh stop "$pg_dir"; rm -rf "$pg_dir"; fi
+}
 disk_free
-trap 'rc=$?; [ "$rc" = 0 ] || disk_free' EXIT
+trap on_exit EXIT
 step "system packages";    scripts/setup-system.sh --test
 step "tokenizer fixtures"; scripts/fetch-tokenizers.sh
 step "model";              scripts/fetch-model.sh
@@ -25,7 +31,6 @@ step "python venv";        scripts/setup-python.sh
 step "postgres"
 # A throwaway cluster for the postgres store tests, stopped by PID on exit.
 pg_dir=$(mktemp -d /tmp/tito-pg.XXXXXX)
-trap 'rc=$?; [ "$rc" = 0 ] || disk_free; scripts/postgres.sh stop "$pg_dir"; rm -rf "$pg_dir"' EXIT
 TITO_TEST_POSTGRES=$(scripts/postgres.sh start "$pg_dir")
 export TITO_TEST_POSTGRES
 echo "postgres at $TITO_TEST_POSTGRES"
