@@ -211,6 +211,20 @@ pub(crate) fn new_id(prefix: &str) -> String {
     format!("{prefix}-{r:016x}")
 }
 
+/// A trajectory id the gateway names: `traj-`, the time in milliseconds (12
+/// hex digits) and 64 random bits (16 hex digits). Unique without
+/// coordination between replicas, and in time order, so the store's index of
+/// trajectory ids grows at its end: with random ids every new trajectory
+/// dirtied an index page of its own, one more page in each commit
+/// (docs/benchmarks.md, "Trajectory ids in time order").
+pub(crate) fn new_trajectory_id() -> String {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let r: u64 = rand::random();
+    format!("traj-{ms:012x}{r:016x}")
+}
+
 pub const MAX_TRAJECTORY_ID_LEN: usize = 128;
 
 /// A trajectory or group id as the client named it: path, else header, else
@@ -314,7 +328,7 @@ pub(crate) fn check_extra_info(v: Option<&serde_json::Value>, param: &str) -> Re
 /// trajectory so its first call does not look for history in the store.
 pub fn trajectory_id(state: &AppState, named: Option<String>) -> String {
     named.unwrap_or_else(|| {
-        let id = new_id("traj");
+        let id = new_trajectory_id();
         state.trajectories.register_new(&id);
         id
     })
@@ -706,4 +720,33 @@ pub async fn serve(
     }
     health.stop().await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    fn now_ms() -> u128 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis())
+    }
+
+    /// A gateway-named trajectory id carries the time it was made, first, so
+    /// ids sort in time order; it is an id a client may name too.
+    #[test]
+    fn trajectory_ids_lead_with_their_time() {
+        let before = now_ms();
+        let id = super::new_trajectory_id();
+        let after = now_ms();
+        let hex = id.strip_prefix("traj-").expect("traj- prefix");
+        assert_eq!(hex.len(), 28, "{id}");
+        assert!(hex
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
+        let ms = u128::from_str_radix(&hex[..12], 16).expect("hex time");
+        assert!(before <= ms && ms <= after, "{before} <= {ms} <= {after}");
+        assert!(super::check_id("trajectory id", "test", &id).is_ok());
+        assert_ne!(id, super::new_trajectory_id());
+    }
 }
