@@ -218,9 +218,8 @@ pub(crate) fn new_id(prefix: &str) -> String {
 /// dirtied an index page of its own, one more page in each commit
 /// (docs/benchmarks.md, "Trajectory ids in time order").
 pub(crate) fn new_trajectory_id() -> String {
-    let ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis());
+    // The clock before 1970 would make a negative time: 0 then.
+    let ms = crate::store::now_ms().max(0);
     let r: u64 = rand::random();
     format!("traj-{ms:012x}{r:016x}")
 }
@@ -724,13 +723,7 @@ pub async fn serve(
 
 #[cfg(test)]
 mod tests {
-    use std::time::{SystemTime, UNIX_EPOCH};
-
-    fn now_ms() -> u128 {
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis())
-    }
+    use crate::store::now_ms;
 
     /// A gateway-named trajectory id carries the time it was made, first, so
     /// ids sort in time order; it is an id a client may name too.
@@ -744,7 +737,7 @@ mod tests {
         assert!(hex
             .bytes()
             .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()));
-        let ms = u128::from_str_radix(&hex[..12], 16).expect("hex time");
+        let ms = i64::from_str_radix(&hex[..12], 16).expect("hex time");
         assert!(before <= ms && ms <= after, "{before} <= {ms} <= {after}");
         assert!(super::check_id("trajectory id", "test", &id).is_ok());
         assert_ne!(id, super::new_trajectory_id());
