@@ -1,10 +1,22 @@
 # Sourced by the scripts: build environment shared by serve and test.
-# bindgen loads libclang.so* or libclang-<version>.so*; libclang-cpp (the C++
-# library some packages pull in alone) is not it.
-if [ -z "${LIBCLANG_PATH:-}" ]; then
+
+# The LLVM library folder holding the libclang that bindgen loads:
+# libclang.so* or libclang-<version>.so*. libclang-cpp (the C++ library some
+# packages pull in alone) is not it. Prints nothing when there is none.
+libclang_dir() {
+  local d found=""
   for d in /usr/lib/llvm-*/lib; do
-    if ls "$d"/libclang.so* "$d"/libclang-[0-9]*.so* >/dev/null 2>&1; then
-      export LIBCLANG_PATH="$d"
+    if compgen -G "$d/libclang.so*" >/dev/null || compgen -G "$d/libclang-[0-9]*.so*" >/dev/null
+    then
+      found="$d"
     fi
   done
+  [ -n "$found" ] && echo "$found"
+  return 0
+}
+
+if [ -z "${LIBCLANG_PATH:-}" ]; then
+  d=$(libclang_dir)
+  if [ -n "$d" ]; then export LIBCLANG_PATH="$d"; fi
+  unset d
 fi

@@ -14,9 +14,8 @@ if [ "${1:-}" = "--test" ]; then
 fi
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v clang >/dev/null 2>&1 || need+=(clang)
-# libclang.so* or libclang-<version>.so*, not libclang-cpp (see env.sh).
-ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* >/dev/null 2>&1 \
-  || need+=(libclang-dev)
+source "$(dirname "$0")/env.sh"
+[ -n "$(libclang_dir)" ] || need+=(libclang-dev)
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup-system: installing ${need[*]}"
   sudo_cmd=""
