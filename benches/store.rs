@@ -93,6 +93,7 @@ fn ingest(c: &mut Criterion) {
     let mut cases = vec![
         ("sqlite_full", 1u64, 100u64, small),
         ("sqlite_full", 64, 2048, small),
+        ("sqlite_normal", 1, 100, small),
         ("sqlite_normal", 64, 2048, small),
         ("sqlite_normal", 64, 1024, large),
     ];

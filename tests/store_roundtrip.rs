@@ -334,15 +334,25 @@ async fn sqlite_migrates_an_old_database_and_refuses_a_newer_one() {
         schema::user_version(&conn).expect("version"),
         SCHEMA_VERSION
     );
-    let index: i64 = conn
-        .query_row(
-            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'index' AND name = \
-             'trajectories_status_updated'",
-            [],
-            |r| r.get(0),
+    // Migration 2 made `trajectories_status_updated`, migration 9 dropped it
+    // and left only grouped trajectories in the group index.
+    let indexes: Vec<(String, String)> = conn
+        .prepare(
+            "SELECT name, sql FROM sqlite_master WHERE type = 'index' \
+             AND tbl_name = 'trajectories' AND sql IS NOT NULL ORDER BY name",
         )
-        .expect("index query");
-    assert_eq!(index, 1, "migration 2 applied");
+        .expect("index query")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("index rows")
+        .collect::<Result<_, _>>()
+        .expect("index rows");
+    let names: Vec<&str> = indexes.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["trajectories_group"], "migrations 2 and 9 applied");
+    assert!(
+        indexes[0].1.ends_with("WHERE group_id IS NOT NULL"),
+        "{}",
+        indexes[0].1
+    );
     let mode: String = conn
         .query_row("PRAGMA journal_mode", [], |r| r.get(0))
         .expect("journal mode");
