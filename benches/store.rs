@@ -1,5 +1,7 @@
 //! Span store ingest (calls/s with durability on, group commit under
-//! concurrent appenders) and export throughput (tokens/s to Parquet / JSONL).
+//! concurrent appenders), export throughput (tokens/s to Parquet / JSONL),
+//! and a consumer's lease on a SQLite store whose trajectories it has all
+//! acknowledged (time per lease as the store grows).
 //!
 //! `scripts/bench-store.sh` (a throwaway PostgreSQL cluster, then `cargo
 //! bench --bench store`; without `TITO_BENCH_POSTGRES` only SQLite runs).
@@ -209,5 +211,79 @@ fn export_tokens(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, ingest, export_tokens);
+/// One consumer lease (limit 100) on a SQLite store whose `n` finished
+/// trajectories that consumer has all acknowledged, so nothing is left to
+/// lease: what a trainer polling for new data pays as the store grows. A
+/// lease runs on the store's writer thread, so commits wait for it.
+fn lease_after_acks(c: &mut Criterion) {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("runtime: {e}"),
+    };
+    let mut g = c.benchmark_group("store_lease_all_acked");
+    g.sample_size(10);
+    for n in [2_000u32, 20_000] {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+        let url = format!(
+            "sqlite://{}/spans.db?synchronous=normal",
+            dir.path().display()
+        );
+        let store = tito::store::open(&url).unwrap_or_else(|e| panic!("open: {e}"));
+        let filter = TrajectoryFilter::default();
+        rt.block_on(async {
+            // `n` one-call trajectories from 64 appenders, each finished.
+            let mut tasks = Vec::new();
+            for t in 0..64 {
+                let store = store.clone();
+                tasks.push(tokio::spawn(async move {
+                    for k in (t..n).step_by(64) {
+                        let id = format!("l-{k}");
+                        if let Err(e) = store.append_call(call(&id, 0, 200, 100)).await {
+                            panic!("append: {e}");
+                        }
+                        if let Err(e) = store.finish(&id).await {
+                            panic!("finish: {e}");
+                        }
+                    }
+                }));
+            }
+            for t in tasks {
+                if let Err(e) = t.await {
+                    panic!("task failed: {e}");
+                }
+            }
+            // The consumer takes and acknowledges all of them.
+            let mut acked = 0;
+            loop {
+                let lease = match store.lease("trainer", &filter, 500, 600_000).await {
+                    Ok(l) => l,
+                    Err(e) => panic!("lease: {e}"),
+                };
+                let Some(cursor) = lease.cursor else { break };
+                acked += lease.ids.len();
+                if let Err(e) = store.ack("trainer", &cursor).await {
+                    panic!("ack: {e}");
+                }
+            }
+            assert_eq!(acked, n as usize, "every trajectory leased once");
+        });
+        g.bench_function(BenchmarkId::new("sqlite", n), |b| {
+            b.iter(|| {
+                rt.block_on(async {
+                    match store.lease("trainer", &filter, 100, 600_000).await {
+                        Ok(l) => assert!(l.ids.is_empty(), "all were acknowledged"),
+                        Err(e) => panic!("lease: {e}"),
+                    }
+                })
+            })
+        });
+        drop(store);
+    }
+    g.finish();
+}
+
+criterion_group!(benches, ingest, export_tokens, lease_after_acks);
 criterion_main!(benches);
