@@ -184,9 +184,9 @@ mod tests {
             .join("; ")
     }
 
-    /// The group index leaves ungrouped trajectories out and still serves
-    /// the store's lookups by group: the group's members and the
-    /// complete-group checks of the shared filter.
+    /// The group index, partial since migration 9 (ungrouped trajectories
+    /// left out), still serves the store's lookups by group: the group's
+    /// members and the complete-group checks of the shared filter.
     #[test]
     fn the_partial_group_index_serves_lookups_by_group() {
         let mut conn = Connection::open_in_memory().expect("open");
