@@ -72,6 +72,29 @@ async fn ingest_batch(store: &DynStore, conc: u64, total: u64, round: u64, size:
     }
 }
 
+/// The multi-threaded runtime each bench group drives its store from.
+fn runtime() -> tokio::runtime::Runtime {
+    match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => panic!("runtime: {e}"),
+    }
+}
+
+/// A fresh SQLite store at the default durability in a new temporary
+/// folder (kept alive by the returned guard).
+fn sqlite_normal() -> (tempfile::TempDir, DynStore) {
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
+    let url = format!(
+        "sqlite://{}/spans.db?synchronous=normal",
+        dir.path().display()
+    );
+    let store = tito::store::open(&url).unwrap_or_else(|e| panic!("open: {e}"));
+    (dir, store)
+}
+
 /// A fresh database on the cluster `scripts/bench-store.sh` starts
 /// (`TITO_BENCH_POSTGRES`, its base URL), or `None` without one.
 fn postgres_url() -> Option<String> {
@@ -80,13 +103,7 @@ fn postgres_url() -> Option<String> {
 }
 
 fn ingest(c: &mut Criterion) {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => panic!("runtime: {e}"),
-    };
+    let rt = runtime();
     let mut g = c.benchmark_group("store_ingest_calls");
     g.sample_size(10);
     // (store, appenders, calls per iteration, (prompt-delta ids, sampled ids))
@@ -148,19 +165,8 @@ fn ingest(c: &mut Criterion) {
 }
 
 fn export_tokens(c: &mut Criterion) {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => panic!("runtime: {e}"),
-    };
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-    let url = format!(
-        "sqlite://{}/spans.db?synchronous=normal",
-        dir.path().display()
-    );
-    let store = tito::store::open(&url).unwrap_or_else(|e| panic!("open: {e}"));
+    let rt = runtime();
+    let (_dir, store) = sqlite_normal();
     // 100 trajectories x 8 turns: a 1000-id prompt, then 50 observation ids
     // and 200 sampled ids per turn (~2950 tokens per sample).
     rt.block_on(async {
@@ -216,22 +222,11 @@ fn export_tokens(c: &mut Criterion) {
 /// lease: what a trainer polling for new data pays as the store grows. A
 /// lease runs on the store's writer thread, so commits wait for it.
 fn lease_after_acks(c: &mut Criterion) {
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => panic!("runtime: {e}"),
-    };
+    let rt = runtime();
     let mut g = c.benchmark_group("store_lease_all_acked");
     g.sample_size(10);
     for n in [2_000u32, 20_000] {
-        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("tempdir: {e}"));
-        let url = format!(
-            "sqlite://{}/spans.db?synchronous=normal",
-            dir.path().display()
-        );
-        let store = tito::store::open(&url).unwrap_or_else(|e| panic!("open: {e}"));
+        let (_dir, store) = sqlite_normal();
         let filter = TrajectoryFilter::default();
         rt.block_on(async {
             // `n` one-call trajectories from 64 appenders, each finished.
