@@ -171,13 +171,16 @@ pub fn migrate_to(conn: &mut Connection, target: u32) -> Result<u32, StoreError>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rusqlite::params;
 
-    fn plan(conn: &Connection, sql: &str) -> String {
+    /// The query plan of `sql` with `params` bound, as the store runs it
+    /// (literal values could let SQLite fold tests a bound statement keeps).
+    fn plan(conn: &Connection, sql: &str, params: impl rusqlite::Params) -> String {
         let mut stmt = conn
             .prepare(&format!("EXPLAIN QUERY PLAN {sql}"))
             .expect("explain");
         let rows = stmt
-            .query_map([], |r| r.get::<_, String>(3))
+            .query_map(params, |r| r.get::<_, String>(3))
             .expect("plan rows");
         rows.map(|r| r.expect("plan row"))
             .collect::<Vec<_>>()
@@ -193,21 +196,17 @@ mod tests {
         migrate(&mut conn).expect("migrate");
         let members = plan(
             &conn,
-            "SELECT seq FROM trajectories WHERE group_id = 'g' ORDER BY seq",
+            "SELECT seq FROM trajectories WHERE group_id = ?1 ORDER BY seq",
+            params!["g"],
         );
         assert!(members.contains("INDEX trajectories_group"), "{members}");
         let filter = plan(
             &conn,
             &format!(
-                "SELECT seq FROM trajectories WHERE {} ORDER BY seq LIMIT 10",
+                "SELECT seq FROM trajectories WHERE {} ORDER BY seq LIMIT ?7",
                 super::super::rows::FILTER_SQL
-                    .replace("?1", "0")
-                    .replace("?2", "1")
-                    .replace("?3", "NULL")
-                    .replace("?4", "'g'")
-                    .replace("?5", "1")
-                    .replace("?6", "4")
             ),
+            params![0i64, 1i64, None::<i64>, "g", true, 4i64, 10i64],
         );
         assert!(
             filter.contains("USING INDEX trajectories_group"),
