@@ -112,6 +112,69 @@ async fn workers_of_one_consumer_on_two_replicas_lease_disjoint_pages() {
     assert_eq!(seen, all);
 }
 
+/// One replica finishes trajectories, in an order unlike their creation,
+/// while workers on both replicas lease and ack: every finished trajectory
+/// is leased exactly once. An ack moves the consumer's mark up and a finish
+/// lowers it; the marks lock orders the two across replicas.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finishes_on_one_replica_racing_acks_on_another_lose_nothing() {
+    let (_, stores) = replicas(2);
+    let n = 300u32;
+    for i in 0..n {
+        stores[0]
+            .append_call(call(&format!("t-{i:03}"), 0, 0, None, ids(1, 2), ids(3, 2)))
+            .await
+            .expect("append");
+    }
+    let finisher = {
+        let store = stores[0].clone();
+        tokio::spawn(async move {
+            // Odd ones newest first, then even ones oldest first.
+            let odd = (0..n).rev().filter(|i| i % 2 == 1);
+            for i in odd.chain((0..n).filter(|i| i % 2 == 0)) {
+                store.finish(&format!("t-{i:03}")).await.expect("finish");
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let worker = |store: DynStore| async move {
+        let mut got = Vec::new();
+        let f = TrajectoryFilter::default();
+        let lease = store.lease("trainer", &f, 5, 60_000).await.expect("lease");
+        if let Some(cursor) = lease.cursor {
+            got.extend(lease.ids);
+            store.ack("trainer", &cursor).await.expect("ack");
+        }
+        got
+    };
+    let mut seen = BTreeSet::new();
+    let mut take = |got: Vec<String>| {
+        for id in got {
+            assert!(seen.insert(id.clone()), "{id} leased twice");
+        }
+    };
+    // Rounds of one lease and ack on each replica, while finishes go on.
+    while !finisher.is_finished() {
+        let (a, b) = tokio::join!(worker(stores[0].clone()), worker(stores[1].clone()));
+        take(a);
+        take(b);
+    }
+    finisher.await.expect("finisher");
+    // Everything is finished now: drain what is left.
+    loop {
+        let got = worker(stores[1].clone()).await;
+        if got.is_empty() {
+            break;
+        }
+        take(got);
+    }
+    assert_eq!(
+        seen.len(),
+        n as usize,
+        "every finished trajectory leased once"
+    );
+}
+
 #[tokio::test]
 async fn reopening_keeps_everything_and_a_newer_schema_is_refused() {
     let (url, stores) = replicas(1);

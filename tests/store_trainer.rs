@@ -353,3 +353,58 @@ async fn complete_group_pages_never_split_a_group() {
         assert_eq!(plain.ids.len(), 5, "{name}");
     }
 }
+
+/// Leases one page of everything the consumer can lease now, and acks it.
+async fn lease_and_ack(store: &DynStore, consumer: &str) -> BTreeSet<String> {
+    let f = TrajectoryFilter::default();
+    let page = store
+        .lease(consumer, &f, 1000, 60_000)
+        .await
+        .expect("lease");
+    if let Some(cursor) = &page.cursor {
+        store.ack(consumer, cursor).await.expect("ack");
+    }
+    page.ids.into_iter().collect()
+}
+
+/// A consumer that has acknowledged everything finished still gets the
+/// trajectories that finish later, however old: ones created before
+/// everything it acknowledged, and ones below a page a crashed worker never
+/// acknowledged. (The SQL stores keep a mark per consumer that a lease
+/// starts above; see `store::sqlite::consumers`.)
+#[tokio::test]
+async fn trajectories_finished_late_are_leased_after_newer_ones_were_acknowledged() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, store) in stores(&dir) {
+        let active = |id: &'static str| call(id, 0, 0, None, ids(1, 3), ids(10, 2));
+        // Oldest first: two that stay active for now, then five finished.
+        store.append_call(active("late-a")).await.expect("append");
+        store.append_call(active("late-b")).await.expect("append");
+        let all = finished(&store, 5).await;
+        assert_eq!(lease_and_ack(&store, "c").await, all, "{name}");
+        assert!(lease_and_ack(&store, "c").await.is_empty(), "{name}");
+
+        store.finish("late-b").await.expect("finish");
+        assert_eq!(
+            lease_and_ack(&store, "c").await,
+            BTreeSet::from(["late-b".to_string()]),
+            "{name}"
+        );
+        // A page leased and never acknowledged (its lease over at once),
+        // then a newer trajectory acknowledged: the page is served again.
+        store.finish("late-a").await.expect("finish");
+        let f = TrajectoryFilter::default();
+        let lost = store.lease("c", &f, 1000, 0).await.expect("lease");
+        assert_eq!(lost.ids, vec!["late-a".to_string()], "{name}");
+        store.append_call(active("newest")).await.expect("append");
+        store.finish("newest").await.expect("finish");
+        assert_eq!(
+            lease_and_ack(&store, "c").await,
+            BTreeSet::from(["late-a".to_string(), "newest".to_string()]),
+            "{name}"
+        );
+        assert!(lease_and_ack(&store, "c").await.is_empty(), "{name}");
+        // Another consumer still reads everything.
+        assert_eq!(lease_and_ack(&store, "d").await.len(), 8, "{name}");
+    }
+}

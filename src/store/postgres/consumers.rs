@@ -3,11 +3,44 @@
 //! so a lease or an ack first takes a transaction-scoped advisory lock on its
 //! consumer: two workers of one consumer, on any replicas, never lease the
 //! same trajectory.
+//!
+//! # The mark across replicas
+//!
+//! Each consumer has a mark, kept as the SQLite store keeps it: every
+//! finished trajectory at or below it is acknowledged by the consumer, an
+//! ack moves it up, a finish lowers it. With one writer that is exact; with
+//! several, an ack could read the store before another replica's finish
+//! commits and move the mark past a trajectory whose finish then finds the
+//! mark still low and leaves it be: the trajectory would never be leased.
+//! So a batch takes one more advisory lock as it begins ([`MARKS_LOCK`]):
+//! shared when it holds a finish, exclusive when it holds an ack. An ack
+//! then sees every finish committed, and a finish after it sees its mark.
+//! Taking the lock first, before any row or consumer lock, keeps the order
+//! of locks the same in every transaction, so batches cannot deadlock on
+//! it.
 
-use super::rows::{FilterParams, FILTER_SQL};
+use super::rows::{status_code, FilterParams, FILTER_SQL};
 use super::Conn;
+use crate::store::group_commit::{Job, Op};
 use crate::store::types::lease_page;
 use crate::store::{new_cursor, Acked, Lease, StoreError, TrajectoryFilter, TrajectoryStatus};
+
+/// The advisory lock that orders acks after the finishes of other replicas
+/// (module doc); any constant every replica agrees on.
+const MARKS_LOCK: i64 = 0x7469_746f_5f6d_726b; // "tito_mrk"
+
+/// What a batch runs right after `BEGIN`, before anything else: the marks
+/// lock in the mode its jobs need, or nothing.
+pub(crate) fn marks_lock(batch: &[Job]) -> Option<String> {
+    let ops = || batch.iter().map(|j| &j.op);
+    if ops().any(|op| matches!(op, Op::Ack { .. })) {
+        Some(format!("SELECT pg_advisory_xact_lock({MARKS_LOCK})"))
+    } else if ops().any(|op| matches!(op, Op::Finish { .. })) {
+        Some(format!("SELECT pg_advisory_xact_lock_shared({MARKS_LOCK})"))
+    } else {
+        None
+    }
+}
 
 async fn lock_consumer(conn: &mut Conn, consumer: &str) -> Result<(), StoreError> {
     let stmt = conn
@@ -29,6 +62,7 @@ pub(crate) async fn lease(
     let mut filter = filter.clone();
     filter.status = Some(TrajectoryStatus::Finished);
     let f = FilterParams::of(&filter);
+    let mark = mark_of(conn, consumer).await?;
     // With complete groups a page holds whole groups, so the limit is
     // applied below, not in SQL.
     let sql_limit = if f.complete {
@@ -51,7 +85,7 @@ pub(crate) async fn lease(
         .query(
             &stmt,
             &[
-                &0i64,
+                &mark,
                 &f.status,
                 &f.since,
                 &f.group,
@@ -110,6 +144,7 @@ pub(crate) async fn ack(
         .await?;
     let leased = conn.client.execute(&delete, &[&consumer, &cursor]).await?;
     if leased > 0 {
+        advance_mark(conn, consumer).await?;
         return Ok(Acked {
             trajectories: moved,
             already: false,
@@ -131,4 +166,57 @@ pub(crate) async fn ack(
     } else {
         Err(StoreError::CursorNotFound(cursor.to_string()))
     }
+}
+
+async fn mark_of(conn: &mut Conn, consumer: &str) -> Result<i64, StoreError> {
+    let stmt = conn
+        .prep("SELECT mark FROM export_marks WHERE consumer = $1")
+        .await?;
+    match conn.client.query_opt(&stmt, &[&consumer]).await? {
+        Some(row) => Ok(row.try_get(0)?),
+        None => Ok(0),
+    }
+}
+
+/// After an ack, under the exclusive marks lock: the mark moves up to just
+/// below the first finished trajectory above it that the consumer has not
+/// acknowledged, or to the last trajectory when there is none.
+async fn advance_mark(conn: &mut Conn, consumer: &str) -> Result<(), StoreError> {
+    let mark = mark_of(conn, consumer).await?;
+    let stmt = conn
+        .prep(
+            "SELECT COALESCE( \
+               (SELECT seq - 1 FROM trajectories t WHERE seq > $1 AND status = $2 \
+                AND NOT EXISTS (SELECT 1 FROM export_acks a \
+                                WHERE a.consumer = $3 AND a.traj = t.seq) \
+                ORDER BY seq LIMIT 1), \
+               (SELECT MAX(seq) FROM trajectories), 0)",
+        )
+        .await?;
+    let finished = status_code(TrajectoryStatus::Finished);
+    let next: i64 = conn
+        .client
+        .query_one(&stmt, &[&mark, &finished, &consumer])
+        .await?
+        .try_get(0)?;
+    if next > mark {
+        let stmt = conn
+            .prep(
+                "INSERT INTO export_marks (consumer, mark) VALUES ($1, $2) \
+                 ON CONFLICT (consumer) DO UPDATE SET mark = $2",
+            )
+            .await?;
+        conn.client.execute(&stmt, &[&consumer, &next]).await?;
+    }
+    Ok(())
+}
+
+/// Trajectory `seq` has just finished, under the shared marks lock: no
+/// consumer's mark may stay at or above it.
+pub(crate) async fn finished(conn: &mut Conn, seq: i64) -> Result<(), StoreError> {
+    let stmt = conn
+        .prep("UPDATE export_marks SET mark = $1 - 1 WHERE mark >= $1")
+        .await?;
+    conn.client.execute(&stmt, &[&seq]).await?;
+    Ok(())
 }

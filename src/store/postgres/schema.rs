@@ -15,7 +15,8 @@ use crate::store::StoreError;
 use super::Conn;
 
 /// Migration `i` (0-based) takes the schema from version `i` to `i + 1`.
-const MIGRATIONS: &[&str] = &[r#"
+const MIGRATIONS: &[&str] = &[
+    r#"
     CREATE TABLE trajectories (
         seq BIGSERIAL PRIMARY KEY,
         id TEXT NOT NULL UNIQUE,
@@ -90,7 +91,16 @@ const MIGRATIONS: &[&str] = &[r#"
         value TEXT NOT NULL,
         updated_at BIGINT NOT NULL
     );
-    "#];
+    "#,
+    // 2: each consumer's mark (see `consumers`): every finished trajectory
+    // at or below it is acknowledged by that consumer.
+    r#"
+    CREATE TABLE export_marks (
+        consumer TEXT PRIMARY KEY,
+        mark BIGINT NOT NULL
+    );
+    "#,
+];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: u32 = MIGRATIONS.len() as u32;

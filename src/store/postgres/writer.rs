@@ -68,13 +68,22 @@ pub(crate) async fn commit_batch(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome>
 }
 
 pub(super) async fn commit_all(conn: &mut Conn, batch: &[Job]) -> Option<Vec<Outcome>> {
-    conn.client.batch_execute("BEGIN").await.ok()?;
+    conn.client.batch_execute(&begin(batch)).await.ok()?;
     let outcomes = apply_all(conn, batch, now_ms()).await;
     if outcomes.is_some() && conn.client.batch_execute("COMMIT").await.is_ok() {
         return outcomes;
     }
     let _ = conn.client.batch_execute("ROLLBACK").await;
     None
+}
+
+/// `BEGIN`, and the marks lock the batch needs (`consumers::marks_lock`),
+/// in one round trip.
+fn begin(batch: &[Job]) -> String {
+    match consumers::marks_lock(batch) {
+        Some(lock) => format!("BEGIN; {lock}"),
+        None => "BEGIN".to_string(),
+    }
 }
 
 /// Every job in order; `None` at the first that fails.
@@ -117,7 +126,7 @@ async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
             .map(|_| Err(StoreError::Commit(e.to_string())))
             .collect()
     };
-    if let Err(e) = conn.client.batch_execute("BEGIN").await {
+    if let Err(e) = conn.client.batch_execute(&begin(batch)).await {
         return failed(&e.into());
     }
     let now = now_ms();
@@ -536,6 +545,7 @@ async fn finish(conn: &mut Conn, id: &str, now: i64) -> Result<TrajectoryMeta, S
         .await?;
     if conn.client.execute(&stmt, &[&seq, &finished]).await? > 0 {
         touch(conn, seq, now).await?;
+        consumers::finished(conn, seq).await?;
     }
     reread(conn, id).await
 }

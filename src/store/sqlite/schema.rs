@@ -132,6 +132,15 @@ const MIGRATIONS: &[&str] = &[
     DROP INDEX trajectories_group;
     CREATE INDEX trajectories_group ON trajectories(group_id) WHERE group_id IS NOT NULL;
     "#,
+    // 10: each consumer's mark: every finished trajectory at or below it is
+    // acknowledged by that consumer, so a lease starts above the mark
+    // instead of walking the acknowledged past (`consumers` keeps it).
+    r#"
+    CREATE TABLE export_marks (
+        consumer TEXT PRIMARY KEY,
+        mark INTEGER NOT NULL
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -385,6 +385,7 @@ fn finish(conn: &Connection, id: &str, now: i64) -> Result<TrajectoryMeta, Store
         .execute(params![seq, finished])?;
     if n > 0 {
         touch(conn, seq, now)?;
+        consumers::finished(conn, seq)?;
     }
     reread(conn, id)
 }
