@@ -1,6 +1,6 @@
 //! Span store ingest (calls/s with durability on, group commit under
 //! concurrent appenders), export throughput (tokens/s to Parquet / JSONL),
-//! and a consumer's lease on a SQLite store whose trajectories it has all
+//! and a consumer's lease on a store whose trajectories it has all
 //! acknowledged (time per lease as the store grows).
 //!
 //! `scripts/bench-store.sh` (a throwaway PostgreSQL cluster, then `cargo
@@ -217,18 +217,39 @@ fn export_tokens(c: &mut Criterion) {
     g.finish();
 }
 
-/// One consumer lease (limit 100) on a SQLite store whose `n` finished
+/// One consumer lease (limit 100) on a store whose `n` finished
 /// trajectories that consumer has all acknowledged, so nothing is left to
-/// lease: what a trainer polling for new data pays as the store grows. A
-/// lease runs on the store's writer thread, so commits wait for it.
+/// lease: what a trainer polling for new data pays as the store grows. The
+/// store's oldest trajectory is an abandoned one, never finished. A lease
+/// runs on the store's writer, so commits wait for it.
 fn lease_after_acks(c: &mut Criterion) {
     let rt = runtime();
     let mut g = c.benchmark_group("store_lease_all_acked");
     g.sample_size(10);
-    for n in [2_000u32, 20_000] {
-        let (_dir, store) = sqlite_normal();
+    let postgres = postgres_url().is_some();
+    for (kind, n) in [
+        ("sqlite", 2_000u32),
+        ("sqlite", 20_000),
+        ("postgres", 2_000),
+        ("postgres", 20_000),
+    ] {
+        let (_dir, store) = match kind {
+            "postgres" if postgres => {
+                let url = postgres_url().unwrap_or_else(|| panic!("postgres url"));
+                let store = tito::store::open(&url).unwrap_or_else(|e| panic!("open: {e}"));
+                (None, store)
+            }
+            "postgres" => continue,
+            _ => {
+                let (dir, store) = sqlite_normal();
+                (Some(dir), store)
+            }
+        };
         let filter = TrajectoryFilter::default();
         rt.block_on(async {
+            if let Err(e) = store.append_call(call("abandoned", 0, 200, 100)).await {
+                panic!("append: {e}");
+            }
             // `n` one-call trajectories from 64 appenders, each finished.
             let mut tasks = Vec::new();
             for t in 0..64 {
@@ -265,7 +286,7 @@ fn lease_after_acks(c: &mut Criterion) {
             }
             assert_eq!(acked, n as usize, "every trajectory leased once");
         });
-        g.bench_function(BenchmarkId::new("sqlite", n), |b| {
+        g.bench_function(BenchmarkId::new(kind, n), |b| {
             b.iter(|| {
                 rt.block_on(async {
                     match store.lease("trainer", &filter, 100, 600_000).await {
