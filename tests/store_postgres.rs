@@ -190,7 +190,7 @@ async fn reopening_keeps_everything_and_a_newer_schema_is_refused() {
 
     let newer = i64::from(tito::store::postgres::SCHEMA_VERSION) + 1;
     let admin = url.clone();
-    std::thread::spawn(move || {
+    let indexes = std::thread::spawn(move || {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
@@ -200,14 +200,42 @@ async fn reopening_keeps_everything_and_a_newer_schema_is_refused() {
                 .await
                 .expect("connect");
             tokio::spawn(conn);
+            let indexes: Vec<(String, String)> = client
+                .query(
+                    "SELECT indexname, indexdef FROM pg_indexes \
+                     WHERE tablename = 'trajectories' ORDER BY indexname",
+                    &[],
+                )
+                .await
+                .expect("indexes")
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
             client
                 .execute("UPDATE tito_schema SET version = $1", &[&newer])
                 .await
                 .expect("bump version");
+            indexes
         })
     })
     .join()
     .expect("thread");
+    // Migration 2 dropped the status index (no query needs it, and each
+    // call's `updated_at` moved its entry) and made the group index partial.
+    let names: Vec<&str> = indexes.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "trajectories_group",
+            "trajectories_id_key",
+            "trajectories_pkey"
+        ]
+    );
+    assert!(
+        indexes[0].1.ends_with("WHERE (group_id IS NOT NULL)"),
+        "{}",
+        indexes[0].1
+    );
     match tito::store::open(&url) {
         Err(StoreError::Schema(e)) => assert!(e.contains("upgrade tito"), "{e}"),
         Err(e) => panic!("expected a schema error, got {e}"),

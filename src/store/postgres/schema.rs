@@ -4,8 +4,8 @@
 //! at once migrate one after the other and a crash leaves the database at an old
 //! or the new version, never in between. Only append to [`MIGRATIONS`].
 //!
-//! The layout follows the SQLite schema at its version 8 (see
-//! `store::sqlite::schema`): every integer is `BIGINT`, token ids and
+//! The layout follows the SQLite schema (`store::sqlite::schema`; version 1
+//! here is its version 8, version 2 its 9 and 10): every integer is `BIGINT`, token ids and
 //! logprobs are `BYTEA` in the [`crate::store::codec`] layout, and JSON is
 //! `TEXT`, not `JSONB`, so a stored request keeps its key order byte for
 //! byte.
@@ -93,12 +93,20 @@ const MIGRATIONS: &[&str] = &[
     );
     "#,
     // 2: each consumer's mark (see `consumers`): every finished trajectory
-    // at or below it is acknowledged by that consumer.
+    // at or below it is acknowledged by that consumer. And the indexes of
+    // SQLite's migration 9: `trajectories_status_updated` goes (the filters
+    // page in seq order; with it, a planner working from stale statistics
+    // served a lease by reading every finished trajectory, and each call's
+    // new `updated_at` kept PostgreSQL from updating the row in place);
+    // trajectories without a group leave the group index.
     r#"
     CREATE TABLE export_marks (
         consumer TEXT PRIMARY KEY,
         mark BIGINT NOT NULL
     );
+    DROP INDEX trajectories_status_updated;
+    DROP INDEX trajectories_group;
+    CREATE INDEX trajectories_group ON trajectories(group_id) WHERE group_id IS NOT NULL;
     "#,
 ];
 

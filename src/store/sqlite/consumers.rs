@@ -48,9 +48,10 @@ pub(crate) fn lease(
     let sql = format!(
         "SELECT seq, updated_at, id, group_id FROM trajectories WHERE {FILTER_SQL} \
          AND NOT EXISTS (SELECT 1 FROM export_acks a \
-                         WHERE a.consumer = ?8 AND a.traj = trajectories.seq) \
+                         WHERE a.consumer = ?8 AND a.traj > ?1 AND a.traj = trajectories.seq) \
          AND NOT EXISTS (SELECT 1 FROM export_leases l \
-                         WHERE l.consumer = ?8 AND l.traj = trajectories.seq AND l.expires_at > ?9) \
+                         WHERE l.consumer = ?8 AND l.traj > ?1 AND l.traj = trajectories.seq \
+                         AND l.expires_at > ?9) \
          ORDER BY seq LIMIT ?7"
     );
     let rows: Vec<((i64, i64), String, Option<String>)> = conn
