@@ -175,6 +175,39 @@ async fn finishes_on_one_replica_racing_acks_on_another_lose_nothing() {
     );
 }
 
+/// A batch whose marks lock times out (the database's `lock_timeout`) fails
+/// alone: its transaction is rolled back, so the replica's next batches
+/// commit.
+#[tokio::test]
+async fn a_marks_lock_that_times_out_fails_only_its_batch() {
+    let url = postgres_url();
+    let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    // Another session holds the marks lock; this replica waits 100 ms.
+    let lock = tito::store::postgres::MARKS_LOCK;
+    admin
+        .execute("SELECT pg_advisory_lock($1)", &[&lock])
+        .await
+        .expect("lock");
+    let store = tito::store::open(&format!("{url}?options=-c%20lock_timeout%3D100")).expect("open");
+    store
+        .append_call(call("a", 0, 0, None, ids(1, 2), ids(3, 2)))
+        .await
+        .expect("an append takes no marks lock");
+    assert!(store.finish("a").await.is_err(), "the lock timed out");
+    admin
+        .execute("SELECT pg_advisory_unlock($1)", &[&lock])
+        .await
+        .expect("unlock");
+    store
+        .append_call(call("b", 0, 0, None, ids(1, 2), ids(3, 2)))
+        .await
+        .expect("the next batch commits");
+    store.finish("a").await.expect("finish after the lock");
+}
+
 #[tokio::test]
 async fn reopening_keeps_everything_and_a_newer_schema_is_refused() {
     let (url, stores) = replicas(1);
@@ -221,21 +254,24 @@ async fn reopening_keeps_everything_and_a_newer_schema_is_refused() {
     .join()
     .expect("thread");
     // Migration 2 dropped the status index (no query needs it, and each
-    // call's `updated_at` moved its entry) and made the group index partial.
+    // call's `updated_at` moved its entry), made the group index partial
+    // and indexed the order of finishes (finished trajectories only).
     let names: Vec<&str> = indexes.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
         [
+            "trajectories_fseq",
             "trajectories_group",
             "trajectories_id_key",
             "trajectories_pkey"
         ]
     );
-    assert!(
-        indexes[0].1.ends_with("WHERE (group_id IS NOT NULL)"),
-        "{}",
-        indexes[0].1
-    );
+    for (def, partial) in [
+        (&indexes[0].1, "WHERE (fseq IS NOT NULL)"),
+        (&indexes[1].1, "WHERE (group_id IS NOT NULL)"),
+    ] {
+        assert!(def.ends_with(partial), "{def}");
+    }
     match tito::store::open(&url) {
         Err(StoreError::Schema(e)) => assert!(e.contains("upgrade tito"), "{e}"),
         Err(e) => panic!("expected a schema error, got {e}"),

@@ -6,18 +6,25 @@
 //!
 //! # The mark across replicas
 //!
-//! Each consumer has a mark, kept as the SQLite store keeps it: every
-//! finished trajectory at or below it is acknowledged by the consumer, an
-//! ack moves it up, a finish lowers it. With one writer that is exact; with
-//! several, an ack could read the store before another replica's finish
-//! commits and move the mark past a trajectory whose finish then finds the
-//! mark still low and leaves it be: the trajectory would never be leased.
-//! So a batch takes one more advisory lock as it begins ([`MARKS_LOCK`]):
-//! shared when it holds a finish, exclusive when it holds an ack. An ack
-//! then sees every finish committed, and a finish after it sees its mark.
-//! Taking the lock first, before any row or consumer lock, keeps the order
-//! of locks the same in every transaction, so batches cannot deadlock on
-//! it.
+//! Each consumer has a mark, as in the SQLite store: every finished
+//! trajectory at or below it is acknowledged by the consumer, and a lease
+//! looks above it. The SQLite store lowers the mark when an older
+//! trajectory finishes; here that would make every finish write the marks'
+//! rows, so finishing batches of different replicas would wait on each
+//! other, and could deadlock with a lease holding its consumer's lock.
+//! Instead a finish only stamps the trajectory with the next number of a
+//! sequence (`fseq`), and a mark is a pair: `mark`, and `fmark`, the
+//! highest `fseq` when the mark was set. The trajectories a mark has not
+//! seen are those whose `fseq` is above `fmark`; a lease (and the next ack)
+//! starts below the oldest of them ([`start_of`]).
+//!
+//! With several writers, an ack could read the store before another
+//! replica's finish commits and take an `fmark` above that finish's
+//! number. So a batch takes one more advisory lock as it begins
+//! ([`MARKS_LOCK`]): shared when it holds a finish, exclusive when it holds
+//! an ack. An ack then sees every finish committed, and every finish after
+//! it draws a higher number. The lock is taken first, before any row or
+//! consumer lock, in every transaction that takes it.
 
 use super::rows::{status_code, FilterParams, FILTER_SQL};
 use super::Conn;
@@ -27,7 +34,7 @@ use crate::store::{new_cursor, Acked, Lease, StoreError, TrajectoryFilter, Traje
 
 /// The advisory lock that orders acks after the finishes of other replicas
 /// (module doc); any constant every replica agrees on.
-const MARKS_LOCK: i64 = 0x7469_746f_5f6d_726b; // "tito_mrk"
+pub const MARKS_LOCK: i64 = 0x7469_746f_5f6d_726b; // "tito_mrk"
 
 /// What a batch runs right after `BEGIN`, before anything else: the marks
 /// lock in the mode its jobs need, or nothing.
@@ -62,7 +69,7 @@ pub(crate) async fn lease(
     let mut filter = filter.clone();
     filter.status = Some(TrajectoryStatus::Finished);
     let f = FilterParams::of(&filter);
-    let mark = mark_of(conn, consumer).await?;
+    let mark = start_of(conn, consumer).await?;
     // With complete groups a page holds whole groups, so the limit is
     // applied below, not in SQL.
     let sql_limit = if f.complete {
@@ -168,55 +175,48 @@ pub(crate) async fn ack(
     }
 }
 
-async fn mark_of(conn: &mut Conn, consumer: &str) -> Result<i64, StoreError> {
-    let stmt = conn
-        .prep("SELECT mark FROM export_marks WHERE consumer = $1")
-        .await?;
-    match conn.client.query_opt(&stmt, &[&consumer]).await? {
-        Some(row) => Ok(row.try_get(0)?),
-        None => Ok(0),
-    }
-}
-
-/// After an ack, under the exclusive marks lock: the mark moves up to just
-/// below the first finished trajectory above it that the consumer has not
-/// acknowledged, or to the last trajectory when there is none.
-async fn advance_mark(conn: &mut Conn, consumer: &str) -> Result<(), StoreError> {
-    let mark = mark_of(conn, consumer).await?;
+/// Where a lease of `consumer` starts: below its mark, and below every
+/// trajectory finished since the mark was set (`fseq` above `fmark`).
+async fn start_of(conn: &mut Conn, consumer: &str) -> Result<i64, StoreError> {
     let stmt = conn
         .prep(
-            "SELECT COALESCE( \
-               (SELECT seq - 1 FROM trajectories t WHERE seq > $1 AND status = $2 \
-                AND NOT EXISTS (SELECT 1 FROM export_acks a \
-                                WHERE a.consumer = $3 AND a.traj = t.seq) \
-                ORDER BY seq LIMIT 1), \
-               (SELECT MAX(seq) FROM trajectories), 0)",
+            "WITH m AS (SELECT COALESCE((SELECT mark FROM export_marks WHERE consumer = $1), 0) \
+                                 AS mark, \
+                               COALESCE((SELECT fmark FROM export_marks WHERE consumer = $1), 0) \
+                                 AS fmark) \
+             SELECT LEAST(m.mark, COALESCE((SELECT MIN(seq) - 1 FROM trajectories \
+                                            WHERE fseq > m.fmark), m.mark)) FROM m",
+        )
+        .await?;
+    Ok(conn
+        .client
+        .query_one(&stmt, &[&consumer])
+        .await?
+        .try_get(0)?)
+}
+
+/// After an ack, under the exclusive marks lock (every finish committed):
+/// the mark moves to just below the first finished trajectory above the
+/// start that the consumer has not acknowledged, or to the last trajectory
+/// when there is none; `fmark` to the highest `fseq`.
+async fn advance_mark(conn: &mut Conn, consumer: &str) -> Result<(), StoreError> {
+    let start = start_of(conn, consumer).await?;
+    let stmt = conn
+        .prep(
+            "INSERT INTO export_marks (consumer, mark, fmark) SELECT $3, \
+               COALESCE( \
+                 (SELECT seq - 1 FROM trajectories t WHERE seq > $1 AND status = $2 \
+                  AND NOT EXISTS (SELECT 1 FROM export_acks a \
+                                  WHERE a.consumer = $3 AND a.traj = t.seq) \
+                  ORDER BY seq LIMIT 1), \
+                 (SELECT MAX(seq) FROM trajectories), 0), \
+               COALESCE((SELECT MAX(fseq) FROM trajectories), 0) \
+             ON CONFLICT (consumer) DO UPDATE SET mark = EXCLUDED.mark, fmark = EXCLUDED.fmark",
         )
         .await?;
     let finished = status_code(TrajectoryStatus::Finished);
-    let next: i64 = conn
-        .client
-        .query_one(&stmt, &[&mark, &finished, &consumer])
-        .await?
-        .try_get(0)?;
-    if next > mark {
-        let stmt = conn
-            .prep(
-                "INSERT INTO export_marks (consumer, mark) VALUES ($1, $2) \
-                 ON CONFLICT (consumer) DO UPDATE SET mark = $2",
-            )
-            .await?;
-        conn.client.execute(&stmt, &[&consumer, &next]).await?;
-    }
-    Ok(())
-}
-
-/// Trajectory `seq` has just finished, under the shared marks lock: no
-/// consumer's mark may stay at or above it.
-pub(crate) async fn finished(conn: &mut Conn, seq: i64) -> Result<(), StoreError> {
-    let stmt = conn
-        .prep("UPDATE export_marks SET mark = $1 - 1 WHERE mark >= $1")
+    conn.client
+        .execute(&stmt, &[&start, &finished, &consumer])
         .await?;
-    conn.client.execute(&stmt, &[&seq]).await?;
     Ok(())
 }

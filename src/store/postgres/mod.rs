@@ -41,14 +41,22 @@ use super::{
 };
 use rows::Key;
 
+pub use consumers::MARKS_LOCK;
 pub use schema::SCHEMA_VERSION;
 
 /// Most read connections a store opens.
 const READERS: usize = 16;
 
 impl From<tokio_postgres::Error> for StoreError {
+    /// The server's own message and SQLSTATE when it sent one (the driver's
+    /// `Display` says only "db error").
     fn from(e: tokio_postgres::Error) -> Self {
-        StoreError::Postgres(e.to_string())
+        match e.as_db_error() {
+            Some(db) => {
+                StoreError::Postgres(format!("{} (SQLSTATE {})", db.message(), db.code().code()))
+            }
+            None => StoreError::Postgres(e.to_string()),
+        }
     }
 }
 

@@ -93,16 +93,21 @@ const MIGRATIONS: &[&str] = &[
     );
     "#,
     // 2: each consumer's mark (see `consumers`): every finished trajectory
-    // at or below it is acknowledged by that consumer. And the indexes of
+    // at or below it is acknowledged by that consumer, as of the finish
+    // numbered `fmark` (`fseq`: the order of finishes). And the indexes of
     // SQLite's migration 9: `trajectories_status_updated` goes (the filters
     // page in seq order; with it, a planner working from stale statistics
     // served a lease by reading every finished trajectory, and each call's
     // new `updated_at` kept PostgreSQL from updating the row in place);
     // trajectories without a group leave the group index.
     r#"
+    ALTER TABLE trajectories ADD COLUMN fseq BIGINT;
+    CREATE SEQUENCE trajectories_finish_order;
+    CREATE INDEX trajectories_fseq ON trajectories(fseq) WHERE fseq IS NOT NULL;
     CREATE TABLE export_marks (
         consumer TEXT PRIMARY KEY,
-        mark BIGINT NOT NULL
+        mark BIGINT NOT NULL,
+        fmark BIGINT NOT NULL
     );
     DROP INDEX trajectories_status_updated;
     DROP INDEX trajectories_group;

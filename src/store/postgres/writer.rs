@@ -68,7 +68,7 @@ pub(crate) async fn commit_batch(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome>
 }
 
 pub(super) async fn commit_all(conn: &mut Conn, batch: &[Job]) -> Option<Vec<Outcome>> {
-    conn.client.batch_execute(&begin(batch)).await.ok()?;
+    begin(conn, batch).await.ok()?;
     let outcomes = apply_all(conn, batch, now_ms()).await;
     if outcomes.is_some() && conn.client.batch_execute("COMMIT").await.is_ok() {
         return outcomes;
@@ -78,12 +78,19 @@ pub(super) async fn commit_all(conn: &mut Conn, batch: &[Job]) -> Option<Vec<Out
 }
 
 /// `BEGIN`, and the marks lock the batch needs (`consumers::marks_lock`),
-/// in one round trip.
-fn begin(batch: &[Job]) -> String {
-    match consumers::marks_lock(batch) {
+/// in one round trip. When the lock fails (a `lock_timeout`, a cancel) the
+/// transaction is rolled back here, or it would stay open and aborted and
+/// fail every later batch on this connection.
+async fn begin(conn: &mut Conn, batch: &[Job]) -> Result<(), StoreError> {
+    let sql = match consumers::marks_lock(batch) {
         Some(lock) => format!("BEGIN; {lock}"),
         None => "BEGIN".to_string(),
+    };
+    if let Err(e) = conn.client.batch_execute(&sql).await {
+        let _ = conn.client.batch_execute("ROLLBACK").await;
+        return Err(e.into());
     }
+    Ok(())
 }
 
 /// Every job in order; `None` at the first that fails.
@@ -126,8 +133,8 @@ async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
             .map(|_| Err(StoreError::Commit(e.to_string())))
             .collect()
     };
-    if let Err(e) = conn.client.batch_execute(&begin(batch)).await {
-        return failed(&e.into());
+    if let Err(e) = begin(conn, batch).await {
+        return failed(&e);
     }
     let now = now_ms();
     let mut outcomes = Vec::with_capacity(batch.len());
@@ -540,12 +547,15 @@ async fn set_reward(
 async fn finish(conn: &mut Conn, id: &str, now: i64) -> Result<TrajectoryMeta, StoreError> {
     let seq = existing(conn, id).await?;
     let finished = status_code(TrajectoryStatus::Finished);
+    // `fseq` numbers the finish for the consumers' marks (`consumers`).
     let stmt = conn
-        .prep("UPDATE trajectories SET status = $2 WHERE seq = $1 AND status != $2")
+        .prep(
+            "UPDATE trajectories SET status = $2, fseq = nextval('trajectories_finish_order') \
+             WHERE seq = $1 AND status != $2",
+        )
         .await?;
     if conn.client.execute(&stmt, &[&seq, &finished]).await? > 0 {
         touch(conn, seq, now).await?;
-        consumers::finished(conn, seq).await?;
     }
     reread(conn, id).await
 }
