@@ -175,6 +175,69 @@ async fn finishes_on_one_replica_racing_acks_on_another_lose_nothing() {
     );
 }
 
+/// Another replica's finish still in its transaction when an ack comes:
+/// the ack waits for it (the marks lock), so the mark it sets has seen that
+/// finish, and the trajectory is leased. Without the lock the ack would see
+/// a later finish's number committed and take the earlier one as seen.
+#[tokio::test]
+async fn an_ack_waits_for_finishes_in_flight_on_other_replicas() {
+    let url = postgres_url();
+    let store = tito::store::open(&url).expect("open");
+    for id in ["x", "y"] {
+        store
+            .append_call(call(id, 0, 0, None, ids(1, 2), ids(3, 2)))
+            .await
+            .expect("append");
+    }
+    // The other replica: `x`'s finish, as a store's writer runs it, not
+    // yet committed.
+    let (replica, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .expect("connect");
+    tokio::spawn(conn);
+    let lock = tito::store::postgres::MARKS_LOCK;
+    replica.batch_execute("BEGIN").await.expect("begin");
+    replica
+        .execute("SELECT pg_advisory_xact_lock_shared($1)", &[&lock])
+        .await
+        .expect("shared lock");
+    replica
+        .batch_execute(
+            "UPDATE trajectories SET status = 1, \
+             fseq = nextval('trajectories_finish_order') WHERE id = 'x'",
+        )
+        .await
+        .expect("finish x");
+    store.finish("y").await.expect("finish y");
+    let f = TrajectoryFilter::default();
+    let page = store.lease("c", &f, 100, 60_000).await.expect("lease");
+    assert_eq!(page.ids, ["y"]);
+    let cursor = page.cursor.expect("cursor");
+    let ack = {
+        let store = store.clone();
+        tokio::spawn(async move { store.ack("c", &cursor).await })
+    };
+    // Until the ack waits for the lock (or, without the lock, is done).
+    while !ack.is_finished() {
+        let waiting = replica
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+                 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+                &[],
+            )
+            .await
+            .expect("pg_locks");
+        if waiting.get::<_, i64>(0) > 0 {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    replica.batch_execute("COMMIT").await.expect("commit x");
+    ack.await.expect("task").expect("ack");
+    let page = store.lease("c", &f, 100, 60_000).await.expect("lease");
+    assert_eq!(page.ids, ["x"], "x finished before the ack committed");
+}
+
 /// A batch whose marks lock times out (the database's `lock_timeout`) fails
 /// alone: its transaction is rolled back, so the replica's next batches
 /// commit.
