@@ -176,23 +176,26 @@ pub(crate) async fn ack(
 }
 
 /// Where a lease of `consumer` starts: below its mark, and below every
-/// trajectory finished since the mark was set (`fseq` above `fmark`).
+/// trajectory finished since the mark was set (`fseq` above `fmark`). A
+/// consumer without a mark starts at 0. Two statements, so the planner
+/// sees `fmark` as a value (an index range) rather than a column of a
+/// subquery, which it guessed at and scanned the table for.
 async fn start_of(conn: &mut Conn, consumer: &str) -> Result<i64, StoreError> {
     let stmt = conn
-        .prep(
-            "WITH m AS (SELECT COALESCE((SELECT mark FROM export_marks WHERE consumer = $1), 0) \
-                                 AS mark, \
-                               COALESCE((SELECT fmark FROM export_marks WHERE consumer = $1), 0) \
-                                 AS fmark) \
-             SELECT LEAST(m.mark, COALESCE((SELECT MIN(seq) - 1 FROM trajectories \
-                                            WHERE fseq > m.fmark), m.mark)) FROM m",
-        )
+        .prep("SELECT mark, fmark FROM export_marks WHERE consumer = $1")
         .await?;
-    Ok(conn
-        .client
-        .query_one(&stmt, &[&consumer])
-        .await?
-        .try_get(0)?)
+    let Some(row) = conn.client.query_opt(&stmt, &[&consumer]).await? else {
+        return Ok(0);
+    };
+    let (mark, fmark): (i64, i64) = (row.try_get(0)?, row.try_get(1)?);
+    if mark == 0 {
+        return Ok(0);
+    }
+    let stmt = conn
+        .prep("SELECT MIN(seq) FROM trajectories WHERE fseq > $1")
+        .await?;
+    let late: Option<i64> = conn.client.query_one(&stmt, &[&fmark]).await?.try_get(0)?;
+    Ok(late.map_or(mark, |seq| mark.min(seq - 1)))
 }
 
 /// After an ack, under the exclusive marks lock (every finish committed):
