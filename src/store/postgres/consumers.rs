@@ -86,11 +86,11 @@ pub(crate) async fn lease(
                          AND l.expires_at > $9) \
          ORDER BY seq LIMIT $7"
     );
-    let stmt = conn.prep(&sql).await?;
+    // Planned with its values each time (see `one_shot`).
     let rows = conn
         .client
         .query(
-            &stmt,
+            sql.as_str(),
             &[
                 &mark,
                 &f.status,
@@ -191,10 +191,11 @@ async fn start_of(conn: &mut Conn, consumer: &str) -> Result<i64, StoreError> {
     if mark == 0 {
         return Ok(0);
     }
-    let stmt = conn
-        .prep("SELECT MIN(seq) FROM trajectories WHERE fseq > $1")
-        .await?;
-    let late: Option<i64> = conn.client.query_one(&stmt, &[&fmark]).await?.try_get(0)?;
+    let late: Option<i64> = conn
+        .client
+        .query_one(one_shot::LATE, &[&fmark])
+        .await?
+        .try_get(0)?;
     Ok(late.map_or(mark, |seq| mark.min(seq - 1)))
 }
 
@@ -204,22 +205,33 @@ async fn start_of(conn: &mut Conn, consumer: &str) -> Result<i64, StoreError> {
 /// when there is none; `fmark` to the highest `fseq`.
 async fn advance_mark(conn: &mut Conn, consumer: &str) -> Result<(), StoreError> {
     let start = start_of(conn, consumer).await?;
-    let stmt = conn
-        .prep(
-            "INSERT INTO export_marks (consumer, mark, fmark) SELECT $3, \
-               COALESCE( \
-                 (SELECT seq - 1 FROM trajectories t WHERE seq > $1 AND status = $2 \
-                  AND NOT EXISTS (SELECT 1 FROM export_acks a \
-                                  WHERE a.consumer = $3 AND a.traj = t.seq) \
-                  ORDER BY seq LIMIT 1), \
-                 (SELECT MAX(seq) FROM trajectories), 0), \
-               COALESCE((SELECT MAX(fseq) FROM trajectories), 0) \
-             ON CONFLICT (consumer) DO UPDATE SET mark = EXCLUDED.mark, fmark = EXCLUDED.fmark",
-        )
-        .await?;
     let finished = status_code(TrajectoryStatus::Finished);
     conn.client
-        .execute(&stmt, &[&start, &finished, &consumer])
+        .execute(one_shot::ADVANCE, &[&start, &finished, &consumer])
         .await?;
     Ok(())
+}
+
+/// Statements sent as text and planned with their values at each run (an
+/// unnamed statement), not prepared once and cached: after five runs
+/// PostgreSQL may keep a generic plan, which cannot see that a range starts
+/// at the end of the table. For `LATE` the generic plan walked the whole
+/// primary key looking for the smallest `seq` (5 ms a lease at 20,000
+/// trajectories, docs/benchmarks.md). The lease's own query goes the same
+/// way. Each costs one more round trip than a cached statement.
+mod one_shot {
+    /// The oldest trajectory finished since finish number `$1`.
+    pub(super) const LATE: &str = "SELECT MIN(seq) FROM trajectories WHERE fseq > $1";
+
+    /// A consumer's new mark above `$1` (see `advance_mark`).
+    pub(super) const ADVANCE: &str = "INSERT INTO export_marks (consumer, mark, fmark) \
+         SELECT $3, \
+           COALESCE( \
+             (SELECT seq - 1 FROM trajectories t WHERE seq > $1 AND status = $2 \
+              AND NOT EXISTS (SELECT 1 FROM export_acks a \
+                              WHERE a.consumer = $3 AND a.traj = t.seq) \
+              ORDER BY seq LIMIT 1), \
+             (SELECT MAX(seq) FROM trajectories), 0), \
+           COALESCE((SELECT MAX(fseq) FROM trajectories), 0) \
+         ON CONFLICT (consumer) DO UPDATE SET mark = EXCLUDED.mark, fmark = EXCLUDED.fmark";
 }
