@@ -226,7 +226,7 @@ fn lease_after_acks(c: &mut Criterion) {
     let rt = runtime();
     let mut g = c.benchmark_group("store_lease_all_acked");
     g.sample_size(10);
-    let postgres = postgres_url().is_some();
+    let postgres = std::env::var("TITO_BENCH_POSTGRES").is_ok();
     for (kind, n) in [
         ("sqlite", 2_000u32),
         ("sqlite", 20_000),

@@ -20,11 +20,16 @@
 //!
 //! With several writers, an ack could read the store before another
 //! replica's finish commits and take an `fmark` above that finish's
-//! number. So a batch takes one more advisory lock as it begins
-//! ([`MARKS_LOCK`]): shared when it holds a finish, exclusive when it holds
-//! an ack. An ack then sees every finish committed, and every finish after
-//! it draws a higher number. The lock is taken first, before any row or
-//! consumer lock, in every transaction that takes it.
+//! number. So a batch that holds a finish takes an advisory lock in shared
+//! mode as it begins ([`MARKS_LOCK`]), before any row or consumer lock, and
+//! an ack moves the mark only when it gets the same lock in exclusive mode
+//! at once (`pg_try_advisory_xact_lock`): then no finish is in flight on
+//! any replica, and every later finish draws a higher number. When a finish
+//! is in flight the ack leaves the mark as it was, which stays true; the
+//! next ack tries again. An ack never waits for the lock, so it can neither
+//! deadlock nor queue finishes behind it (PostgreSQL would make every new
+//! shared request wait behind a waiting exclusive one, and one stuck
+//! finishing transaction would then stop finishes on every replica).
 
 use super::rows::{status_code, FilterParams, FILTER_SQL};
 use super::Conn;
@@ -32,21 +37,17 @@ use crate::store::group_commit::{Job, Op};
 use crate::store::types::lease_page;
 use crate::store::{new_cursor, Acked, Lease, StoreError, TrajectoryFilter, TrajectoryStatus};
 
-/// The advisory lock that orders acks after the finishes of other replicas
-/// (module doc); any constant every replica agrees on.
+/// The advisory lock that keeps marks from passing finishes in flight on
+/// other replicas (module doc); any constant every replica agrees on.
 pub const MARKS_LOCK: i64 = 0x7469_746f_5f6d_726b; // "tito_mrk"
 
 /// What a batch runs right after `BEGIN`, before anything else: the marks
-/// lock in the mode its jobs need, or nothing.
+/// lock in shared mode when the batch holds a finish, or nothing.
 pub(crate) fn marks_lock(batch: &[Job]) -> Option<String> {
-    let ops = || batch.iter().map(|j| &j.op);
-    if ops().any(|op| matches!(op, Op::Ack { .. })) {
-        Some(format!("SELECT pg_advisory_xact_lock({MARKS_LOCK})"))
-    } else if ops().any(|op| matches!(op, Op::Finish { .. })) {
-        Some(format!("SELECT pg_advisory_xact_lock_shared({MARKS_LOCK})"))
-    } else {
-        None
-    }
+    batch
+        .iter()
+        .any(|j| matches!(j.op, Op::Finish { .. }))
+        .then(|| format!("SELECT pg_advisory_xact_lock_shared({MARKS_LOCK})"))
 }
 
 async fn lock_consumer(conn: &mut Conn, consumer: &str) -> Result<(), StoreError> {
@@ -199,11 +200,21 @@ async fn start_of(conn: &mut Conn, consumer: &str) -> Result<i64, StoreError> {
     Ok(late.map_or(mark, |seq| mark.min(seq - 1)))
 }
 
-/// After an ack, under the exclusive marks lock (every finish committed):
-/// the mark moves to just below the first finished trajectory above the
-/// start that the consumer has not acknowledged, or to the last trajectory
-/// when there is none; `fmark` to the highest `fseq`.
+/// After an ack, when the marks lock is free to take in exclusive mode (no
+/// finish in flight; otherwise the mark stays): the mark moves to just
+/// below the first finished trajectory above the start that the consumer
+/// has not acknowledged, or to the last trajectory when there is none;
+/// `fmark` to the highest `fseq`.
 async fn advance_mark(conn: &mut Conn, consumer: &str) -> Result<(), StoreError> {
+    let stmt = conn.prep("SELECT pg_try_advisory_xact_lock($1)").await?;
+    let free: bool = conn
+        .client
+        .query_one(&stmt, &[&MARKS_LOCK])
+        .await?
+        .try_get(0)?;
+    if !free {
+        return Ok(());
+    }
     let start = start_of(conn, consumer).await?;
     let finished = status_code(TrajectoryStatus::Finished);
     conn.client
@@ -212,8 +223,8 @@ async fn advance_mark(conn: &mut Conn, consumer: &str) -> Result<(), StoreError>
     Ok(())
 }
 
-/// Statements sent as text and planned with their values at each run (an
-/// unnamed statement), not prepared once and cached: after five runs
+/// Statements sent as text, prepared for one run with its values and
+/// closed after it, not prepared once and cached: after five runs
 /// PostgreSQL may keep a generic plan, which cannot see that a range starts
 /// at the end of the table. For `LATE` the generic plan walked the whole
 /// primary key looking for the smallest `seq` (5 ms a lease at 20,000
