@@ -290,13 +290,7 @@ fn lease_after_acks(c: &mut Criterion) {
             // from figures taken mid-load and scans the table
             // (docs/benchmarks.md, "A consumer's lease as the store grows").
             if let Some(url) = &pg {
-                let client = match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
-                    Ok((client, conn)) => {
-                        tokio::spawn(conn);
-                        client
-                    }
-                    Err(e) => panic!("connect: {e}"),
-                };
+                let client = store_support::pg_session(url).await;
                 if let Err(e) = client.batch_execute("ANALYZE").await {
                     panic!("analyze: {e}");
                 }

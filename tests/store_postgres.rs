@@ -192,10 +192,7 @@ async fn an_ack_leaves_the_mark_while_another_replica_finishes() {
     }
     // The other replica: `x`'s finish, as a store's writer runs it, not
     // yet committed.
-    let (replica, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(conn);
+    let replica = store_support::pg_session(&url).await;
     let lock = tito::store::postgres::MARKS_LOCK;
     replica.batch_execute("BEGIN").await.expect("begin");
     replica
@@ -240,10 +237,7 @@ async fn an_ack_leaves_the_mark_while_another_replica_finishes() {
 #[tokio::test]
 async fn a_marks_lock_that_times_out_fails_only_its_batch() {
     let url = postgres_url();
-    let (admin, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .expect("connect");
-    tokio::spawn(conn);
+    let admin = store_support::pg_session(&url).await;
     // Another session holds the marks lock; this replica waits 100 ms.
     let lock = tito::store::postgres::MARKS_LOCK;
     admin
@@ -288,10 +282,7 @@ async fn reopening_keeps_everything_and_a_newer_schema_is_refused() {
             .build()
             .expect("runtime");
         rt.block_on(async {
-            let (client, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
-                .await
-                .expect("connect");
-            tokio::spawn(conn);
+            let client = store_support::pg_session(&admin).await;
             let indexes: Vec<(String, String)> = client
                 .query(
                     "SELECT indexname, indexdef FROM pg_indexes \

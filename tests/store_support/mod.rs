@@ -96,6 +96,18 @@ pub fn postgres_url() -> String {
     postgres_database(&base)
 }
 
+/// A plain session on the database at `url` (another replica, or an
+/// administrator), its connection driven on the current runtime.
+pub async fn pg_session(url: &str) -> tokio_postgres::Client {
+    match tokio_postgres::connect(url, tokio_postgres::NoTls).await {
+        Ok((client, conn)) => {
+            tokio::spawn(conn);
+            client
+        }
+        Err(e) => panic!("cannot connect to {url}: {e}"),
+    }
+}
+
 /// Creates a database with a random name on the cluster at `base` (a URL
 /// without a database) and returns its URL. Also used by the benches.
 pub fn postgres_database(base: &str) -> String {

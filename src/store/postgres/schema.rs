@@ -5,10 +5,10 @@
 //! or the new version, never in between. Only append to [`MIGRATIONS`].
 //!
 //! The layout follows the SQLite schema (`store::sqlite::schema`; version 1
-//! here is its version 8, version 2 its 9 and 10): every integer is `BIGINT`, token ids and
-//! logprobs are `BYTEA` in the [`crate::store::codec`] layout, and JSON is
-//! `TEXT`, not `JSONB`, so a stored request keeps its key order byte for
-//! byte.
+//! here is its version 8, version 2 its 9 and 10): every integer is
+//! `BIGINT`, token ids and logprobs are `BYTEA` in the
+//! [`crate::store::codec`] layout, and JSON is `TEXT`, not `JSONB`, so a
+//! stored request keeps its key order byte for byte.
 
 use crate::store::StoreError;
 
