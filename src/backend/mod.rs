@@ -12,6 +12,7 @@
 //! Owns: wire formats of vLLM / SGLang / the bundled engine. Must not: render
 //! templates, decode text for clients, or know about trajectories.
 
+pub mod conn;
 pub mod pump;
 pub mod sglang;
 pub mod sse;
@@ -378,7 +379,13 @@ pub(crate) async fn check_status(
         return Ok(resp);
     }
     let text = resp.text().await.unwrap_or_default();
-    let message = serde_json::from_str::<serde_json::Value>(&text)
+    Err(status_error(backend, status.as_u16(), error_message(&text)))
+}
+
+/// The message of an error answer: OpenAI's `error.message`, or a
+/// `message` or `detail` field, or the start of the text.
+pub(crate) fn error_message(text: &str) -> String {
+    serde_json::from_str::<serde_json::Value>(text)
         .ok()
         .and_then(|v| {
             v.pointer("/error/message")
@@ -386,8 +393,7 @@ pub(crate) async fn check_status(
                 .or_else(|| v.get("detail"))
                 .and_then(|m| m.as_str().map(str::to_string))
         })
-        .unwrap_or_else(|| text.chars().take(500).collect());
-    Err(status_error(backend, status.as_u16(), message))
+        .unwrap_or_else(|| text.chars().take(500).collect())
 }
 
 /// The error for an HTTP status (or an in-stream error's code) `status`.

@@ -30,6 +30,9 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use tokio::time::{Instant, Sleep};
 
+use std::sync::Arc;
+
+use super::conn::Pool;
 use super::sse::SseDecoder;
 use super::{BackendError, GenEvent, GenStream};
 use crate::config::RouterConfig;
@@ -62,24 +65,106 @@ impl StreamTimeouts {
 /// At most this many bytes are read after `Done` while draining the body.
 const DRAIN_LIMIT: usize = 1 << 20;
 
-/// Sends `request`, checks its status and pumps the body through `decoder`.
-/// The first-token clock starts here, before the request is sent: a backend
-/// that never answers fails with `Timeout` from this call, one that answers
-/// but never produces an event fails with `Timeout` from the stream.
+/// How an HTTP backend's generate requests go out.
+pub enum Transport {
+    /// `http://`: connections driven by the calls that use them.
+    Driven(Arc<Pool>),
+    /// Any other URL (`https://`): reqwest's pooled client.
+    Client {
+        client: reqwest::Client,
+        base: String,
+    },
+}
+
+impl Transport {
+    /// The transport to the backend at `base` (no trailing `/`).
+    pub fn new(backend: &str, base: &str, router: &RouterConfig) -> anyhow::Result<Transport> {
+        let connect_timeout = Duration::from_millis(router.connect_timeout_ms);
+        Ok(match Pool::for_url(backend, base, connect_timeout) {
+            Some(pool) => Transport::Driven(pool),
+            None => Transport::Client {
+                client: super::http_client(router)?,
+                base: base.to_string(),
+            },
+        })
+    }
+
+    /// POSTs `body` to `path` and returns the answer's status and body.
+    async fn post(
+        &self,
+        backend: &str,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<(u16, Body), BackendError> {
+        match self {
+            Transport::Driven(pool) => {
+                let (status, body) = pool.post(path, body).await?;
+                Ok((status.as_u16(), Box::pin(body)))
+            }
+            Transport::Client { client, base } => {
+                let resp = client
+                    .post(format!("{base}{path}"))
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .map_err(|e| super::map_reqwest(backend, e))?;
+                let status = resp.status().as_u16();
+                let backend = backend.to_string();
+                let body = resp
+                    .bytes_stream()
+                    .map(move |r| r.map_err(|e| super::map_reqwest(&backend, e)));
+                Ok((status, Box::pin(body)))
+            }
+        }
+    }
+}
+
+/// At most this many bytes of an error answer are read for its message.
+const ERROR_BODY_LIMIT: usize = 64 << 10;
+
+/// Sends `body` as JSON to `path`, checks the answer's status and pumps its
+/// body through `decoder`. The first-token clock starts here, before the
+/// request is sent: a backend that never answers fails with `Timeout` from
+/// this call, one that answers but never produces an event fails with
+/// `Timeout` from the stream.
 pub async fn send_and_pump<D: EventDecoder + Unpin>(
     backend: &str,
-    request: reqwest::RequestBuilder,
+    transport: &Transport,
+    path: &str,
+    body: &serde_json::Value,
     timeouts: StreamTimeouts,
     decoder: D,
 ) -> Result<GenStream, BackendError> {
     let first_deadline = Instant::now() + timeouts.first_token;
-    let resp = tokio::time::timeout_at(first_deadline, request.send())
-        .await
-        .map_err(|_| super::timeout(backend, "no response before the first-token timeout"))?
-        .map_err(|e| super::map_reqwest(backend, e))?;
-    let resp = tokio::time::timeout_at(first_deadline, super::check_status(backend, resp))
-        .await
-        .map_err(|_| super::timeout(backend, "no error body before the first-token timeout"))??;
+    let body = serde_json::to_vec(body).map_err(|e| BackendError::Protocol {
+        backend: backend.to_string(),
+        message: format!("cannot write the request: {e}"),
+    })?;
+    let (status, mut resp) =
+        tokio::time::timeout_at(first_deadline, transport.post(backend, path, body))
+            .await
+            .map_err(|_| super::timeout(backend, "no response before the first-token timeout"))??;
+    if !(200..300).contains(&status) {
+        let mut text = Vec::new();
+        let read = async {
+            while let Some(Ok(chunk)) = resp.next().await {
+                text.extend_from_slice(&chunk);
+                if text.len() > ERROR_BODY_LIMIT {
+                    break;
+                }
+            }
+        };
+        tokio::time::timeout_at(first_deadline, read)
+            .await
+            .map_err(|_| super::timeout(backend, "no error body before the first-token timeout"))?;
+        let text = String::from_utf8_lossy(&text);
+        return Err(super::status_error(
+            backend,
+            status,
+            super::error_message(&text),
+        ));
+    }
     Ok(pump(backend, resp, first_deadline, timeouts.idle, decoder))
 }
 
@@ -92,14 +177,14 @@ pub async fn send_and_pump<D: EventDecoder + Unpin>(
 /// hop per event was a measurable share of a call's CPU, docs/benchmarks.md).
 pub fn pump<D: EventDecoder + Unpin>(
     backend: &str,
-    resp: reqwest::Response,
+    body: Body,
     first_deadline: Instant,
     idle: Duration,
     decoder: D,
 ) -> GenStream {
     Box::pin(Pump {
         backend: backend.to_string(),
-        body: Some(Box::pin(resp.bytes_stream())),
+        body: Some(body),
         sse: SseDecoder::default(),
         decoder,
         deadline: Box::pin(tokio::time::sleep_until(first_deadline)),
@@ -111,7 +196,8 @@ pub fn pump<D: EventDecoder + Unpin>(
     })
 }
 
-type Body = Pin<Box<dyn Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>;
+/// An answer's body, as it is read.
+pub type Body = Pin<Box<dyn Stream<Item = Result<bytes::Bytes, BackendError>> + Send>>;
 
 /// One streamed backend call, read as its consumer polls.
 struct Pump<D> {
@@ -149,9 +235,9 @@ impl<D: EventDecoder> Pump<D> {
     }
 
     /// Decodes every complete SSE event of the buffer into `ready`; on
-    /// `Done` hands the rest of the body to the drain. An error ends the
-    /// stream.
-    fn decode(&mut self) -> Result<(), BackendError> {
+    /// `Done` reads the rest of the body, or hands it to the drain if it has
+    /// not all come. An error ends the stream.
+    fn decode(&mut self, cx: &mut Context<'_>) -> Result<(), BackendError> {
         while let Some(data) = self.sse.next_event() {
             if data.trim() == "[DONE]" {
                 return Err(self.ended_without_finish("[DONE]"));
@@ -167,7 +253,7 @@ impl<D: EventDecoder> Pump<D> {
                 self.ready.push_back(ev);
                 if done {
                     if let Some(body) = self.body.take() {
-                        tokio::spawn(drain(body, self.idle));
+                        drain_now_or_later(body, self.idle, cx);
                     }
                     return Ok(());
                 }
@@ -201,14 +287,11 @@ impl<D: EventDecoder + Unpin> Stream for Pump<D> {
                 Poll::Ready(Some(Ok(chunk))) => {
                     read_now = true;
                     this.sse.push(&chunk);
-                    if let Err(e) = this.decode() {
+                    if let Err(e) = this.decode(cx) {
                         this.fail(e);
                     }
                 }
-                Poll::Ready(Some(Err(e))) => {
-                    let e = super::map_reqwest(&this.backend, e);
-                    this.fail(e);
-                }
+                Poll::Ready(Some(Err(e))) => this.fail(e),
                 Poll::Ready(None) => {
                     let e = this.ended_without_finish("the end of the body");
                     this.fail(e);
@@ -238,9 +321,24 @@ impl<D: EventDecoder + Unpin> Stream for Pump<D> {
 }
 
 /// Reads what follows `Done` (a usage chunk, `[DONE]`, the end of a chunked
-/// body) and discards it, so a well-behaved backend's connection is reused.
-async fn drain(mut body: Body, idle: Duration) {
+/// body) and discards it, so a well-behaved backend's connection is reused:
+/// what has already come at once, in the caller's task, the rest (if any) in
+/// a task of its own.
+fn drain_now_or_later(mut body: Body, idle: Duration, cx: &mut Context<'_>) {
     let mut read = 0usize;
+    while read <= DRAIN_LIMIT {
+        match body.as_mut().poll_next(cx) {
+            Poll::Ready(Some(Ok(c))) => read += c.len(),
+            Poll::Ready(_) => return,
+            Poll::Pending => break,
+        }
+    }
+    if read <= DRAIN_LIMIT {
+        tokio::spawn(drain(body, idle, read));
+    }
+}
+
+async fn drain(mut body: Body, idle: Duration, mut read: usize) {
     while read <= DRAIN_LIMIT {
         match tokio::time::timeout(idle, body.next()).await {
             Ok(Some(Ok(c))) => read += c.len(),
@@ -282,24 +380,17 @@ mod tests {
 
     /// A pump over a body sent in `chunks`, then held open (never ended).
     fn pumped(chunks: &[&'static str], idle: Duration) -> GenStream {
-        let parts: Vec<Result<bytes::Bytes, std::io::Error>> = chunks
+        let parts: Vec<Result<bytes::Bytes, BackendError>> = chunks
             .iter()
             .map(|c| Ok(bytes::Bytes::from_static(c.as_bytes())))
             .collect();
         let body = futures::stream::iter(parts).chain(futures::stream::pending());
-        over(reqwest::Body::wrap_stream(body), idle)
+        over(Box::pin(body), idle)
     }
 
     /// A pump over `body`, with `idle` as both deadlines.
-    fn over(body: reqwest::Body, idle: Duration) -> GenStream {
-        let resp = axum::http::Response::new(body);
-        pump(
-            "b",
-            reqwest::Response::from(resp),
-            Instant::now() + idle,
-            idle,
-            Lines,
-        )
+    fn over(body: Body, idle: Duration) -> GenStream {
+        pump("b", body, Instant::now() + idle, idle, Lines)
     }
 
     fn ids(ev: Option<Result<GenEvent, BackendError>>) -> Vec<u32> {
@@ -358,10 +449,9 @@ mod tests {
     async fn bytes_that_waited_for_an_absent_consumer_are_not_silence() {
         use futures::FutureExt;
         let idle = Duration::from_millis(100);
-        let (tx, rx) =
-            tokio::sync::mpsc::unbounded_channel::<Result<bytes::Bytes, std::io::Error>>();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Result<bytes::Bytes, BackendError>>();
         let body = tokio_stream::wrappers::UnboundedReceiverStream::new(rx);
-        let mut s = over(reqwest::Body::wrap_stream(body), idle);
+        let mut s = over(Box::pin(body), idle);
         let send = |text: &'static str| tx.send(Ok(bytes::Bytes::from_static(text.as_bytes())));
         send("data: t 1\n\n").expect("send");
         assert_eq!(ids(s.next().await), vec![1]);

@@ -42,7 +42,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
-use super::pump::{EventDecoder, StreamTimeouts};
+use super::pump::{EventDecoder, StreamTimeouts, Transport};
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
     PositionLogprob, ScoreRequest, StructuredOutput, TokenLogprob,
@@ -53,6 +53,8 @@ pub struct SglangBackend {
     name: String,
     base: String,
     client: reqwest::Client,
+    /// How generate requests go out (the hot path).
+    generate: Transport,
     timeouts: StreamTimeouts,
 }
 
@@ -62,6 +64,7 @@ impl SglangBackend {
             name: cfg.display_name().to_string(),
             base: cfg.url.trim_end_matches('/').to_string(),
             client: super::http_client(router)?,
+            generate: Transport::new(&cfg.display_name(), cfg.url.trim_end_matches('/'), router)?,
             timeouts: StreamTimeouts::from_router(router),
         })
     }
@@ -497,12 +500,18 @@ impl Backend for SglangBackend {
     }
 
     async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError> {
-        let request = self
-            .client
-            .post(format!("{}/generate", self.base))
-            .json(&self.request_body(&req));
+        let body = self.request_body(&req);
         let decoder = SglangDecoder::new(&self.name, req.params.logprobs);
-        super::pump::send_and_pump(&self.name, request, self.timeouts, decoder).await
+        let path = "/generate";
+        super::pump::send_and_pump(
+            &self.name,
+            &self.generate,
+            path,
+            &body,
+            self.timeouts,
+            decoder,
+        )
+        .await
     }
 
     async fn prompt_logprobs(

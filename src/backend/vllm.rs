@@ -21,7 +21,7 @@
 use serde::Deserialize;
 use serde_json::{json, Value as Json};
 
-use super::pump::{EventDecoder, StreamTimeouts};
+use super::pump::{EventDecoder, StreamTimeouts, Transport};
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
     PositionLogprob, ScoreRequest, StructuredOutput, TokenLogprob,
@@ -33,6 +33,8 @@ pub struct VllmBackend {
     base: String,
     model: Option<String>,
     client: reqwest::Client,
+    /// How generate requests go out (the hot path).
+    generate: Transport,
     timeouts: StreamTimeouts,
 }
 
@@ -43,6 +45,7 @@ impl VllmBackend {
             base: cfg.url.trim_end_matches('/').to_string(),
             model: (!cfg.model.is_empty()).then(|| cfg.model.clone()),
             client: super::http_client(router)?,
+            generate: Transport::new(&cfg.display_name(), cfg.url.trim_end_matches('/'), router)?,
             timeouts: StreamTimeouts::from_router(router),
         })
     }
@@ -436,12 +439,18 @@ impl Backend for VllmBackend {
     }
 
     async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError> {
-        let request = self
-            .client
-            .post(format!("{}/v1/completions", self.base))
-            .json(&self.request_body(&req));
+        let body = self.request_body(&req);
         let decoder = VllmDecoder::new(&self.name, req.params.logprobs);
-        super::pump::send_and_pump(&self.name, request, self.timeouts, decoder).await
+        let path = "/v1/completions";
+        super::pump::send_and_pump(
+            &self.name,
+            &self.generate,
+            path,
+            &body,
+            self.timeouts,
+            decoder,
+        )
+        .await
     }
 
     async fn prompt_logprobs(
