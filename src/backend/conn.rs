@@ -277,7 +277,8 @@ mod tests {
     enum Answer {
         /// A whole chunked answer; the connection stays open.
         Whole,
-        /// A whole answer, then the server closes the connection.
+        /// A whole answer; the server closes the connection when the test
+        /// says so.
         WholeThenClose,
         /// The head and a first chunk, then nothing more.
         Partial,
@@ -290,7 +291,16 @@ mod tests {
     }
 
     /// A raw HTTP/1.1 server on port 0 that counts its connections.
-    async fn server(answer: Answer) -> (String, Arc<AtomicUsize>, mpsc::UnboundedReceiver<Seen>) {
+    async fn server(
+        answer: Answer,
+    ) -> (
+        String,
+        Arc<AtomicUsize>,
+        mpsc::UnboundedReceiver<Seen>,
+        Arc<tokio::sync::Notify>,
+    ) {
+        let close = Arc::new(tokio::sync::Notify::new());
+        let close_now = Arc::clone(&close);
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let accepted = Arc::new(AtomicUsize::new(0));
@@ -300,6 +310,7 @@ mod tests {
             while let Ok((mut sock, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
                 let tx = tx.clone();
+                let close = Arc::clone(&close_now);
                 tokio::spawn(async move {
                     let mut buf = Vec::new();
                     loop {
@@ -338,6 +349,7 @@ mod tests {
                             return;
                         }
                         if matches!(answer, Answer::WholeThenClose) {
+                            close.notified().await;
                             let _ = sock.shutdown().await;
                             drop(sock);
                             let _ = tx.send(Seen::Closed);
@@ -347,7 +359,7 @@ mod tests {
                 });
             }
         });
-        (format!("http://{addr}"), accepted, rx)
+        (format!("http://{addr}"), accepted, rx, close)
     }
 
     fn pool(url: &str) -> Arc<Pool> {
@@ -364,7 +376,7 @@ mod tests {
 
     #[tokio::test]
     async fn answers_read_to_their_end_share_one_connection() {
-        let (url, accepted, mut seen) = server(Answer::Whole).await;
+        let (url, accepted, mut seen, _) = server(Answer::Whole).await;
         let pool = pool(&format!("{url}/prefix/"));
         for _ in 0..3 {
             let (status, body) = pool.post("/generate", b"{}".to_vec()).await.expect("post");
@@ -393,13 +405,16 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_the_server_closed_while_idle_is_replaced() {
-        let (url, accepted, mut seen) = server(Answer::WholeThenClose).await;
+        let (url, accepted, mut seen, close) = server(Answer::WholeThenClose).await;
         let pool = pool(&url);
         for round in 1..=2 {
             let (_, body) = pool.post("/generate", b"{}".to_vec()).await.expect("post");
             assert_eq!(read_all(body).await, "firstsecond");
             assert!(matches!(seen.recv().await, Some(Seen::Head(_))));
-            // The server has closed before the next request goes out.
+            // The connection is back in the pool; the server closes it
+            // before the next request goes out.
+            assert_eq!(pool.idle().len(), 1);
+            close.notify_one();
             assert!(matches!(seen.recv().await, Some(Seen::Closed)));
             assert_eq!(accepted.load(Ordering::SeqCst), round);
         }
@@ -407,7 +422,7 @@ mod tests {
 
     #[tokio::test]
     async fn dropping_a_body_before_its_end_closes_its_connection() {
-        let (url, accepted, mut seen) = server(Answer::Partial).await;
+        let (url, accepted, mut seen, _) = server(Answer::Partial).await;
         let pool = pool(&url);
         let (_, mut body) = pool.post("/generate", b"{}".to_vec()).await.expect("post");
         assert_eq!(body.next().await.expect("a chunk").expect("data"), "first");
