@@ -172,7 +172,7 @@ impl Pool {
         let mut reused = self.checkout();
         loop {
             let fresh = reused.is_none();
-            let mut conn = match reused.take() {
+            let Conn { mut send, io } = match reused.take() {
                 Some(c) => c,
                 None => self.open().await?,
             };
@@ -181,13 +181,16 @@ impl Pool {
                 .header(hyper::header::CONTENT_TYPE, "application/json")
                 .body(Full::new(body.clone()))
                 .map_err(|e| self.unreachable(format!("cannot build the request: {e}")))?;
-            let mut answer = std::pin::pin!(conn.send.try_send_request(request));
-            let mut open = true;
+            let mut answer = std::pin::pin!(send.try_send_request(request));
+            let mut io = Some(io);
             let head = std::future::poll_fn(|cx| {
-                if open && Pin::new(&mut conn.io).poll(cx).is_ready() {
-                    // Closed or failed: the answer's future now resolves
-                    // with the reason.
-                    open = false;
+                if let Some(conn) = io.as_mut() {
+                    if Pin::new(conn).poll(cx).is_ready() {
+                        // Closed or failed. Dropping the connection resolves
+                        // the answer with the reason (and the request, if it
+                        // never went out).
+                        io = None;
+                    }
                 }
                 answer.as_mut().poll(cx)
             })
@@ -198,7 +201,7 @@ impl Pool {
                     return Ok((
                         parts.status,
                         DrivenBody {
-                            conn: open.then_some(conn),
+                            conn: io.map(|io| Conn { send, io }),
                             body: incoming,
                             pool: Arc::clone(self),
                             ended: false,
