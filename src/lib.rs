@@ -8,7 +8,8 @@
 //! - [`call`]: one LLM call's life: plan, route + retry before the first
 //!   token, assemble text / ids / logprobs, record (detached from the
 //!   client), and answers replayed to retries.
-//! - [`backend`]: the `Backend` trait and the vLLM / SGLang / engine clients.
+//! - [`backend`]: the `Backend` trait and the vLLM / SGLang / engine clients,
+//!   their one stream pump, and the HTTP/1 connections a call drives itself.
 //! - [`router`]: which backend serves a call: policies, sticky pins, health,
 //!   admission control for sleep / wake.
 //! - [`metrics`]: Prometheus series, labelled by matched route.

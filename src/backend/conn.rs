@@ -80,11 +80,16 @@ pub struct Pool {
 const MAX_IDLE: usize = 1024;
 
 impl Pool {
-    /// The pool for `url`, or `None` when it is not a plain `http://` URL
-    /// (the caller then uses its general client).
+    /// The pool for `url`, or `None` when it is not a plain `http://` URL:
+    /// TLS, credentials (basic auth) and a query are left to the caller's
+    /// general client.
     pub fn for_url(backend: &str, url: &str, connect_timeout: Duration) -> Option<Arc<Pool>> {
-        let url = reqwest::Url::parse(url).ok()?;
-        if url.scheme() != "http" || url.query().is_some() {
+        let url = url::Url::parse(url).ok()?;
+        let plain = url.scheme() == "http"
+            && url.username().is_empty()
+            && url.password().is_none()
+            && url.query().is_none();
+        if !plain {
             return None;
         }
         let port = url.port_or_known_default()?;
@@ -456,6 +461,8 @@ mod tests {
     fn only_plain_http_urls_get_a_pool() {
         assert!(Pool::for_url("b", "https://example.com", Duration::from_secs(1)).is_none());
         assert!(Pool::for_url("b", "not a url", Duration::from_secs(1)).is_none());
+        assert!(Pool::for_url("b", "http://u:p@h:1", Duration::from_secs(1)).is_none());
+        assert!(Pool::for_url("b", "http://h:1/?a=b", Duration::from_secs(1)).is_none());
         let p = Pool::for_url("b", "http://[::1]:8000/v/", Duration::from_secs(1)).expect("pool");
         assert_eq!(p.target.host_header, "[::1]:8000");
         assert_eq!(p.target.prefix, "/v");

@@ -311,9 +311,13 @@ pub fn build_backend(
     })
 }
 
-/// The HTTP client shared by the HTTP backends, with the router's timeouts.
+/// The HTTP client of the HTTP backends' other calls (and of generate calls
+/// over TLS or with credentials), with the router's timeouts. Like the
+/// generate path's own connections ([`conn`]), it connects to the backend
+/// directly, whatever `HTTP_PROXY` says.
 pub(crate) fn http_client(router: &crate::config::RouterConfig) -> anyhow::Result<reqwest::Client> {
     Ok(reqwest::Client::builder()
+        .no_proxy()
         .connect_timeout(std::time::Duration::from_millis(router.connect_timeout_ms))
         .pool_max_idle_per_host(1024)
         .tcp_nodelay(true)

@@ -472,6 +472,62 @@ mod tests {
         }
     }
 
+    /// A server on port 0 whose `/ok` answers an SSE body and `/busy` a 503
+    /// with an OpenAI-shaped error.
+    async fn answering_server() -> String {
+        use axum::response::IntoResponse;
+        let app = axum::Router::new()
+            .route(
+                "/p/ok",
+                axum::routing::post(|| async {
+                    "data: t 4\n\ndata: t 5\n\ndata: done\n\ndata: [DONE]\n\n"
+                }),
+            )
+            .route(
+                "/p/busy",
+                axum::routing::post(|| async {
+                    let body = r#"{"error": {"message": "queue is full"}}"#;
+                    (axum::http::StatusCode::SERVICE_UNAVAILABLE, body).into_response()
+                }),
+            );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        format!("http://{addr}/p")
+    }
+
+    #[tokio::test]
+    async fn both_transports_read_the_same_answers() {
+        let base = answering_server().await;
+        let router = RouterConfig::default();
+        let driven = Transport::new("b", &base, &router).expect("transport");
+        assert!(matches!(driven, Transport::Driven(_)));
+        let client = Transport::Client {
+            client: crate::backend::http_client(&router).expect("client"),
+            base: base.clone(),
+        };
+        let timeouts = StreamTimeouts::from_router(&router);
+        for transport in [&driven, &client] {
+            let body = serde_json::json!({});
+            let mut s = send_and_pump("b", transport, "/ok", &body, timeouts, Lines)
+                .await
+                .expect("a stream");
+            assert_eq!(ids(s.next().await), vec![4]);
+            assert_eq!(ids(s.next().await), vec![5]);
+            assert!(matches!(s.next().await, Some(Ok(GenEvent::Done { .. }))));
+            assert!(s.next().await.is_none());
+            match send_and_pump("b", transport, "/busy", &body, timeouts, Lines).await {
+                Err(BackendError::Overloaded { message, .. }) => {
+                    assert_eq!(message, "queue is full")
+                }
+                Err(other) => panic!("expected overloaded, got {other:?}"),
+                Ok(_) => panic!("expected overloaded, got a stream"),
+            }
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn no_event_before_the_first_deadline_times_out() {
         let mut s = pumped(
