@@ -25,6 +25,8 @@ pub mod replies;
 pub mod served;
 pub mod start;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -145,9 +147,15 @@ pub enum CallEvent {
     Done(Result<Arc<Answer>, ApiError>),
 }
 
-/// A started call. Dropping it before the last token cancels the backends.
+/// A started call. Dropping it before the last token cancels the backends;
+/// dropping it after, the call is still recorded.
 pub struct Running {
     rx: mpsc::Receiver<CallEvent>,
+    /// The call's pump, run in the reader's own task as the reader waits for
+    /// events (no task of its own and no hand-off between two tasks per
+    /// call). `None` once it has ended. A reader dropped before it ends hands
+    /// it to a task of its own: see `Drop`.
+    pump: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     pub request_id: String,
     pub prompts: Vec<Arc<Vec<u32>>>,
     pub n: u32,
@@ -155,17 +163,39 @@ pub struct Running {
 
 impl Running {
     pub async fn next(&mut self) -> Option<CallEvent> {
-        self.rx.recv().await
+        std::future::poll_fn(|cx| {
+            if let Some(pump) = self.pump.as_mut() {
+                if pump.as_mut().poll(cx).is_ready() {
+                    self.pump = None;
+                }
+            }
+            self.rx.poll_recv(cx)
+        })
+        .await
     }
 
     /// Waits for the recorded answer (the non-streaming path).
     pub async fn finish(mut self) -> Result<Arc<Answer>, ApiError> {
-        while let Some(ev) = self.rx.recv().await {
+        while let Some(ev) = self.next().await {
             if let CallEvent::Done(result) = ev {
                 return result;
             }
         }
         Err(ApiError::internal("the call ended without an answer"))
+    }
+}
+
+impl Drop for Running {
+    /// The reader left (a client disconnect) while the pump runs: the pump
+    /// goes on in a task of its own, which sees the reader gone. Before the
+    /// last token it stops and cancels the backends; after it, it records
+    /// the call. It stays counted among the running calls either way.
+    fn drop(&mut self) {
+        if let Some(pump) = self.pump.take() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(pump);
+            }
+        }
     }
 }
 
@@ -337,18 +367,14 @@ impl Calls {
             map.insert(index, s.stream);
         }
         let (tx, rx) = mpsc::channel(64);
-        let running = Running {
-            rx,
-            request_id: request_id.clone(),
-            prompts: plans
-                .iter()
-                .map(|p| p.prepared.prompt_ids.clone())
-                .collect(),
-            n: plans.first().map_or(1, |p| p.n),
-        };
+        let prompts = plans
+            .iter()
+            .map(|p| p.prepared.prompt_ids.clone())
+            .collect();
+        let n = plans.first().map_or(1, |p| p.n);
         let pump = Pump {
             calls: self.clone(),
-            request_id,
+            request_id: request_id.clone(),
             plans,
             choices,
             tx,
@@ -356,13 +382,21 @@ impl Calls {
             deltas,
         };
         // In the request's span: its log lines carry the request id.
-        self.pumps
-            .spawn(tracing::Instrument::in_current_span(pump.run(map)));
-        Ok(running)
+        let pump = self
+            .pumps
+            .track_future(tracing::Instrument::in_current_span(pump.run(map)));
+        Ok(Running {
+            rx,
+            pump: Some(Box::pin(pump)),
+            request_id,
+            prompts,
+            n,
+        })
     }
 }
 
-/// The task that runs a started call to its recorded end.
+/// What runs a started call to its recorded end: in its reader's task, or
+/// in a task of its own once the reader has left.
 struct Pump {
     calls: Arc<Calls>,
     request_id: String,
