@@ -11,9 +11,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::mock_vllm::{MockVllm, Scripted};
-use common::{config, start_gateway};
+use common::watched_store::WatchedStore;
+use common::{config, start_gateway, start_gateway_on};
 use serde_json::{json, Value};
-use tito::render::testing::IM_END;
+use tito::render::testing::{chatml_renderer, IM_END};
 
 const TRAJECTORIES: u64 = 40;
 const TOKEN_DELAY_MS: u64 = 4;
@@ -139,5 +140,47 @@ async fn disconnects_at_any_moment_lose_nothing_and_duplicate_nothing() {
             !complete[&t],
             "d-{t}: its client got the answer, so it is recorded"
         );
+    }
+}
+
+/// A client that leaves while its finished call is being written: the write
+/// goes on in a task of its own and the call is recorded, streamed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_gone_while_its_call_is_written_still_gets_it_recorded() {
+    let mock = MockVllm::start(Scripted::ids(vec![IM_END])).await;
+    let watched = WatchedStore::new(tito::store::open("memory://").expect("store"));
+    let store: tito::store::DynStore = watched.clone();
+    let g = start_gateway_on(config(&[mock.url()], ""), chatml_renderer(), store).await;
+    watched
+        .hold_appends
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    for (t, stream) in [(0, false), (1, true)] {
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "stream": stream});
+        let url = g.url(&format!("/t/gone-{t}/v1/chat/completions"));
+        let client = g.client.clone();
+        let call = tokio::spawn(async move {
+            let resp = client.post(url).json(&body).send().await?;
+            resp.text().await
+        });
+        // The last token is in; the call is being written. The client leaves.
+        watched.held.notified().await;
+        call.abort();
+        let _ = call.await;
+        // Its write now waits in another task, or was dropped with the
+        // request.
+        tokio::select! {
+            () = watched.moved.notified() => {}
+            () = watched.abandoned.notified() => {
+                panic!("gone-{t} (stream {stream}): the write was dropped with its client")
+            }
+        }
+        watched.release.notify_one();
+        watched.appended.notified().await;
+        let calls = g.export_jsonl("layout=per_call").await;
+        let mine = calls
+            .iter()
+            .filter(|r| r["trajectory_id"] == format!("gone-{t}"))
+            .count();
+        assert_eq!(mine, 1, "gone-{t} (stream {stream}) is recorded once");
     }
 }

@@ -1,8 +1,15 @@
 //! A span store that lets a test await writes made by background tasks it
 //! cannot reach (e.g. the sampled replay check): every method goes to the
-//! inner store; `set_replays` also wakes `replays_stored`.
+//! inner store; `set_replays` also wakes `replays_stored`. With
+//! `hold_appends` set, each `append_call` waits for `release` before it
+//! writes, and says which task waits on it (`held`, `moved`) or that it was
+//! dropped unwritten (`abandoned`).
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use async_trait::async_trait;
 use tito::store::{
@@ -14,6 +21,53 @@ use tokio::sync::Notify;
 pub struct WatchedStore {
     pub inner: DynStore,
     pub replays_stored: Notify,
+    pub hold_appends: AtomicBool,
+    /// A held append waits in some task.
+    pub held: Notify,
+    /// A held append is waited on by another task than the one it began in.
+    pub moved: Notify,
+    /// A held append was dropped before it wrote.
+    pub abandoned: Notify,
+    /// Lets one held append write.
+    pub release: Notify,
+    /// An append was written.
+    pub appended: Notify,
+}
+
+/// Waits for `release`, noting the tasks that poll it and its drop.
+struct Held<'a> {
+    store: &'a WatchedStore,
+    release: Pin<Box<tokio::sync::futures::Notified<'a>>>,
+    task: Option<tokio::task::Id>,
+    done: bool,
+}
+
+impl Future for Held<'_> {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let now = tokio::task::try_id();
+        match self.task {
+            None => {
+                self.task = now;
+                self.store.held.notify_one();
+            }
+            Some(first) if now != Some(first) => self.store.moved.notify_one(),
+            Some(_) => {}
+        }
+        if self.release.as_mut().poll(cx).is_ready() {
+            self.done = true;
+            return Poll::Ready(());
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.store.abandoned.notify_one();
+        }
+    }
 }
 
 impl WatchedStore {
@@ -21,6 +75,12 @@ impl WatchedStore {
         Arc::new(WatchedStore {
             inner,
             replays_stored: Notify::new(),
+            hold_appends: AtomicBool::new(false),
+            held: Notify::new(),
+            moved: Notify::new(),
+            abandoned: Notify::new(),
+            release: Notify::new(),
+            appended: Notify::new(),
         })
     }
 
@@ -41,7 +101,18 @@ impl WatchedStore {
 #[async_trait]
 impl SpanStore for WatchedStore {
     async fn append_call(&self, call: CallRecord) -> Result<(), StoreError> {
-        self.inner.append_call(call).await
+        if self.hold_appends.load(Ordering::SeqCst) {
+            Held {
+                store: self,
+                release: Box::pin(self.release.notified()),
+                task: None,
+                done: false,
+            }
+            .await;
+        }
+        let r = self.inner.append_call(call).await;
+        self.appended.notify_one();
+        r
     }
 
     async fn set_reward(
