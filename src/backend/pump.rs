@@ -24,13 +24,12 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use tokio::time::{Instant, Sleep};
-
-use std::sync::Arc;
 
 use super::conn::Pool;
 use super::sse::SseDecoder;
@@ -67,9 +66,11 @@ const DRAIN_LIMIT: usize = 1 << 20;
 
 /// How an HTTP backend's generate requests go out.
 pub enum Transport {
-    /// `http://`: connections driven by the calls that use them.
+    /// A plain `http://` URL: connections driven by the calls that use
+    /// them ([`Pool`]).
     Driven(Arc<Pool>),
-    /// Any other URL (`https://`): reqwest's pooled client.
+    /// `https://`, or a URL with credentials or a query: reqwest's pooled
+    /// client.
     Client {
         client: reqwest::Client,
         base: String,
@@ -174,7 +175,8 @@ pub async fn send_and_pump<D: EventDecoder + Unpin>(
 ///
 /// The stream decodes in its consumer's task, as the consumer polls it: no
 /// task or channel of its own sits between the connection and the call (a
-/// hop per event was a measurable share of a call's CPU, docs/benchmarks.md).
+/// hop per event was a measurable share of a call's CPU,
+/// docs/benchmarks-history.md).
 pub fn pump<D: EventDecoder + Unpin>(
     backend: &str,
     body: Body,
