@@ -163,19 +163,22 @@ async fn a_client_gone_while_its_call_is_written_still_gets_it_recorded() {
             resp.text().await
         });
         // The last token is in; the call is being written. The client leaves.
-        watched.held.notified().await;
+        bounded(watched.held.notified(), "the write begins").await;
         call.abort();
         let _ = call.await;
         // Its write now waits in another task, or was dropped with the
         // request.
-        tokio::select! {
-            () = watched.moved.notified() => {}
-            () = watched.abandoned.notified() => {
-                panic!("gone-{t} (stream {stream}): the write was dropped with its client")
+        let moved = async {
+            tokio::select! {
+                () = watched.moved.notified() => {}
+                () = watched.abandoned.notified() => {
+                    panic!("gone-{t} (stream {stream}): the write was dropped with its client")
+                }
             }
-        }
+        };
+        bounded(moved, "the write moves to a task of its own").await;
         watched.release.notify_one();
-        watched.appended.notified().await;
+        bounded(watched.appended.notified(), "the write ends").await;
         let calls = g.export_jsonl("layout=per_call").await;
         let mine = calls
             .iter()
@@ -183,4 +186,12 @@ async fn a_client_gone_while_its_call_is_written_still_gets_it_recorded() {
             .count();
         assert_eq!(mine, 1, "gone-{t} (stream {stream}) is recorded once");
     }
+}
+
+/// `f`, or a failure naming `what` if it has not happened in 30 s (a
+/// guard against a hang, not a synchronisation).
+async fn bounded<F: std::future::Future>(f: F, what: &str) -> F::Output {
+    tokio::time::timeout(Duration::from_secs(30), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within 30 s"))
 }

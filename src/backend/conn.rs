@@ -9,16 +9,19 @@
 //! itself, in its own task, while it waits for the answer's head and while it
 //! reads the body. A connection whose answer was read to its end goes back to
 //! the pool, where nothing polls it; one the server closed meanwhile is found
-//! closed when it is next checked out, and dropped. Dropping a body before
-//! its end drops its connection: the backend sees the close and cancels the
-//! request.
+//! closed when it is next checked out, and dropped. A connection idle for
+//! longer than [`IDLE_LIMIT`] is dropped unused: it may be about to be closed
+//! by the server, and nothing else would ever close it. Dropping a body
+//! before its end drops its connection: the backend sees the close and
+//! cancels the request.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::Stream;
@@ -73,11 +76,17 @@ pub struct Pool {
     backend: String,
     target: Target,
     connect_timeout: Duration,
-    idle: Mutex<Vec<Conn>>,
+    /// Oldest first, each with the time it came back.
+    idle: Mutex<VecDeque<(Conn, Instant)>>,
 }
 
 /// At most this many idle connections are kept per backend.
 const MAX_IDLE: usize = 1024;
+
+/// Idle connections older than this are dropped. vLLM and SGLang serve with
+/// uvicorn, which closes a connection idle for 5 s; one reused just as the
+/// server closes it fails its call.
+pub const IDLE_LIMIT: Duration = Duration::from_secs(2);
 
 impl Pool {
     /// The pool for `url`, or `None` when it is not a plain `http://` URL:
@@ -111,28 +120,41 @@ impl Pool {
                 prefix: url.path().trim_end_matches('/').to_string(),
             },
             connect_timeout,
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(VecDeque::new()),
         }))
     }
 
-    fn idle(&self) -> std::sync::MutexGuard<'_, Vec<Conn>> {
+    fn idle(&self) -> std::sync::MutexGuard<'_, VecDeque<(Conn, Instant)>> {
         self.idle.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// An idle connection that is still open, if any.
+    /// The newest idle connection that is still open and young enough, if
+    /// any. One too old means all are: they all go.
     fn checkout(&self) -> Option<Conn> {
-        loop {
-            let mut conn = self.idle().pop()?;
+        let mut idle = self.idle();
+        while let Some((mut conn, since)) = idle.pop_back() {
+            if since.elapsed() > IDLE_LIMIT {
+                idle.clear();
+                return None;
+            }
             if conn.usable() {
                 return Some(conn);
             }
         }
+        None
     }
 
     fn checkin(&self, conn: Conn) {
+        let now = Instant::now();
         let mut idle = self.idle();
+        while idle
+            .front()
+            .is_some_and(|(_, since)| now.duration_since(*since) > IDLE_LIMIT)
+        {
+            idle.pop_front();
+        }
         if idle.len() < MAX_IDLE {
-            idle.push(conn);
+            idle.push_back((conn, now));
         }
     }
 
@@ -151,7 +173,7 @@ impl Pool {
             .map_err(|e| self.unreachable(format!("cannot connect: {e}")))?;
         let (send, io) = http1::handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| self.unreachable(format!("cannot connect: {e}")))?;
+            .map_err(|e| self.unreachable(format!("cannot connect: {}", causes(&e))))?;
         Ok(Conn { send, io })
     }
 
@@ -214,10 +236,22 @@ impl Pool {
                     ));
                 }
                 Err(e) if !fresh && e.message().is_some() => continue,
-                Err(e) => return Err(self.unreachable(e.into_error().to_string())),
+                Err(e) => return Err(self.unreachable(causes(&e.into_error()))),
             }
         }
     }
+}
+
+/// `e` and its causes: hyper's own text names only the kind of failure.
+fn causes(e: &hyper::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 /// The body of one answer. Reading it drives its connection; read to its
@@ -255,7 +289,7 @@ impl Stream for DrivenBody {
                     this.conn = None;
                     return Poll::Ready(Some(Err(BackendError::Protocol {
                         backend: this.pool.backend.clone(),
-                        message: format!("reading the answer: {e}"),
+                        message: format!("reading the answer: {}", causes(&e)),
                     })));
                 }
                 Poll::Ready(None) => {
@@ -442,6 +476,26 @@ mod tests {
         let (_, mut body) = pool.post("/generate", b"{}".to_vec()).await.expect("post");
         assert_eq!(body.next().await.expect("a chunk").expect("data"), "first");
         assert_eq!(accepted.load(Ordering::SeqCst), 2);
+    }
+
+    #[tokio::test]
+    async fn a_connection_idle_too_long_is_not_reused() {
+        let (url, accepted, _seen, _) = server(Answer::Whole).await;
+        let pool = pool(&url);
+        let (_, body) = pool.post("/generate", b"{}".to_vec()).await.expect("post");
+        assert_eq!(read_all(body).await, "firstsecond");
+        assert_eq!(pool.idle().len(), 1);
+        // Back-date its return past the limit.
+        if let Some((_, since)) = pool.idle().front_mut() {
+            *since = since
+                .checked_sub(IDLE_LIMIT + Duration::from_millis(1))
+                .expect("a time before");
+        }
+        let (_, body) = pool.post("/generate", b"{}".to_vec()).await.expect("post");
+        assert_eq!(read_all(body).await, "firstsecond");
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        // The new one is kept; the old one is gone.
+        assert_eq!(pool.idle().len(), 1);
     }
 
     #[tokio::test]

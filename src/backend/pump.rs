@@ -78,16 +78,22 @@ pub enum Transport {
 }
 
 impl Transport {
-    /// The transport to the backend at `base` (no trailing `/`).
-    pub fn new(backend: &str, base: &str, router: &RouterConfig) -> anyhow::Result<Transport> {
+    /// The transport to the backend at `base` (no trailing `/`); `client`
+    /// is the backend's client for its other calls.
+    pub fn new(
+        backend: &str,
+        base: &str,
+        router: &RouterConfig,
+        client: &reqwest::Client,
+    ) -> Transport {
         let connect_timeout = Duration::from_millis(router.connect_timeout_ms);
-        Ok(match Pool::for_url(backend, base, connect_timeout) {
+        match Pool::for_url(backend, base, connect_timeout) {
             Some(pool) => Transport::Driven(pool),
             None => Transport::Client {
-                client: super::http_client(router)?,
+                client: client.clone(),
                 base: base.to_string(),
             },
-        })
+        }
     }
 
     /// POSTs `body` to `path` and returns the answer's status and body.
@@ -504,10 +510,11 @@ mod tests {
     async fn both_transports_read_the_same_answers() {
         let base = answering_server().await;
         let router = RouterConfig::default();
-        let driven = Transport::new("b", &base, &router).expect("transport");
+        let client = crate::backend::http_client(&router).expect("client");
+        let driven = Transport::new("b", &base, &router, &client);
         assert!(matches!(driven, Transport::Driven(_)));
         let client = Transport::Client {
-            client: crate::backend::http_client(&router).expect("client"),
+            client,
             base: base.clone(),
         };
         let timeouts = StreamTimeouts::from_router(&router);

@@ -60,11 +60,14 @@ pub struct SglangBackend {
 
 impl SglangBackend {
     pub fn new(cfg: &BackendConfig, router: &RouterConfig) -> anyhow::Result<Self> {
+        let client = super::http_client(router)?;
+        let base = cfg.url.trim_end_matches('/').to_string();
+        let generate = Transport::new(&cfg.display_name(), &base, router, &client);
         Ok(SglangBackend {
             name: cfg.display_name().to_string(),
-            base: cfg.url.trim_end_matches('/').to_string(),
-            client: super::http_client(router)?,
-            generate: Transport::new(&cfg.display_name(), cfg.url.trim_end_matches('/'), router)?,
+            base,
+            client,
+            generate,
             timeouts: StreamTimeouts::from_router(router),
         })
     }

@@ -40,12 +40,15 @@ pub struct VllmBackend {
 
 impl VllmBackend {
     pub fn new(cfg: &BackendConfig, router: &RouterConfig) -> anyhow::Result<Self> {
+        let client = super::http_client(router)?;
+        let base = cfg.url.trim_end_matches('/').to_string();
+        let generate = Transport::new(&cfg.display_name(), &base, router, &client);
         Ok(VllmBackend {
             name: cfg.display_name().to_string(),
-            base: cfg.url.trim_end_matches('/').to_string(),
+            base,
             model: (!cfg.model.is_empty()).then(|| cfg.model.clone()),
-            client: super::http_client(router)?,
-            generate: Transport::new(&cfg.display_name(), cfg.url.trim_end_matches('/'), router)?,
+            client,
+            generate,
             timeouts: StreamTimeouts::from_router(router),
         })
     }

@@ -6,15 +6,17 @@
 //! 2. **start** ([`Calls::start`]): every choice is routed and started, with
 //!    retries on another backend before its first token ([`start`]); errors
 //!    here are plain HTTP errors.
-//! 3. **run**: one task per call (the pump) reads the backends' events,
-//!    assembles each choice ([`assemble`]) and forwards deltas to whoever
-//!    answers the client. If that reader goes away before the last token,
-//!    the backends are cancelled and nothing is recorded.
+//! 3. **run**: the call's pump reads the backends' events, assembles each
+//!    choice ([`assemble`]) and forwards deltas to whoever answers the
+//!    client. It runs in that reader's task, as the reader waits for events
+//!    ([`Running`]). If the reader goes away before the last token, the
+//!    backends are cancelled and nothing is recorded.
 //! 4. **record**: after the last token the pump commits the call to the
-//!    trajectory store itself, detached from the client connection, so a
-//!    disconnect at any moment after the last token still records the call
-//!    and advances the trajectory. Then it hands the [`Answer`] to the
-//!    reader and to [`replies`] (retries and `Idempotency-Key`).
+//!    trajectory store itself. A reader dropped before then (a client gone)
+//!    hands the pump to a task of its own, so a disconnect at any moment
+//!    after the last token still records the call and advances the
+//!    trajectory. Then the pump hands the [`Answer`] to the reader and to
+//!    [`replies`] (retries and `Idempotency-Key`).
 //!
 //! Must not: parse HTTP requests or format response bodies and stream chunks
 //! (see `api`); the assistant message it records is built in [`served`].
@@ -154,7 +156,9 @@ pub struct Running {
     /// The call's pump, run in the reader's own task as the reader waits for
     /// events (no task of its own and no hand-off between two tasks per
     /// call). `None` once it has ended. A reader dropped before it ends hands
-    /// it to a task of its own: see `Drop`.
+    /// it to a task of its own: see `Drop`. A reader busy elsewhere (a
+    /// streaming client slow to take its chunks, at most
+    /// `[server] sse_send_timeout_s` per chunk) holds the pump meanwhile.
     pump: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
     pub request_id: String,
     pub prompts: Vec<Arc<Vec<u32>>>,
@@ -192,8 +196,13 @@ impl Drop for Running {
     /// the call. It stays counted among the running calls either way.
     fn drop(&mut self) {
         if let Some(pump) = self.pump.take() {
-            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(pump);
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => drop(runtime.spawn(pump)),
+                // Only when the runtime itself is gone.
+                Err(_) => tracing::warn!(
+                    request_id = %self.request_id,
+                    "a running call was dropped outside the runtime; it is not recorded"
+                ),
             }
         }
     }
@@ -312,7 +321,8 @@ impl Calls {
         })
     }
 
-    /// Starts every choice of every plan, then runs the call in its own task.
+    /// Starts every choice of every plan and returns the running call, whose
+    /// pump runs as its reader waits for events (see [`Running`]).
     /// `owner`, when given, is completed with the recorded answer.
     /// `deltas`: the reader streams, so send it each choice's deltas (a
     /// non-streaming reader only gets the answer).
@@ -451,7 +461,8 @@ impl Pump {
             return;
         }
         let generated_in = t0.elapsed();
-        // After the last token: record whatever the reader does meanwhile.
+        // After the last token: record. A reader that leaves now hands this
+        // pump to a task of its own (`Drop for Running`).
         let result = self.record(generated_in).await;
         if let (Ok(answer), Some(owner)) = (&result, self.owner.take()) {
             owner.complete(answer.clone());

@@ -24,7 +24,8 @@ pub struct WatchedStore {
     pub hold_appends: AtomicBool,
     /// A held append waits in some task.
     pub held: Notify,
-    /// A held append is waited on by another task than the one it began in.
+    /// A held append is waited on by another task than the one it began in
+    /// (once per append).
     pub moved: Notify,
     /// A held append was dropped before it wrote.
     pub abandoned: Notify,
@@ -39,6 +40,7 @@ struct Held<'a> {
     store: &'a WatchedStore,
     release: Pin<Box<tokio::sync::futures::Notified<'a>>>,
     task: Option<tokio::task::Id>,
+    moved: bool,
     done: bool,
 }
 
@@ -51,7 +53,10 @@ impl Future for Held<'_> {
                 self.task = now;
                 self.store.held.notify_one();
             }
-            Some(first) if now != Some(first) => self.store.moved.notify_one(),
+            Some(first) if now != Some(first) && !self.moved => {
+                self.moved = true;
+                self.store.moved.notify_one();
+            }
             Some(_) => {}
         }
         if self.release.as_mut().poll(cx).is_ready() {
@@ -106,6 +111,7 @@ impl SpanStore for WatchedStore {
                 store: self,
                 release: Box::pin(self.release.notified()),
                 task: None,
+                moved: false,
                 done: false,
             }
             .await;
