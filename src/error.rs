@@ -232,3 +232,16 @@ impl From<TrajectoryError> for ApiError {
         }
     }
 }
+
+/// `e`'s text followed by each of its causes' (`a: b: c`): minijinja and
+/// hyper name only the kind of failure at the top.
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}

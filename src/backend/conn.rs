@@ -33,6 +33,7 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use super::BackendError;
+use crate::error::with_causes;
 
 type ReqBody = Full<Bytes>;
 
@@ -173,7 +174,7 @@ impl Pool {
             .map_err(|e| self.unreachable(format!("cannot connect: {e}")))?;
         let (send, io) = http1::handshake(TokioIo::new(stream))
             .await
-            .map_err(|e| self.unreachable(format!("cannot connect: {}", causes(&e))))?;
+            .map_err(|e| self.unreachable(format!("cannot connect: {}", with_causes(&e))))?;
         Ok(Conn { send, io })
     }
 
@@ -236,22 +237,10 @@ impl Pool {
                     ));
                 }
                 Err(e) if !fresh && e.message().is_some() => continue,
-                Err(e) => return Err(self.unreachable(causes(&e.into_error()))),
+                Err(e) => return Err(self.unreachable(with_causes(&e.into_error()))),
             }
         }
     }
-}
-
-/// `e` and its causes: hyper's own text names only the kind of failure.
-fn causes(e: &hyper::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = std::error::Error::source(e);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// The body of one answer. Reading it drives its connection; read to its
@@ -289,7 +278,7 @@ impl Stream for DrivenBody {
                     this.conn = None;
                     return Poll::Ready(Some(Err(BackendError::Protocol {
                         backend: this.pool.backend.clone(),
-                        message: format!("reading the answer: {}", causes(&e)),
+                        message: format!("reading the answer: {}", with_causes(&e)),
                     })));
                 }
                 Poll::Ready(None) => {

@@ -190,7 +190,7 @@ impl Renderer {
         let tmpl = self
             .env
             .get_template(template::TEMPLATE_NAME)
-            .map_err(|e| RenderError::Template(template::format_error(&e)))?;
+            .map_err(|e| RenderError::Template(crate::error::with_causes(&e)))?;
         let mut ctx = self.template_vars.clone();
         if let Some(kwargs) = input.kwargs {
             for (k, v) in kwargs {
@@ -207,7 +207,7 @@ impl Renderer {
             Json::Bool(input.add_generation_prompt),
         );
         tmpl.render(minijinja::Value::from_serialize(&ctx))
-            .map_err(|e| RenderError::Template(template::format_error(&e)))
+            .map_err(|e| RenderError::Template(crate::error::with_causes(&e)))
     }
 
     /// Renders and tokenizes: the prompt token ids a backend receives.

@@ -35,7 +35,7 @@ pub(crate) fn build_env(source: String) -> Result<Environment<'static>, RenderEr
     env.add_test("iterable", is_iterable);
     env.add_test("number", is_number);
     env.add_template_owned(TEMPLATE_NAME, rewrite_generation_tags(&source))
-        .map_err(|e| RenderError::TemplateCompile(format_error(&e)))?;
+        .map_err(|e| RenderError::TemplateCompile(crate::error::with_causes(&e)))?;
     Ok(env)
 }
 
@@ -303,17 +303,6 @@ fn sort_json_keys(v: serde_json::Value) -> serde_json::Value {
     }
 }
 
-pub(crate) fn format_error(e: &Error) -> String {
-    let mut msg = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(inner) = src {
-        msg.push_str(": ");
-        msg.push_str(&inner.to_string());
-        src = inner.source();
-    }
-    msg
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -355,7 +344,7 @@ mod tests {
             let got = build_env(source).and_then(|env| {
                 env.get_template(TEMPLATE_NAME)
                     .and_then(|t| t.render(Value::from_serialize(&case["context"])))
-                    .map_err(|e| RenderError::Template(format_error(&e)))
+                    .map_err(|e| RenderError::Template(crate::error::with_causes(&e)))
             });
             match (got, want_error) {
                 (Ok(got), false) if got == want => {}
