@@ -5,6 +5,7 @@
 //! templates or speak backend wire formats itself (see `render`, `backend`).
 
 mod admin;
+mod around;
 pub mod auth;
 mod chat;
 mod completions;
@@ -482,71 +483,6 @@ async fn limit_concurrency(
     Response::from_parts(parts, axum::body::Body::from_stream(held))
 }
 
-/// Logs every 5xx answer once, with the method, matched route, trajectory
-/// id and cause, and counts it. (Errors inside a stream are logged where the
-/// stream reports them, see `sse`.)
-async fn log_server_errors(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let method = req.method().clone();
-    let route = req
-        .extensions()
-        .get::<axum::extract::MatchedPath>()
-        .map_or("unmatched", |p| p.as_str())
-        .to_string();
-    let named = req
-        .uri()
-        .path()
-        .strip_prefix("/t/")
-        .and_then(|rest| rest.split('/').next())
-        .map(str::to_string)
-        .or_else(|| {
-            req.headers()
-                .get("x-trajectory-id")
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string)
-        });
-    let resp = next.run(req).await;
-    if resp.status().is_server_error() {
-        let trajectory = resp
-            .headers()
-            .get("x-trajectory-id")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string)
-            .or(named)
-            .unwrap_or_default();
-        let cause = resp
-            .extensions()
-            .get::<ApiError>()
-            .map_or("", |e| e.message.as_str());
-        tracing::error!(%method, route = %route, trajectory = %trajectory,
-            status = %resp.status(), cause, "request failed");
-        crate::metrics::server_error(&route);
-    }
-    resp
-}
-
-/// Maps axum's body-size rejection to an OpenAI-shaped 413.
-async fn limit_errors(
-    State(limit): State<usize>,
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
-    let resp = next.run(req).await;
-    if resp.status() == StatusCode::PAYLOAD_TOO_LARGE
-        && resp.extensions().get::<ApiError>().is_none()
-    {
-        return ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            "invalid_request_error",
-            format!(
-                "request body is larger than the limit of {limit} bytes (server.max_body_bytes)"
-            ),
-        )
-        .with_code("request_too_large")
-        .into_response();
-    }
-    resp
-}
-
 fn v1_routes() -> axum::Router<AppState> {
     axum::Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
@@ -593,13 +529,10 @@ pub fn build_app(state: AppState) -> axum::Router {
         .route("/ready", get(ready))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(axum::middleware::from_fn(crate::metrics::track))
-        .layer(axum::middleware::from_fn(log_server_errors))
-        .layer(DefaultBodyLimit::max(limit))
-        .layer(axum::middleware::from_fn_with_state(limit, limit_errors))
         .with_state(state)
         .merge(metrics)
-        .layer(axum::middleware::from_fn(request_id::layer))
+        .layer(axum::middleware::from_fn_with_state(limit, around::around))
+        .layer(DefaultBodyLimit::max(limit))
 }
 
 /// Builds the configured `[[backends]]`, in order: HTTP clients, and the

@@ -1,0 +1,100 @@
+//! What every request to the gateway's routes passes through, once, around
+//! its handler: its request id and span ([`request_id`]), the request
+//! metrics, the log line of a 5xx, and the OpenAI shape of axum's body-size
+//! rejection.
+//!
+//! One middleware, not four: each `from_fn` layer clones the router's boxed
+//! service and boxes a future for every request, which at 64 concurrent
+//! cost more gateway CPU per call than the work the four do
+//! (docs/benchmarks.md, "One middleware around each request").
+//!
+//! Owns: the request's span, `X-Request-Id` on the answer,
+//! `tito_requests_total`, `tito_request_duration_seconds`,
+//! `tito_server_errors_total`. Must not: change a successful answer.
+
+use std::time::Instant;
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use tracing::Instrument;
+
+use super::request_id;
+use crate::error::ApiError;
+
+/// Middleware over every route; its state is `server.max_body_bytes`.
+pub async fn around(State(limit): State<usize>, req: Request, next: Next) -> Response {
+    let started = Instant::now();
+    let id = request_id::of(&req);
+    // At ERROR level so that the span, and the id on every line inside it,
+    // exists whatever level RUST_LOG lets through.
+    let span = tracing::error_span!("request", request_id = %id,
+        method = %req.method(), path = %req.uri().path());
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", |p| p.as_str())
+        .to_string();
+    let method = req.method().clone();
+    let named = named_trajectory(&req);
+
+    let mut resp = next.run(req).instrument(span.clone()).await;
+
+    let status = resp.status();
+    crate::metrics::request(&route, status.as_u16(), started.elapsed());
+    let _entered = span.enter();
+    if status.is_server_error() {
+        let trajectory = resp
+            .headers()
+            .get("x-trajectory-id")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
+            .or(named)
+            .unwrap_or_default();
+        let cause = resp
+            .extensions()
+            .get::<ApiError>()
+            .map_or("", |e| e.message.as_str());
+        tracing::error!(%method, route = %route, trajectory = %trajectory,
+            status = %status, cause, "request failed");
+        crate::metrics::server_error(&route);
+    }
+    if status == StatusCode::PAYLOAD_TOO_LARGE && resp.extensions().get::<ApiError>().is_none() {
+        resp = too_large(limit);
+    }
+    tracing::debug!(
+        status = resp.status().as_u16(),
+        ms = started.elapsed().as_secs_f64() * 1e3,
+        "request answered"
+    );
+    request_id::echo(&mut resp, &id);
+    resp
+}
+
+/// The trajectory a request names in its path (`/t/{id}/...`) or header,
+/// for the log line of a 5xx that carries none in its answer.
+fn named_trajectory(req: &Request) -> Option<String> {
+    req.uri()
+        .path()
+        .strip_prefix("/t/")
+        .and_then(|rest| rest.split('/').next())
+        .map(str::to_string)
+        .or_else(|| {
+            req.headers()
+                .get("x-trajectory-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string)
+        })
+}
+
+/// axum's body-size rejection (a bare 413) in OpenAI's shape.
+fn too_large(limit: usize) -> Response {
+    ApiError::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "invalid_request_error",
+        format!("request body is larger than the limit of {limit} bytes (server.max_body_bytes)"),
+    )
+    .with_code("request_too_large")
+    .into_response()
+}
