@@ -4,8 +4,8 @@
 //! rejection.
 //!
 //! One middleware, not four: each `from_fn` layer clones the router's boxed
-//! service and boxes a future for every request, which at 64 concurrent
-//! cost more gateway CPU per call than the work the four do
+//! service and boxes a future for every request. Four layers took 22 to 36
+//! µs more gateway CPU per call at 64 concurrent than this one does
 //! (docs/benchmarks.md, "One middleware around each request").
 //!
 //! Owns: the request's span, `X-Request-Id` on the answer,
