@@ -149,7 +149,8 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = self.status;
         let mut resp = (status, Json(self.body())).into_response();
-        // Let the logging middleware see the message without re-parsing.
+        // `api::around` reads it (the 5xx log line, the 413 check) without
+        // re-parsing the body.
         resp.extensions_mut().insert(self);
         resp
     }
