@@ -1,7 +1,8 @@
 //! What every request to the gateway's routes passes through, once, around
 //! its handler: its request id and span ([`request_id`]), the request
 //! metrics, the log line of a 5xx, and the OpenAI shape of axum's body-size
-//! rejection.
+//! rejection. (An error inside a stream, after its 200, is logged where the
+//! stream reports it: see `sse`.)
 //!
 //! One middleware, not four: each `from_fn` layer clones the router's boxed
 //! service and boxes a future for every request. Four layers took 2 to 36
