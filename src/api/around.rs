@@ -33,18 +33,16 @@ pub async fn around(State(limit): State<usize>, req: Request, next: Next) -> Res
     // exists whatever level RUST_LOG lets through.
     let span = tracing::error_span!("request", request_id = %id,
         method = %req.method(), path = %req.uri().path());
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or("unmatched", |p| p.as_str())
-        .to_string();
+    // A shared copy of the route template (no new string per request).
+    let matched = req.extensions().get::<MatchedPath>().cloned();
+    let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);
     let method = req.method().clone();
     let named = named_trajectory(&req);
 
     let mut resp = next.run(req).instrument(span.clone()).await;
 
     let status = resp.status();
-    crate::metrics::request(&route, status.as_u16(), started.elapsed());
+    crate::metrics::request(route, status.as_u16(), started.elapsed());
     let _entered = span.enter();
     if status.is_server_error() {
         let trajectory = resp
@@ -60,7 +58,7 @@ pub async fn around(State(limit): State<usize>, req: Request, next: Next) -> Res
             .map_or("", |e| e.message.as_str());
         tracing::error!(%method, route = %route, trajectory = %trajectory,
             status = %status, cause, "request failed");
-        crate::metrics::server_error(&route);
+        crate::metrics::server_error(route);
     }
     if status == StatusCode::PAYLOAD_TOO_LARGE && resp.extensions().get::<ApiError>().is_none() {
         resp = too_large(limit);
