@@ -1,8 +1,9 @@
 //! The hot view under a byte budget (`[trajectory] hot_bytes`): over 10,000
 //! trajectories of 8,192 prompt tokens its estimated size never passes the
 //! budget by more than the trajectory being recorded, least recently used
-//! trajectories go first, finished ones leave nothing behind, and an
-//! evicted trajectory continues exactly (rebuilt from the store).
+//! trajectories go first, finished ones leave nothing behind, an evicted
+//! trajectory continues exactly (rebuilt from the store), and one whose call
+//! is in flight is not evicted.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -169,6 +170,10 @@ async fn the_hot_view_stays_within_its_byte_budget_and_evicted_trajectories_cont
     )
     .await
     .expect("commit");
+    // A prepared call holds its trajectory in the view until it is dropped
+    // (see the next test): keep only its prompt.
+    let p0_prompt = p0.prompt_ids.clone();
+    drop(p0);
 
     // 10,000 trajectories of 8,192 distinct prompt tokens each.
     let mut largest_one = 0u64;
@@ -179,7 +184,7 @@ async fn the_hot_view_stays_within_its_byte_budget_and_evicted_trajectories_cont
             .collect();
         let tid = format!("t-{i}");
         let before = traj.hot_usage().1;
-        let p = traj.prepare_root(ids).expect("prepare");
+        let p = traj.prepare_root(&tid, ids).await.expect("prepare");
         traj.commit(
             &ctx(&tid, None),
             &p,
@@ -227,9 +232,109 @@ async fn the_hot_view_stays_within_its_byte_budget_and_evicted_trajectories_cont
         store.reads.load(Ordering::Relaxed) > reads_before,
         "reloaded"
     );
-    let exact: Vec<u32> = [p0.prompt_ids.as_slice(), &sampled0].concat();
+    let exact: Vec<u32> = [p0_prompt.as_slice(), &sampled0].concat();
     assert_eq!(&p1.prompt_ids[..exact.len()], exact.as_slice());
     assert!(p1.drift.is_none(), "{:?}", p1.drift);
     let parent = p1.parent.as_ref().expect("continues call 0");
     assert_eq!(parent.call_index, 0);
+}
+
+/// A call holds its trajectory in the view from prepare to commit: other
+/// trajectories filling the view meanwhile evict others, never it, and the
+/// call is recorded as the continuation it was prepared as.
+#[tokio::test]
+async fn a_trajectory_is_not_evicted_while_its_call_generates() {
+    let renderer = chatml_renderer();
+    let store = Arc::new(KeepSome {
+        inner: tito::store::open("memory://").expect("store"),
+        dropped: AtomicU64::new(0),
+        reads: AtomicU64::new(0),
+    });
+    let traj = Trajectories::new(
+        store.clone(),
+        renderer.clone(),
+        TrajectoryConfig {
+            hot_bytes: 64 << 10,
+            ..Default::default()
+        },
+    );
+    let first = vec![json!({"role": "user", "content": "What is 2+2?"})];
+    let input = |messages| ChatInput {
+        messages,
+        tools: None,
+        kwargs: None,
+        add_generation_prompt: true,
+    };
+    let p0 = traj
+        .prepare_chat("keep-a", input(&first))
+        .await
+        .expect("prepare");
+    let reply = "It is 4.";
+    let sampled0 = [renderer.encode(reply).expect("enc"), vec![IM_END]].concat();
+    traj.commit(
+        &ctx("keep-a", Some(first.clone())),
+        &p0,
+        &[outcome(sampled0, reply)],
+        None,
+    )
+    .await
+    .expect("commit");
+    let mut next = first.clone();
+    next.push(json!({"role": "assistant", "content": reply}));
+    next.push(json!({"role": "user", "content": "And 3+3?"}));
+    let p1 = traj
+        .prepare_chat("keep-a", input(&next))
+        .await
+        .expect("prepare");
+    assert_eq!(p1.parent.as_ref().map(|p| p.call_index), Some(0));
+
+    // While "keep-a" generates, 50 trajectories of 4,096 tokens pass the budget
+    // many times over.
+    for i in 0..50u32 {
+        let tid = format!("t-{i}");
+        let ids: Vec<u32> = (0..4096).map(|j| u32::from(b'a') + (i + j) % 26).collect();
+        let p = traj.prepare_root(&tid, ids).await.expect("prepare");
+        traj.commit(
+            &ctx(&tid, None),
+            &p,
+            &[outcome(vec![b'x'.into(), IM_END], "x")],
+            None,
+        )
+        .await
+        .expect("commit");
+    }
+    let (len, bytes) = traj.hot_usage();
+    assert!(
+        len < 50 && bytes <= 64 << 10,
+        "{len} trajectories, {bytes} bytes: nothing evicted"
+    );
+
+    let reads = store.reads.load(Ordering::Relaxed);
+    let indices = traj
+        .commit(
+            &ctx("keep-a", Some(next)),
+            &p1,
+            &[outcome(vec![b'y'.into(), IM_END], "y")],
+            None,
+        )
+        .await
+        .expect("the held trajectory's call is recorded");
+    assert_eq!(indices, vec![1]);
+    assert_eq!(
+        store.reads.load(Ordering::Relaxed),
+        reads,
+        "recorded against the held view, not reloaded from the store"
+    );
+    let stored = store
+        .inner
+        .get_trajectory("keep-a")
+        .await
+        .expect("get")
+        .expect("keep-a");
+    let parents: Vec<_> = stored
+        .calls
+        .iter()
+        .map(|c| (c.call_index, c.parent_call))
+        .collect();
+    assert_eq!(parents, vec![(0, None), (1, Some(0))]);
 }

@@ -176,7 +176,7 @@ fn replay(state: &AppState, answer: Arc<Answer>, req: &ChatRequest, shape: Shape
 async fn prepare(state: &AppState, tid: &str, req: &ChatRequest) -> Result<Prepared, ApiError> {
     if req.continue_final_message.unwrap_or(false) {
         let ids = render_continuation(state, req)?;
-        return Ok(state.trajectories.prepare_root(ids)?);
+        return Ok(state.trajectories.prepare_root(tid, ids).await?);
     }
     let input = ChatInput {
         messages: &req.messages,

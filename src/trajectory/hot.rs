@@ -56,8 +56,9 @@ impl HotMap {
 
     /// Records what `tid` takes now, then evicts least recently used
     /// trajectories until the view fits. A trajectory whose state someone
-    /// holds (a call in flight) is never evicted: a second state for it
-    /// would not know of that call. `keep` is not evicted either.
+    /// holds (a call in flight holds it from prepare to commit) is never
+    /// evicted: a second state for it would not know of that call. `tid` is
+    /// not evicted either.
     pub(super) fn resize(&mut self, tid: &str, bytes: u64) {
         if let Some(e) = self.map.peek_mut(tid) {
             self.total = self.total - e.bytes + bytes;

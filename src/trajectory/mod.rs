@@ -280,11 +280,8 @@ impl Trajectories {
                 *st = TrajState::default();
             }
             if !st.loaded {
-                if let Some(t) = self.store.get_trajectory(tid).await? {
-                    self.rebuild(&mut st, t)?;
-                }
+                self.reload(tid, &mut st).await?;
                 self.resized(tid, &st);
-                st.loaded = true;
             }
             if st.finished {
                 return Err(TrajectoryError::Finished(tid.to_string()));
@@ -306,6 +303,16 @@ impl Trajectories {
     }
 
     /// Rebuilds the hot view from stored calls (after a restart or eviction).
+    /// Replaces the view of `tid` with what the store holds.
+    async fn reload(&self, tid: &str, st: &mut TrajState) -> Result<(), TrajectoryError> {
+        *st = TrajState::default();
+        if let Some(t) = self.store.get_trajectory(tid).await? {
+            self.rebuild(st, t)?;
+        }
+        st.loaded = true;
+        Ok(())
+    }
+
     fn rebuild(
         &self,
         st: &mut TrajState,
@@ -417,8 +424,16 @@ impl Trajectories {
         choices: &[ChoiceOutcome],
         mut request_of: Option<u32>,
     ) -> Result<Vec<u32>, TrajectoryError> {
-        let state = self.state(&ctx.trajectory_id);
+        let state = match &prepared.held {
+            Some(held) => held.0.clone(),
+            None => self.state(&ctx.trajectory_id),
+        };
         let mut st = state.lock().await;
+        if !st.loaded {
+            // Not prepared against the view (or it was evicted before the
+            // hold began): the store's history is where this call goes.
+            self.reload(&ctx.trajectory_id, &mut st).await?;
+        }
         if st.finished {
             return Err(TrajectoryError::Finished(ctx.trajectory_id.clone()));
         }
@@ -492,11 +507,7 @@ impl Trajectories {
                     reloads += 1;
                     tracing::warn!(trajectory = %ctx.trajectory_id, call = call_index,
                         "call slot already taken in the store; reloading the trajectory");
-                    *st = TrajState::default();
-                    if let Some(t) = self.store.get_trajectory(&ctx.trajectory_id).await? {
-                        self.rebuild(&mut st, t)?;
-                    }
-                    st.loaded = true;
+                    self.reload(&ctx.trajectory_id, &mut st).await?;
                     if st.finished {
                         return Err(TrajectoryError::Finished(ctx.trajectory_id.clone()));
                     }

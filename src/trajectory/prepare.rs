@@ -49,6 +49,20 @@ pub struct Prepared {
     pub truncated: bool,
     /// Hash of the call's normalized messages (0 for completions calls).
     pub messages_hash: u64,
+    /// The trajectory's hot state this call was prepared against, held
+    /// until the call is recorded: a held trajectory is never evicted, so
+    /// the commit appends to the history the prompt was built from.
+    pub(super) held: Option<Held>,
+}
+
+/// A trajectory's hot state, held by a call in flight.
+#[derive(Clone)]
+pub(super) struct Held(pub(super) super::hot::Shared);
+
+impl std::fmt::Debug for Held {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Held")
+    }
 }
 
 impl Prepared {
@@ -74,9 +88,11 @@ impl Trajectories {
             (st.calls.clone(), st.served.clone())
         };
         let served = |c: u32| served.get(&c).copied().unwrap_or_default();
-        run_render_work(render_bytes(input.messages, input.tools), || {
+        let mut prepared = run_render_work(render_bytes(input.messages, input.tools), || {
             self.prepare_chat_sync(&calls, &served, input)
-        })
+        })?;
+        prepared.held = Some(Held(state));
+        Ok(prepared)
     }
 
     fn prepare_chat_sync(
@@ -178,6 +194,7 @@ impl Trajectories {
             drift,
             response_used,
             messages_hash: 0,
+            held: None,
         };
         if self.config.history == HistoryMode::Template {
             let fresh = match fresh_ids {
@@ -201,10 +218,18 @@ impl Trajectories {
         Ok(prepared)
     }
 
-    /// A call that starts a new sample from given prompt ids.
-    pub fn prepare_root(&self, ids: Vec<u32>) -> Result<Prepared, TrajectoryError> {
+    /// A call of trajectory `tid` that starts a new sample from given
+    /// prompt ids.
+    pub async fn prepare_root(
+        &self,
+        tid: &str,
+        ids: Vec<u32>,
+    ) -> Result<Prepared, TrajectoryError> {
+        let state = self.loaded(tid).await?;
         let text = self.renderer.decode(&ids, false)?;
-        Ok(self.root(ids, text, None))
+        let mut prepared = self.root(ids, text, None);
+        prepared.held = Some(Held(state));
+        Ok(prepared)
     }
 
     fn root(&self, ids: Vec<u32>, text: String, drift: Option<Drift>) -> Prepared {
@@ -224,6 +249,7 @@ impl Trajectories {
             response_used: 0,
             truncated: false,
             messages_hash: 0,
+            held: None,
         }
     }
 
@@ -296,8 +322,11 @@ impl Trajectories {
             })
             .max_by_key(|c| (c.full_len(), c.call_index));
         let text = self.renderer.decode(&prompt, false)?;
+        let held = Some(Held(state.clone()));
         let Some(parent) = parent else {
-            return Ok(self.root(prompt, text, None));
+            let mut prepared = self.root(prompt, text, None);
+            prepared.held = held;
+            return Ok(prepared);
         };
         let delta = prompt.len() - parent.full_len();
         let response_used = parent.response_used + delta;
@@ -312,6 +341,7 @@ impl Trajectories {
             drift: None,
             response_used,
             messages_hash: 0,
+            held,
         })
     }
 }
