@@ -212,6 +212,9 @@ impl Trajectories {
             let delta = fresh.len() - full;
             prepared.segments = Arc::new(extend_segments(parent, delta));
             prepared.response_used = parent.response_used + delta;
+            // The sample's tokens are the fresh render's: so is its budget.
+            prepared.truncated = self.config.response_length > 0
+                && prepared.response_used >= self.config.response_length as usize;
             prepared.prompt_ids = Arc::new(fresh);
             prepared.prompt_text = Arc::new(fresh_text);
         }
