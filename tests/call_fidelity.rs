@@ -183,16 +183,46 @@ async fn sdk_retry_with_the_same_body_gets_the_recorded_answer() {
     assert_eq!(mock.requests().len(), 2);
 }
 
+/// Without a trajectory id a body names nobody's call: two agents sending
+/// the same prompt (one group's samples), the second a retry after a 429
+/// that was never generated, each get their own generation and trajectory.
+/// `Idempotency-Key` still finds an unnamed call.
 #[tokio::test]
-async fn sdk_retry_without_a_trajectory_id_is_recognised_by_its_body() {
+async fn sdk_retry_without_a_trajectory_id_is_not_answered_with_another_agents_call() {
     let mock = MockVllm::start(Scripted::default()).await;
     let g = start_gateway(config(&[mock.url()], "")).await;
-    mock.push(scripted(&g, "only once"));
-    let (a, b) = original_then_retry(&g, "/v1/chat/completions", &chat_body("no id")).await;
-    assert_eq!(a["id"], b["id"]);
-    assert_eq!(mock.requests().len(), 1);
+    mock.push(scripted(&g, "agent a's answer"));
+    mock.push(scripted(&g, "agent b's answer"));
+    let (a, b) = original_then_retry(&g, "/v1/chat/completions", &chat_body("same prompt")).await;
+    assert_ne!(a["id"], b["id"]);
+    assert_ne!(a["choices"], b["choices"]);
+    assert_eq!(mock.requests().len(), 2);
     let list = g.get_json("/v1/trajectories").await;
-    assert_eq!(list["data"].as_array().expect("data").len(), 1);
+    assert_eq!(list["data"].as_array().expect("data").len(), 2);
+
+    mock.push(scripted(&g, "keyed once"));
+    let keyed = chat_body("keyed");
+    let key = [
+        ("idempotency-key", "unnamed-1"),
+        ("x-stainless-retry-count", "0"),
+    ];
+    let c: Value = post_with(&g, "/v1/chat/completions", &keyed, &key)
+        .await
+        .json()
+        .await
+        .expect("json");
+    let key = [
+        ("idempotency-key", "unnamed-1"),
+        ("x-stainless-retry-count", "1"),
+    ];
+    let d: Value = post_with(&g, "/v1/chat/completions", &keyed, &key)
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(c["id"], d["id"]);
+    assert_eq!(c["choices"], d["choices"]);
+    assert_eq!(mock.requests().len(), 3);
 }
 
 #[tokio::test]

@@ -8,7 +8,8 @@
 //! generates instead.
 //!
 //! Scope: the trajectory id the client named (path, header or body field),
-//! or none when it named none (every such call is a trajectory of its own).
+//! or none when it named none (every such call is a trajectory of its own,
+//! and only `Idempotency-Key` finds it again: a body names nobody's call).
 //! Answers are kept in memory, bounded by count and bytes: a retry of a call
 //! made before a gateway restart generates again.
 
@@ -138,9 +139,14 @@ impl Replies {
     /// registered so that its retries find it.
     pub async fn claim(self: &Arc<Self>, req: Request) -> Claim {
         let body_key = req.body_key();
+        // A body names a call only within a named trajectory: without one,
+        // two agents sending the same prompt (the samples of one group) are
+        // told apart by nothing, and a retry of one must not be answered
+        // with the other's call. Such calls are matched by key only.
+        let by_body = req.scope.is_some();
         let lookup = match req.explicit_key() {
             Some(k) => Some(k),
-            None if req.retry => Some(body_key.clone()),
+            None if req.retry && by_body => Some(body_key.clone()),
             None => None,
         };
         loop {
@@ -165,7 +171,9 @@ impl Replies {
                     let id = inner.next_owner;
                     inner.next_owner += 1;
                     let (tx, rx) = watch::channel(None);
-                    let mut keys = vec![body_key.clone()];
+                    // The body key first: `complete` makes it the scope's latest.
+                    let mut keys: Vec<Key> =
+                        by_body.then(|| body_key.clone()).into_iter().collect();
                     keys.extend(req.explicit_key());
                     for k in &keys {
                         let replaced = inner.slots.insert(
@@ -208,8 +216,8 @@ impl Replies {
 }
 
 impl Inner {
-    /// A recorded answer counts for `req` when the bodies are identical and,
-    /// for a body match in a named trajectory, it is that trajectory's last call.
+    /// A recorded answer counts for `req` when the bodies are identical and
+    /// it is the named trajectory's last call.
     fn is_current(&self, key: &Key, req: &Request, body: &Bytes) -> bool {
         match key {
             Key::Explicit { .. } => true,
@@ -217,7 +225,7 @@ impl Inner {
                 *body == req.body
                     && scope
                         .as_ref()
-                        .is_none_or(|s| self.latest.get(s) == Some(key))
+                        .is_some_and(|s| self.latest.get(s) == Some(key))
             }
         }
     }
