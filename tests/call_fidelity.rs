@@ -386,6 +386,26 @@ async fn a_spent_budget_ends_the_sample_with_length() {
     assert_eq!(mock.requests().len(), 1);
 }
 
+/// An agent with a fixed `max_tokens` larger than the window has room for:
+/// the sample's budget caps what is asked first, and what is asked fits.
+#[tokio::test]
+async fn the_budget_caps_max_tokens_before_the_window_is_checked() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "[trajectory]\nresponse_length = 6\n")).await;
+    mock.push(scripted(&g, "capped"));
+    let body = json!({"messages": [{"role": "user", "content": "go"}], "max_tokens": 600});
+    let resp = g
+        .post("/t/budget-cap/v1/chat/completions", body.clone())
+        .await;
+    assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
+    assert_eq!(mock.last_request()["max_tokens"], 6);
+    // Without a budget, the same request does not fit the 512-token window.
+    let plain = start_gateway(config(&[mock.url()], "")).await;
+    let resp = plain.post("/t/no-budget/v1/chat/completions", body).await;
+    assert_eq!(resp.status(), 400);
+    assert_eq!(mock.requests().len(), 1);
+}
+
 #[tokio::test]
 async fn a_spent_budget_can_still_be_an_error() {
     let mock = MockVllm::start(Scripted::default()).await;

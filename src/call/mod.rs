@@ -276,17 +276,26 @@ impl Calls {
             ))
             .with_code("response_budget_exhausted"));
         }
+        // What the backend is asked: the client's `max_tokens` (or the
+        // default, within the window), capped by what is left of the
+        // sample's response budget. The window is checked against that, so
+        // an agent with a fixed `max_tokens` near its budget's end is capped,
+        // not refused. A spent sample makes no backend call: nothing to check.
+        let cap = |m: u32| match prepared.budget_left(self.config.response_length) {
+            Some(left) => m.min(left.max(1)),
+            None => m,
+        };
         let prompt_len = prepared.prompt_ids.len();
         let window = self.max_model_len as usize;
-        if prompt_len >= window {
+        if prompt_len >= window && !spent {
             return Err(ApiError::bad_request(format!(
                 "the prompt is {prompt_len} tokens long but this model's context window is {window} tokens"
             ))
             .with_code("context_length_exceeded"));
         }
-        let room = window - prompt_len;
-        params.max_tokens = match max_tokens {
-            Some(m) if m as usize > room => {
+        let room = window.saturating_sub(prompt_len);
+        params.max_tokens = match max_tokens.map(cap) {
+            Some(m) if m as usize > room && !spent => {
                 return Err(ApiError::bad_request(format!(
                     "this model's context window is {window} tokens, but {} were requested \
                      ({prompt_len} in the prompt, {m} for the completion)",
@@ -295,11 +304,8 @@ impl Calls {
                 .with_code("context_length_exceeded"))
             }
             Some(m) => m,
-            None => self.default_max_tokens.min(room as u32),
+            None => cap(self.default_max_tokens.min(room as u32)),
         };
-        if let Some(left) = prepared.budget_left(self.config.response_length) {
-            params.max_tokens = params.max_tokens.min(left.max(1));
-        }
         if !params.ignore_eos {
             for id in self.renderer.eos_token_ids() {
                 if !params.stop_token_ids.contains(id) {
