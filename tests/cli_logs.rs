@@ -79,6 +79,22 @@ async fn serve_writes_json_lines_that_carry_the_request_id() {
     assert!(failed.status().is_server_error(), "{}", failed.status());
     assert_eq!(failed.headers()["x-request-id"], "cli-fail-2");
 
+    // A 5xx on a group's trajectory path names the trajectory in its line.
+    mock.push(Scripted {
+        error: Some((500, "boom".into())),
+        ..Default::default()
+    });
+    let grouped = client
+        .post(format!(
+            "http://{addr}/g/grp-3/t/traj-g3/v1/chat/completions"
+        ))
+        .header("x-request-id", "cli-fail-3")
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("reachable");
+    assert!(grouped.status().is_server_error(), "{}", grouped.status());
+
     let lines = tokio::task::block_in_place(|| tito.stop());
     let parsed = parse_all(&lines);
     let of = |id: &str| -> Vec<&Value> {
@@ -98,6 +114,14 @@ async fn serve_writes_json_lines_that_carry_the_request_id() {
             .iter()
             .any(|l| l["level"] == "ERROR" && l["message"] == "request failed"),
         "the 5xx is logged at the default level, with its id: {fail_lines:#?}"
+    );
+    let grouped_lines = of("cli-fail-3");
+    assert!(
+        grouped_lines
+            .iter()
+            .any(|l| l["message"] == "request failed"
+                && (l["trajectory"] == "traj-g3" || l["fields"]["trajectory"] == "traj-g3")),
+        "{grouped_lines:#?}"
     );
 }
 

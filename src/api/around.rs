@@ -72,12 +72,16 @@ pub async fn around(State(limit): State<usize>, req: Request, next: Next) -> Res
     resp
 }
 
-/// The trajectory a request names in its path (`/t/{id}/...`) or header,
-/// for the log line of a 5xx that carries none in its answer.
+/// The trajectory a request names in its path (`/t/{id}/...`, also under
+/// `/g/{gid}`) or header, for the log line of a 5xx that carries none in
+/// its answer.
 fn named_trajectory(req: &Request) -> Option<String> {
-    req.uri()
-        .path()
-        .strip_prefix("/t/")
+    let path = req.uri().path();
+    let path = path
+        .strip_prefix("/g/")
+        .and_then(|rest| rest.find('/').map(|at| &rest[at..]))
+        .unwrap_or(path);
+    path.strip_prefix("/t/")
         .and_then(|rest| rest.split('/').next())
         .map(str::to_string)
         .or_else(|| {
