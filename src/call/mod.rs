@@ -167,11 +167,29 @@ pub struct Running {
 
 impl Running {
     pub async fn next(&mut self) -> Option<CallEvent> {
+        use std::task::Poll;
+        use tokio::sync::mpsc::error::TryRecvError;
+        let taken = |rx: &mut mpsc::Receiver<CallEvent>| match rx.try_recv() {
+            Ok(ev) => Some(Some(ev)),
+            Err(TryRecvError::Disconnected) => Some(None),
+            Err(TryRecvError::Empty) => None,
+        };
         std::future::poll_fn(|cx| {
+            // While the pump runs in this task, what it sends is taken
+            // without registering this task's waker on the channel: each
+            // send would otherwise wake the very task that is running it,
+            // and Tokio reschedules a task woken during its own poll as a
+            // yield, waking an idle worker thread to steal it. The pump's
+            // own wakers (backend sockets, the store's acknowledgement, the
+            // channel's free capacity) wake this task.
             if let Some(pump) = self.pump.as_mut() {
-                if pump.as_mut().poll(cx).is_ready() {
-                    self.pump = None;
+                if let Some(ev) = taken(&mut self.rx) {
+                    return Poll::Ready(ev);
                 }
+                if pump.as_mut().poll(cx).is_pending() {
+                    return taken(&mut self.rx).map_or(Poll::Pending, Poll::Ready);
+                }
+                self.pump = None;
             }
             self.rx.poll_recv(cx)
         })
