@@ -460,6 +460,44 @@ async fn a_backend_hung_before_its_first_token_is_given_up_and_retried() {
     }
 }
 
+/// A backend that aborts a request before its first token (paused for a
+/// weight update) generated nothing: the call goes to another backend, and
+/// with none left it is a 503, not a recorded call of no tokens.
+#[tokio::test]
+async fn a_backend_abort_before_the_first_token_is_retried_elsewhere() {
+    let aborting = || Scripted {
+        ids: vec![],
+        finish_reason: Some("abort".into()),
+        ..Default::default()
+    };
+    let paused = MockVllm::start(aborting()).await;
+    let ok = MockVllm::start(Scripted::ids(vec![7, 8, IM_END])).await;
+    let extra = "[router]\npolicy = \"round_robin\"\n";
+    let g = start_gateway(config(&[paused.url(), ok.url()], extra)).await;
+    for i in 0..2 {
+        let body = json!({"prompt": [4, 5], "return_token_ids": true,
+                          "trajectory_id": format!("paused-{i}")});
+        let v: Value = g
+            .post("/v1/completions", body)
+            .await
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(v["choices"][0]["token_ids"], json!([7, 8, IM_END]), "{v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
+    assert!(
+        !paused.requests().is_empty(),
+        "the paused backend was tried"
+    );
+
+    let only = start_gateway(config(&[paused.url()], "")).await;
+    let body = json!({"prompt": [4, 5], "trajectory_id": "paused-only"});
+    let resp = only.post("/v1/completions", body).await;
+    assert_eq!(resp.status(), 503);
+    assert!(calls_of(&only, "paused-only").await.is_empty());
+}
+
 /// SGLang's `/generate`, streaming the whole answer in one cumulative event,
 /// with `output_token_logprobs` when asked (`null` logprobs when `bare`).
 async fn sglang_mock(

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 
-use crate::backend::{BackendError, GenStream, GenerateRequest};
+use crate::backend::{BackendError, FinishReason, GenEvent, GenStream, GenerateRequest};
 use crate::error::ApiError;
 use crate::router::{RouteError, Router};
 
@@ -61,6 +61,16 @@ pub async fn start_sequence(
         }
         let first = match route.backend.generate(req.clone()).await {
             Ok(mut stream) => match stream.next().await {
+                // Aborted before any token (SGLang's `/pause_generation`
+                // abort during a weight update, an `/abort_request`): nothing
+                // was generated, so the call goes elsewhere like any other
+                // failure before the first token.
+                Some(Ok(GenEvent::Done {
+                    finish_reason: FinishReason::Abort,
+                })) => Err(BackendError::Overloaded {
+                    backend: route.name.to_string(),
+                    message: "aborted the request before its first token".into(),
+                }),
                 Some(Ok(ev)) => Ok((stream, ev)),
                 Some(Err(e)) => Err(e),
                 None => Err(BackendError::Protocol {
