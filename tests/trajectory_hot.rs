@@ -5,7 +5,7 @@
 //! trajectory continues exactly (rebuilt from the store), and one whose call
 //! is in flight is not evicted.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -29,12 +29,17 @@ struct KeepSome {
     inner: DynStore,
     dropped: AtomicU64,
     reads: AtomicU64,
+    /// The next append of a kept trajectory fails (a commit error).
+    fail_next: AtomicBool,
 }
 
 #[async_trait]
 impl SpanStore for KeepSome {
     async fn append_call(&self, call: CallRecord) -> Result<(), StoreError> {
         if call.trajectory_id.starts_with("keep-") {
+            if self.fail_next.swap(false, Ordering::Relaxed) {
+                return Err(StoreError::Commit("disk full".into()));
+            }
             return self.inner.append_call(call).await;
         }
         self.dropped.fetch_add(1, Ordering::Relaxed);
@@ -141,6 +146,7 @@ async fn the_hot_view_stays_within_its_byte_budget_and_evicted_trajectories_cont
         inner: tito::store::open("memory://").expect("store"),
         dropped: AtomicU64::new(0),
         reads: AtomicU64::new(0),
+        fail_next: AtomicBool::new(false),
     });
     let traj = Trajectories::new(
         store.clone(),
@@ -249,6 +255,7 @@ async fn a_trajectory_is_not_evicted_while_its_call_generates() {
         inner: tito::store::open("memory://").expect("store"),
         dropped: AtomicU64::new(0),
         reads: AtomicU64::new(0),
+        fail_next: AtomicBool::new(false),
     });
     let traj = Trajectories::new(
         store.clone(),
@@ -337,4 +344,85 @@ async fn a_trajectory_is_not_evicted_while_its_call_generates() {
         .map(|c| (c.call_index, c.parent_call))
         .collect();
     assert_eq!(parents, vec![(0, None), (1, Some(0))]);
+}
+
+/// A continuation whose append fails (a commit error, answered 500) leaves
+/// the trajectory as it was: the client's retry continues the same sample,
+/// it does not start a second one repeating the first's prefix.
+#[tokio::test]
+async fn a_failed_append_leaves_the_parent_to_the_retry() {
+    let renderer = chatml_renderer();
+    let store = Arc::new(KeepSome {
+        inner: tito::store::open("memory://").expect("store"),
+        dropped: AtomicU64::new(0),
+        reads: AtomicU64::new(0),
+        fail_next: AtomicBool::new(false),
+    });
+    let traj = Trajectories::new(store.clone(), renderer.clone(), TrajectoryConfig::default());
+    let input = |messages| ChatInput {
+        messages,
+        tools: None,
+        kwargs: None,
+        add_generation_prompt: true,
+    };
+    let first = vec![json!({"role": "user", "content": "What is 2+2?"})];
+    let p0 = traj
+        .prepare_chat("keep-r", input(&first))
+        .await
+        .expect("prepare");
+    let reply = "It is 4.";
+    let sampled0 = [renderer.encode(reply).expect("enc"), vec![IM_END]].concat();
+    traj.commit(
+        &ctx("keep-r", Some(first.clone())),
+        &p0,
+        &[outcome(sampled0, reply)],
+        None,
+    )
+    .await
+    .expect("commit");
+    drop(p0);
+    let mut next = first.clone();
+    next.push(json!({"role": "assistant", "content": reply}));
+    next.push(json!({"role": "user", "content": "And 3+3?"}));
+
+    store.fail_next.store(true, Ordering::Relaxed);
+    let p1 = traj
+        .prepare_chat("keep-r", input(&next))
+        .await
+        .expect("prepare");
+    let failed = traj
+        .commit(
+            &ctx("keep-r", Some(next.clone())),
+            &p1,
+            &[outcome(vec![b'6'.into(), IM_END], "6")],
+            None,
+        )
+        .await;
+    assert!(failed.is_err());
+    drop(p1);
+
+    let retry = traj
+        .prepare_chat("keep-r", input(&next))
+        .await
+        .expect("prepare");
+    traj.commit(
+        &ctx("keep-r", Some(next)),
+        &retry,
+        &[outcome(vec![b'6'.into(), IM_END], "6")],
+        None,
+    )
+    .await
+    .expect("commit");
+    let stored = store
+        .inner
+        .get_trajectory("keep-r")
+        .await
+        .expect("get")
+        .expect("keep-r");
+    let calls: Vec<_> = stored
+        .calls
+        .iter()
+        .map(|c| (c.call_index, c.parent_call, c.sample_index))
+        .collect();
+    assert_eq!(calls, vec![(0, None, 0), (1, Some(0), 0)], "one sample");
 }

@@ -444,13 +444,10 @@ impl Trajectories {
         while let Some(choice) = choices.get(i) {
             let call_index = st.next_call;
             let parent = prepared.parent.as_ref();
-            let sample_index = match parent {
-                Some(p) if i == 0 && !st.continued.contains(&p.call_index) => {
-                    st.continued.insert(p.call_index);
-                    p.sample_index
-                }
-                _ => st.next_sample,
-            };
+            // Marked continued only once this call is stored: a failed
+            // append leaves the parent free for the client's retry.
+            let continues = parent.filter(|p| i == 0 && !st.continued.contains(&p.call_index));
+            let sample_index = continues.map_or(st.next_sample, |p| p.sample_index);
             let budget_hit = self.config.response_length > 0
                 && prepared.response_used + choice.sampled_ids.len()
                     >= self.config.response_length as usize
@@ -514,6 +511,9 @@ impl Trajectories {
                     continue;
                 }
                 Err(e) => return Err(e.into()),
+            }
+            if let Some(p) = continues {
+                st.continued.insert(p.call_index);
             }
             st.next_call += 1;
             request_of = request_of.or(Some(call_index));
