@@ -258,11 +258,18 @@ async fn export_streams_jsonl_and_parquet() {
         "/v1/export?layout=nested",
         "/v1/export?since=yesterday",
         "/v1/export?prompt_length=-1",
+        "/v1/export?complete_group=true",
     ] {
         let (s, e) = json_of(&app, "GET", uri, None).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{uri}");
         assert_openai_error(&e, None);
     }
+    let (_, e) = json_of(&app, "GET", "/v1/export?groupsize=8", None).await;
+    let message = e["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("groupsize"),
+        "names the unknown parameter: {e}"
+    );
 }
 
 /// The HTTP export of a trajectory recorded without any logprob has no number

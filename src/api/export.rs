@@ -50,7 +50,10 @@ where
         .route("/v1/export/ack", post(ack))
 }
 
+/// Unknown parameters are refused: a misspelled `group_size` or
+/// `complete_groups` would otherwise export incomplete groups unnoticed.
 #[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ExportParams {
     pub format: Option<String>,
     pub layout: Option<String>,
