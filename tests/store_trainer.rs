@@ -176,6 +176,37 @@ async fn an_unacknowledged_page_is_served_again_after_its_lease() {
     }
 }
 
+/// An expired page of which only a part is leased again is released whole:
+/// its worker's late ack is refused (it may have trained on a trajectory
+/// someone else now holds), and the rest of it is served again.
+#[tokio::test]
+async fn an_ack_of_a_page_partly_leased_again_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, store) in stores(&dir) {
+        let all = finished(&store, 3).await;
+        let f = TrajectoryFilter::default();
+        let lost = store.lease("c", &f, 3, 0).await.expect("lease");
+        assert_eq!(lost.ids.len(), 3, "{name}");
+        let old_cursor = lost.cursor.clone().expect("cursor");
+        let one = store.lease("c", &f, 1, 60_000).await.expect("lease");
+        assert_eq!(one.ids.len(), 1, "{name}");
+        assert!(
+            matches!(
+                store.ack("c", &old_cursor).await,
+                Err(StoreError::CursorNotFound(_))
+            ),
+            "{name}: a late ack of a page partly leased again"
+        );
+        let rest = store.lease("c", &f, 100, 60_000).await.expect("lease");
+        let served: BTreeSet<String> = one.ids.iter().chain(&rest.ids).cloned().collect();
+        assert_eq!(served, all, "{name}");
+        for page in [&one, &rest] {
+            let cursor = page.cursor.clone().expect("cursor");
+            store.ack("c", &cursor).await.expect("ack");
+        }
+    }
+}
+
 fn in_group(g: &str) -> TrajectoryMetadata {
     TrajectoryMetadata {
         group: Some(g.into()),

@@ -291,6 +291,18 @@ impl SpanStore for MemoryStore {
         if picked.is_empty() {
             return Ok(Lease::empty(expires_at));
         }
+        // An expired lease whose trajectories are leased again is released
+        // whole: its cursor becomes unknown, so its worker's ack is refused.
+        let released: std::collections::HashSet<String> = picked
+            .iter()
+            .filter_map(|((seq, _), _)| inner.leases.get(&(consumer.to_string(), *seq)))
+            .map(|(cursor, _)| cursor.clone())
+            .collect();
+        if !released.is_empty() {
+            inner
+                .leases
+                .retain(|(c, _), (cursor, _)| c != consumer || !released.contains(cursor));
+        }
         let cursor = new_cursor();
         for ((seq, _), _) in &picked {
             inner

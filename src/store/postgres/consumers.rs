@@ -114,8 +114,18 @@ pub(crate) async fn lease(
     if picked.is_empty() {
         return Ok(Lease::empty(expires_at));
     }
-    let cursor = new_cursor();
     let seqs: Vec<i64> = picked.iter().map(|((seq, _), _)| *seq).collect();
+    // An expired lease whose trajectories are leased again is released
+    // whole: its cursor becomes unknown, so its worker's ack is refused (it
+    // may have trained on a page someone else now holds), not half-counted.
+    let stmt = conn
+        .prep(
+            "DELETE FROM export_leases WHERE consumer = $1 AND cursor IN \
+             (SELECT cursor FROM export_leases WHERE consumer = $1 AND traj = ANY($2::BIGINT[]))",
+        )
+        .await?;
+    conn.client.execute(&stmt, &[&consumer, &seqs]).await?;
+    let cursor = new_cursor();
     let stmt = conn
         .prep(
             "INSERT INTO export_leases (consumer, traj, cursor, expires_at) \

@@ -66,6 +66,16 @@ pub(crate) fn lease(
     if picked.is_empty() {
         return Ok(Lease::empty(expires_at));
     }
+    // An expired lease whose trajectories are leased again is released
+    // whole: its cursor becomes unknown, so its worker's ack is refused (it
+    // may have trained on a page someone else now holds), not half-counted.
+    let mut release = conn.prepare_cached(
+        "DELETE FROM export_leases WHERE consumer = ?1 AND cursor = \
+         (SELECT cursor FROM export_leases WHERE consumer = ?1 AND traj = ?2)",
+    )?;
+    for ((seq, _), _) in &picked {
+        release.execute(params![consumer, seq])?;
+    }
     let cursor = new_cursor();
     let mut insert = conn.prepare_cached(
         "INSERT INTO export_leases (consumer, traj, cursor, expires_at) VALUES (?1, ?2, ?3, ?4) \
