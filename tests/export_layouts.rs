@@ -358,6 +358,11 @@ async fn verl_layout_pads_masks_and_places_rm_scores() {
     let rm = cut[1].rm_scores.as_ref().expect("rm_scores");
     assert_eq!(rm[15], 2.0, "reward on the last kept token");
     assert_eq!(cut[1].response_mask.len(), 16);
+    // Its last call (c4, at offset 18) is cut away: the row ends in c3.
+    assert_eq!(cut[1].call_offsets, vec![0, 5, 12]);
+    assert_eq!(cut[1].weight_version.as_deref(), Some("step-3"));
+    assert_eq!(cut[1].max_weight_version, cut[1].weight_version);
+    assert_eq!(cut[1].finish_reason, "length");
     // Sample 2 has a 6-id prompt, the others 5: prompt_length 5 skips it.
     let (kept, stats) = both(&*store, Layout::Verl, |o| {
         o.prompt_length = Some(5);

@@ -293,6 +293,9 @@ fn push(
             let (min, max) = min_max(&row.weight_versions);
             row.min_weight_version = min;
             row.max_weight_version = max;
+            // The row now ends in its last kept call, cut by the length.
+            row.weight_version = row.weight_versions.last().cloned().flatten();
+            row.finish_reason = "length".into();
             row.truncated = true;
             stats.truncated_responses += 1;
         }
