@@ -47,6 +47,7 @@ pub const HOT_EVICTIONS: &str = "tito_hot_trajectory_evictions_total";
 pub const HOT_BYTES: &str = "tito_hot_trajectory_bytes";
 pub const HOT_STALE_RELOADS: &str = "tito_hot_trajectory_stale_reloads_total";
 pub const EXPORT_LAG: &str = "tito_export_lag_seconds";
+pub const EXPORT_SKIPPED: &str = "tito_export_rows_skipped_total";
 pub const RETRY_CACHE_BYTES: &str = "tito_retry_cache_bytes";
 pub const ENGINE_PREFILL_TOKENS: &str = "tito_engine_prefill_tokens_total";
 pub const ENGINE_REUSED_TOKENS: &str = "tito_engine_reused_tokens_total";
@@ -59,7 +60,7 @@ pub const SSE_SEND_TIMEOUTS: &str = "tito_sse_send_timeouts_total";
 /// `# HELP` text of every series, given to the recorder once.
 fn describe() {
     use Unit::{Count, Seconds};
-    let counters: [(&'static str, &'static str); 22] = [
+    let counters: [(&'static str, &'static str); 23] = [
         (
             REQUESTS,
             "HTTP requests answered, by matched route and status",
@@ -117,6 +118,10 @@ fn describe() {
         (
             HOT_EVICTIONS,
             "Trajectories dropped from the hot view to stay within trajectory.hot_bytes",
+        ),
+        (
+            EXPORT_SKIPPED,
+            "Export rows left out because their prompt is longer than the prompt_length asked, by consumer (empty without one)",
         ),
         (
             HOT_STALE_RELOADS,
@@ -331,6 +336,11 @@ pub fn hot_evictions(n: u64) {
 /// (0 when the page was empty).
 pub fn export_lag(consumer: &str, seconds: f64) {
     gauge!(EXPORT_LAG, "consumer" => consumer.to_string()).set(seconds);
+}
+
+/// Export rows left out for a prompt over the `prompt_length` asked.
+pub fn export_skipped(consumer: &str, rows: u64) {
+    counter!(EXPORT_SKIPPED, "consumer" => consumer.to_string()).increment(rows);
 }
 
 /// Trajectories reloaded from a shared store that another replica wrote.

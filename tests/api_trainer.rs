@@ -334,3 +334,27 @@ async fn consumer_pages_are_leased_until_acknowledged() {
     let (s, e) = post_h(&g, "/v1/export/ack", json!({"consumer": "ppo"}), &[]).await;
     assert_eq!(s, 400, "{e}");
 }
+
+/// A consumer's page whose prompts are longer than `prompt_length` has no
+/// rows for them: the headers are sent before that is known, so the rows
+/// left out are counted by consumer in `/metrics`.
+#[tokio::test]
+async fn rows_left_out_for_a_long_prompt_are_counted() {
+    let (_mock, g) = gateway().await;
+    let (s, _) = post_h(&g, "/t/long-1/v1/chat/completions", user("hi"), &[]).await;
+    assert_eq!(s, 200);
+    post_h(&g, "/v1/trajectories/long-1/finish", json!({}), &[]).await;
+    let (s, _, n, body) = page(
+        &g,
+        "consumer=short&prompt_length=1&response_length=8&layout=verl",
+    )
+    .await;
+    assert_eq!((s, n, body.lines().count()), (200, 1, 0));
+    let metrics = g.get_text("/metrics").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "tito_export_rows_skipped_total{consumer=\"short\"} 1"),
+        "{metrics}"
+    );
+}

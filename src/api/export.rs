@@ -199,6 +199,7 @@ async fn export(
     let (tx, rx) = mpsc::channel(CHANNEL_CHUNKS);
     let store = st.store.clone();
     let errors = tx.clone();
+    let consumer = p.consumer.clone().unwrap_or_default();
     tokio::task::spawn_blocking(move || {
         let writer = ChannelWriter {
             tx,
@@ -211,11 +212,22 @@ async fn export(
         let result = scan
             .map_err(Into::into)
             .and_then(|it| run_export(it, &opts, writer, &mut |_| {}));
-        if let Err(e) = result {
-            tracing::warn!(error = %e, "export aborted");
-            // Headers are gone already: an error item aborts the body, so
-            // the client sees a broken transfer, never a silently short file.
-            let _ = errors.blocking_send(Err(io::Error::other(e.to_string())));
+        match result {
+            // Its headers are gone by the time this is known: the rows left
+            // out are counted and logged here (the CLI prints them).
+            Ok(stats) if stats.skipped_long_prompt > 0 => {
+                crate::metrics::export_skipped(&consumer, stats.skipped_long_prompt);
+                tracing::warn!(consumer = %consumer, rows = stats.skipped_long_prompt,
+                    "export left out rows whose prompt is longer than prompt_length");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "export aborted");
+                // Headers are gone already: an error item aborts the body,
+                // so the client sees a broken transfer, never a silently
+                // short file.
+                let _ = errors.blocking_send(Err(io::Error::other(e.to_string())));
+            }
         }
     });
     // Respond.
