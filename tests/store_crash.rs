@@ -209,3 +209,37 @@ async fn crash_of_a_queued_run_marks_its_active_trajectories_incomplete() {
     let store = tito::store::open(&url).expect("reopen");
     assert_eq!(store.begin_run(Ack::Committed).await.expect("begin"), 0);
 }
+
+/// With queued acks (SQLite only) a call whose write fails after its client
+/// was answered cannot be reported to anyone: its trajectory is marked
+/// incomplete, as after a crash.
+#[tokio::test]
+async fn a_queued_call_that_fails_to_be_stored_marks_its_trajectory_incomplete() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/spans.db", dir.path().display());
+    {
+        let store = tito::store::open_with(&url, Ack::Queued).expect("open");
+        store.append_call(record(1, 0)).await.expect("queued");
+        store.append_call(record(2, 0)).await.expect("queued");
+        // Call 1 was never stored: call 2 names a parent the store lacks.
+        store.append_call(record(1, 2)).await.expect("queued");
+        // A committed write after them: the writer has handled the queue.
+        store.set_weight_version("v1").await.expect("committed");
+        let meta = |id: &'static str| {
+            let store = store.clone();
+            async move { store.get_meta(id).await.expect("meta").expect("stored") }
+        };
+        assert!(meta("w-1").await.incomplete, "{url}");
+        assert!(!meta("w-2").await.incomplete, "{url}");
+        assert_eq!(
+            store
+                .get_trajectory("w-1")
+                .await
+                .expect("get")
+                .expect("w-1")
+                .calls
+                .len(),
+            1
+        );
+    }
+}

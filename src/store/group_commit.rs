@@ -86,6 +86,25 @@ pub(crate) fn acknowledge(batch: &mut Vec<Job>, outcomes: Vec<Outcome>) {
     }
 }
 
+/// The trajectories of the batch's appends that failed with nobody waiting
+/// for them (`ack = "queued"`: the client was answered before the commit).
+/// The writer marks them incomplete, so an export says a call may be
+/// missing, as after a crash of a queued run.
+pub(crate) fn lost_appends(batch: &[Job], outcomes: &[Outcome]) -> Vec<String> {
+    batch
+        .iter()
+        .zip(outcomes)
+        .filter_map(|(job, outcome)| match (&job.op, outcome) {
+            (Op::Append(call), Err(e)) if job.ack.is_closed() => {
+                tracing::error!(trajectory = %call.trajectory_id, call = call.call_index,
+                    error = %e, "a queued call could not be stored; its trajectory is marked incomplete");
+                Some(call.trajectory_id.clone())
+            }
+            _ => None,
+        })
+        .collect()
+}
+
 /// The request side of a store's writer queue.
 pub(crate) struct Writer {
     ack: Ack,

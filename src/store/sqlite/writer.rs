@@ -11,7 +11,9 @@ use tokio::sync::mpsc;
 use super::consumers;
 use super::rows::{json_text, meta_by_id, replays_of, status_code};
 use crate::store::codec::{ids_to_bytes, logprobs_to_bytes};
-use crate::store::group_commit::{acknowledge, Done, Job, Op, Outcome, MAX_BATCH, WEIGHT_VERSION};
+use crate::store::group_commit::{
+    acknowledge, lost_appends, Done, Job, Op, Outcome, MAX_BATCH, WEIGHT_VERSION,
+};
 use crate::store::{
     now_ms, CallRecord, SampleReplay, StoreError, TrajectoryMeta, TrajectoryMetadata,
     TrajectoryStatus,
@@ -32,6 +34,15 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Job>) {
         }
         run_begun |= batch.iter().any(|j| matches!(j.op, Op::BeginRun { .. }));
         let outcomes = commit_batch(&mut conn, &batch);
+        for id in lost_appends(&batch, &outcomes) {
+            let marked = conn.execute(
+                "UPDATE trajectories SET incomplete = 1 WHERE id = ?1",
+                [&id],
+            );
+            if let Err(e) = marked {
+                tracing::error!(trajectory = %id, error = %e, "could not mark the trajectory incomplete");
+            }
+        }
         acknowledge(&mut batch, outcomes);
     }
     if run_begun {
