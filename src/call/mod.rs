@@ -178,10 +178,10 @@ impl Running {
             // While the pump runs in this task, what it sends is taken
             // without registering this task's waker on the channel: each
             // send would otherwise wake the very task that is running it,
-            // and Tokio reschedules a task woken during its own poll as a
-            // yield, waking an idle worker thread to steal it. The pump's
-            // own wakers (backend sockets, the store's acknowledgement, the
-            // channel's free capacity) wake this task.
+            // and Tokio polls a task woken during its own poll once more,
+            // as a yield (docs/benchmarks.md). The pump's own wakers
+            // (backend sockets, the store's acknowledgement, the channel's
+            // free capacity) wake this task.
             if let Some(pump) = self.pump.as_mut() {
                 if let Some(ev) = taken(&mut self.rx) {
                     return Poll::Ready(ev);

@@ -302,7 +302,6 @@ impl Trajectories {
         })
     }
 
-    /// Rebuilds the hot view from stored calls (after a restart or eviction).
     /// Replaces the view of `tid` with what the store holds.
     async fn reload(&self, tid: &str, st: &mut TrajState) -> Result<(), TrajectoryError> {
         *st = TrajState::default();
@@ -313,6 +312,7 @@ impl Trajectories {
         Ok(())
     }
 
+    /// Rebuilds the hot view from stored calls (after a restart or eviction).
     fn rebuild(
         &self,
         st: &mut TrajState,
