@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use serde_json::{json, Value};
 use tito::config::TrajectoryConfig;
 use tito::render::testing::{chatml_renderer, IM_END};
+use tito::render::Renderer;
 use tito::store::{
     Ack, Acked, CallRecord, DynStore, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
     Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
@@ -142,12 +143,7 @@ fn outcome(sampled: Vec<u32>, content: &str) -> ChoiceOutcome {
 #[tokio::test]
 async fn the_hot_view_stays_within_its_byte_budget_and_evicted_trajectories_continue_exactly() {
     let renderer = chatml_renderer();
-    let store = Arc::new(KeepSome {
-        inner: tito::store::open("memory://").expect("store"),
-        dropped: AtomicU64::new(0),
-        reads: AtomicU64::new(0),
-        fail_next: AtomicBool::new(false),
-    });
+    let store = keep_some();
     let traj = Trajectories::new(
         store.clone(),
         renderer.clone(),
@@ -245,18 +241,54 @@ async fn the_hot_view_stays_within_its_byte_budget_and_evicted_trajectories_cont
     assert_eq!(parent.call_index, 0);
 }
 
+fn keep_some() -> Arc<KeepSome> {
+    Arc::new(KeepSome {
+        inner: tito::store::open("memory://").expect("store"),
+        dropped: AtomicU64::new(0),
+        reads: AtomicU64::new(0),
+        fail_next: AtomicBool::new(false),
+    })
+}
+
+fn chat_input(messages: &[Value]) -> ChatInput<'_> {
+    ChatInput {
+        messages,
+        tools: None,
+        kwargs: None,
+        add_generation_prompt: true,
+    }
+}
+
+/// Records the first turn of `tid` and returns the messages of its second.
+async fn first_turn(traj: &Trajectories, renderer: &Renderer, tid: &str) -> Vec<Value> {
+    let first = vec![json!({"role": "user", "content": "What is 2+2?"})];
+    let p0 = traj
+        .prepare_chat(tid, chat_input(&first))
+        .await
+        .expect("prepare");
+    let reply = "It is 4.";
+    let sampled0 = [renderer.encode(reply).expect("enc"), vec![IM_END]].concat();
+    traj.commit(
+        &ctx(tid, Some(first.clone())),
+        &p0,
+        &[outcome(sampled0, reply)],
+        None,
+    )
+    .await
+    .expect("commit");
+    let mut next = first;
+    next.push(json!({"role": "assistant", "content": reply}));
+    next.push(json!({"role": "user", "content": "And 3+3?"}));
+    next
+}
+
 /// A call holds its trajectory in the view from prepare to commit: other
 /// trajectories filling the view meanwhile evict others, never it, and the
 /// call is recorded as the continuation it was prepared as.
 #[tokio::test]
 async fn a_trajectory_is_not_evicted_while_its_call_generates() {
     let renderer = chatml_renderer();
-    let store = Arc::new(KeepSome {
-        inner: tito::store::open("memory://").expect("store"),
-        dropped: AtomicU64::new(0),
-        reads: AtomicU64::new(0),
-        fail_next: AtomicBool::new(false),
-    });
+    let store = keep_some();
     let traj = Trajectories::new(
         store.clone(),
         renderer.clone(),
@@ -265,32 +297,9 @@ async fn a_trajectory_is_not_evicted_while_its_call_generates() {
             ..Default::default()
         },
     );
-    let first = vec![json!({"role": "user", "content": "What is 2+2?"})];
-    let input = |messages| ChatInput {
-        messages,
-        tools: None,
-        kwargs: None,
-        add_generation_prompt: true,
-    };
-    let p0 = traj
-        .prepare_chat("keep-a", input(&first))
-        .await
-        .expect("prepare");
-    let reply = "It is 4.";
-    let sampled0 = [renderer.encode(reply).expect("enc"), vec![IM_END]].concat();
-    traj.commit(
-        &ctx("keep-a", Some(first.clone())),
-        &p0,
-        &[outcome(sampled0, reply)],
-        None,
-    )
-    .await
-    .expect("commit");
-    let mut next = first.clone();
-    next.push(json!({"role": "assistant", "content": reply}));
-    next.push(json!({"role": "user", "content": "And 3+3?"}));
+    let next = first_turn(&traj, &renderer, "keep-a").await;
     let p1 = traj
-        .prepare_chat("keep-a", input(&next))
+        .prepare_chat("keep-a", chat_input(&next))
         .await
         .expect("prepare");
     assert_eq!(p1.parent.as_ref().map(|p| p.call_index), Some(0));
@@ -352,42 +361,13 @@ async fn a_trajectory_is_not_evicted_while_its_call_generates() {
 #[tokio::test]
 async fn a_failed_append_leaves_the_parent_to_the_retry() {
     let renderer = chatml_renderer();
-    let store = Arc::new(KeepSome {
-        inner: tito::store::open("memory://").expect("store"),
-        dropped: AtomicU64::new(0),
-        reads: AtomicU64::new(0),
-        fail_next: AtomicBool::new(false),
-    });
+    let store = keep_some();
     let traj = Trajectories::new(store.clone(), renderer.clone(), TrajectoryConfig::default());
-    let input = |messages| ChatInput {
-        messages,
-        tools: None,
-        kwargs: None,
-        add_generation_prompt: true,
-    };
-    let first = vec![json!({"role": "user", "content": "What is 2+2?"})];
-    let p0 = traj
-        .prepare_chat("keep-r", input(&first))
-        .await
-        .expect("prepare");
-    let reply = "It is 4.";
-    let sampled0 = [renderer.encode(reply).expect("enc"), vec![IM_END]].concat();
-    traj.commit(
-        &ctx("keep-r", Some(first.clone())),
-        &p0,
-        &[outcome(sampled0, reply)],
-        None,
-    )
-    .await
-    .expect("commit");
-    drop(p0);
-    let mut next = first.clone();
-    next.push(json!({"role": "assistant", "content": reply}));
-    next.push(json!({"role": "user", "content": "And 3+3?"}));
+    let next = first_turn(&traj, &renderer, "keep-r").await;
 
     store.fail_next.store(true, Ordering::Relaxed);
     let p1 = traj
-        .prepare_chat("keep-r", input(&next))
+        .prepare_chat("keep-r", chat_input(&next))
         .await
         .expect("prepare");
     let failed = traj
@@ -402,7 +382,7 @@ async fn a_failed_append_leaves_the_parent_to_the_retry() {
     drop(p1);
 
     let retry = traj
-        .prepare_chat("keep-r", input(&next))
+        .prepare_chat("keep-r", chat_input(&next))
         .await
         .expect("prepare");
     traj.commit(
