@@ -202,24 +202,16 @@ async fn sdk_retry_without_a_trajectory_id_is_not_answered_with_another_agents_c
 
     mock.push(scripted(&g, "keyed once"));
     let keyed = chat_body("keyed");
-    let key = [
-        ("idempotency-key", "unnamed-1"),
-        ("x-stainless-retry-count", "0"),
-    ];
-    let c: Value = post_with(&g, "/v1/chat/completions", &keyed, &key)
-        .await
-        .json()
-        .await
-        .expect("json");
-    let key = [
-        ("idempotency-key", "unnamed-1"),
-        ("x-stainless-retry-count", "1"),
-    ];
-    let d: Value = post_with(&g, "/v1/chat/completions", &keyed, &key)
-        .await
-        .json()
-        .await
-        .expect("json");
+    let mut answers = Vec::new();
+    for retry in ["0", "1"] {
+        let key = [
+            ("idempotency-key", "unnamed-1"),
+            ("x-stainless-retry-count", retry),
+        ];
+        let resp = post_with(&g, "/v1/chat/completions", &keyed, &key).await;
+        answers.push(resp.json::<Value>().await.expect("json"));
+    }
+    let (c, d) = (&answers[0], &answers[1]);
     assert_eq!(c["id"], d["id"]);
     assert_eq!(c["choices"], d["choices"]);
     assert_eq!(mock.requests().len(), 3);

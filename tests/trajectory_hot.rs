@@ -186,15 +186,7 @@ async fn the_hot_view_stays_within_its_byte_budget_and_evicted_trajectories_cont
             .collect();
         let tid = format!("t-{i}");
         let before = traj.hot_usage().1;
-        let p = traj.prepare_root(&tid, ids).await.expect("prepare");
-        traj.commit(
-            &ctx(&tid, None),
-            &p,
-            &[outcome(vec![b'x'.into(), IM_END], "x")],
-            None,
-        )
-        .await
-        .expect("commit");
+        record_root(&traj, &tid, ids).await;
         let (_, after) = traj.hot_usage();
         largest_one = largest_one.max(after.saturating_sub(before));
         peak = peak.max(after);
@@ -259,6 +251,19 @@ fn chat_input(messages: &[Value]) -> ChatInput<'_> {
     }
 }
 
+/// Records a call of `tid` on `ids` that samples one token.
+async fn record_root(traj: &Trajectories, tid: &str, ids: Vec<u32>) {
+    let p = traj.prepare_root(tid, ids).await.expect("prepare");
+    traj.commit(
+        &ctx(tid, None),
+        &p,
+        &[outcome(vec![b'x'.into(), IM_END], "x")],
+        None,
+    )
+    .await
+    .expect("commit");
+}
+
 /// Records the first turn of `tid` and returns the messages of its second.
 async fn first_turn(traj: &Trajectories, renderer: &Renderer, tid: &str) -> Vec<Value> {
     let first = vec![json!({"role": "user", "content": "What is 2+2?"})];
@@ -309,15 +314,7 @@ async fn a_trajectory_is_not_evicted_while_its_call_generates() {
     for i in 0..50u32 {
         let tid = format!("t-{i}");
         let ids: Vec<u32> = (0..4096).map(|j| u32::from(b'a') + (i + j) % 26).collect();
-        let p = traj.prepare_root(&tid, ids).await.expect("prepare");
-        traj.commit(
-            &ctx(&tid, None),
-            &p,
-            &[outcome(vec![b'x'.into(), IM_END], "x")],
-            None,
-        )
-        .await
-        .expect("commit");
+        record_root(&traj, &tid, ids).await;
     }
     let (len, bytes) = traj.hot_usage();
     assert!(
