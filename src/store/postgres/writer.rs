@@ -440,7 +440,12 @@ impl CloneError for tokio_postgres::Error {
     /// A statement error as the store's error (the driver's error is not
     /// `Clone`, and the results are borrowed).
     fn clone_error(&self) -> StoreError {
-        StoreError::Postgres(self.to_string())
+        match self.as_db_error() {
+            Some(db) => {
+                StoreError::Postgres(format!("{} (SQLSTATE {})", db.message(), db.code().code()))
+            }
+            None => StoreError::Postgres(self.to_string()),
+        }
     }
 }
 
