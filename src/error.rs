@@ -2,6 +2,7 @@
 //! OpenAI-shaped JSON (`{"error": {message, type, param, code}}`) or an SSE
 //! error event. Handlers convert module errors into [`ApiError`] with `?`.
 
+use axum::extract::rejection::QueryRejection;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -177,6 +178,30 @@ impl From<BackendError> for ApiError {
         };
         ApiError::new(status, kind, e.to_string())
     }
+}
+
+/// A query string that does not parse: 400 naming the parameter when the
+/// deserializer's path or an unknown field gives it.
+impl From<QueryRejection> for ApiError {
+    fn from(e: QueryRejection) -> Self {
+        let text = e.body_text();
+        ApiError {
+            param: query_param_of(&text),
+            ..Self::bad_request(text)
+        }
+    }
+}
+
+/// `…: prompt_length: invalid digit found in string` → `prompt_length`;
+/// `…: unknown field `groupsize`, expected …` → `groupsize`.
+fn query_param_of(text: &str) -> Option<String> {
+    let (_, detail) = text.split_once(": ")?;
+    if let Some((_, rest)) = detail.split_once("unknown field `") {
+        return rest.split('`').next().map(str::to_string);
+    }
+    let (name, _) = detail.split_once(": ")?;
+    let is_name = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    is_name.then(|| name.to_string())
 }
 
 impl From<RenderError> for ApiError {

@@ -252,24 +252,25 @@ async fn export_streams_jsonl_and_parquet() {
         .expect("parquet");
     assert_eq!(reader.metadata().file_metadata().num_rows(), 9);
 
-    for uri in [
-        "/v1/export?layout=verl",
-        "/v1/export?format=csv",
-        "/v1/export?layout=nested",
-        "/v1/export?since=yesterday",
-        "/v1/export?prompt_length=-1",
-        "/v1/export?complete_group=true",
+    for (uri, param) in [
+        ("/v1/export?layout=verl", "prompt_length"),
+        ("/v1/export?layout=verl&prompt_length=8", "response_length"),
+        ("/v1/export?format=csv", "format"),
+        ("/v1/export?layout=nested", "layout"),
+        ("/v1/export?since=yesterday", "since"),
+        ("/v1/export?prompt_length=-1", "prompt_length"),
+        ("/v1/export?prompt_length=0", "prompt_length"),
+        ("/v1/export?response_length=200000", "response_length"),
+        ("/v1/export?complete_group=true", "complete_group"),
+        ("/v1/export?groupsize=8", "groupsize"),
     ] {
         let (s, e) = json_of(&app, "GET", uri, None).await;
         assert_eq!(s, StatusCode::BAD_REQUEST, "{uri}");
         assert_openai_error(&e, None);
+        assert_eq!(e["error"]["param"], param, "{uri}: {e}");
+        let message = e["error"]["message"].as_str().unwrap_or_default();
+        assert!(message.contains(param), "{uri}: the message names it: {e}");
     }
-    let (_, e) = json_of(&app, "GET", "/v1/export?groupsize=8", None).await;
-    let message = e["error"]["message"].as_str().unwrap_or_default();
-    assert!(
-        message.contains("groupsize"),
-        "names the unknown parameter: {e}"
-    );
 }
 
 /// The HTTP export of a trajectory recorded without any logprob has no number

@@ -25,7 +25,7 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::trajectories::{FilterParams, StoreState};
 use crate::error::ApiError;
-use crate::export::{export as run_export, ExportOptions, Format, Layout};
+use crate::export::{export as run_export, ExportError, ExportOptions, Format, Layout};
 use crate::store::{TrajectoryFilter, TrajectoryIter, TrajectoryStatus};
 
 /// Chunks in flight between the producer and the response body.
@@ -79,21 +79,27 @@ impl ExportParams {
     pub fn options(&self, default_pad: u32) -> Result<ExportOptions, ApiError> {
         let format = match self.format.as_deref() {
             None | Some("") => Format::Jsonl,
-            Some(f) => Format::parse(f)
-                .ok_or_else(|| ApiError::invalid("format", "expected `jsonl` or `parquet`"))?,
+            Some(f) => Format::parse(f).ok_or_else(|| {
+                ApiError::invalid("format", "`format` must be `jsonl` or `parquet`")
+            })?,
         };
         let layout = match self.layout.as_deref() {
             None | Some("") => Layout::Trajectory,
             Some(l) => Layout::parse(l).ok_or_else(|| {
-                ApiError::invalid("layout", "expected `trajectory`, `per_call` or `verl`")
+                ApiError::invalid(
+                    "layout",
+                    "`layout` must be `trajectory`, `per_call` or `verl`",
+                )
             })?,
         };
         let mut opts = ExportOptions::new(format, layout);
         opts.prompt_length = self.prompt_length;
         opts.response_length = self.response_length;
         opts.pad_id = self.pad_id.unwrap_or(default_pad);
-        opts.validate()
-            .map_err(|e| ApiError::bad_request(e.to_string()))?;
+        opts.validate().map_err(|e| match e {
+            ExportError::Param { param, message } => ApiError::invalid(param, message),
+            e => ApiError::bad_request(e.to_string()),
+        })?;
         Ok(opts)
     }
 
@@ -149,7 +155,7 @@ async fn export(
     params: Result<Query<ExportParams>, QueryRejection>,
 ) -> Result<Response, ApiError> {
     // Parse.
-    let Query(p) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let Query(p) = params?;
     let opts = p.options(st.pad_id)?;
     let filter = p.filter()?;
     // Prepare: what to scan, and for a consumer the lease it reads under.

@@ -63,7 +63,12 @@ pub(crate) fn parse_since(s: &str) -> Result<i64, ApiError> {
     }
     chrono::DateTime::parse_from_rfc3339(s)
         .map(|t| t.timestamp_millis())
-        .map_err(|_| ApiError::invalid("since", "expected unix milliseconds or an RFC 3339 time"))
+        .map_err(|_| {
+            ApiError::invalid(
+                "since",
+                "`since` must be unix milliseconds or an RFC 3339 time",
+            )
+        })
 }
 
 pub(crate) fn parse_status(s: &str) -> Result<TrajectoryStatus, ApiError> {
@@ -150,7 +155,7 @@ async fn list(
     State(st): State<StoreState>,
     params: Result<Query<ListParams>, QueryRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Query(p) = params.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let Query(p) = params?;
     let filter = FilterParams {
         status: p.status,
         since: p.since,

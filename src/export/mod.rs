@@ -26,6 +26,13 @@ use crate::store::{StoreError, Trajectory};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExportError {
+    /// An export option out of range; `param` names it as the HTTP query
+    /// parameter / CLI flag spells it.
+    #[error("{message}")]
+    Param {
+        param: &'static str,
+        message: String,
+    },
     #[error("{0}")]
     Options(String),
     #[error(transparent)]
@@ -123,26 +130,33 @@ impl ExportOptions {
     }
 
     pub fn validate(&self) -> Result<(), ExportError> {
-        if self.layout == Layout::Verl
-            && (self.prompt_length.is_none() || self.response_length.is_none())
-        {
-            return Err(ExportError::Options(
-                "layout=verl needs prompt_length and response_length".into(),
-            ));
-        }
-        if self.prompt_length == Some(0) || self.response_length == Some(0) {
-            return Err(ExportError::Options(
-                "prompt_length and response_length must be positive".into(),
-            ));
+        let param = |param, message: String| Err(ExportError::Param { param, message });
+        if self.layout == Layout::Verl {
+            for (name, len) in [
+                ("prompt_length", self.prompt_length),
+                ("response_length", self.response_length),
+            ] {
+                if len.is_none() {
+                    return param(
+                        name,
+                        "layout=verl needs prompt_length and response_length".into(),
+                    );
+                }
+            }
         }
         for (name, len) in [
             ("prompt_length", self.prompt_length),
             ("response_length", self.response_length),
         ] {
-            if let Some(n) = len.filter(|n| *n > MAX_LENGTH) {
-                return Err(ExportError::Options(format!(
-                    "{name} = {n} is above the limit of {MAX_LENGTH} tokens"
-                )));
+            match len {
+                Some(0) => return param(name, format!("{name} must be positive")),
+                Some(n) if n > MAX_LENGTH => {
+                    return param(
+                        name,
+                        format!("{name} = {n} is above the limit of {MAX_LENGTH} tokens"),
+                    )
+                }
+                _ => {}
             }
         }
         if self.row_group_rows == 0 || self.row_group_values == 0 {
