@@ -39,6 +39,20 @@ fn cases(g: &Gateway) -> Vec<Case> {
             stop_reason: Value::Null,
         },
         Case {
+            name: "EOS sampled as the last token max_tokens allows",
+            sampled: with("all done", &[IM_END]),
+            request: json!({"max_tokens": enc("all done").len() + 1}),
+            finish: "stop",
+            stop_reason: Value::Null,
+        },
+        Case {
+            name: "a stop token id sampled as the last token max_tokens allows",
+            sampled: with("one two! three", &[IM_END]),
+            request: json!({"stop_token_ids": [u32::from(b'!')], "max_tokens": enc("one two!").len()}),
+            finish: "stop",
+            stop_reason: json!(b'!'),
+        },
+        Case {
             name: "stop string",
             sampled: with("one END two", &[IM_END]),
             request: json!({"stop": ["never", "END"]}),

@@ -21,6 +21,11 @@ fn lp_of(id: u32) -> f32 {
 fn scripted(g: &Gateway, text: &str) -> Scripted {
     let mut ids = g.renderer.encode(text).expect("encodes");
     ids.push(IM_END);
+    scripted_ids(ids)
+}
+
+/// A reply of exactly these ids, with the known logprob of each.
+fn scripted_ids(ids: Vec<u32>) -> Scripted {
     Scripted {
         logprobs: Some(ids.iter().map(|i| lp_of(*i)).collect()),
         ids,
@@ -376,6 +381,27 @@ async fn a_spent_budget_ends_the_sample_with_length() {
     let events = sse_events(resp).await;
     assert_eq!(streamed_ids(&events), (vec![], "length".to_string()));
     assert_eq!(mock.requests().len(), 1);
+}
+
+/// A reply whose EOS is the last token the budget allows ended on its own:
+/// it is "stop", and the sample is not exported as truncated.
+#[tokio::test]
+async fn eos_on_the_budget_s_last_token_is_a_natural_end() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "[trajectory]\nresponse_length = 6\n")).await;
+    let a = g.renderer.encode("a").expect("encodes")[0];
+    let s = scripted_ids(vec![a, a, a, a, a, IM_END]);
+    mock.push(s);
+    let r: Value = g
+        .post("/t/budget-eos/v1/chat/completions", chat_body("go"))
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
+    let rows = g.export_jsonl("layout=trajectory").await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["truncated"], false, "{}", rows[0]);
 }
 
 /// An agent with a fixed `max_tokens` larger than the window has room for:

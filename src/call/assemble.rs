@@ -161,7 +161,15 @@ impl ChoiceAssembly {
                         break;
                     }
                     if self.max_tokens > 0 && r.ids.len() >= self.max_tokens {
-                        r.finish = Some(FinishReason::Length);
+                        // vLLM's order: a stop token or EOS ends the
+                        // sequence before the length limit does, so the
+                        // sample ended naturally and is not truncated.
+                        let ended = self.stop_ids.contains(&id) || self.eos_ids.contains(&id);
+                        r.finish = Some(if ended {
+                            FinishReason::Stop
+                        } else {
+                            FinishReason::Length
+                        });
                         break;
                     }
                 }

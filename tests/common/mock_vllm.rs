@@ -572,7 +572,10 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
             break;
         }
     }
-    if ids.len() < max_tokens && finish != "stop" {
+    // The script's own end is the model's (EOS): vLLM reports it as
+    // "stop" even on the last token max_tokens allows. Only a cut is
+    // "length".
+    if ids.len() == script.ids.len() && finish != "stop" {
         finish = script
             .finish_reason
             .clone()
