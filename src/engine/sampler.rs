@@ -5,28 +5,31 @@
 //! per-request RNG, and logprobs. Must not: touch llama.cpp or decide when a
 //! sequence stops (the worker does).
 //!
-//! Order of operations on a step's logits `l` (one row, `n_vocab` floats):
+//! Order of operations on a step's logits `l` (one row, `n_vocab` floats),
+//! vLLM's (`vllm/v1/sample/sampler.py`):
 //! 1. repetition penalty over prompt + output tokens (`l > 0 ? l / r : l * r`);
 //! 2. frequency / presence penalties over output tokens
 //!    (`l -= frequency * count + presence`);
-//! 3. temperature: `z = l / T` (greedy when `T == 0`, and then `z = l`);
-//!    with an output constraint (a JSON grammar), `z = -inf` on the tokens
-//!    it does not allow ([`Sampler::sample_allowed`]);
-//! 4. logprobs, with vLLM's `--logprobs-mode` meanings, before truncation:
+//! 3. with an output constraint (a JSON grammar), `-inf` on the tokens it
+//!    does not allow ([`Sampler::sample_allowed`]);
+//! 4. greedy when `T == 0`: the argmax, and `z` is the row so far;
+//! 5. otherwise temperature, `z = l / T` (a `T` below 0.01 counts as 0.01,
+//!    as vLLM clamps it), then truncation: min-p relative to the most
+//!    likely token, top-k, then top-p over the mass that is left. Excluded
+//!    tokens become `-inf` in `z`; ties at a cut are kept. One draw from
+//!    `softmax(z)` with the request's RNG;
+//! 6. logprobs, with vLLM's `--logprobs-mode` meanings:
 //!    - `raw_logprobs` (the default): **`log_softmax(l)`** of the model's
-//!      unmodified row (before steps 1-3);
-//!    - `processed_logprobs`: **`log_softmax(z)`**, after penalties,
-//!      temperature and the constraint.
+//!      unmodified row (before steps 1-5);
+//!    - `processed_logprobs`: **`log_softmax(z)`**: after penalties, the
+//!      constraint, temperature and truncation, i.e. the distribution the
+//!      token was drawn from.
 //!
 //!    The sampled token's logprob and the top-k alternatives (chosen by, and
-//!    reported under, that same distribution) come from it. When steps 1-3
-//!    leave the row unchanged (`T` is 0 or 1 and no penalty applies) the two
-//!    are the same and one log-sum-exp serves both; otherwise raw mode costs
-//!    one more log-sum-exp over the raw row;
-//! 5. truncation for drawing (always from `z`, whatever the mode): top-k,
-//!    then top-p over the mass kept by top-k, then min-p relative to the most
-//!    likely token; one draw from the renormalised remainder with the
-//!    request's RNG.
+//!    reported under, that same distribution; a token truncation excluded is
+//!    never reported) come from it. When steps 1-5 leave the row unchanged
+//!    the two are the same and one log-sum-exp serves both; otherwise raw
+//!    mode costs one more log-sum-exp over the raw row.
 
 use std::collections::HashMap;
 
@@ -38,6 +41,10 @@ use crate::config::LogprobsMode;
 
 /// Candidates examined before falling back to a full sort for top-p.
 const TOP_P_FAST_PATH: usize = 256;
+
+/// vLLM's floor on a sampling temperature (`_MAX_TEMP`): a smaller positive
+/// `T` would overflow `l / T`.
+const MIN_TEMPERATURE: f32 = 0.01;
 
 /// The result of one sampling step.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,6 +76,7 @@ pub struct Sampler {
     prompt_seen: Vec<u32>,
     scratch: Vec<f32>,
     order: Vec<u32>,
+    values: Vec<f32>,
 }
 
 impl Sampler {
@@ -88,7 +96,10 @@ impl Sampler {
         }
         Sampler {
             rng,
-            temperature: params.temperature.unwrap_or(1.0).max(0.0),
+            temperature: match params.temperature.unwrap_or(1.0) {
+                t if t > 0.0 => t.max(MIN_TEMPERATURE),
+                _ => 0.0,
+            },
             top_k: params.top_k.filter(|k| *k > 0).map_or(0, |k| k as usize),
             top_p: params.top_p.unwrap_or(1.0).clamp(0.0, 1.0),
             min_p: params.min_p.unwrap_or(0.0).clamp(0.0, 1.0),
@@ -101,6 +112,7 @@ impl Sampler {
             prompt_seen,
             scratch: Vec::new(),
             order: Vec::new(),
+            values: Vec::new(),
         }
     }
 
@@ -174,10 +186,14 @@ impl Sampler {
             }
             changed = true;
         }
-        let (argmax, max, sum_exp) = max_and_sum_exp(&self.scratch);
+        let (argmax, max, mut sum_exp) = max_and_sum_exp(&self.scratch);
         let token = if self.temperature == 0.0 {
             argmax as u32
         } else {
+            if let Some(kept) = self.truncate(max, sum_exp) {
+                sum_exp = kept;
+                changed = true;
+            }
             self.draw(max, sum_exp, argmax)
         };
         // The distribution the logprobs come from, and its log-sum-exp.
@@ -195,6 +211,7 @@ impl Sampler {
             Some(k) if k > 0 => top_k_of(row, k)
                 .into_iter()
                 .map(|i| (i, row[i as usize] - lse))
+                .filter(|(_, l)| l.is_finite())
                 .collect(),
             _ => Vec::new(),
         };
@@ -205,74 +222,98 @@ impl Sampler {
         })
     }
 
-    /// One draw from the truncated distribution `exp(z - max)`.
-    fn draw(&mut self, max: f32, sum_exp: f64, argmax: usize) -> u32 {
-        let z = &self.scratch;
-        let truncating = self.top_k > 0 || self.top_p < 1.0 || self.min_p > 0.0;
-        if !truncating {
-            let target = self.rng.random::<f64>() * sum_exp;
-            let mut acc = 0.0f64;
-            for (i, &v) in z.iter().enumerate() {
-                acc += f64::from(v - max).exp();
-                if acc > target {
-                    return i as u32;
-                }
-            }
-            return argmax as u32;
-        }
-        // Candidates, most likely first.
-        let mut order = std::mem::take(&mut self.order);
-        order.clear();
-        let want = if self.top_k > 0 {
-            self.top_k.min(z.len())
-        } else if self.top_p < 1.0 {
-            TOP_P_FAST_PATH.min(z.len())
-        } else {
-            z.len()
-        };
-        order.extend(top_k_of(z, want));
-        let weight = |i: u32| f64::from(z[i as usize] - max).exp();
-        if self.top_k == 0 && self.top_p < 1.0 && want < z.len() {
-            let kept: f64 = order.iter().map(|&i| weight(i)).sum();
-            if kept < f64::from(self.top_p) * sum_exp {
-                order.clear();
-                order.extend(top_k_of(z, z.len()));
-            }
-        }
-        if self.top_p < 1.0 {
-            let total: f64 = order.iter().map(|&i| weight(i)).sum();
-            let mut acc = 0.0;
-            let mut keep = order.len();
-            for (n, &i) in order.iter().enumerate() {
-                acc += weight(i);
-                if acc >= f64::from(self.top_p) * total {
-                    keep = n + 1;
-                    break;
-                }
-            }
-            order.truncate(keep.max(1));
-        }
+    /// min-p, top-k, then top-p on `z` (vLLM's order), each over what the
+    /// previous left: excluded tokens become `-inf`. Returns the mass kept,
+    /// `sum(exp(z - max))`, or `None` when nothing was excluded. The most
+    /// likely token is always kept, so `max` stays the row's maximum.
+    fn truncate(&mut self, max: f32, sum_exp: f64) -> Option<f64> {
+        let z = &mut self.scratch;
+        let mut cut = f32::NEG_INFINITY;
         if self.min_p > 0.0 {
-            let floor = f64::from(self.min_p); // weight of the max token is 1
-            let first = order.first().copied();
-            order.retain(|&i| weight(i) >= floor);
-            if order.is_empty() {
-                order.extend(first);
-            }
+            // p >= min_p * p_max  <=>  z - max >= ln(min_p)
+            cut = max + self.min_p.ln();
         }
-        let total: f64 = order.iter().map(|&i| weight(i)).sum();
-        let target = self.rng.random::<f64>() * total;
-        let mut acc = 0.0;
-        let mut chosen = order.first().copied().unwrap_or(argmax as u32);
-        for &i in &order {
-            acc += weight(i);
+        if self.top_k > 0 && self.top_k < z.len() {
+            // vLLM keeps every value >= the k-th largest (ties included).
+            self.values.clear();
+            self.values.extend_from_slice(z);
+            let (_, kth, _) = self
+                .values
+                .select_nth_unstable_by(self.top_k - 1, |a, b| b.total_cmp(a));
+            cut = cut.max(*kth);
+        }
+        let weight = |v: f32| f64::from(v - max).exp();
+        let mass_from = |z: &[f32], cut: f32| -> f64 {
+            z.iter().filter(|&&v| v >= cut).map(|&v| weight(v)).sum()
+        };
+        let mut kept = if cut == f32::NEG_INFINITY {
+            sum_exp
+        } else {
+            mass_from(z, cut)
+        };
+        if self.top_p < 1.0 {
+            // A token is kept while the mass ranked above it is below
+            // top_p of what is left (vLLM's `cumsum <= 1 - p` mask).
+            let limit = f64::from(self.top_p) * kept;
+            let candidates = |n: usize, order: &mut Vec<u32>| {
+                order.clear();
+                order.extend(
+                    top_k_of(z, n)
+                        .into_iter()
+                        .filter(|&i| z[i as usize] >= cut && z[i as usize] > f32::NEG_INFINITY),
+                );
+            };
+            let mut order = std::mem::take(&mut self.order);
+            // The value of the last token kept, when the walk excluded one.
+            let walk = |order: &[u32]| -> Option<f32> {
+                let mut above = 0.0;
+                let mut last = None;
+                for &i in order {
+                    if above >= limit {
+                        return last;
+                    }
+                    above += weight(z[i as usize]);
+                    last = Some(z[i as usize]);
+                }
+                None
+            };
+            candidates(TOP_P_FAST_PATH, &mut order);
+            let mut last_kept = walk(&order);
+            if last_kept.is_none() && order.len() == TOP_P_FAST_PATH {
+                candidates(z.len(), &mut order);
+                last_kept = walk(&order);
+            }
+            if let Some(v) = last_kept {
+                cut = cut.max(v);
+                kept = mass_from(z, cut);
+            }
+            self.order = order;
+        }
+        if cut == f32::NEG_INFINITY {
+            return None;
+        }
+        let mut excluded = false;
+        for v in z.iter_mut().filter(|v| **v < cut) {
+            excluded |= *v > f32::NEG_INFINITY;
+            *v = f32::NEG_INFINITY;
+        }
+        excluded.then_some(kept)
+    }
+
+    /// One draw from `softmax(z)`, whose mass is `sum_exp` relative to `max`.
+    fn draw(&mut self, max: f32, sum_exp: f64, argmax: usize) -> u32 {
+        let target = self.rng.random::<f64>() * sum_exp;
+        let mut acc = 0.0f64;
+        for (i, &v) in self.scratch.iter().enumerate() {
+            if v == f32::NEG_INFINITY {
+                continue;
+            }
+            acc += f64::from(v - max).exp();
             if acc > target {
-                chosen = i;
-                break;
+                return i as u32;
             }
         }
-        self.order = order;
-        chosen
+        argmax as u32
     }
 }
 
@@ -480,6 +521,104 @@ mod tests {
                 assert!((l - wl).abs() < 1e-6);
             }
             s.observe(out.token);
+        }
+    }
+
+    /// The tokens a truncated step may draw: the finite entries of `z`.
+    fn kept_after(p: &SamplingParams, logits: &[f32]) -> Vec<u32> {
+        let mut s = Sampler::new(p, &[], PROCESSED);
+        s.process(logits);
+        let (_, max, sum) = max_and_sum_exp(&s.scratch);
+        s.truncate(max, sum);
+        (0..logits.len() as u32)
+            .filter(|&i| s.scratch[i as usize].is_finite())
+            .collect()
+    }
+
+    /// vLLM's top-p by full sort: kept while the mass above is < p.
+    fn top_p_reference(logits: &[f32], p: f64) -> usize {
+        let mut w: Vec<f64> = logits.iter().map(|&v| f64::from(v).exp()).collect();
+        w.sort_by(|a, b| b.total_cmp(a));
+        let total: f64 = w.iter().sum();
+        let mut above = 0.0;
+        w.iter()
+            .take_while(|&&x| {
+                let keep = above < p * total;
+                above += x;
+                keep
+            })
+            .count()
+    }
+
+    #[test]
+    fn top_p_cuts_at_p_of_the_whole_mass_even_when_the_fast_path_holds_it() {
+        // 300 close tokens: the top 256 hold more than 80% of the mass, so
+        // the cut falls inside the fast path's candidates.
+        let logits: Vec<f32> = (0..1000)
+            .map(|i| if i < 300 { -0.001 * i as f32 } else { -1e4 })
+            .collect();
+        let mut p = params(1.0);
+        p.top_p = Some(0.8);
+        let want = top_p_reference(&logits, 0.8);
+        assert_eq!(want, 233);
+        assert_eq!(
+            kept_after(&p, &logits),
+            (0..want as u32).collect::<Vec<_>>()
+        );
+        // Past the fast path: the full sort gives the same rule.
+        p.top_p = Some(0.95);
+        let want = top_p_reference(&logits, 0.95);
+        assert!(want > TOP_P_FAST_PATH);
+        assert_eq!(kept_after(&p, &logits).len(), want);
+    }
+
+    #[test]
+    fn processed_logprobs_are_of_the_truncated_distribution() {
+        let logits = [2.0f32, 1.0, 0.0, -1.0];
+        let mut p = params(1.0);
+        p.top_k = Some(2);
+        p.logprobs = Some(4);
+        for seed in 0..20 {
+            p.seed = Some(seed);
+            let (raw, processed) = both(&p, &[], &logits);
+            let t = processed.token as usize;
+            assert!(t < 2, "top-k 2 draws one of the two most likely");
+            assert!((processed.logprob - log_softmax(&[2.0, 1.0])[t]).abs() < 1e-6);
+            assert_eq!(
+                processed.top.len(),
+                2,
+                "excluded tokens are not alternatives"
+            );
+            assert!((raw.logprob - log_softmax(&logits)[t]).abs() < 1e-6);
+            assert_eq!(raw.top.len(), 4);
+        }
+    }
+
+    #[test]
+    fn min_p_cuts_before_top_p_and_top_k_keeps_ties() {
+        // p = 0.45, 0.30 and 25 x 0.01: min-p 0.1 leaves the first two,
+        // and top-p 0.55 of their 0.75 keeps only the first.
+        let mut logits = vec![0.45f32.ln(), 0.30f32.ln()];
+        logits.extend([0.01f32.ln(); 25]);
+        let mut p = params(1.0);
+        p.min_p = Some(0.1);
+        p.top_p = Some(0.55);
+        assert_eq!(kept_after(&p, &logits), vec![0]);
+        let mut p = params(1.0);
+        p.top_k = Some(2);
+        assert_eq!(kept_after(&p, &[1.0, 1.0, 1.0, 0.0]), vec![0, 1, 2]);
+    }
+
+    #[test]
+    fn a_tiny_temperature_is_clamped_not_overflowed() {
+        let logits = [0.0f32, 1.0, 0.5];
+        for t in [1e-39f32, 1e-6] {
+            let (raw, processed) = both(&params(t), &[], &logits);
+            assert_eq!(processed.token, 1);
+            assert!(processed.logprob.is_finite(), "T = {t}: {processed:?}");
+            let z: Vec<f32> = logits.iter().map(|l| l / MIN_TEMPERATURE).collect();
+            assert!((processed.logprob - log_softmax(&z)[1]).abs() < 1e-5);
+            assert!((raw.logprob - log_softmax(&logits)[1]).abs() < 1e-6);
         }
     }
 }
