@@ -33,6 +33,7 @@ pub const RETRIES: &str = "tito_retries_total";
 pub const MOVES: &str = "tito_trajectory_moves_total";
 pub const DRIFT: &str = "tito_drift_events_total";
 pub const STORE_COMMIT: &str = "tito_store_commit_seconds";
+pub const STORE_TRANSIENT_RETRIES: &str = "tito_store_transient_retries_total";
 pub const CALLS_WITHOUT_LOGPROBS: &str = "tito_calls_without_logprobs_total";
 pub const REPLAYS: &str = "tito_replayed_calls_total";
 pub const SERVER_ERRORS: &str = "tito_server_errors_total";
@@ -60,7 +61,7 @@ pub const SSE_SEND_TIMEOUTS: &str = "tito_sse_send_timeouts_total";
 /// `# HELP` text of every series, given to the recorder once.
 fn describe() {
     use Unit::{Count, Seconds};
-    let counters: [(&'static str, &'static str); 23] = [
+    let counters: [(&'static str, &'static str); 24] = [
         (
             REQUESTS,
             "HTTP requests answered, by matched route and status",
@@ -126,6 +127,10 @@ fn describe() {
         (
             HOT_STALE_RELOADS,
             "Trajectories reloaded because another replica wrote them (shared store)",
+        ),
+        (
+            STORE_TRANSIENT_RETRIES,
+            "PostgreSQL write batches rolled back by a deadlock or serialization failure and run again",
         ),
         (
             SSE_SEND_TIMEOUTS,
@@ -381,6 +386,12 @@ pub fn engine_compaction(engine: &str) {
 /// A stream ended because its client stopped reading.
 pub fn sse_send_timeout() {
     counter!(SSE_SEND_TIMEOUTS).increment(1);
+}
+
+/// A PostgreSQL batch rolled back by a deadlock or a serialization failure
+/// and run again.
+pub fn store_transient_retry() {
+    counter!(STORE_TRANSIENT_RETRIES).increment(1);
 }
 
 pub fn store_commit(d: Duration) {

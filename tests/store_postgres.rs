@@ -328,3 +328,49 @@ async fn reopening_keeps_everything_and_a_newer_schema_is_refused() {
         Ok(_) => panic!("opened a database from a newer schema"),
     }
 }
+
+/// Two replicas put one trajectory in two different groups at the same
+/// time: one wins and the other gets a conflict, as on one replica. Without
+/// a row lock both read "no group" and both succeed, the second overwriting
+/// the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_setting_a_group_at_once_cannot_both_win() {
+    use tito::store::TrajectoryMetadata;
+    let (_, stores) = replicas(2);
+    for t in 0..50u32 {
+        let id = format!("grouped-{t}");
+        stores[0]
+            .append_call(call(&id, 0, 0, None, ids(1, 4), ids(5, 3)))
+            .await
+            .expect("the trajectory exists before the race");
+        let set = |r: usize| {
+            let store = stores[r].clone();
+            let id = id.clone();
+            async move {
+                let update = TrajectoryMetadata {
+                    group: Some(format!("g{r}")),
+                    ..Default::default()
+                };
+                store.set_metadata(&id, &update).await
+            }
+        };
+        let (a, b) = tokio::join!(tokio::spawn(set(0)), tokio::spawn(set(1)));
+        let results = [a.expect("task"), b.expect("task")];
+        let won: Vec<usize> = (0..2).filter(|&r| results[r].is_ok()).collect();
+        assert_eq!(won.len(), 1, "{id}: exactly one group is set: {results:?}");
+        assert!(
+            matches!(&results[1 - won[0]], Err(StoreError::Conflict(_))),
+            "{id}: {results:?}"
+        );
+        let stored = stores[0]
+            .get_trajectory(&id)
+            .await
+            .expect("read")
+            .expect("exists");
+        assert_eq!(
+            stored.meta.metadata.group,
+            Some(format!("g{}", won[0])),
+            "{id}"
+        );
+    }
+}

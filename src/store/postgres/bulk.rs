@@ -26,10 +26,11 @@ const CREATE_MANY: &str = "INSERT INTO trajectories (id, status, created_at, upd
      SELECT u.id, 0, $2, $2 FROM unnest($1::TEXT[]) WITH ORDINALITY AS u(id, n) ORDER BY u.n \
      ON CONFLICT (id) DO NOTHING";
 
-/// `FOR SHARE`, in seq order: waits for a finish another replica has not
+/// `FOR NO KEY UPDATE` (the lock `COUNT_MANY` takes anyway, see the writer's
+/// `APPEND_SQL`), in seq order: waits for a finish another replica has not
 /// committed yet (as the call-by-call path does), locking rows in one order.
 const STATUS_MANY: &str = "SELECT id, seq, status FROM trajectories WHERE id = ANY($1::TEXT[]) \
-     ORDER BY seq FOR SHARE";
+     ORDER BY seq FOR NO KEY UPDATE";
 
 const PARENTS_MANY: &str = "SELECT c.traj, c.call_index FROM calls c \
      JOIN unnest($1::BIGINT[], $2::BIGINT[]) AS p(traj, call_index) \
@@ -194,12 +195,18 @@ mod tests {
 
     use super::super::rows::{load, Key};
     use super::super::{schema, writer, Conn};
+    use super::{CREATE_MANY, STATUS_MANY};
     use crate::store::group_commit::{Job, Op};
     use crate::store::{CallRecord, StoreError, Trajectory};
 
     /// A fresh database on the test cluster (`TITO_TEST_POSTGRES`, started by
     /// scripts/test.sh), connected and migrated.
     async fn database() -> Conn {
+        database_at().await.1
+    }
+
+    /// [`database`] and its URL, for a second connection to it.
+    async fn database_at() -> (String, Conn) {
         let base = std::env::var("TITO_TEST_POSTGRES")
             .unwrap_or_else(|_| panic!("TITO_TEST_POSTGRES is unset: run scripts/test.sh"));
         let admin = Conn::connect(&format!("{base}/postgres"))
@@ -211,11 +218,10 @@ mod tests {
             .batch_execute(&format!("CREATE DATABASE {name}"))
             .await
             .expect("create database");
-        let conn = Conn::connect(&format!("{base}/{name}"))
-            .await
-            .expect("connect");
+        let url = format!("{base}/{name}");
+        let conn = Conn::connect(&url).await.expect("connect");
         schema::migrate(&conn).await.expect("migrate");
-        conn
+        (url, conn)
     }
 
     fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
@@ -380,7 +386,7 @@ mod tests {
             assert!(
                 writer::commit_all(&mut conn, &jobs(run.clone()))
                     .await
-                    .is_none(),
+                    .is_err(),
                 "{}: the fast path refuses the run",
                 bad.trajectory_id
             );
@@ -433,5 +439,76 @@ mod tests {
             .await
             .expect("query");
         assert!(u.is_none(), "a refused first call leaves no trajectory");
+    }
+
+    /// Another replica's run holds a trajectory row while this writer
+    /// appends the same call slot: the writer waits for the row, then gets
+    /// `Duplicate`. With a shared lock that both then upgrade to update the
+    /// row, PostgreSQL broke a deadlock here instead (the writer's
+    /// transaction rolled back and ran again).
+    #[tokio::test]
+    async fn racing_another_replica_for_a_slot_is_a_duplicate_not_a_deadlock() {
+        let (url, mut other) = database_at().await;
+        let mut conn = Conn::connect(&url).await.expect("connect");
+        let first = writer::commit_batch(&mut other, &jobs(vec![call("slot", 0, None)])).await;
+        assert!(first[0].is_ok(), "{first:?}");
+        // Both replicas now store call 1.
+        let mine = call("slot", 1, Some(0));
+        let mut theirs = mine.clone();
+        theirs.sampled_ids = vec![4, 4, 4];
+        // The other replica's bulk run, up to its row lock.
+        other.client.batch_execute("BEGIN").await.expect("begin");
+        let ids = vec!["slot"];
+        let create = other.prep(CREATE_MANY).await.expect("prepare");
+        let status = other.prep(STATUS_MANY).await.expect("prepare");
+        other
+            .client
+            .execute(&create, &[&ids, &1i64])
+            .await
+            .expect("create");
+        other.client.query(&status, &[&ids]).await.expect("lock");
+        // This writer's append of the same slot, until it waits on a lock.
+        let writer = tokio::spawn(async move {
+            let out = writer::commit_batch(&mut conn, &jobs(vec![mine])).await;
+            (out, conn.transient_retries)
+        });
+        let probe = Conn::connect(&url).await.expect("connect");
+        loop {
+            let waiting: i64 = probe
+                .client
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE datname = current_database() AND wait_event_type = 'Lock'",
+                    &[],
+                )
+                .await
+                .expect("pg_stat_activity")
+                .get(0);
+            if waiting > 0 {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        // The other replica stores the slot and commits.
+        let stored = writer::append_pipelined(&mut other, &[&theirs], 2)
+            .await
+            .expect("the other replica's append is not a deadlock victim");
+        assert!(stored.iter().all(Result::is_ok), "{stored:?}");
+        other.client.batch_execute("COMMIT").await.expect("commit");
+        let (out, retries) = writer.await.expect("writer task");
+        assert!(
+            matches!(&out[0], Err(StoreError::Duplicate { call: 1, .. })),
+            "{out:?}"
+        );
+        assert_eq!(
+            retries, 0,
+            "no transaction was rolled back to break a deadlock"
+        );
+        let t: Trajectory = load(&mut other, Key::Id("slot"))
+            .await
+            .expect("load")
+            .expect("one");
+        assert_eq!(t.calls.len(), 2);
+        assert_eq!(t.calls[1].sampled_ids, theirs.sampled_ids);
     }
 }

@@ -64,6 +64,9 @@ impl From<tokio_postgres::Error> for StoreError {
 pub(crate) struct Conn {
     client: tokio_postgres::Client,
     stmts: HashMap<String, Statement>,
+    /// Transactions this connection ran again after a deadlock or a
+    /// serialization failure (see `writer::commit_batch`).
+    transient_retries: u64,
 }
 
 impl Conn {
@@ -94,6 +97,7 @@ impl Conn {
         Ok(Conn {
             client,
             stmts: HashMap::new(),
+            transient_retries: 0,
         })
     }
 

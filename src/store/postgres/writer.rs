@@ -58,33 +58,65 @@ pub(crate) async fn run(url: String, conn: Conn, mut rx: mpsc::Receiver<Job>) {
     }
 }
 
+/// Tries of a batch that PostgreSQL aborted to break a deadlock between
+/// replicas (or a serialization failure): the transaction rolled back whole,
+/// so running it again is safe.
+const TRANSIENT_TRIES: usize = 3;
+
 /// The whole batch in one transaction; a job that fails sends the batch
 /// down [`commit_each`], which isolates it with savepoints.
 pub(crate) async fn commit_batch(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
-    match commit_all(conn, batch).await {
-        Some(outcomes) => outcomes,
-        None => commit_each(conn, batch).await,
+    for _ in 1..TRANSIENT_TRIES {
+        match commit_all(conn, batch).await {
+            Ok(outcomes) => return outcomes,
+            Err(e) if transient(&e) => retried(conn, &e),
+            Err(_) => break,
+        }
     }
+    commit_each(conn, batch).await
 }
 
-pub(super) async fn commit_all(conn: &mut Conn, batch: &[Job]) -> Option<Vec<Outcome>> {
-    begin(conn, batch).await.ok()?;
-    let outcomes = apply_all(conn, batch, now_ms()).await;
-    if outcomes.is_some() && conn.client.batch_execute("COMMIT").await.is_ok() {
-        return outcomes;
-    }
-    let _ = conn.client.batch_execute("ROLLBACK").await;
-    None
+fn retried(conn: &mut Conn, e: &StoreError) {
+    conn.transient_retries += 1;
+    crate::metrics::store_transient_retry();
+    tracing::warn!(error = %e, "span store: transaction rolled back by postgres, running it again");
 }
 
-/// `BEGIN`, and the marks lock the batch needs (`consumers::marks_lock`),
-/// in one round trip. When the lock fails (a `lock_timeout`, a cancel) the
-/// transaction is rolled back here, or it would stay open and aborted and
-/// fail every later batch on this connection.
+/// A deadlock (40P01) or a serialization failure (40001): PostgreSQL rolled
+/// the transaction back and the same work may succeed when run again.
+fn transient(e: &StoreError) -> bool {
+    matches!(e, StoreError::Postgres(m)
+        if m.ends_with("(SQLSTATE 40P01)") || m.ends_with("(SQLSTATE 40001)"))
+}
+
+pub(super) async fn commit_all(conn: &mut Conn, batch: &[Job]) -> Result<Vec<Outcome>, StoreError> {
+    begin(conn, batch).await?;
+    let done = match apply_all(conn, batch, now_ms()).await {
+        Ok(outcomes) => conn
+            .client
+            .batch_execute("COMMIT")
+            .await
+            .map(|()| outcomes)
+            .map_err(StoreError::from),
+        Err(e) => Err(e),
+    };
+    if done.is_err() {
+        let _ = conn.client.batch_execute("ROLLBACK").await;
+    }
+    done
+}
+
+/// `BEGIN` at READ COMMITTED (whatever the server's default: the row locks
+/// below rely on re-reading a row another replica just committed), and the
+/// marks lock the batch needs (`consumers::marks_lock`), in one round trip.
+/// When the lock fails (a `lock_timeout`, a cancel) the transaction is
+/// rolled back here, or it would stay open and aborted and fail every later
+/// batch on this connection.
 async fn begin(conn: &mut Conn, batch: &[Job]) -> Result<(), StoreError> {
+    const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
     let sql = match consumers::marks_lock(batch) {
-        Some(lock) => format!("BEGIN; {lock}"),
-        None => "BEGIN".to_string(),
+        Some(lock) => format!("{BEGIN}; {lock}"),
+        None => BEGIN.to_string(),
     };
     if let Err(e) = conn.client.batch_execute(&sql).await {
         let _ = conn.client.batch_execute("ROLLBACK").await;
@@ -93,8 +125,8 @@ async fn begin(conn: &mut Conn, batch: &[Job]) -> Result<(), StoreError> {
     Ok(())
 }
 
-/// Every job in order; `None` at the first that fails.
-async fn apply_all(conn: &mut Conn, batch: &[Job], now: i64) -> Option<Vec<Outcome>> {
+/// Every job in order; the first error fails them all.
+async fn apply_all(conn: &mut Conn, batch: &[Job], now: i64) -> Result<Vec<Outcome>, StoreError> {
     let mut out = Vec::with_capacity(batch.len());
     let mut rest = batch;
     while let Some(job) = rest.first() {
@@ -106,26 +138,29 @@ async fn apply_all(conn: &mut Conn, batch: &[Job], now: i64) -> Option<Vec<Outco
             })
             .collect();
         if calls.is_empty() {
-            out.push(Ok(apply(conn, &job.op, now).await.ok()?));
+            out.push(Ok(apply(conn, &job.op, now).await?));
             rest = &rest[1..];
         } else {
             if calls.len() >= BULK_FROM {
-                super::bulk::append_many(conn, &calls, now).await.ok()?;
+                super::bulk::append_many(conn, &calls, now).await?;
             } else {
-                for r in append_pipelined(conn, &calls, now).await.ok()? {
-                    r.ok()?;
+                for r in append_pipelined(conn, &calls, now).await? {
+                    r?;
                 }
             }
             out.extend(calls.iter().map(|_| Ok(Done::Appended)));
             rest = &rest[calls.len()..];
         }
     }
-    Some(out)
+    Ok(out)
 }
 
 /// Each job under its own savepoint, so one bad record fails alone. When a
 /// savepoint itself fails, the transaction is aborted (PostgreSQL would
-/// answer `COMMIT` with a rollback): the whole batch fails.
+/// answer `COMMIT` with a rollback): the whole batch fails. A job that lost
+/// a deadlock is not failed alone: the locks the jobs before it took would
+/// rebuild the same cycle, so the whole transaction is rolled back and run
+/// again (up to [`TRANSIENT_TRIES`] times).
 async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
     let failed = |e: &StoreError| -> Vec<Outcome> {
         batch
@@ -133,34 +168,46 @@ async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
             .map(|_| Err(StoreError::Commit(e.to_string())))
             .collect()
     };
-    if let Err(e) = begin(conn, batch).await {
-        return failed(&e);
-    }
-    let now = now_ms();
-    let mut outcomes = Vec::with_capacity(batch.len());
-    for job in batch {
-        if let Err(e) = conn.client.batch_execute("SAVEPOINT job").await {
-            let _ = conn.client.batch_execute("ROLLBACK").await;
-            return failed(&e.into());
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        if let Err(e) = begin(conn, batch).await {
+            return failed(&e);
         }
-        let r = apply(conn, &job.op, now).await;
-        let end = if r.is_ok() {
-            "RELEASE SAVEPOINT job"
-        } else {
-            "ROLLBACK TO SAVEPOINT job"
+        let now = now_ms();
+        let mut outcomes = Vec::with_capacity(batch.len());
+        for job in batch {
+            if let Err(e) = conn.client.batch_execute("SAVEPOINT job").await {
+                let _ = conn.client.batch_execute("ROLLBACK").await;
+                return failed(&e.into());
+            }
+            let r = apply(conn, &job.op, now).await;
+            let end = if r.is_ok() {
+                "RELEASE SAVEPOINT job"
+            } else {
+                "ROLLBACK TO SAVEPOINT job"
+            };
+            if let Err(e) = conn.client.batch_execute(end).await {
+                let _ = conn.client.batch_execute("ROLLBACK").await;
+                return failed(&e.into());
+            }
+            outcomes.push(r);
+        }
+        let lost = outcomes
+            .iter()
+            .find_map(|o| o.as_ref().err().filter(|e| transient(e)));
+        if let Some(e) = lost.filter(|_| tries < TRANSIENT_TRIES) {
+            retried(conn, e);
+            let _ = conn.client.batch_execute("ROLLBACK").await;
+            continue;
+        }
+        return match conn.client.batch_execute("COMMIT").await {
+            Ok(()) => outcomes,
+            Err(e) => {
+                let _ = conn.client.batch_execute("ROLLBACK").await;
+                failed(&e.into())
+            }
         };
-        if let Err(e) = conn.client.batch_execute(end).await {
-            let _ = conn.client.batch_execute("ROLLBACK").await;
-            return failed(&e.into());
-        }
-        outcomes.push(r);
-    }
-    match conn.client.batch_execute("COMMIT").await {
-        Ok(()) => outcomes,
-        Err(e) => {
-            let _ = conn.client.batch_execute("ROLLBACK").await;
-            failed(&e.into())
-        }
     }
 }
 
@@ -233,11 +280,13 @@ const CREATE_SQL: &str = "INSERT INTO trajectories (id, status, created_at, upda
 
 /// One call, in one statement: insert it when its trajectory is active and
 /// its parent is stored, and count it on the trajectory row. Returns the
-/// trajectory's status and whether the call went in. `FOR SHARE` waits for a
-/// finish another replica has not committed yet, then reads its outcome: a
-/// call is never stored after its trajectory's finish.
+/// trajectory's status and whether the call went in. `FOR NO KEY UPDATE`
+/// waits for a finish another replica has not committed yet, then reads its
+/// outcome: a call is never stored after its trajectory's finish. It is the
+/// lock the `UPDATE` below takes anyway: a weaker `FOR SHARE` would let two
+/// replicas both hold the row and then deadlock upgrading it.
 const APPEND_SQL: &str =
-    "WITH t AS (SELECT seq, status FROM trajectories WHERE id = $1 FOR SHARE), \
+    "WITH t AS (SELECT seq, status FROM trajectories WHERE id = $1 FOR NO KEY UPDATE), \
      ins AS (INSERT INTO calls (traj, call_index, sample_index, parent_call, backend, \
        started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
        response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
@@ -371,7 +420,7 @@ impl AppendParams {
 /// is the first statement error (the transaction is then aborted); the inner
 /// results say which calls were refused (finished trajectory, parent not
 /// stored).
-async fn append_pipelined(
+pub(super) async fn append_pipelined(
     conn: &mut Conn,
     calls: &[&CallRecord],
     now: i64,
@@ -456,6 +505,19 @@ async fn existing(conn: &mut Conn, id: &str) -> Result<i64, StoreError> {
         .ok_or_else(|| StoreError::NotFound(id.to_string()))
 }
 
+/// The trajectory's seq, its row locked until the transaction ends: a
+/// read-merge-write (metadata, replay results) must not interleave with
+/// another replica's, or one of the two merges is lost.
+async fn locked(conn: &mut Conn, id: &str) -> Result<i64, StoreError> {
+    let stmt = conn
+        .prep("SELECT seq FROM trajectories WHERE id = $1 FOR NO KEY UPDATE")
+        .await?;
+    match conn.client.query_opt(&stmt, &[&id]).await? {
+        Some(row) => Ok(row.try_get(0)?),
+        None => Err(StoreError::NotFound(id.to_string())),
+    }
+}
+
 async fn reread(conn: &mut Conn, id: &str) -> Result<TrajectoryMeta, StoreError> {
     meta_by_id(conn, id)
         .await?
@@ -471,6 +533,7 @@ async fn set_metadata(
 ) -> Result<TrajectoryMeta, StoreError> {
     let create = conn.prep(CREATE_SQL).await?;
     conn.client.execute(&create, &[&id, &now]).await?;
+    locked(conn, id).await?;
     let (seq, old) = meta_by_id(conn, id)
         .await?
         .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
@@ -492,7 +555,7 @@ async fn set_metadata(
 }
 
 async fn set_replays(conn: &mut Conn, id: &str, new: &[SampleReplay]) -> Result<(), StoreError> {
-    let seq = existing(conn, id).await?;
+    let seq = locked(conn, id).await?;
     let mut all = replays_of(conn, seq).await?;
     all.retain(|old| new.iter().all(|r| r.sample != old.sample));
     all.extend_from_slice(new);
