@@ -516,6 +516,36 @@ async fn a_backend_abort_before_the_first_token_is_retried_elsewhere() {
     assert!(calls_of(&only, "paused-only").await.is_empty());
 }
 
+/// A backend that aborts a request after some tokens cut a sample the model
+/// did not end: the client gets a 503 (a stream: an error event), and
+/// nothing is recorded, so the client's retry starts the turn again.
+#[tokio::test]
+async fn a_backend_abort_after_tokens_is_an_error_and_records_nothing() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(config(&[mock.url()], "")).await;
+    for stream in [false, true] {
+        mock.push(Scripted {
+            ids: vec![7, 8],
+            finish_reason: Some("abort".into()),
+            ..Default::default()
+        });
+        let tid = format!("cut-{stream}");
+        let body = json!({"prompt": [4, 5], "trajectory_id": tid, "stream": stream});
+        let resp = g.post("/v1/completions", body).await;
+        if stream {
+            let events = sse_events(resp).await;
+            let error = events
+                .iter()
+                .filter_map(|e| serde_json::from_str::<Value>(e).ok())
+                .find(|e| e.get("error").is_some());
+            assert!(error.is_some(), "an error event: {events:?}");
+        } else {
+            assert_eq!(resp.status(), 503);
+        }
+        assert!(calls_of(&g, &tid).await.is_empty(), "stream {stream}");
+    }
+}
+
 /// SGLang's `/generate`, streaming the whole answer in one cumulative event,
 /// with `output_token_logprobs` when asked (`null` logprobs when `bare`).
 async fn sglang_mock(

@@ -353,6 +353,15 @@ impl StreamState {
             });
         }
         let meta = out.meta_info.unwrap_or_default();
+        let finish = finish_reason(meta.finish_reason.as_ref());
+        if let Some(e) = abnormal_end(backend, meta.finish_reason.as_ref()) {
+            return Err(e);
+        }
+        if finish == Some(FinishReason::Abort) {
+            // SGLang's abort event repeats the last token (and counts all of
+            // them): it adds nothing but the end.
+            return Ok(self.finish(FinishReason::Abort).into_iter().collect());
+        }
         let ids = out
             .output_ids
             .ok_or_else(|| protocol(backend, "event has no output_ids"))?;
@@ -380,6 +389,17 @@ impl StreamState {
             _ => Vec::new(),
         };
         self.emitted.extend_from_slice(&new_ids);
+        // The running total, when sent, must be what was emitted: a stream
+        // that lost a delta would otherwise be recorded with tokens missing.
+        if let Some(c) = meta.completion_tokens.filter(|c| *c != self.emitted.len()) {
+            return Err(protocol(
+                backend,
+                format!(
+                    "completion_tokens is {c} but the stream carried {} token ids",
+                    self.emitted.len()
+                ),
+            ));
+        }
         let mut events = Vec::with_capacity(2);
         if !new_ids.is_empty() {
             events.push(GenEvent::Tokens {
@@ -387,22 +407,46 @@ impl StreamState {
                 logprobs,
             });
         }
-        if let Some(fr) = finish_reason(meta.finish_reason.as_ref()) {
-            if !self.finished {
-                self.finished = true;
-                events.push(GenEvent::Done { finish_reason: fr });
-            }
-        }
+        events.extend(finish.and_then(|fr| self.finish(fr)));
         Ok(events)
     }
+
+    /// The one `Done` of a stream.
+    fn finish(&mut self, finish_reason: FinishReason) -> Option<GenEvent> {
+        (!std::mem::replace(&mut self.finished, true)).then_some(GenEvent::Done { finish_reason })
+    }
+}
+
+/// A finish that is a failure, not an end: an abort SGLang gives a 4xx
+/// status (a request it refused, e.g. too long) is the request's fault and
+/// goes back to the client with SGLang's message; its NaN guard (`matched:
+/// "NaN happened"`) replaced the sampled token with a stop token, so the last
+/// id was never sampled and the call must not be recorded.
+fn abnormal_end(backend: &str, finish: Option<&Json>) -> Option<BackendError> {
+    let f = finish?.as_object()?;
+    let kind = f.get("type").and_then(Json::as_str);
+    let message = f.get("message").and_then(Json::as_str);
+    let status = f.get("status_code").and_then(Json::as_u64);
+    if kind == Some("abort") && status.is_some_and(|s| (400..500).contains(&s)) {
+        return Some(BackendError::Rejected {
+            backend: backend.to_string(),
+            message: message.unwrap_or("request refused").to_string(),
+        });
+    }
+    if kind == Some("stop") && f.get("matched").and_then(Json::as_str) == Some("NaN happened") {
+        return Some(protocol(
+            backend,
+            "the backend's logits were NaN; it ended the sequence with a token it did not sample",
+        ));
+    }
+    None
 }
 
 /// The `TokenLogprob`s of `ids[skip..]`, the part not emitted yet, with at
 /// most `k` alternatives each. Without `output_token_logprobs` every token's
-/// logprob is unknown (`None`). The lists follow the same convention as
-/// `output_ids`: accept them either whole (indexed by position in the output,
-/// never shorter than `output_ids`) or already sliced to the new part; the
-/// token-id check catches any misreading.
+/// logprob is unknown (`None`). The lists may be whole (indexed by position
+/// in the output) or already sliced to the new part, whatever `output_ids`
+/// is; the token-id check catches any misreading.
 fn new_logprobs(
     lps: Option<Vec<Json>>,
     tops: Option<Vec<Json>>,
@@ -418,25 +462,17 @@ fn new_logprobs(
         };
         return Ok(vec![unknown; new_ids.len()]);
     };
-    let lp_skip = if lps.len() >= ids.len() {
-        skip
-    } else if lps.len() == new_ids.len() {
-        0
-    } else {
+    // Whole or sliced, the new tokens' entries are the list's last ones
+    // (SGLang before 2026-03 sent whole logprob lists with incremental ids).
+    let Some(lp_skip) = lps.len().checked_sub(new_ids.len()) else {
         return Err(format!(
-            "{} logprobs for {} token ids",
+            "{} logprobs for {} new token ids",
             lps.len(),
-            ids.len()
+            new_ids.len()
         ));
     };
     let tops = tops.unwrap_or_default();
-    let top_skip = if tops.len() >= ids.len() {
-        Some(skip)
-    } else if tops.len() == new_ids.len() {
-        Some(0)
-    } else {
-        None
-    };
+    let top_skip = tops.len().checked_sub(new_ids.len());
     let keep = usize::try_from(k).unwrap_or(usize::MAX);
     let mut out = Vec::with_capacity(new_ids.len());
     for (i, id) in new_ids.iter().enumerate() {

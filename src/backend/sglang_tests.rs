@@ -458,6 +458,99 @@ fn misaligned_logprobs_are_a_protocol_error() {
     assert!(st.on_event("sg", ev, Some(1)).is_err(), "too few logprobs");
 }
 
+/// Events through one `StreamState`: the tokens and logprobs emitted and
+/// the finish, or the first error.
+fn feed(
+    events: Vec<Json>,
+) -> Result<(Vec<u32>, Vec<Option<f32>>, Option<FinishReason>), BackendError> {
+    let mut st = StreamState::default();
+    let (mut ids, mut lps, mut finish) = (Vec::new(), Vec::new(), None);
+    for e in events {
+        let ev: GenerateOut = serde_json::from_value(e).unwrap();
+        for g in st.on_event("sg", ev, Some(0))? {
+            match g {
+                GenEvent::Tokens { ids: i, logprobs } => {
+                    ids.extend(i);
+                    lps.extend(logprobs.into_iter().map(|l| l.logprob));
+                }
+                GenEvent::Done { finish_reason } => finish = Some(finish_reason),
+            }
+        }
+    }
+    Ok((ids, lps, finish))
+}
+
+fn lps(ids: &[u32]) -> Json {
+    json!(ids.iter().map(|&i| lp_entry(i)).collect::<Vec<_>>())
+}
+
+#[test]
+fn incremental_ids_with_whole_logprob_lists_take_the_last_entries() {
+    // SGLang before 2026-03 with --incremental-streaming-output: new ids,
+    // but the logprob list of the whole output so far.
+    let events = |second: u32| {
+        vec![
+            json!({"output_ids": [11], "meta_info": {"completion_tokens": 1,
+                   "output_token_logprobs": lps(&[11])}}),
+            json!({"output_ids": [second], "meta_info": {"completion_tokens": 2,
+                   "output_token_logprobs": lps(&[11, second]),
+                   "finish_reason": {"type": "length", "length": 2}}}),
+        ]
+    };
+    let (ids, got, finish) = feed(events(12)).unwrap();
+    assert_eq!(ids, [11, 12]);
+    assert_eq!(got, [Some(-0.11), Some(-0.12)]);
+    assert_eq!(finish, Some(FinishReason::Length));
+    // A repeated token takes its own position's entry, not the first's.
+    let mut e = events(11);
+    e[1]["meta_info"]["output_token_logprobs"] = json!([[-0.11, 11, null], [-0.5, 11, null]]);
+    let (ids, got, _) = feed(e).unwrap();
+    assert_eq!(ids, [11, 11]);
+    assert_eq!(got, [Some(-0.11), Some(-0.5)]);
+}
+
+#[test]
+fn a_stream_that_lost_tokens_is_a_protocol_error() {
+    // Incremental [11] (1 so far), then [13] with 3 so far: 12 was dropped.
+    let e = feed(vec![
+        json!({"output_ids": [11], "meta_info": {"completion_tokens": 1,
+               "output_token_logprobs": lps(&[11])}}),
+        json!({"output_ids": [13], "meta_info": {"completion_tokens": 3,
+               "output_token_logprobs": lps(&[13]),
+               "finish_reason": {"type": "stop", "matched": 13}}}),
+    ])
+    .unwrap_err();
+    assert!(matches!(e, BackendError::Protocol { .. }), "{e}");
+}
+
+#[test]
+fn abnormal_ends_are_errors_and_an_abort_event_adds_no_token() {
+    let first = json!({"output_ids": [11, 12], "meta_info": {"completion_tokens": 2,
+                       "output_token_logprobs": lps(&[11, 12])}});
+    // SGLang's abort event repeats the last id and counts all of them.
+    let abort = json!({"output_ids": [12], "meta_info": {"completion_tokens": 2,
+                       "output_token_logprobs": lps(&[11, 12]),
+                       "finish_reason": {"type": "abort", "message": "paused",
+                                         "status_code": 503}}});
+    let (ids, _, finish) = feed(vec![first.clone(), abort]).unwrap();
+    assert_eq!(ids, [11, 12]);
+    assert_eq!(finish, Some(FinishReason::Abort));
+    // A 4xx abort is the request's fault: refused, with SGLang's message.
+    let refused = json!({"output_ids": [], "meta_info": {"completion_tokens": 0,
+                         "finish_reason": {"type": "abort", "message": "too long",
+                                           "status_code": 400}}});
+    match feed(vec![refused]).unwrap_err() {
+        BackendError::Rejected { message, .. } => assert_eq!(message, "too long"),
+        e => panic!("{e}"),
+    }
+    // The NaN guard replaced the sampled token: nothing to record.
+    let nan = json!({"output_ids": [11, 12, 2], "meta_info": {"completion_tokens": 3,
+                     "output_token_logprobs": lps(&[11, 12, 2]),
+                     "finish_reason": {"type": "stop", "matched": "NaN happened"}}});
+    let e = feed(vec![first, nan]).unwrap_err();
+    assert!(matches!(e, BackendError::Protocol { .. }), "{e}");
+}
+
 #[test]
 fn structured_outputs_are_sglang_json_schema_strings() {
     let b = backend_at("http://127.0.0.1:1/");

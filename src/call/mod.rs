@@ -40,7 +40,9 @@ pub use assemble::{ChoiceEvent, ChoiceResult};
 pub use served::{Output, ParseSetup};
 pub use start::{start_sequence, Started};
 
-use crate::backend::{GenStream, GenerateRequest, SamplingParams};
+use crate::backend::{
+    BackendError, FinishReason, GenEvent, GenStream, GenerateRequest, SamplingParams,
+};
 use crate::config::{OnBudgetExhausted, TrajectoryConfig};
 use crate::error::ApiError;
 use crate::render::Renderer;
@@ -458,6 +460,19 @@ impl Pump {
             let Some(choice) = self.choices.get_mut(index as usize) else {
                 continue;
             };
+            let ev = ev.and_then(|ev| match ev {
+                // Cut by the backend (an abort for a weight update, an
+                // operator's abort): not a sample the model ended, so not
+                // recorded; the client's retry generates it again.
+                GenEvent::Done {
+                    finish_reason: FinishReason::Abort,
+                } if !choice.done() => Err(BackendError::Overloaded {
+                    backend: choice.result.backend.clone(),
+                    message: "aborted the request after its first token; nothing was recorded"
+                        .into(),
+                }),
+                ev => Ok(ev),
+            });
             match ev {
                 Ok(ev) => {
                     let delta = choice.push(ev, self.deltas);
