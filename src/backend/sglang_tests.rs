@@ -458,11 +458,11 @@ fn misaligned_logprobs_are_a_protocol_error() {
     assert!(st.on_event("sg", ev, Some(1)).is_err(), "too few logprobs");
 }
 
-/// Events through one `StreamState`: the tokens and logprobs emitted and
-/// the finish, or the first error.
-fn feed(
-    events: Vec<Json>,
-) -> Result<(Vec<u32>, Vec<Option<f32>>, Option<FinishReason>), BackendError> {
+/// What a stream emitted: token ids, their logprobs, its finish.
+type Fed = (Vec<u32>, Vec<Option<f32>>, Option<FinishReason>);
+
+/// Events through one `StreamState`: what they emitted, or the first error.
+fn feed(events: Vec<Json>) -> Result<Fed, BackendError> {
     let mut st = StreamState::default();
     let (mut ids, mut lps, mut finish) = (Vec::new(), Vec::new(), None);
     for e in events {
