@@ -276,13 +276,36 @@ impl Trajectories {
         msgs.extend(history.iter().cloned());
         msgs.push(sentinel);
         msgs.extend(input.messages[k + 1..].iter().cloned());
-        let text = self.renderer.render(&RenderInput {
-            messages: &msgs,
-            tools: input.tools,
-            add_generation_prompt: input.add_generation_prompt,
-            kwargs: input.kwargs,
-        })?;
-        let Some(pos) = text.find(SENTINEL).map(|p| p + SENTINEL.len()) else {
+        let render = |msgs: &[Json]| {
+            self.renderer.render(&RenderInput {
+                messages: msgs,
+                tools: input.tools,
+                add_generation_prompt: input.add_generation_prompt,
+                kwargs: input.kwargs,
+            })
+        };
+        let mut text = render(&msgs)?;
+        // A template that prints no content on a tool-call turn (Llama
+        // 3.1's prints only the first call): mark that call's arguments.
+        let first_call_args = msgs
+            .get_mut(history.len())
+            .and_then(|m| m.get_mut("tool_calls"))
+            .and_then(|c| c.get_mut(0))
+            .and_then(|c| c.get_mut("function"))
+            .and_then(|f| f.as_object_mut());
+        if let Some(function) = first_call_args.filter(|_| !text.contains(SENTINEL)) {
+            let args = json!({ "tito": SENTINEL }).to_string();
+            function.insert("arguments".into(), json!(args));
+            text = match render(&msgs) {
+                Ok(t) => t,
+                // A template that cannot render the marked arguments gives
+                // no continuation, as one without a marker does.
+                Err(_) => return Ok(None),
+            };
+        }
+        // The served message is the last that holds the marker: the text
+        // after it starts at the marker's last occurrence.
+        let Some(pos) = text.rfind(SENTINEL).map(|p| p + SENTINEL.len()) else {
             return Ok(None);
         };
         let after = &text[pos..];
