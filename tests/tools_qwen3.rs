@@ -266,3 +266,79 @@ async fn malformed_tool_call_is_plain_content() {
         .contains("{oops"));
     assert_eq!(c["token_ids"], json!(broken));
 }
+
+/// The next turn with a tool added, or a changed `chat_template_kwargs`:
+/// the prefix tito would reuse was rendered with the old context, so the
+/// call starts a new sample whose prompt lists the new tool. With the
+/// context unchanged the turn continues, on a fresh gateway too (the hot
+/// view rebuilt from the store).
+#[tokio::test]
+async fn a_changed_tool_list_or_template_kwargs_starts_a_new_sample() {
+    let r = qwen3();
+    let mock = MockVllm::start(Scripted::default()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/spans.db", dir.path().display());
+    let store = tito::store::open(&url).expect("store");
+    let im_end = r.token_to_id("<|im_end|>").expect("im_end");
+    let clock = json!({"type": "function", "function": {"name": "clock",
+        "description": "The time", "parameters": {"type": "object", "properties": {}}}});
+    let more_tools = json!([tools()[0].clone(), clock]);
+    let kwargs = json!({"enable_thinking": false});
+    for (name, tools2, kwargs2, continues) in [
+        ("same", tools(), Value::Null, true),
+        ("added", more_tools, Value::Null, false),
+        ("kwargs", tools(), kwargs, false),
+    ] {
+        let first =
+            common::start_gateway_on(config(&[mock.url()], ""), r.clone(), store.clone()).await;
+        let path = format!("/t/ctx-{name}/v1/chat/completions");
+        let user = json!({"role": "user", "content": "Hi"});
+        mock.push(Scripted::ids(
+            [r.encode("Hello.").expect("enc"), vec![im_end]].concat(),
+        ));
+        let body1: Value = first
+            .post(
+                &path,
+                json!({"messages": [user], "tools": tools(), "return_token_ids": true}),
+            )
+            .await
+            .json()
+            .await
+            .expect("json");
+        assert_eq!(
+            body1["choices"][0]["message"]["content"], "Hello.",
+            "{body1}"
+        );
+        // The next turn on a fresh gateway over the same store.
+        let second =
+            common::start_gateway_on(config(&[mock.url()], ""), r.clone(), store.clone()).await;
+        mock.push(Scripted::ids(
+            [r.encode("Sure.").expect("enc"), vec![im_end]].concat(),
+        ));
+        let mut req = json!({"messages": [user, {"role": "assistant", "content": "Hello."},
+                                          {"role": "user", "content": "Time?"}],
+                             "tools": tools2, "return_token_ids": true});
+        if !kwargs2.is_null() {
+            req["chat_template_kwargs"] = kwargs2;
+        }
+        let body2: Value = second.post(&path, req).await.json().await.expect("json");
+        let prompt2: Vec<u32> =
+            serde_json::from_value(body2["prompt_token_ids"].clone()).expect("ids");
+        let t = second
+            .get_json(&format!("/v1/trajectories/ctx-{name}"))
+            .await;
+        if continues {
+            assert_eq!(t["calls"][1]["parent_call"], 0, "{name}: {t}");
+            assert_eq!(t["calls"][1]["sample_index"], 0, "{name}: {t}");
+        } else {
+            assert_eq!(t["calls"][1]["parent_call"], Value::Null, "{name}: {t}");
+            assert_eq!(t["calls"][1]["sample_index"], 1, "{name}: {t}");
+        }
+        let text = r.decode(&prompt2, false).expect("decodes");
+        assert_eq!(
+            text.contains("\"clock\""),
+            name == "added",
+            "{name}: {text}"
+        );
+    }
+}

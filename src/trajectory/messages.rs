@@ -107,9 +107,6 @@ pub fn normalize(m: &Json) -> Json {
     Json::Object(out)
 }
 
-/// Hashes of every prefix of `messages`: `out[i]` covers `messages[..i]`.
-/// Bytes of message text (string contents; 256 for other shapes): a size
-/// hint for how heavy rendering the conversation will be.
 /// What a render of `messages` (and the `tools` the template lists) has to
 /// go through, in bytes: every string in them (content and its parts, tool
 /// calls' arguments, tool schemas) plus a little per node. Decides whether
@@ -131,8 +128,58 @@ pub fn json_bytes(v: &Json) -> usize {
     }
 }
 
-pub fn prefix_hashes(messages: &[Json]) -> Vec<u64> {
+/// What a render depends on besides the messages: the tools' function
+/// definitions (from `tools`, or the legacy `functions`) and the template's
+/// kwargs. A call continues another only in the same context: the prefix
+/// it reuses was rendered with the other's tools (and, e.g., its reasoning
+/// effort), so a changed context starts a new sample.
+#[derive(Default, Clone, Copy)]
+pub struct RenderContext<'a> {
+    pub tools: Option<&'a [Json]>,
+    /// Legacy `functions`: bare function definitions.
+    pub functions: Option<&'a [Json]>,
+    pub kwargs: Option<&'a serde_json::Map<String, Json>>,
+}
+
+impl<'a> RenderContext<'a> {
+    /// The context a stored request was rendered in.
+    pub fn of_request(request: &'a Json) -> Self {
+        RenderContext {
+            tools: request
+                .get("tools")
+                .and_then(Json::as_array)
+                .map(Vec::as_slice),
+            functions: request
+                .get("functions")
+                .and_then(Json::as_array)
+                .map(Vec::as_slice),
+            kwargs: request
+                .get("chat_template_kwargs")
+                .and_then(Json::as_object),
+        }
+    }
+
+    fn hash_into(&self, h: &mut impl Hasher) {
+        let tools = self.tools.unwrap_or_default().iter();
+        let defs = tools.map(|t| t.get("function").unwrap_or(t));
+        for f in defs.chain(self.functions.unwrap_or_default()) {
+            f.to_string().hash(h);
+        }
+        if let Some(k) = self.kwargs.filter(|k| !k.is_empty()) {
+            0xfeu8.hash(h);
+            for (key, v) in k {
+                key.hash(h);
+                v.to_string().hash(h);
+            }
+        }
+    }
+}
+
+/// Hashes of every prefix of `messages` in `context`: `out[i]` covers
+/// `messages[..i]`.
+pub fn prefix_hashes(messages: &[Json], context: RenderContext<'_>) -> Vec<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
+    context.hash_into(&mut h);
     let mut out = Vec::with_capacity(messages.len() + 1);
     out.push(h.finish());
     for m in messages {
@@ -242,8 +289,9 @@ mod tests {
     fn prefix_hashes_ignore_key_order_and_nulls() {
         let a = vec![json!({"role": "user", "content": "hi", "name": null})];
         let b = vec![json!({"content": "hi", "role": "user"})];
-        assert_eq!(prefix_hashes(&a), prefix_hashes(&b));
+        let none = RenderContext::default();
+        assert_eq!(prefix_hashes(&a, none), prefix_hashes(&b, none));
         let c = vec![json!({"role": "user", "content": "hi!"})];
-        assert_ne!(prefix_hashes(&a)[1], prefix_hashes(&c)[1]);
+        assert_ne!(prefix_hashes(&a, none)[1], prefix_hashes(&c, none)[1]);
     }
 }

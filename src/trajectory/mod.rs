@@ -327,14 +327,12 @@ impl Trajectories {
             let parent = rec.parent_call.and_then(|p| by_index.get(&p).cloned());
             // The stored request is as received: normalize it as the live
             // call was, so history matches the same messages.
-            let messages = crate::store::request_of(&t.calls, rec)
-                .get("messages")
-                .and_then(Json::as_array)
-                .map(|m| {
-                    let mut m = m.clone();
-                    normalize::messages(&mut m, self.renderer.content_format());
-                    Arc::new(m)
-                });
+            let request = crate::store::request_of(&t.calls, rec);
+            let messages = request.get("messages").and_then(Json::as_array).map(|m| {
+                let mut m = m.clone();
+                normalize::messages(&mut m, self.renderer.content_format());
+                Arc::new(m)
+            });
             let (prompt_ids, segments, used) = match &parent {
                 Some(p) => {
                     let mut ids = Vec::with_capacity(p.full_len() + rec.prompt_delta_ids.len());
@@ -365,7 +363,11 @@ impl Trajectories {
             let call = Arc::new(HotCall {
                 call_index: rec.call_index,
                 sample_index: rec.sample_index,
-                messages_hash: messages.as_ref().map_or(0, |m| last_hash(m)),
+                messages_hash: messages.as_ref().map_or(0, |m| {
+                    let context = messages::RenderContext::of_request(request);
+                    let hashes = messages::prefix_hashes(m, context);
+                    hashes.last().copied().unwrap_or(0)
+                }),
                 messages,
                 served: rec.response.clone(),
                 response_used: used + rec.sampled_ids.len(),
@@ -545,13 +547,6 @@ impl Trajectories {
         self.resized(&ctx.trajectory_id, &st);
         Ok(indices)
     }
-}
-
-fn last_hash(messages: &[Json]) -> u64 {
-    messages::prefix_hashes(messages)
-        .last()
-        .copied()
-        .unwrap_or(0)
 }
 
 /// The parent's segments, its sampled ids, then `delta` observation ids.

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use serde_json::{json, Value as Json};
 
 use super::drift::{diagnose, first_difference, SegRange, Served};
-use super::messages::{is_served_message, prefix_hashes, render_bytes};
+use super::messages::{is_served_message, prefix_hashes, render_bytes, RenderContext};
 use super::{extend_segments, HotCall, Trajectories, TrajectoryError};
 use crate::config::HistoryMode;
 use crate::render::{run_render_work, RenderInput};
@@ -101,7 +101,12 @@ impl Trajectories {
         served: &dyn Fn(u32) -> Served,
         input: ChatInput<'_>,
     ) -> Result<Prepared, TrajectoryError> {
-        let hashes = prefix_hashes(input.messages);
+        let context = RenderContext {
+            tools: input.tools,
+            functions: None,
+            kwargs: input.kwargs,
+        };
+        let hashes = prefix_hashes(input.messages, context);
         let mut prepared = self.prepare_chat_hashed(calls, served, input, &hashes)?;
         prepared.messages_hash = hashes.last().copied().unwrap_or(0);
         Ok(prepared)
