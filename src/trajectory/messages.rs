@@ -190,7 +190,8 @@ pub fn prefix_hashes(messages: &[Json], context: RenderContext<'_>) -> Vec<u64> 
 }
 
 /// Whether the client's echo of an assistant message is the one tito served.
-/// Tool calls match by id when both have ids, else by name + arguments;
+/// Tool calls match by name + arguments (parsed), and by id when both have
+/// ids;
 /// content matches after stripping reasoning and surrounding whitespace.
 pub fn is_served_message(echo: &Json, served: &Json) -> bool {
     if echo.get("role").and_then(Json::as_str) != Some("assistant") {
@@ -205,10 +206,13 @@ pub fn is_served_message(echo: &Json, served: &Json) -> bool {
             x.get("id").and_then(Json::as_str),
             y.get("id").and_then(Json::as_str),
         );
-        let same = match ids {
+        // An id kept on an edited call (LangGraph's "edit tool call") is
+        // not the served call: the name and arguments must match too.
+        let same_id = match ids {
             (Some(i), Some(j)) => i == j,
-            _ => tool_call_key(x) == tool_call_key(y),
+            _ => true,
         };
+        let same = same_id && tool_call_key(x) == tool_call_key(y);
         if !same {
             return false;
         }
@@ -266,6 +270,15 @@ mod tests {
         let edited = json!({"role": "assistant", "content": "",
             "tool_calls": [{"function": {"name": "add", "arguments": "{\"a\": 5}"}}]});
         assert!(!is_served_message(&edited, &served));
+        // Edited in place, its id kept (LangGraph's human-in-the-loop edit).
+        let edited_same_id = json!({"role": "assistant", "content": "",
+            "tool_calls": [{"id": "call_1", "type": "function",
+                            "function": {"name": "add", "arguments": "{\"a\": 5, \"b\": 2}"}}]});
+        assert!(!is_served_message(&edited_same_id, &served));
+        let renamed_same_id = json!({"role": "assistant", "content": "",
+            "tool_calls": [{"id": "call_1", "type": "function",
+                            "function": {"name": "sub", "arguments": "{\"a\": 1, \"b\": 2}"}}]});
+        assert!(!is_served_message(&renamed_same_id, &served));
     }
 
     #[test]
