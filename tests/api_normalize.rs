@@ -111,6 +111,25 @@ async fn schema_valid_nulls_and_integral_floats_are_served() {
     .await;
     assert_eq!(status, 200, "{v}");
     assert_eq!(mock.last_request()["max_tokens"], 4);
+    // vLLM takes a seed in the i64 range: it goes as the client sent it,
+    // and the seeds of `n` choices wrap within that range.
+    assert_eq!(mock.last_request()["seed"], -7);
+    let (status, v) = chat(
+        &g,
+        "/v1/completions",
+        json!({"prompt": [1, 2], "n": 2, "seed": i64::MAX}),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let mut seeds: Vec<i64> = mock
+        .requests()
+        .iter()
+        .rev()
+        .take(2)
+        .map(|r| r["seed"].as_i64().expect("an i64 seed"))
+        .collect();
+    seeds.sort_unstable();
+    assert_eq!(seeds, [i64::MIN, i64::MAX]);
     let (status, v) = chat(
         &g,
         "/v1/completions",

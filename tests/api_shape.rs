@@ -136,11 +136,19 @@ async fn openai_fields_tito_does_not_implement_are_refused_by_name() {
         assert_eq!(e["error"]["param"], field);
         assert_eq!(e["error"]["code"], "unsupported_parameter");
     }
-    for (field, value) in [("logit_bias", json!({"1": 5})), ("best_of", json!(3))] {
+    for (field, value) in [
+        ("logit_bias", json!({"1": 5})),
+        ("best_of", json!(3)),
+        ("echo", json!(true)),
+        ("suffix", json!("z")),
+    ] {
         let mut body = json!({"prompt": [1, 2]});
         body[field] = value;
         let r = g.post("/v1/completions", body).await;
         assert_eq!(r.status(), 400, "{field}");
+        let e: Value = r.json().await.expect("json");
+        assert_eq!(e["error"]["param"], field);
+        assert_eq!(e["error"]["code"], "unsupported_parameter", "{field}");
     }
     assert!(
         mock.requests().is_empty(),
@@ -281,6 +289,20 @@ async fn forced_tool_choice_constrains_the_output_and_answers_tool_calls() {
         mock.last_request()["structured_outputs"]["json"]["required"],
         json!(["expression"])
     );
+
+    // `parallel_tool_calls: false` with a named function is honoured: one
+    // call is all the constraint allows.
+    mock.push(reply(r#"{"expression": "2+2"}"#));
+    let body = json!({"messages": messages, "tools": calculator(), "parallel_tool_calls": false,
+        "tool_choice": {"type": "function", "function": {"name": "calculator"}}});
+    let v: Value = g
+        .post("/v1/chat/completions", body)
+        .await
+        .json()
+        .await
+        .expect("json");
+    let calls = v["choices"][0]["message"]["tool_calls"].as_array();
+    assert_eq!(calls.map(Vec::len), Some(1), "{v}");
 
     // A name not among the tools, or "required" without tools: 400.
     let body = json!({"messages": messages, "tools": calculator(),

@@ -119,7 +119,7 @@ async fn identical_twins_in_one_batch_agree_with_each_other_and_alone() {
 async fn seeded_sampling_is_bitwise_the_same_alone_and_batched() {
     let engine = start(8);
     let prompts = prompts();
-    let params = |i: usize| sampled(1000 + i as u64);
+    let params = |i: usize| sampled(1000 + i as i64);
     let mut alone = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
         alone.push(collect(&engine, p, params(i)).await);
@@ -168,7 +168,7 @@ async fn full_queue_fails_fast_with_overloaded() {
     assert!(matches!(err, BackendError::Overloaded { .. }), "{err}");
 }
 
-fn sampled(seed: u64) -> SamplingParams {
+fn sampled(seed: i64) -> SamplingParams {
     SamplingParams {
         max_tokens: 24,
         temperature: Some(1.0),

@@ -12,7 +12,7 @@ use engine_support::{assert_bitwise_same, collect, config, encode};
 use tito::backend::{Generation, SamplingParams};
 use tito::engine::EngineBackend;
 
-fn params(seed: u64) -> SamplingParams {
+fn params(seed: i64) -> SamplingParams {
     SamplingParams {
         max_tokens: 20,
         temperature: Some(0.8),
@@ -39,12 +39,12 @@ const TURNS: &[&str] = &[
 /// Runs the three turns of one conversation, each prompt being the previous
 /// prompt, its sampled tokens and the next user message. Returns each turn's
 /// prompt and generation.
-async fn conversation(engine: &EngineBackend, seed: u64) -> Vec<(Vec<u32>, Generation)> {
+async fn conversation(engine: &EngineBackend, seed: i64) -> Vec<(Vec<u32>, Generation)> {
     let mut prompt = Vec::new();
     let mut out = Vec::new();
     for (t, text) in TURNS.iter().enumerate() {
         prompt.extend(encode(text));
-        let g = collect(engine, &prompt, params(seed + t as u64)).await;
+        let g = collect(engine, &prompt, params(seed + t as i64)).await;
         out.push((prompt.clone(), g.clone()));
         prompt.extend(&g.ids);
     }
@@ -114,7 +114,7 @@ async fn a_prefix_dropped_for_space_is_computed_again_exactly() {
 /// seed (so other conversations share only the system prompt).
 async fn conversation_turns(
     engine: &EngineBackend,
-    seed: u64,
+    seed: i64,
     turns: usize,
 ) -> Vec<(Vec<u32>, Generation)> {
     let mut prompt = encode(&format!(
@@ -123,7 +123,7 @@ async fn conversation_turns(
     let mut out = Vec::new();
     for (t, text) in TURNS.iter().take(turns).enumerate() {
         prompt.extend(encode(text));
-        let g = collect(engine, &prompt, params(seed + t as u64)).await;
+        let g = collect(engine, &prompt, params(seed + t as i64)).await;
         out.push((prompt.clone(), g.clone()));
         prompt.extend(&g.ids);
     }

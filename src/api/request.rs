@@ -145,9 +145,8 @@ impl SamplingFields {
                 ));
             }
         }
-        // OpenAI allows any 64-bit seed: a negative one is used as its
-        // two's-complement bits (the same seed always gives the same value).
-        let seed = self.seed.map(|s| s as u64);
+        // Any 64-bit signed seed, sent as given: vLLM takes the i64 range.
+        let seed = self.seed;
         let stop = match &self.stop {
             None => Vec::new(),
             Some(StopSpec::One(s)) => vec![s.clone()],
@@ -615,10 +614,12 @@ impl CompletionRequest {
             return Err(ApiError::invalid("prompt", "`prompt` is required"));
         }
         if self.echo {
-            return Err(ApiError::invalid("echo", "`echo` is not supported"));
+            return Err(ApiError::invalid("echo", "`echo` is not supported")
+                .with_code("unsupported_parameter"));
         }
         if self.suffix.as_deref().is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::invalid("suffix", "`suffix` is not supported"));
+            return Err(ApiError::invalid("suffix", "`suffix` is not supported")
+                .with_code("unsupported_parameter"));
         }
         if let Some(k) = self.logprobs {
             if k > MAX_TOP_LOGPROBS {
@@ -773,7 +774,7 @@ mod tests {
         assert_eq!(r.sampling.n, Some(2));
         let (p, max) = r.sampling.validate(None, 1000).expect("valid");
         assert_eq!(max, Some(4));
-        assert_eq!(p.seed, Some((-3i64) as u64));
+        assert_eq!(p.seed, Some(-3));
         assert!(p.top_p.is_some_and(|t| t > 0.0 && t < 1e-30));
         assert!(parse::<ChatRequest>(r#"{"messages": [], "max_tokens": 4.5}"#).is_err());
     }

@@ -1,6 +1,6 @@
 //! OpenAI request fields tito does not implement, refused by name instead of
 //! ignored: a request that asks for something the answer will not honour
-//! (audio, a JSON schema, a forced tool call) gets a 400 naming the field.
+//! (audio, predicted outputs, a logit bias) gets a 400 naming the field.
 //! A field at its neutral value (`null`, `"text"`, `{}`, `"auto"`) is
 //! accepted. Fields without effect on generation (`user`, `metadata`,
 //! `store`, `service_tier`, `prompt_cache_*`, `safety_identifier`) are
@@ -12,19 +12,26 @@ use serde_json::Value as Json;
 
 use crate::error::ApiError;
 
-/// A field and why a non-neutral value of it is refused.
+/// A field and why a non-neutral value of it is refused. `neutral` sees the
+/// value and the whole body (a value can be honoured by another field).
 struct Rule {
     field: &'static str,
-    neutral: fn(&Json) -> bool,
+    neutral: fn(&Json, &Json) -> bool,
     why: &'static str,
 }
 
-fn is_null(v: &Json) -> bool {
+fn is_null(v: &Json, _: &Json) -> bool {
     v.is_null()
 }
 
-fn null_or_empty_object(v: &Json) -> bool {
+fn null_or_empty_object(v: &Json, _: &Json) -> bool {
     v.is_null() || v.as_object().is_some_and(serde_json::Map::is_empty)
+}
+
+/// `parallel_tool_calls: false` is honoured when `tool_choice` names a
+/// function: the output is then constrained to exactly one call.
+fn one_call_at_most(v: &Json, body: &Json) -> bool {
+    v.is_null() || v.as_bool() == Some(true) || body.pointer("/tool_choice/function/name").is_some()
 }
 
 const CHAT: &[Rule] = &[
@@ -35,7 +42,7 @@ const CHAT: &[Rule] = &[
     },
     Rule {
         field: "modalities",
-        neutral: |v| v.is_null() || *v == serde_json::json!(["text"]),
+        neutral: |v, _| v.is_null() || *v == serde_json::json!(["text"]),
         why: "only the `text` modality is supported",
     },
     Rule {
@@ -71,9 +78,9 @@ const CHAT: &[Rule] = &[
     },
     Rule {
         field: "parallel_tool_calls",
-        neutral: |v| v.is_null() || v.as_bool() == Some(true),
-        why: "parallel_tool_calls: false is not supported: the model's output is returned as \
-              sampled, with every tool call it made",
+        neutral: one_call_at_most,
+        why: "parallel_tool_calls: false is not supported unless tool_choice names a function: \
+              the model's output is returned as sampled, with every tool call it made",
     },
 ];
 
@@ -85,7 +92,7 @@ const COMPLETIONS: &[Rule] = &[
     },
     Rule {
         field: "best_of",
-        neutral: |v| v.is_null() || v.as_f64() == Some(1.0),
+        neutral: |v, _| v.is_null() || v.as_f64() == Some(1.0),
         why: "best_of above 1 is not supported: ask for `n` choices",
     },
 ];
@@ -93,7 +100,7 @@ const COMPLETIONS: &[Rule] = &[
 fn check(body: &Json, rules: &[Rule]) -> Result<(), ApiError> {
     for rule in rules {
         if let Some(v) = body.get(rule.field) {
-            if !(rule.neutral)(v) {
+            if !(rule.neutral)(v, body) {
                 return Err(
                     ApiError::invalid(rule.field, rule.why).with_code("unsupported_parameter")
                 );

@@ -370,7 +370,7 @@ impl Calls {
                 }
                 let mut params = plan.params.clone();
                 if let Some(seed) = params.seed {
-                    params.seed = Some(seed.wrapping_add(u64::from(i)));
+                    params.seed = Some(seed.wrapping_add(i64::from(i)));
                 }
                 let req = GenerateRequest {
                     request_id: format!("{request_id}-{pi}-{i}"),

@@ -84,7 +84,8 @@ impl Sampler {
     /// logprob quantity (see the module docs).
     pub fn new(params: &SamplingParams, prompt: &[u32], mode: LogprobsMode) -> Sampler {
         let rng = match params.seed {
-            Some(seed) => StdRng::seed_from_u64(seed),
+            // A negative seed is its two's-complement bits.
+            Some(seed) => StdRng::seed_from_u64(seed as u64),
             None => StdRng::from_os_rng(),
         };
         let repetition = params.repetition_penalty.unwrap_or(1.0);
