@@ -210,6 +210,8 @@ struct MetaInfo {
     #[serde(default)]
     completion_tokens: Option<usize>,
     #[serde(default)]
+    prompt_tokens: Option<usize>,
+    #[serde(default)]
     output_token_logprobs: Option<Vec<Json>>,
     #[serde(default)]
     output_top_logprobs: Option<Vec<Json>>,
@@ -306,6 +308,10 @@ struct StreamState {
     /// only new ids; `None`: not known yet.
     cumulative: Option<bool>,
     finished: bool,
+    /// Prompt ids sent: `meta_info.prompt_tokens` must say the same, or the
+    /// server cut the prompt (`--allow-auto-truncate`) and the recorded
+    /// prompt is not the one the model saw.
+    prompt_len: Option<usize>,
 }
 
 impl StreamState {
@@ -361,6 +367,17 @@ impl StreamState {
             // SGLang's abort event repeats the last token (and counts all of
             // them): it adds nothing but the end.
             return Ok(self.finish(FinishReason::Abort).into_iter().collect());
+        }
+        if let (Some(seen), Some(sent)) = (meta.prompt_tokens, self.prompt_len) {
+            if seen != sent {
+                return Err(protocol(
+                    backend,
+                    format!(
+                        "the backend saw {seen} prompt tokens, tito sent {sent} (a server \
+                         started with --allow-auto-truncate cuts long prompts)"
+                    ),
+                ));
+            }
         }
         let ids = out
             .output_ids
@@ -511,11 +528,16 @@ pub struct SglangDecoder {
 }
 
 impl SglangDecoder {
-    pub fn new(backend: &str, logprobs: Option<u32>) -> Self {
+    /// `prompt_len`: the prompt ids sent, which the stream's
+    /// `prompt_tokens` must repeat.
+    pub fn new(backend: &str, logprobs: Option<u32>, prompt_len: usize) -> Self {
         SglangDecoder {
             backend: backend.to_string(),
             logprobs,
-            state: StreamState::default(),
+            state: StreamState {
+                prompt_len: Some(prompt_len),
+                ..StreamState::default()
+            },
         }
     }
 }
@@ -540,7 +562,7 @@ impl Backend for SglangBackend {
 
     async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError> {
         let body = self.request_body(&req);
-        let decoder = SglangDecoder::new(&self.name, req.params.logprobs);
+        let decoder = SglangDecoder::new(&self.name, req.params.logprobs, req.prompt_ids.len());
         let path = "/generate";
         super::pump::send_and_pump(
             &self.name,

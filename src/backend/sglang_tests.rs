@@ -552,6 +552,29 @@ fn abnormal_ends_are_errors_and_an_abort_event_adds_no_token() {
 }
 
 #[test]
+fn a_prompt_the_server_cut_is_a_protocol_error() {
+    let event = |prompt_tokens: usize| -> GenerateOut {
+        serde_json::from_value(
+            json!({"output_ids": [11], "meta_info": {"completion_tokens": 1,
+            "prompt_tokens": prompt_tokens, "output_token_logprobs": lps(&[11]),
+            "finish_reason": {"type": "length", "length": 1}}}),
+        )
+        .unwrap()
+    };
+    let mut st = StreamState {
+        prompt_len: Some(5),
+        ..Default::default()
+    };
+    assert!(st.on_event("sg", event(5), Some(0)).is_ok());
+    let mut st = StreamState {
+        prompt_len: Some(5),
+        ..Default::default()
+    };
+    let e = st.on_event("sg", event(3), Some(0)).unwrap_err();
+    assert!(matches!(e, BackendError::Protocol { .. }), "{e}");
+}
+
+#[test]
 fn structured_outputs_are_sglang_json_schema_strings() {
     let b = backend_at("http://127.0.0.1:1/");
     let mut req = request(None);
