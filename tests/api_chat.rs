@@ -339,3 +339,74 @@ async fn large_conversations_render_off_the_worker_with_the_same_ids() {
     let expected = g.renderer.encode(&full[..end]).expect("encode");
     assert_eq!(mock.last_request()["prompt"], json!(expected));
 }
+
+/// The logprob `bytes` of every token, concatenated, are the UTF-8 of the
+/// content, and `token` is their text: on a byte-level vocabulary (Qwen3)
+/// and on a SentencePiece one with byte fallback (Gemma 3), whose pieces are
+/// text with `▁` for a space. Completions' `text_offset` counts those bytes.
+#[tokio::test]
+async fn logprob_bytes_spell_the_content_on_byte_level_and_sentencepiece_vocabularies() {
+    let text = "acción é ł";
+    for name in ["qwen3", "gemma3"] {
+        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join(".cache/tokenizers")
+            .join(name);
+        let model = tito::config::ModelConfig {
+            tokenizer: dir,
+            ..Default::default()
+        };
+        let r = tito::render::Renderer::load(&model).expect("tokenizer loads");
+        let mock = MockVllm::start(Scripted::default()).await;
+        let g = common::start_gateway_with(config(&[mock.url()], ""), r.clone()).await;
+        let ids = r.encode(text).expect("encodes");
+        mock.push(Scripted::ids(ids.clone()));
+        let body: Value = g
+            .post(
+                "/v1/chat/completions",
+                json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}),
+            )
+            .await
+            .json()
+            .await
+            .expect("json");
+        let content = body["choices"][0]["logprobs"]["content"]
+            .as_array()
+            .expect("content");
+        let per_token: Vec<Vec<u8>> = content
+            .iter()
+            .map(|e| serde_json::from_value(e["bytes"].clone()).expect("bytes"))
+            .collect();
+        assert_eq!(
+            String::from_utf8(per_token.concat()).as_deref(),
+            Ok(text),
+            "{name}"
+        );
+        for (e, own) in content.iter().zip(&per_token) {
+            if let Ok(s) = std::str::from_utf8(own) {
+                assert_eq!(e["token"], s, "{name}");
+            }
+        }
+        mock.push(Scripted::ids(ids.clone()));
+        let body: Value = g
+            .post("/v1/completions", json!({"prompt": [1, 2], "logprobs": 0}))
+            .await
+            .json()
+            .await
+            .expect("json");
+        let offsets: Vec<usize> =
+            serde_json::from_value(body["choices"][0]["logprobs"]["text_offset"].clone())
+                .expect("offsets");
+        let starts: Vec<usize> = per_token
+            .iter()
+            .scan(0, |at, b| {
+                let start = *at;
+                *at += b.len();
+                Some(start)
+            })
+            .collect();
+        assert_eq!(
+            offsets, starts,
+            "{name}: each token starts at its byte offset"
+        );
+    }
+}

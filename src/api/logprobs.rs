@@ -19,6 +19,10 @@ pub fn token_bytes(renderer: &Renderer, id: u32) -> Vec<u8> {
             return vec![b];
         }
     }
+    if !renderer.byte_level() {
+        // A SentencePiece piece is text, with `▁` for a space.
+        return piece.replace('\u{2581}', " ").into_bytes();
+    }
     // Byte-level BPE: every char maps back to one byte.
     let mut out = Vec::with_capacity(piece.len());
     for c in piece.chars() {
@@ -87,10 +91,12 @@ pub fn completion_logprobs(
     let mut offsets = Vec::new();
     let mut offset = offset0;
     for (id, lp) in ids.iter().zip(lps) {
-        let text = token_text(renderer, *id);
+        let bytes = token_bytes(renderer, *id);
         offsets.push(offset);
-        offset += text.len();
-        tokens.push(text);
+        // Exact bytes: a token holding part of a character still moves the
+        // offset by its own bytes, not by its lossy text's.
+        offset += bytes.len();
+        tokens.push(String::from_utf8_lossy(&bytes).into_owned());
         token_logprobs.push(clamp(lp.logprob));
         let mut m = serde_json::Map::new();
         for (t, l) in &lp.top {

@@ -86,6 +86,10 @@ pub struct Renderer {
     content_format: ContentFormat,
     /// `get_vocab_size(true)` builds the whole vocabulary map: once here.
     vocab_size: u32,
+    /// Whether vocabulary pieces are GPT-2 byte-level strings (each char
+    /// one byte), as opposed to SentencePiece pieces (`▁` for a space,
+    /// `<0xNN>` byte-fallback tokens).
+    byte_level: bool,
 }
 
 /// How a chat template reads `message.content`.
@@ -156,8 +160,14 @@ impl Renderer {
         }
         let fast = fast_encoder(&source.tokenizer);
         let vocab_size = source.tokenizer.get_vocab_size(true) as u32;
+        let byte_level = source
+            .tokenizer
+            .get_decoder()
+            .and_then(|d| serde_json::to_string(d).ok())
+            .is_some_and(|d| d.contains(r#""type":"ByteLevel""#));
         Ok(Renderer {
             vocab_size,
+            byte_level,
             fast,
             tokenizer: source.tokenizer,
             env,
@@ -264,6 +274,11 @@ impl Renderer {
     /// The token's text form (e.g. `<|im_end|>` or `Ġthe`), for logprob output.
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.tokenizer.id_to_token(id)
+    }
+
+    /// Whether [`Renderer::id_to_token`] pieces are GPT-2 byte-level strings.
+    pub fn byte_level(&self) -> bool {
+        self.byte_level
     }
 
     /// Id of a token given by its exact text, e.g. `<|im_end|>`.
