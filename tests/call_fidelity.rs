@@ -250,13 +250,36 @@ async fn idempotency_key_replays_chat_and_completions() {
         .json()
         .await
         .expect("json");
-    // Same key, even with another body: the recorded answer.
-    let b: Value = post_with(&g, path, &chat_body("other"), &[("idempotency-key", "K1")])
+    // Same key, the same JSON serialized another way: the recorded answer.
+    let reordered = format!(
+        "{{ \"return_token_ids\": true, \"messages\": {}, \"model\": \"test-model\" }}",
+        chat_body("k")["messages"]
+    );
+    let b: Value = g
+        .client
+        .post(g.url(path))
+        .header("idempotency-key", "K1")
+        .header("content-type", "application/json")
+        .body(reordered)
+        .send()
         .await
+        .expect("reachable")
         .json()
         .await
         .expect("json");
     assert_eq!(a, b);
+    assert_eq!(mock.requests().len(), 1);
+    // Same key with another body, on either endpoint: refused, not answered
+    // with the other request's call.
+    for (p, body) in [
+        (path, chat_body("other")),
+        ("/t/key-1/v1/completions", json!({"prompt": [1, 2]})),
+    ] {
+        let r = post_with(&g, p, &body, &[("idempotency-key", "K1")]).await;
+        assert_eq!(r.status(), 409, "{p}");
+        let e: Value = r.json().await.expect("json");
+        assert_eq!(e["error"]["code"], "idempotency_key_reused", "{e}");
+    }
     assert_eq!(mock.requests().len(), 1);
 
     mock.push(Scripted::ids(vec![5, 6, 7, IM_END]));

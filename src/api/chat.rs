@@ -90,7 +90,7 @@ async fn handle(
     let owner = match state
         .calls
         .claim(super::retry_request(headers, named.clone(), &body)?)
-        .await
+        .await?
     {
         Claim::Recorded(answer) => return Ok(replay(&state, answer, &req, shape)),
         Claim::Owner(owner) => owner,

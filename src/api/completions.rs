@@ -109,7 +109,7 @@ async fn handle(
     let owner = match state
         .calls
         .claim(super::retry_request(headers, named.clone(), &body)?)
-        .await
+        .await?
     {
         Claim::Recorded(answer) => return Ok(replay(&state, answer, req.stream, shape)),
         Claim::Owner(owner) => owner,

@@ -270,9 +270,16 @@ impl Calls {
         self.max_model_len
     }
 
-    /// Looks a request up among recorded answers (see [`replies`]).
-    pub async fn claim(&self, req: replies::Request) -> replies::Claim {
-        self.replies.claim(req).await
+    /// Looks a request up among recorded answers (see [`replies`]); a key
+    /// reused with another body is a 409.
+    pub async fn claim(&self, req: replies::Request) -> Result<replies::Claim, ApiError> {
+        self.replies.claim(req).await.map_err(|replies::KeyReused| {
+            ApiError::conflict(
+                "this Idempotency-Key was used with a different request body; \
+                 use a new key for a new request",
+            )
+            .with_code("idempotency_key_reused")
+        })
     }
 
     /// Resolves `max_tokens` against the context window and the sample's

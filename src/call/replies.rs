@@ -7,6 +7,10 @@
 //! or is cancelled (its client left before the last token), the first waiter
 //! generates instead.
 //!
+//! An `Idempotency-Key` names one request: reused with another body (the
+//! same JSON, however serialized, is the same body) it is refused, as
+//! Stripe's keys are, rather than answered with the other request's call.
+//!
 //! Scope: the trajectory id the client named (path, header or body field),
 //! or none when it named none (every such call is a trajectory of its own,
 //! and only `Idempotency-Key` finds it again: a body names nobody's call).
@@ -105,6 +109,10 @@ pub enum Claim {
     Owner(Owner),
 }
 
+/// The `Idempotency-Key` names a recorded call of another request body.
+#[derive(Debug)]
+pub struct KeyReused;
+
 /// The right (and duty) to generate for a set of keys. Dropping it without
 /// completing releases the keys and wakes any waiter.
 pub struct Owner {
@@ -137,7 +145,7 @@ impl Replies {
     /// Looks `req` up; waits for a running original. Without a key and
     /// without the retry header nothing is looked up, but the call is still
     /// registered so that its retries find it.
-    pub async fn claim(self: &Arc<Self>, req: Request) -> Claim {
+    pub async fn claim(self: &Arc<Self>, req: Request) -> Result<Claim, KeyReused> {
         let body_key = req.body_key();
         // A body names a call only within a named trajectory: without one,
         // two agents sending the same prompt (the samples of one group) are
@@ -157,11 +165,17 @@ impl Replies {
                 crate::metrics::retry_cache_bytes(inner.bytes);
                 if let Some(key) = &lookup {
                     match inner.slots.get(key) {
+                        Some(Slot::Done { body, .. })
+                            if matches!(key, Key::Explicit { .. })
+                                && !same_request(body, &req.body) =>
+                        {
+                            return Err(KeyReused);
+                        }
                         Some(Slot::Done { answer, body, .. })
                             if inner.is_current(key, &req, body) =>
                         {
                             crate::metrics::replay();
-                            return Claim::Recorded(answer.clone());
+                            return Ok(Claim::Recorded(answer.clone()));
                         }
                         Some(Slot::Running { rx, .. }) => wait = Some(rx.clone()),
                         _ => {}
@@ -187,7 +201,7 @@ impl Replies {
                             inner.bytes -= bytes;
                         }
                     }
-                    return Claim::Owner(Owner {
+                    return Ok(Claim::Owner(Owner {
                         replies: self.clone(),
                         id,
                         keys,
@@ -196,28 +210,33 @@ impl Replies {
                         // connection's read buffer, which it would keep alive.
                         body: Bytes::copy_from_slice(&req.body),
                         tx,
-                    });
+                    }));
                 }
             }
             if let Some(mut rx) = wait {
-                // The original finishes (Some), or goes away (Err): look again.
-                let answer = rx
-                    .wait_for(Option::is_some)
-                    .await
-                    .ok()
-                    .and_then(|a| a.clone());
-                if let Some(answer) = answer {
-                    crate::metrics::replay();
-                    return Claim::Recorded(answer);
-                }
+                // The original finishes, or goes away: look again (its
+                // recorded answer, checked against this request's body, or
+                // the right to generate).
+                let _ = rx.wait_for(Option::is_some).await;
             }
         }
     }
 }
 
+/// Whether two request bodies are the same request: the same bytes, or the
+/// same JSON value serialized another way.
+fn same_request(a: &Bytes, b: &Bytes) -> bool {
+    if a == b {
+        return true;
+    }
+    let parse = |b: &Bytes| serde_json::from_slice::<serde_json::Value>(b).ok();
+    matches!((parse(a), parse(b)), (Some(x), Some(y)) if x == y)
+}
+
 impl Inner {
     /// A recorded answer counts for `req` when the bodies are identical and
-    /// it is the named trajectory's last call.
+    /// it is the named trajectory's last call (for a key: when the bodies
+    /// are the same request, checked before).
     fn is_current(&self, key: &Key, req: &Request, body: &Bytes) -> bool {
         match key {
             Key::Explicit { .. } => true,
@@ -352,7 +371,8 @@ mod tests {
         let body = Bytes::from(vec![b'x'; 64 * 1024]);
         let mut largest = 0;
         for i in 0..200 {
-            let Claim::Owner(owner) = replies.claim(request(&format!("t{i}"), body.clone())).await
+            let Ok(Claim::Owner(owner)) =
+                replies.claim(request(&format!("t{i}"), body.clone())).await
             else {
                 panic!("nothing recorded yet");
             };
@@ -369,7 +389,7 @@ mod tests {
         // The same body again in one trajectory: the old entry is counted out.
         let again = request("same", Bytes::from_static(b"{}"));
         for _ in 0..3 {
-            let Claim::Owner(owner) = replies.claim(again.clone()).await else {
+            let Ok(Claim::Owner(owner)) = replies.claim(again.clone()).await else {
                 panic!("not a retry: generates again");
             };
             owner.complete(answer(10, "r"));
