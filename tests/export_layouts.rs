@@ -343,8 +343,10 @@ async fn verl_layout_pads_masks_and_places_rm_scores() {
         );
         let rm = row.rm_scores.as_ref().expect("rm_scores");
         assert_eq!(rm.len(), r);
+        let last_sampled = s.response_mask[..m].iter().rposition(|&x| x == 1);
         for (i, x) in rm.iter().enumerate() {
-            assert_eq!(*x, if i == m - 1 { 2.0 } else { 0.0 }, "rm_scores[{i}]");
+            let want = if Some(i) == last_sampled { 2.0 } else { 0.0 };
+            assert_eq!(*x, want, "rm_scores[{i}]");
         }
         assert_eq!(row.truncated, s.response_ids.len() > r);
     }
@@ -363,6 +365,24 @@ async fn verl_layout_pads_masks_and_places_rm_scores() {
     assert_eq!(cut[1].weight_version.as_deref(), Some("step-3"));
     assert_eq!(cut[1].max_weight_version, cut[1].weight_version);
     assert_eq!(cut[1].finish_reason, "length");
+    // Cut inside an observation: the row ends in mask-0 tokens, and the
+    // reward stays on its last sampled token.
+    let mask1 = &samples[1].response_mask;
+    let r_obs = (1..mask1.len())
+        .find(|&k| mask1[k - 1] == 0 && mask1[..k].contains(&1))
+        .expect("sample 1 has an observation after a sampled token");
+    let (cut, _) = both(&*store, Layout::Verl, |o| {
+        o.prompt_length = Some(p);
+        o.response_length = Some(r_obs);
+    });
+    let rm = cut[1].rm_scores.as_ref().expect("rm_scores");
+    let last_sampled = mask1[..r_obs].iter().rposition(|&x| x == 1);
+    assert_eq!(
+        cut[1].response_mask[r_obs - 1],
+        0,
+        "the row ends in an observation"
+    );
+    assert_eq!(rm.iter().position(|&x| x == 2.0), last_sampled);
     // Sample 2 has a 6-id prompt, the others 5: prompt_length 5 skips it.
     let (kept, stats) = both(&*store, Layout::Verl, |o| {
         o.prompt_length = Some(5);

@@ -331,8 +331,13 @@ fn pad_verl(row: &mut ExportRow, p: usize, r: usize, pad: u32) {
         seen += u32::from(*a);
         position_ids.push(seen.saturating_sub(1));
     }
+    // The reward goes on the last sampled token (mask 1): a row can end in
+    // observation tokens (a tool result that spent the budget, a cut), and
+    // verl's GAE and REINFORCE++ returns skip mask-0 positions, which would
+    // drop a reward placed there. Without a sampled token, the last one.
     let mut rm_scores = vec![0.0f32; r];
-    if let (Some(reward), Some(last)) = (row.reward, m.checked_sub(1)) {
+    let last_sampled = row.response_mask[..m].iter().rposition(|&x| x == 1);
+    if let (Some(reward), Some(last)) = (row.reward, last_sampled.or(m.checked_sub(1))) {
         if let Some(slot) = rm_scores.get_mut(last) {
             *slot = reward as f32;
         }
