@@ -7,6 +7,10 @@ use bytes::{Buf, BytesMut};
 #[derive(Default)]
 pub struct SseDecoder {
     buf: BytesMut,
+    /// Bytes of `buf` already searched for an event's end: a long event
+    /// (SGLang's cumulative output) arriving in many reads is scanned once,
+    /// not from its start on every read.
+    scanned: usize,
 }
 
 impl SseDecoder {
@@ -18,7 +22,14 @@ impl SseDecoder {
     /// if no complete event is buffered.
     pub fn next_event(&mut self) -> Option<String> {
         loop {
-            let (end, sep_len) = find_event_end(&self.buf)?;
+            // A separator may straddle the last read: back up 3 bytes.
+            let from = self.scanned.saturating_sub(3);
+            let Some((at, sep_len)) = find_event_end(&self.buf[from..]) else {
+                self.scanned = self.buf.len();
+                return None;
+            };
+            let end = from + at;
+            self.scanned = 0;
             let raw = self.buf.split_to(end);
             self.buf.advance(sep_len);
             let text = String::from_utf8_lossy(&raw);
@@ -71,5 +82,25 @@ mod tests {
         d.push(b"ta: [DONE]\r\n\r\n: keepalive\n\n");
         assert_eq!(d.next_event().as_deref(), Some("[DONE]"));
         assert_eq!(d.next_event(), None);
+    }
+
+    /// A separator split over reads at every position, after a partial scan.
+    #[test]
+    fn finds_a_separator_split_across_reads() {
+        let x = "x".repeat(40);
+        for sep in ["\n\n", "\r\n\r\n"] {
+            let event = format!("data: {x}{sep}");
+            for cut in 1..event.len() {
+                let mut d = SseDecoder::default();
+                d.push(&event.as_bytes()[..cut]);
+                assert_eq!(d.next_event(), None, "{sep:?} cut at {cut}");
+                d.push(&event.as_bytes()[cut..]);
+                assert_eq!(
+                    d.next_event().as_deref(),
+                    Some(x.as_str()),
+                    "{sep:?} cut at {cut}"
+                );
+            }
+        }
     }
 }
