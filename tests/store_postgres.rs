@@ -306,6 +306,7 @@ async fn reopening_keeps_everything_and_a_newer_schema_is_refused() {
     // Migration 2 dropped the status index (no query needs it, and each
     // call's `updated_at` moved its entry), made the group index partial
     // and indexed the order of finishes (finished trajectories only).
+    // Migration 3 indexed the listing key, and the rows not given one yet.
     let names: Vec<&str> = indexes.iter().map(|(n, _)| n.as_str()).collect();
     assert_eq!(
         names,
@@ -313,12 +314,15 @@ async fn reopening_keeps_everything_and_a_newer_schema_is_refused() {
             "trajectories_fseq",
             "trajectories_group",
             "trajectories_id_key",
-            "trajectories_pkey"
+            "trajectories_lseq",
+            "trajectories_pkey",
+            "trajectories_unlisted"
         ]
     );
     for (def, partial) in [
         (&indexes[0].1, "WHERE (fseq IS NOT NULL)"),
         (&indexes[1].1, "WHERE (group_id IS NOT NULL)"),
+        (&indexes[5].1, "WHERE (lseq IS NULL)"),
     ] {
         assert!(def.ends_with(partial), "{def}");
     }

@@ -109,7 +109,7 @@ pub(super) async fn append_many(
         conn.client.execute(&create, &create_args),
         conn.client.query(&status, &status_args),
     );
-    created?;
+    conn.created += created?;
     let mut seqs: HashMap<String, i64> = HashMap::with_capacity(ids.len());
     for row in rows? {
         let id: String = row.try_get(0)?;
@@ -194,10 +194,10 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::super::rows::{load, Key};
-    use super::super::{schema, writer, Conn};
+    use super::super::{rows, schema, writer, Conn};
     use super::{CREATE_MANY, STATUS_MANY};
     use crate::store::group_commit::{Job, Op};
-    use crate::store::{CallRecord, StoreError, Trajectory};
+    use crate::store::{CallRecord, StoreError, Trajectory, TrajectoryFilter};
 
     /// A fresh database on the test cluster (`TITO_TEST_POSTGRES`, started by
     /// scripts/test.sh), connected and migrated.
@@ -494,7 +494,7 @@ mod tests {
             .await
             .expect("the other replica's append is not a deadlock victim");
         assert!(stored.iter().all(Result::is_ok), "{stored:?}");
-        other.client.batch_execute("COMMIT").await.expect("commit");
+        writer::commit(&mut other).await.expect("commit");
         let (out, retries) = writer.await.expect("writer task");
         assert!(
             matches!(&out[0], Err(StoreError::Duplicate { call: 1, .. })),
@@ -510,5 +510,41 @@ mod tests {
             .expect("one");
         assert_eq!(t.calls.len(), 2);
         assert_eq!(t.calls[1].sampled_ids, theirs.sampled_ids);
+    }
+
+    /// Two replicas: one creates a trajectory and commits late, after the
+    /// other created and committed one. A reader that paged past the second
+    /// still finds the first on its next page: listing keys are drawn in
+    /// commit order, not insert order.
+    #[tokio::test]
+    async fn a_trajectory_committed_late_is_listed_after_the_cursor() {
+        let (url, mut slow) = database_at().await;
+        let mut fast = Conn::connect(&url).await.expect("connect");
+        let mut reader = Conn::connect(&url).await.expect("connect");
+        // The slow replica inserts first (the lower seq) and stays open.
+        slow.client.batch_execute("BEGIN").await.expect("begin");
+        let stored = writer::append_pipelined(&mut slow, &[&call("slow", 0, None)], 1)
+            .await
+            .expect("append");
+        assert!(stored.iter().all(Result::is_ok), "{stored:?}");
+        let out = writer::commit_batch(&mut fast, &jobs(vec![call("fast", 0, None)])).await;
+        assert!(out[0].is_ok(), "{out:?}");
+        let all = TrajectoryFilter::default();
+        let page = rows::page(&mut reader, &all, 0, 10).await.expect("page");
+        let ids: Vec<&str> = page.iter().map(|(_, m)| m.id.as_str()).collect();
+        assert_eq!(ids, ["fast"]);
+        let cursor = page[0].0;
+        writer::commit(&mut slow).await.expect("commit");
+        let next = rows::page(&mut reader, &all, cursor, 10)
+            .await
+            .expect("page");
+        let ids: Vec<&str> = next.iter().map(|(_, m)| m.id.as_str()).collect();
+        assert_eq!(ids, ["slow"], "the late commit is after the cursor");
+        // A scan by listing key loads it.
+        let t = load(&mut reader, Key::Listed(next[0].0))
+            .await
+            .expect("load")
+            .expect("found");
+        assert_eq!(t.meta.id, "slow");
     }
 }

@@ -67,6 +67,9 @@ pub(crate) struct Conn {
     /// Transactions this connection ran again after a deadlock or a
     /// serialization failure (see `writer::commit_batch`).
     transient_retries: u64,
+    /// Trajectories the open transaction created: its commit gives them
+    /// their listing keys (see `writer::COMMIT_SQL`).
+    created: u64,
 }
 
 impl Conn {
@@ -98,6 +101,7 @@ impl Conn {
             client,
             stmts: HashMap::new(),
             transient_retries: 0,
+            created: 0,
         })
     }
 
@@ -400,7 +404,7 @@ impl super::scan::Reader for Conn {
     }
 
     fn by_key(&mut self, key: i64) -> Result<Option<Trajectory>, StoreError> {
-        futures::executor::block_on(rows::load(self, Key::Seq(key)))
+        futures::executor::block_on(rows::load(self, Key::Listed(key)))
     }
 
     fn by_id(&mut self, id: &str) -> Result<Option<Trajectory>, StoreError> {

@@ -182,20 +182,20 @@ pub(crate) async fn load(conn: &mut Conn, key: Key<'_>) -> Result<Option<Traject
     result
 }
 
-/// How a trajectory is named: its id, or its creation-order key.
+/// How a trajectory is named: its id, or its listing key (`lseq`).
 #[derive(Clone, Copy)]
 pub(crate) enum Key<'a> {
     Id(&'a str),
-    Seq(i64),
+    Listed(i64),
 }
 
 async fn load_in_snapshot(conn: &mut Conn, key: Key<'_>) -> Result<Option<Trajectory>, StoreError> {
     let found = match key {
         Key::Id(id) => meta_by_id(conn, id).await?,
-        Key::Seq(seq) => {
-            let sql = format!("SELECT {META_COLS} FROM trajectories WHERE seq = $1");
+        Key::Listed(lseq) => {
+            let sql = format!("SELECT {META_COLS} FROM trajectories WHERE lseq = $1");
             let stmt = conn.prep(&sql).await?;
-            match conn.client.query_opt(&stmt, &[&seq]).await? {
+            match conn.client.query_opt(&stmt, &[&lseq]).await? {
                 Some(row) => Some(meta_from_row(&row)?),
                 None => None,
             }
@@ -213,17 +213,31 @@ async fn load_in_snapshot(conn: &mut Conn, key: Key<'_>) -> Result<Option<Trajec
     }))
 }
 
-/// `WHERE` clause shared by listing, counting, scanning and leasing;
-/// parameters are `$1` = seq after, then [`FilterParams`] as `$2` to `$6`:
+/// The filter conditions after the key: [`FilterParams`] as `$2` to `$6`:
 /// status code, since, group, complete groups only, group size (each NULL
 /// when unset). A complete group has no active member.
-pub(crate) const FILTER_SQL: &str = "seq > $1 AND ($2::BIGINT IS NULL OR status = $2) \
-     AND ($3::BIGINT IS NULL OR updated_at >= $3) AND ($4::TEXT IS NULL OR group_id = $4) \
-     AND (NOT $5::BOOLEAN OR (group_id IS NOT NULL \
-       AND NOT EXISTS (SELECT 1 FROM trajectories g \
-                       WHERE g.group_id = trajectories.group_id AND g.status = 0) \
-       AND ($6::BIGINT IS NULL OR (SELECT count(*) FROM trajectories g \
-                                   WHERE g.group_id = trajectories.group_id) >= $6)))";
+macro_rules! filter_rest {
+    () => {
+        "($2::BIGINT IS NULL OR status = $2) \
+         AND ($3::BIGINT IS NULL OR updated_at >= $3) AND ($4::TEXT IS NULL OR group_id = $4) \
+         AND (NOT $5::BOOLEAN OR (group_id IS NOT NULL \
+           AND NOT EXISTS (SELECT 1 FROM trajectories g \
+                           WHERE g.group_id = trajectories.group_id AND g.status = 0) \
+           AND ($6::BIGINT IS NULL OR (SELECT count(*) FROM trajectories g \
+                                       WHERE g.group_id = trajectories.group_id) >= $6)))"
+    };
+}
+
+/// `WHERE` clause of counting and leasing: `$1` = seq after, then the
+/// filter (see `filter_rest`).
+pub(crate) const FILTER_SQL: &str = concat!("seq > $1 AND ", filter_rest!());
+
+/// `WHERE` clause of listing and scanning: `$1` = listing key after. The
+/// listing key (`lseq`) is drawn when the creating transaction commits, in
+/// commit order (see `writer::COMMIT_SQL`): a reader paging past a key
+/// never misses a trajectory committed later with a lower one, as it could
+/// with `seq` (drawn at insert) when replicas commit out of order.
+const LISTING_FILTER_SQL: &str = concat!("lseq > $1 AND ", filter_rest!());
 
 pub(crate) struct FilterParams {
     pub status: Option<i64>,
@@ -245,15 +259,18 @@ impl FilterParams {
     }
 }
 
-/// Up to `limit` `(seq, meta)` matching `filter` after `after`, in seq order.
+/// Up to `limit` `(lseq, meta)` matching `filter` after listing key
+/// `after`, in listing order.
 pub(crate) async fn page(
     conn: &mut Conn,
     filter: &TrajectoryFilter,
     after: i64,
     limit: usize,
 ) -> Result<Vec<(i64, TrajectoryMeta)>, StoreError> {
-    let sql =
-        format!("SELECT {META_COLS} FROM trajectories WHERE {FILTER_SQL} ORDER BY seq LIMIT $7");
+    let sql = format!(
+        "SELECT lseq, {META_COLS} FROM trajectories WHERE {LISTING_FILTER_SQL} \
+         ORDER BY lseq LIMIT $7"
+    );
     let stmt = conn.prep(&sql).await?;
     let f = FilterParams::of(filter);
     let limit = i64::try_from(limit).unwrap_or(i64::MAX);
@@ -272,7 +289,9 @@ pub(crate) async fn page(
             ],
         )
         .await?;
-    rows.iter().map(meta_from_row).collect()
+    rows.iter()
+        .map(|row| Ok((row.try_get("lseq")?, meta_from_row(row)?.1)))
+        .collect()
 }
 
 pub(crate) async fn count(conn: &mut Conn, filter: &TrajectoryFilter) -> Result<u64, StoreError> {

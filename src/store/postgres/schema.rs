@@ -113,6 +113,20 @@ const MIGRATIONS: &[&str] = &[
     DROP INDEX trajectories_group;
     CREATE INDEX trajectories_group ON trajectories(group_id) WHERE group_id IS NOT NULL;
     "#,
+    // 3: the listing key `lseq`, drawn from its own sequence when the
+    // creating transaction commits, under a lock (`writer::COMMIT_SQL`), so
+    // listing order is commit order across replicas. Existing rows keep
+    // their creation order; new keys start above them. A row whose key is
+    // not drawn yet (its transaction is open) is found by the partial index.
+    r#"
+    ALTER TABLE trajectories ADD COLUMN lseq BIGINT;
+    UPDATE trajectories SET lseq = seq;
+    CREATE SEQUENCE trajectories_listing_order;
+    SELECT setval('trajectories_listing_order',
+                  (SELECT COALESCE(max(seq), 0) + 1 FROM trajectories), false);
+    CREATE UNIQUE INDEX trajectories_lseq ON trajectories(lseq);
+    CREATE INDEX trajectories_unlisted ON trajectories(seq) WHERE lseq IS NULL;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -186,4 +200,59 @@ async fn migrate_step(conn: &Conn) -> Result<Option<u32>, StoreError> {
     c.execute("UPDATE tito_schema SET version = $1", &[&(current + 1)])
         .await?;
     Ok(Some((current + 1) as u32))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Conn;
+    use super::*;
+
+    /// A database at version 2 with trajectories: migration 3 gives them
+    /// listing keys equal to their creation order, and new keys go above.
+    #[tokio::test]
+    async fn migration_3_keys_existing_trajectories_in_creation_order() {
+        let base = std::env::var("TITO_TEST_POSTGRES")
+            .unwrap_or_else(|_| panic!("TITO_TEST_POSTGRES is unset: run scripts/test.sh"));
+        let admin = Conn::connect(&format!("{base}/postgres"))
+            .await
+            .expect("connect");
+        let name = format!("tito_mig_{:016x}", rand::random::<u64>());
+        admin
+            .client
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create database");
+        let conn = Conn::connect(&format!("{base}/{name}"))
+            .await
+            .expect("connect");
+        let c = &conn.client;
+        c.batch_execute(MIGRATIONS[0]).await.expect("v1");
+        c.batch_execute(MIGRATIONS[1]).await.expect("v2");
+        c.batch_execute(
+            "CREATE TABLE tito_schema (version BIGINT NOT NULL); \
+             INSERT INTO tito_schema VALUES (2); \
+             INSERT INTO trajectories (id, status, created_at, updated_at) \
+             VALUES ('a', 0, 1, 1), ('b', 0, 1, 1)",
+        )
+        .await
+        .expect("a version 2 database");
+        assert_eq!(migrate(&conn).await.expect("migrates"), SCHEMA_VERSION);
+        let keyed: Vec<(i64, i64)> = c
+            .query("SELECT seq, lseq FROM trajectories ORDER BY seq", &[])
+            .await
+            .expect("rows")
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect();
+        assert!(keyed.iter().all(|(seq, lseq)| seq == lseq), "{keyed:?}");
+        let next: i64 = c
+            .query_one("SELECT nextval('trajectories_listing_order')", &[])
+            .await
+            .expect("nextval")
+            .get(0);
+        assert!(
+            keyed.iter().all(|(_, lseq)| *lseq < next),
+            "{keyed:?} then {next}"
+        );
+    }
 }

@@ -92,12 +92,7 @@ fn transient(e: &StoreError) -> bool {
 pub(super) async fn commit_all(conn: &mut Conn, batch: &[Job]) -> Result<Vec<Outcome>, StoreError> {
     begin(conn, batch).await?;
     let done = match apply_all(conn, batch, now_ms()).await {
-        Ok(outcomes) => conn
-            .client
-            .batch_execute("COMMIT")
-            .await
-            .map(|()| outcomes)
-            .map_err(StoreError::from),
+        Ok(outcomes) => commit(conn).await.map(|()| outcomes),
         Err(e) => Err(e),
     };
     if done.is_err() {
@@ -118,11 +113,42 @@ async fn begin(conn: &mut Conn, batch: &[Job]) -> Result<(), StoreError> {
         Some(lock) => format!("{BEGIN}; {lock}"),
         None => BEGIN.to_string(),
     };
+    conn.created = 0;
     if let Err(e) = conn.client.batch_execute(&sql).await {
         let _ = conn.client.batch_execute("ROLLBACK").await;
         return Err(e.into());
     }
     Ok(())
+}
+
+/// The advisory lock [`COMMIT_SQL`] takes: "tito_lsq".
+const LISTING_LOCK: i64 = 0x7469_746f_5f6c_7371;
+
+/// Commits a transaction that created trajectories: gives them their
+/// listing keys (`lseq`, in creation order) under [`LISTING_LOCK`], held
+/// until the commit, so every key drawn later belongs to a later commit and
+/// a reader paging by `lseq` never skips a trajectory committed late. Only
+/// the transaction's own new rows have no key yet (committed ones all do).
+static COMMIT_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    format!(
+        "SELECT pg_advisory_xact_lock({LISTING_LOCK}); \
+         UPDATE trajectories t SET lseq = o.n \
+         FROM (SELECT s.seq, nextval('trajectories_listing_order') AS n \
+               FROM (SELECT seq FROM trajectories WHERE lseq IS NULL ORDER BY seq) s) o \
+         WHERE t.seq = o.seq; \
+         COMMIT"
+    )
+});
+
+/// Commits the open transaction (see [`COMMIT_SQL`]).
+pub(super) async fn commit(conn: &mut Conn) -> Result<(), StoreError> {
+    let sql = if conn.created > 0 {
+        COMMIT_SQL.as_str()
+    } else {
+        "COMMIT"
+    };
+    conn.created = 0;
+    Ok(conn.client.batch_execute(sql).await?)
 }
 
 /// Every job in order; the first error fails them all.
@@ -201,7 +227,7 @@ async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
             let _ = conn.client.batch_execute("ROLLBACK").await;
             continue;
         }
-        return match conn.client.batch_execute("COMMIT").await {
+        return match commit(conn).await {
             Ok(()) => outcomes,
             Err(e) => {
                 let _ = conn.client.batch_execute("ROLLBACK").await;
@@ -275,8 +301,9 @@ async fn set_state(conn: &mut Conn, key: &str, value: &str, now: i64) -> Result<
     Ok(())
 }
 
+/// Creates a trajectory unless it exists; returns a row when it created it.
 const CREATE_SQL: &str = "INSERT INTO trajectories (id, status, created_at, updated_at) \
-     VALUES ($1, 0, $2, $2) ON CONFLICT (id) DO NOTHING";
+     VALUES ($1, 0, $2, $2) ON CONFLICT (id) DO NOTHING RETURNING seq";
 
 /// One call, in one statement: insert it when its trajectory is active and
 /// its parent is stored, and count it on the trajectory row. Returns the
@@ -449,8 +476,9 @@ pub(super) async fn append_pipelined(
         let [created, inserted] = pair else {
             return Err(StoreError::Task("pipelined append lost a statement".into()));
         };
-        if let Err(e) = created {
-            return Err(e.clone_error());
+        match created {
+            Ok(rows) => conn.created += rows.len() as u64,
+            Err(e) => return Err(e.clone_error()),
         }
         let rows = match inserted {
             Ok(rows) => rows,
@@ -532,7 +560,7 @@ async fn set_metadata(
     now: i64,
 ) -> Result<TrajectoryMeta, StoreError> {
     let create = conn.prep(CREATE_SQL).await?;
-    conn.client.execute(&create, &[&id, &now]).await?;
+    conn.created += conn.client.execute(&create, &[&id, &now]).await?;
     locked(conn, id).await?;
     let (seq, old) = meta_by_id(conn, id)
         .await?
