@@ -231,7 +231,7 @@ async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
             Ok(()) => outcomes,
             Err(e) => {
                 let _ = conn.client.batch_execute("ROLLBACK").await;
-                failed(&e.into())
+                failed(&e)
             }
         };
     }
