@@ -68,10 +68,13 @@ impl Request {
     }
 }
 
+/// What a finished original hands its waiters: its answer and its body.
+type Recorded = (Arc<Answer>, Bytes);
+
 enum Slot {
     Running {
         owner: u64,
-        rx: watch::Receiver<Option<Arc<Answer>>>,
+        rx: watch::Receiver<Option<Recorded>>,
     },
     Done {
         answer: Arc<Answer>,
@@ -121,7 +124,7 @@ pub struct Owner {
     keys: Vec<Key>,
     scope: Option<String>,
     body: Bytes,
-    tx: watch::Sender<Option<Arc<Answer>>>,
+    tx: watch::Sender<Option<Recorded>>,
 }
 
 impl Replies {
@@ -159,17 +162,19 @@ impl Replies {
         };
         loop {
             let mut wait = None;
+            let mut keyed = None;
             {
                 let mut inner = self.lock();
                 inner.expire(self.window, self.max_answers, self.max_bytes);
                 crate::metrics::retry_cache_bytes(inner.bytes);
                 if let Some(key) = &lookup {
                     match inner.slots.get(key) {
-                        Some(Slot::Done { body, .. })
-                            if matches!(key, Key::Explicit { .. })
-                                && !same_request(body, &req.body) =>
+                        // A key's body is compared out of the lock (it may
+                        // need both bodies parsed).
+                        Some(Slot::Done { answer, body, .. })
+                            if matches!(key, Key::Explicit { .. }) =>
                         {
-                            return Err(KeyReused);
+                            keyed = Some((answer.clone(), body.clone()));
                         }
                         Some(Slot::Done { answer, body, .. })
                             if inner.is_current(key, &req, body) =>
@@ -181,7 +186,7 @@ impl Replies {
                         _ => {}
                     }
                 }
-                if wait.is_none() {
+                if wait.is_none() && keyed.is_none() {
                     let id = inner.next_owner;
                     inner.next_owner += 1;
                     let (tx, rx) = watch::channel(None);
@@ -214,10 +219,25 @@ impl Replies {
                 }
             }
             if let Some(mut rx) = wait {
-                // The original finishes, or goes away: look again (its
-                // recorded answer, checked against this request's body, or
-                // the right to generate).
-                let _ = rx.wait_for(Option::is_some).await;
+                // The original finishes (its answer), or goes away (look
+                // again: this request may generate).
+                let done = rx
+                    .wait_for(Option::is_some)
+                    .await
+                    .ok()
+                    .and_then(|d| d.clone());
+                keyed = done;
+            }
+            if let Some((answer, body)) = keyed {
+                if same_request(&body, &req.body) {
+                    crate::metrics::replay();
+                    return Ok(Claim::Recorded(answer));
+                }
+                if matches!(lookup, Some(Key::Explicit { .. })) {
+                    return Err(KeyReused);
+                }
+                // Another body behind the same body hash: not this
+                // request's call; look again, and generate.
             }
         }
     }
@@ -304,7 +324,7 @@ impl Owner {
             }
             crate::metrics::retry_cache_bytes(inner.bytes);
         }
-        self.tx.send_replace(Some(answer));
+        self.tx.send_replace(Some((answer, self.body.clone())));
     }
 }
 
