@@ -284,10 +284,22 @@ async fn a_changed_tool_list_or_template_kwargs_starts_a_new_sample() {
         "description": "The time", "parameters": {"type": "object", "properties": {}}}});
     let more_tools = json!([tools()[0].clone(), clock]);
     let kwargs = json!({"enable_thinking": false});
-    for (name, tools2, kwargs2, continues) in [
-        ("same", tools(), Value::Null, true),
-        ("added", more_tools, Value::Null, false),
-        ("kwargs", tools(), kwargs, false),
+    let functions = json!([tools()[0]["function"].clone()]);
+    // (case, field naming the tools, turn 1's, turn 2's, kwargs, continues)
+    for (name, field, tools1, tools2, kwargs2, continues) in [
+        ("same", "tools", tools(), tools(), Value::Null, true),
+        ("added", "tools", tools(), more_tools, Value::Null, false),
+        ("kwargs", "tools", tools(), tools(), kwargs, false),
+        // Legacy `functions`, mapped to tools live and read back from the
+        // stored request on the fresh gateway.
+        (
+            "functions",
+            "functions",
+            functions.clone(),
+            functions.clone(),
+            Value::Null,
+            true,
+        ),
     ] {
         let first =
             common::start_gateway_on(config(&[mock.url()], ""), r.clone(), store.clone()).await;
@@ -299,7 +311,7 @@ async fn a_changed_tool_list_or_template_kwargs_starts_a_new_sample() {
         let body1: Value = first
             .post(
                 &path,
-                json!({"messages": [user], "tools": tools(), "return_token_ids": true}),
+                json!({"messages": [user], field: tools1, "return_token_ids": true}),
             )
             .await
             .json()
@@ -317,7 +329,7 @@ async fn a_changed_tool_list_or_template_kwargs_starts_a_new_sample() {
         ));
         let mut req = json!({"messages": [user, {"role": "assistant", "content": "Hello."},
                                           {"role": "user", "content": "Time?"}],
-                             "tools": tools2, "return_token_ids": true});
+                             field: tools2, "return_token_ids": true});
         if !kwargs2.is_null() {
             req["chat_template_kwargs"] = kwargs2;
         }

@@ -50,12 +50,30 @@ pub fn strip_reasoning(s: &str) -> String {
 
 /// Tool-call arguments as a JSON value, whether sent as a string or object.
 fn arguments_value(call: &Json) -> Json {
-    match call.pointer("/function/arguments") {
+    let mut v = match call.pointer("/function/arguments") {
         Some(Json::String(s)) => {
             serde_json::from_str(s).unwrap_or_else(|_| Json::String(s.clone()))
         }
         Some(v) => v.clone(),
         None => Json::Null,
+    };
+    numbers_by_value(&mut v);
+    v
+}
+
+/// Every number as a float, so `1`, `1.0` and `1e0` compare equal: a client
+/// that re-serializes arguments (JavaScript's `JSON.stringify` writes `1.0`
+/// as `1`) echoes the same call.
+fn numbers_by_value(v: &mut Json) {
+    match v {
+        Json::Number(n) => {
+            if let Some(f) = n.as_f64().and_then(serde_json::Number::from_f64) {
+                *n = f;
+            }
+        }
+        Json::Array(items) => items.iter_mut().for_each(numbers_by_value),
+        Json::Object(fields) => fields.values_mut().for_each(numbers_by_value),
+        _ => {}
     }
 }
 
@@ -279,6 +297,14 @@ mod tests {
             "tool_calls": [{"id": "call_1", "type": "function",
                             "function": {"name": "sub", "arguments": "{\"a\": 1, \"b\": 2}"}}]});
         assert!(!is_served_message(&renamed_same_id, &served));
+        // Re-serialized by JavaScript: 1.0 comes back as 1.
+        let float = json!({"role": "assistant", "content": "",
+            "tool_calls": [{"id": "c", "type": "function",
+                            "function": {"name": "f", "arguments": "{\"x\": 1.0, \"y\": [2e0]}"}}]});
+        let echoed = json!({"role": "assistant",
+            "tool_calls": [{"id": "c", "type": "function",
+                            "function": {"name": "f", "arguments": "{\"x\":1,\"y\":[2]}"}}]});
+        assert!(is_served_message(&echoed, &float));
     }
 
     #[test]

@@ -308,9 +308,7 @@ impl Trajectories {
                 Err(_) => return Ok(None),
             };
         }
-        // The served message is the last that holds the marker: the text
-        // after it starts at the marker's last occurrence.
-        let Some(pos) = text.rfind(SENTINEL).map(|p| p + SENTINEL.len()) else {
+        let Some(pos) = text.find(SENTINEL).map(|p| p + SENTINEL.len()) else {
             return Ok(None);
         };
         let after = &text[pos..];
