@@ -270,7 +270,8 @@ impl Sampler {
                 let mut above = 0.0;
                 let mut last = None;
                 for &i in order {
-                    if above >= limit {
+                    // The most likely token is kept even at top_p = 0.
+                    if above >= limit && last.is_some() {
                         return last;
                     }
                     above += weight(z[i as usize]);
@@ -608,6 +609,10 @@ mod tests {
         let mut p = params(1.0);
         p.top_k = Some(2);
         assert_eq!(kept_after(&p, &[1.0, 1.0, 1.0, 0.0]), vec![0, 1, 2]);
+        // top_p = 0 keeps the most likely token (and its ties), not all.
+        let mut p = params(1.0);
+        p.top_p = Some(0.0);
+        assert_eq!(kept_after(&p, &[0.5, 2.0, 1.0]), vec![1]);
     }
 
     #[test]

@@ -528,12 +528,18 @@ impl Worker {
         let rows = std::mem::take(&mut self.rows);
         for &(i, row) in &rows {
             let logits = ctx.get_logits_ith(row);
-            if let Some(reason) = self.sample_one(i, logits) {
-                let s = &self.running[i];
-                s.tx.event(GenEvent::Done {
-                    finish_reason: reason,
-                });
-                finished.push(i);
+            match self.sample_one(i, logits) {
+                Ok(None) => {}
+                Ok(Some(reason)) => {
+                    self.running[i].tx.event(GenEvent::Done {
+                        finish_reason: reason,
+                    });
+                    finished.push(i);
+                }
+                Err(e) => {
+                    self.running[i].tx.fail(e);
+                    finished.push(i);
+                }
             }
         }
         self.rows = rows;
@@ -569,13 +575,24 @@ impl Worker {
     }
 
     /// Samples the next token of `running[i]`, sends it, and returns the
-    /// finish reason if the sequence is done.
-    fn sample_one(&mut self, i: usize, logits: &[f32]) -> Option<FinishReason> {
+    /// finish reason if the sequence is done. An output constraint that
+    /// allows no token is the request's dead end, not an abort (which a
+    /// client would retry into the same dead end).
+    fn sample_one(
+        &mut self,
+        i: usize,
+        logits: &[f32],
+    ) -> Result<Option<FinishReason>, BackendError> {
         let max_seq_len = self.info.max_seq_len as usize;
         let s = &mut self.running[i];
         let allowed = s.grammar.as_mut().map(|g| allowed_by(g, logits));
         let Some(out) = s.sampler.sample_allowed(logits, allowed.as_deref()) else {
-            return Some(FinishReason::Abort);
+            return Err(BackendError::Rejected {
+                backend: self.settings.name.clone(),
+                message: "the output constraint (response_format or a forced tool call) \
+                          allows no next token"
+                    .into(),
+            });
         };
         if let Some(g) = s.grammar.as_mut() {
             g.accept(LlamaToken::new(out.token as i32));
@@ -597,18 +614,18 @@ impl Worker {
             logprobs,
         });
         if !sent {
-            return Some(FinishReason::Abort);
+            return Ok(Some(FinishReason::Abort));
         }
         let p = &s.params;
         if p.stop_token_ids.contains(&out.token)
             || (!p.ignore_eos && self.info.eog_ids.binary_search(&out.token).is_ok())
         {
-            return Some(FinishReason::Stop);
+            return Ok(Some(FinishReason::Stop));
         }
         if s.generated() >= p.max_tokens as usize || s.tokens.len() >= max_seq_len {
-            return Some(FinishReason::Length);
+            return Ok(Some(FinishReason::Length));
         }
-        None
+        Ok(None)
     }
 
     fn fail_planned(&mut self, ctx: &mut LlamaContext<'_>, plan: &[(usize, usize)], message: &str) {
