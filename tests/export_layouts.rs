@@ -343,10 +343,10 @@ async fn verl_layout_pads_masks_and_places_rm_scores() {
         );
         let rm = row.rm_scores.as_ref().expect("rm_scores");
         assert_eq!(rm.len(), r);
-        let last_sampled = s.response_mask[..m].iter().rposition(|&x| x == 1);
+        // These rows end in a sampled token: the reward is on the last one.
+        assert_eq!(s.response_mask[m - 1], 1);
         for (i, x) in rm.iter().enumerate() {
-            let want = if Some(i) == last_sampled { 2.0 } else { 0.0 };
-            assert_eq!(*x, want, "rm_scores[{i}]");
+            assert_eq!(*x, if i == m - 1 { 2.0 } else { 0.0 }, "rm_scores[{i}]");
         }
         assert_eq!(row.truncated, s.response_ids.len() > r);
     }

@@ -28,10 +28,14 @@ fn null_or_empty_object(v: &Json, _: &Json) -> bool {
     v.is_null() || v.as_object().is_some_and(serde_json::Map::is_empty)
 }
 
-/// `parallel_tool_calls: false` is honoured when `tool_choice` names a
-/// function: the output is then constrained to exactly one call.
+/// `parallel_tool_calls: false` is honoured when `tool_choice` (or the
+/// legacy `function_call`) names a function: the output is then constrained
+/// to exactly one call.
 fn one_call_at_most(v: &Json, body: &Json) -> bool {
-    v.is_null() || v.as_bool() == Some(true) || body.pointer("/tool_choice/function/name").is_some()
+    v.is_null()
+        || v.as_bool() == Some(true)
+        || body.pointer("/tool_choice/function/name").is_some()
+        || body.pointer("/function_call/name").is_some()
 }
 
 const CHAT: &[Rule] = &[

@@ -12,7 +12,8 @@ const SCAN_PAGE: usize = 256;
 
 /// A store's read connection, as the scans use it (blocking).
 pub(crate) trait Reader: Send + 'static {
-    /// Up to `limit` creation-order keys matching `filter` after `after`.
+    /// Up to `limit` listing keys matching `filter` after `after` (creation
+    /// order; on PostgreSQL, commit order, see `postgres::rows`).
     fn keys(
         &mut self,
         filter: &TrajectoryFilter,
@@ -27,7 +28,7 @@ pub(crate) trait Reader: Send + 'static {
     fn by_id(&mut self, id: &str) -> Result<Option<Trajectory>, StoreError>;
 }
 
-/// Matching trajectories in creation order, a page of keys at a time.
+/// Matching trajectories in listing-key order, a page of keys at a time.
 pub(crate) fn by_filter<R: Reader>(reader: R, filter: &TrajectoryFilter) -> TrajectoryIter {
     Box::new(Scan {
         reader,

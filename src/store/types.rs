@@ -333,8 +333,8 @@ pub struct ListQuery {
     pub cursor: Option<String>,
 }
 
-/// One page of trajectories, oldest first (creation order, stable under
-/// concurrent updates).
+/// One page of trajectories, oldest first (creation order; on PostgreSQL
+/// the order their creations committed), stable under concurrent updates.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Page {
     pub items: Vec<TrajectoryMeta>,
@@ -342,8 +342,8 @@ pub struct Page {
     pub next_cursor: Option<String>,
 }
 
-/// Creation-order key used by cursors: the cursor is the decimal key of the
-/// last item on a page.
+/// Listing key used by cursors: the cursor is the decimal key of the last
+/// item on a page.
 pub(crate) fn parse_cursor(cursor: Option<&str>) -> Result<u64, super::StoreError> {
     match cursor {
         None | Some("") => Ok(0),

@@ -207,19 +207,7 @@ mod tests {
 
     /// [`database`] and its URL, for a second connection to it.
     async fn database_at() -> (String, Conn) {
-        let base = std::env::var("TITO_TEST_POSTGRES")
-            .unwrap_or_else(|_| panic!("TITO_TEST_POSTGRES is unset: run scripts/test.sh"));
-        let admin = Conn::connect(&format!("{base}/postgres"))
-            .await
-            .expect("connect");
-        let name = format!("tito_unit_{:016x}", rand::random::<u64>());
-        admin
-            .client
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .expect("create database");
-        let url = format!("{base}/{name}");
-        let conn = Conn::connect(&url).await.expect("connect");
+        let (url, conn) = super::super::test_database().await;
         schema::migrate(&conn).await.expect("migrate");
         (url, conn)
     }
@@ -473,7 +461,12 @@ mod tests {
             (out, conn.transient_retries)
         });
         let probe = Conn::connect(&url).await.expect("connect");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the writer never waited on the other replica's row lock"
+            );
             let waiting: i64 = probe
                 .client
                 .query_one(

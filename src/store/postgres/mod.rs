@@ -60,6 +60,26 @@ impl From<tokio_postgres::Error> for StoreError {
     }
 }
 
+/// A fresh, empty database on the test cluster (`TITO_TEST_POSTGRES`,
+/// started by scripts/test.sh): its URL and a connection to it.
+#[cfg(test)]
+pub(crate) async fn test_database() -> (String, Conn) {
+    let base = std::env::var("TITO_TEST_POSTGRES")
+        .unwrap_or_else(|_| panic!("TITO_TEST_POSTGRES is unset: run scripts/test.sh"));
+    let admin = Conn::connect(&format!("{base}/postgres"))
+        .await
+        .expect("connect");
+    let name = format!("tito_unit_{:016x}", rand::random::<u64>());
+    admin
+        .client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .expect("create database");
+    let url = format!("{base}/{name}");
+    let conn = Conn::connect(&url).await.expect("connect");
+    (url, conn)
+}
+
 /// One connection and its prepared statements.
 pub(crate) struct Conn {
     client: tokio_postgres::Client,

@@ -204,27 +204,13 @@ async fn migrate_step(conn: &Conn) -> Result<Option<u32>, StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::Conn;
     use super::*;
 
     /// A database at version 2 with trajectories: migration 3 gives them
     /// listing keys equal to their creation order, and new keys go above.
     #[tokio::test]
     async fn migration_3_keys_existing_trajectories_in_creation_order() {
-        let base = std::env::var("TITO_TEST_POSTGRES")
-            .unwrap_or_else(|_| panic!("TITO_TEST_POSTGRES is unset: run scripts/test.sh"));
-        let admin = Conn::connect(&format!("{base}/postgres"))
-            .await
-            .expect("connect");
-        let name = format!("tito_mig_{:016x}", rand::random::<u64>());
-        admin
-            .client
-            .batch_execute(&format!("CREATE DATABASE {name}"))
-            .await
-            .expect("create database");
-        let conn = Conn::connect(&format!("{base}/{name}"))
-            .await
-            .expect("connect");
+        let (_, conn) = super::super::test_database().await;
         let c = &conn.client;
         c.batch_execute(MIGRATIONS[0]).await.expect("v1");
         c.batch_execute(MIGRATIONS[1]).await.expect("v2");
