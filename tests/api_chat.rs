@@ -348,27 +348,17 @@ async fn large_conversations_render_off_the_worker_with_the_same_ids() {
 async fn logprob_bytes_spell_the_content_on_byte_level_and_sentencepiece_vocabularies() {
     let text = "acción é ł";
     for name in ["qwen3", "gemma3"] {
-        let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join(".cache/tokenizers")
-            .join(name);
-        let model = tito::config::ModelConfig {
-            tokenizer: dir,
-            ..Default::default()
-        };
-        let r = tito::render::Renderer::load(&model).expect("tokenizer loads");
+        let r = common::real_renderer(name, "");
         let mock = MockVllm::start(Scripted::default()).await;
         let g = common::start_gateway_with(config(&[mock.url()], ""), r.clone()).await;
         let ids = r.encode(text).expect("encodes");
         mock.push(Scripted::ids(ids.clone()));
-        let body: Value = g
-            .post(
+        let body = g
+            .post_json(
                 "/v1/chat/completions",
                 json!({"messages": [{"role": "user", "content": "x"}], "logprobs": true}),
             )
-            .await
-            .json()
-            .await
-            .expect("json");
+            .await;
         let content = body["choices"][0]["logprobs"]["content"]
             .as_array()
             .expect("content");
@@ -387,12 +377,9 @@ async fn logprob_bytes_spell_the_content_on_byte_level_and_sentencepiece_vocabul
             }
         }
         mock.push(Scripted::ids(ids.clone()));
-        let body: Value = g
-            .post("/v1/completions", json!({"prompt": [1, 2], "logprobs": 0}))
-            .await
-            .json()
-            .await
-            .expect("json");
+        let body = g
+            .post_json("/v1/completions", json!({"prompt": [1, 2], "logprobs": 0}))
+            .await;
         let offsets: Vec<usize> =
             serde_json::from_value(body["choices"][0]["logprobs"]["text_offset"].clone())
                 .expect("offsets");

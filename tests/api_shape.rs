@@ -45,12 +45,9 @@ async fn chat_and_completions_carry_refusal_and_fingerprint() {
         assert_eq!(c["system_fingerprint"], json!(fp), "{c}");
     }
 
-    let c: Value = g
-        .post("/v1/completions", json!({"prompt": [1, 2]}))
-        .await
-        .json()
-        .await
-        .expect("json");
+    let c = g
+        .post_json("/v1/completions", json!({"prompt": [1, 2]}))
+        .await;
     assert_eq!(c["system_fingerprint"], json!(fp));
 }
 
@@ -177,12 +174,7 @@ async fn response_format_reaches_the_backend_as_a_constraint() {
     let body = json!({"messages": [{"role": "user", "content": "capital of France?"}],
         "response_format": {"type": "json_schema",
                             "json_schema": {"name": "answer", "schema": schema, "strict": true}}});
-    let v: Value = g
-        .post("/v1/chat/completions", body)
-        .await
-        .json()
-        .await
-        .expect("json");
+    let v = g.post_json("/v1/chat/completions", body).await;
     assert_eq!(
         v["choices"][0]["message"]["content"],
         r#"{"city": "Paris"}"#
@@ -231,12 +223,7 @@ async fn forced_tool_choice_constrains_the_output_and_answers_tool_calls() {
         r#"[{"name": "calculator", "parameters": {"expression": "6*7"}}]"#,
     ));
     let body = json!({"messages": messages, "tools": calculator(), "tool_choice": "required"});
-    let v: Value = g
-        .post("/v1/chat/completions", body)
-        .await
-        .json()
-        .await
-        .expect("json");
+    let v = g.post_json("/v1/chat/completions", body).await;
     let c = &v["choices"][0];
     assert_eq!(c["finish_reason"], "tool_calls", "{v}");
     assert_eq!(c["message"]["content"], Value::Null);
@@ -295,12 +282,7 @@ async fn forced_tool_choice_constrains_the_output_and_answers_tool_calls() {
     mock.push(reply(r#"{"expression": "2+2"}"#));
     let body = json!({"messages": messages, "tools": calculator(), "parallel_tool_calls": false,
         "tool_choice": {"type": "function", "function": {"name": "calculator"}}});
-    let v: Value = g
-        .post("/v1/chat/completions", body)
-        .await
-        .json()
-        .await
-        .expect("json");
+    let v = g.post_json("/v1/chat/completions", body).await;
     let calls = v["choices"][0]["message"]["tool_calls"].as_array();
     assert_eq!(calls.map(Vec::len), Some(1), "{v}");
 
@@ -328,15 +310,12 @@ async fn deprecated_functions_map_to_tools_and_answer_function_call() {
         "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}}}]);
     let path = "/t/legacy-1/v1/chat/completions";
     let m1 = json!([{"role": "user", "content": "6*7?"}]);
-    let v: Value = g
-        .post(
+    let v = g
+        .post_json(
             path,
             json!({"messages": m1, "functions": functions, "function_call": "auto"}),
         )
-        .await
-        .json()
-        .await
-        .expect("json");
+        .await;
     let c = &v["choices"][0];
     assert_eq!(c["finish_reason"], "function_call", "{v}");
     assert!(c["message"].get("tool_calls").is_none(), "{v}");

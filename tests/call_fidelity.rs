@@ -54,15 +54,12 @@ async fn post_with(
 /// Posts a first user turn on `path`, then returns that answer and the
 /// messages of the next turn (first turn, the served reply, `then`).
 async fn first_turn(g: &Gateway, path: &str, first: &str, then: &str) -> (Value, Value) {
-    let r: Value = g
-        .post(
+    let r = g
+        .post_json(
             path,
             json!({"messages": [{"role": "user", "content": first}]}),
         )
-        .await
-        .json()
-        .await
-        .expect("json");
+        .await;
     let served = r["choices"][0]["message"]["content"].clone();
     let next = json!([{"role": "user", "content": first}, {"role": "assistant", "content": served},
                       {"role": "user", "content": then}]);
@@ -110,12 +107,7 @@ async fn top_logprobs_asked_by_the_client_are_still_answered() {
     let mut b = chat_body("x");
     b["logprobs"] = json!(true);
     b["top_logprobs"] = json!(2);
-    let body: Value = g
-        .post("/t/lp-2/v1/chat/completions", b)
-        .await
-        .json()
-        .await
-        .expect("json");
+    let body = g.post_json("/t/lp-2/v1/chat/completions", b).await;
     assert_eq!(mock.last_request()["logprobs"], 2);
     let content = body["choices"][0]["logprobs"]["content"]
         .as_array()
@@ -178,12 +170,7 @@ async fn sdk_retry_with_the_same_body_gets_the_recorded_answer() {
     assert_eq!(calls_of(&g, "retry-1").await.len(), 1);
 
     // The same body without the retry header is a new call.
-    let c: Value = g
-        .post("/t/retry-1/v1/chat/completions", body)
-        .await
-        .json()
-        .await
-        .expect("json");
+    let c = g.post_json("/t/retry-1/v1/chat/completions", body).await;
     assert_ne!(c["id"], a["id"]);
     assert_eq!(mock.requests().len(), 2);
 }
@@ -415,12 +402,9 @@ async fn eos_on_the_budget_s_last_token_is_a_natural_end() {
     let a = g.renderer.encode("a").expect("encodes")[0];
     let s = scripted_ids(vec![a, a, a, a, a, IM_END]);
     mock.push(s);
-    let r: Value = g
-        .post("/t/budget-eos/v1/chat/completions", chat_body("go"))
-        .await
-        .json()
-        .await
-        .expect("json");
+    let r = g
+        .post_json("/t/budget-eos/v1/chat/completions", chat_body("go"))
+        .await;
     assert_eq!(r["choices"][0]["finish_reason"], "stop", "{r}");
     let rows = g.export_jsonl("layout=trajectory").await;
     assert_eq!(rows.len(), 1);
@@ -518,12 +502,7 @@ async fn a_backend_abort_before_the_first_token_is_retried_elsewhere() {
     for i in 0..2 {
         let body = json!({"prompt": [4, 5], "return_token_ids": true,
                           "trajectory_id": format!("paused-{i}")});
-        let v: Value = g
-            .post("/v1/completions", body)
-            .await
-            .json()
-            .await
-            .expect("json");
+        let v = g.post_json("/v1/completions", body).await;
         assert_eq!(v["choices"][0]["token_ids"], json!([7, 8, IM_END]), "{v}");
         assert_eq!(v["choices"][0]["finish_reason"], "stop");
     }

@@ -5,29 +5,9 @@
 
 mod common;
 
-use std::path::PathBuf;
-use std::sync::Arc;
-
 use common::mock_vllm::{MockVllm, Scripted};
-use common::{config, start_gateway_with};
+use common::{config, real_renderer, start_gateway_with};
 use serde_json::{json, Value};
-use tito::config::ModelConfig;
-use tito::render::Renderer;
-
-fn llama() -> Arc<Renderer> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/tokenizers/llama3_1");
-    assert!(
-        dir.join("tokenizer.json").is_file(),
-        "{} is missing: run scripts/fetch-tokenizers.sh",
-        dir.display()
-    );
-    let model = ModelConfig {
-        tokenizer: dir,
-        chat_template: PathBuf::from("llama3.1-tools"),
-        ..Default::default()
-    };
-    Renderer::load(&model).expect("tokenizer and template load")
-}
 
 fn weather_tool() -> Value {
     json!({"type": "function", "function": {"name": "get_weather",
@@ -43,7 +23,7 @@ fn ids_of(v: &Value) -> Vec<u32> {
 #[tokio::test]
 async fn the_turn_after_a_llama_tool_call_continues_the_sample() {
     for history in ["exact", "template"] {
-        let r = llama();
+        let r = real_renderer("llama3_1", "llama3.1-tools");
         let mock = MockVllm::start(Scripted::default()).await;
         let mut cfg = config(
             &[mock.url()],
@@ -57,15 +37,12 @@ async fn the_turn_after_a_llama_tool_call_continues_the_sample() {
         mock.push(Scripted::ids(sampled.clone()));
         let path = format!("/t/llama-{history}/v1/chat/completions");
         let user = json!({"role": "user", "content": "Weather in Paris?"});
-        let body: Value = g
-            .post(
+        let body = g
+            .post_json(
                 &path,
                 json!({"messages": [user], "tools": [weather_tool()], "return_token_ids": true}),
             )
-            .await
-            .json()
-            .await
-            .expect("json");
+            .await;
         let message = &body["choices"][0]["message"];
         assert_eq!(body["choices"][0]["finish_reason"], "tool_calls", "{body}");
         let id = message["tool_calls"][0]["id"].clone();
@@ -77,16 +54,13 @@ async fn the_turn_after_a_llama_tool_call_continues_the_sample() {
             "id": id, "type": "function",
             "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]});
         let tool = json!({"role": "tool", "tool_call_id": id, "content": "22 C"});
-        let body2: Value = g
-            .post(
+        let body2 = g
+            .post_json(
                 &path,
                 json!({"messages": [user, echoed, tool], "tools": [weather_tool()],
                        "return_token_ids": true}),
             )
-            .await
-            .json()
-            .await
-            .expect("json");
+            .await;
         let prompt2 = ids_of(&body2["prompt_token_ids"]);
         let prefix = [prompt1, sampled.clone()].concat();
         assert!(
@@ -99,15 +73,9 @@ async fn the_turn_after_a_llama_tool_call_continues_the_sample() {
             "<|start_header_id|>ipython<|end_header_id|>\n\n22 C<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
             "{history}"
         );
-        let t: Value = g
-            .client
-            .get(g.url(&format!("/v1/trajectories/llama-{history}")))
-            .send()
-            .await
-            .expect("reachable")
-            .json()
-            .await
-            .expect("json");
+        let t = g
+            .get_json(&format!("/v1/trajectories/llama-{history}"))
+            .await;
         let calls = t["calls"].as_array().expect("calls");
         assert_eq!(calls.len(), 2, "{t}");
         assert_eq!(calls[1]["parent_call"], 0, "{history}: {t}");

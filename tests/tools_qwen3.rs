@@ -5,26 +5,13 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::mock_vllm::{MockVllm, Scripted};
 use common::{config, sse_events, start_gateway_with, Gateway};
 use serde_json::{json, Value};
-use tito::config::ModelConfig;
 use tito::render::Renderer;
 
 fn qwen3() -> std::sync::Arc<Renderer> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/tokenizers/qwen3");
-    assert!(
-        dir.join("tokenizer.json").exists(),
-        "missing {}: run scripts/fetch-tokenizers.sh",
-        dir.display()
-    );
-    let model = ModelConfig {
-        tokenizer: dir,
-        ..Default::default()
-    };
-    Renderer::load(&model).expect("qwen3 loads")
+    common::real_renderer("qwen3", "")
 }
 
 /// Ids for `text` tokenized piece by piece: valid, but not what a fresh
@@ -308,15 +295,12 @@ async fn a_changed_tool_list_or_template_kwargs_starts_a_new_sample() {
         mock.push(Scripted::ids(
             [r.encode("Hello.").expect("enc"), vec![im_end]].concat(),
         ));
-        let body1: Value = first
-            .post(
+        let body1 = first
+            .post_json(
                 &path,
                 json!({"messages": [user], field: tools1, "return_token_ids": true}),
             )
-            .await
-            .json()
-            .await
-            .expect("json");
+            .await;
         assert_eq!(
             body1["choices"][0]["message"]["content"], "Hello.",
             "{body1}"
@@ -333,7 +317,7 @@ async fn a_changed_tool_list_or_template_kwargs_starts_a_new_sample() {
         if !kwargs2.is_null() {
             req["chat_template_kwargs"] = kwargs2;
         }
-        let body2: Value = second.post(&path, req).await.json().await.expect("json");
+        let body2 = second.post_json(&path, req).await;
         let prompt2: Vec<u32> =
             serde_json::from_value(body2["prompt_token_ids"].clone()).expect("ids");
         let t = second

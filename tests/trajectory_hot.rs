@@ -265,6 +265,21 @@ async fn record_root(traj: &Trajectories, tid: &str, ids: Vec<u32>) {
 }
 
 /// Records the first turn of `tid` and returns the messages of its second.
+/// `(call_index, parent_call, sample_index)` of every stored call of `tid`.
+async fn stored_calls(store: &KeepSome, tid: &str) -> Vec<(u32, Option<u32>, u32)> {
+    let stored = store
+        .inner
+        .get_trajectory(tid)
+        .await
+        .expect("get")
+        .expect("stored");
+    stored
+        .calls
+        .iter()
+        .map(|c| (c.call_index, c.parent_call, c.sample_index))
+        .collect()
+}
+
 async fn first_turn(traj: &Trajectories, renderer: &Renderer, tid: &str) -> Vec<Value> {
     let first = vec![json!({"role": "user", "content": "What is 2+2?"})];
     let p0 = traj
@@ -338,16 +353,10 @@ async fn a_trajectory_is_not_evicted_while_its_call_generates() {
         reads,
         "recorded against the held view, not reloaded from the store"
     );
-    let stored = store
-        .inner
-        .get_trajectory("keep-a")
+    let parents: Vec<_> = stored_calls(&store, "keep-a")
         .await
-        .expect("get")
-        .expect("keep-a");
-    let parents: Vec<_> = stored
-        .calls
         .iter()
-        .map(|c| (c.call_index, c.parent_call))
+        .map(|(call, parent, _)| (*call, *parent))
         .collect();
     assert_eq!(parents, vec![(0, None), (1, Some(0))]);
 }
@@ -390,16 +399,6 @@ async fn a_failed_append_leaves_the_parent_to_the_retry() {
     )
     .await
     .expect("commit");
-    let stored = store
-        .inner
-        .get_trajectory("keep-r")
-        .await
-        .expect("get")
-        .expect("keep-r");
-    let calls: Vec<_> = stored
-        .calls
-        .iter()
-        .map(|c| (c.call_index, c.parent_call, c.sample_index))
-        .collect();
+    let calls = stored_calls(&store, "keep-r").await;
     assert_eq!(calls, vec![(0, None, 0), (1, Some(0), 0)], "one sample");
 }

@@ -9,13 +9,11 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use common::mock_vllm::{MockVllm, Scripted};
 use common::{start_gateway_with, Gateway};
 use serde_json::{json, Value};
-use tito::config::ModelConfig;
 use tito::render::Renderer;
 
 /// xorshift64*: deterministic, no dependency.
@@ -56,19 +54,7 @@ const WORDS: &[&str] = &[
 ];
 
 fn load(name: &str) -> Arc<Renderer> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(".cache/tokenizers")
-        .join(name);
-    assert!(
-        dir.join("tokenizer.json").exists(),
-        "missing {}: run scripts/fetch-tokenizers.sh",
-        dir.display()
-    );
-    Renderer::load(&ModelConfig {
-        tokenizer: dir,
-        ..Default::default()
-    })
-    .expect("tokenizer loads")
+    common::real_renderer(name, "")
 }
 
 fn end_of_turn(r: &Renderer) -> u32 {

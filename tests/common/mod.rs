@@ -33,6 +33,11 @@ impl Gateway {
             .expect("gateway reachable")
     }
 
+    /// POST JSON, asserting nothing about the status: the body as JSON.
+    pub async fn post_json(&self, path: &str, body: serde_json::Value) -> serde_json::Value {
+        self.post(path, body).await.json().await.expect("JSON body")
+    }
+
     /// GET a path, asserting nothing about the status: the body as text.
     pub async fn get_text(&self, path: &str) -> String {
         self.client
@@ -61,6 +66,26 @@ impl Gateway {
 }
 
 /// Config for the gateway in front of `backend_urls` (vLLM kind), plus `extra` TOML.
+/// A real tokenizer fetched by scripts/fetch-tokenizers.sh
+/// (`.cache/tokenizers/{name}`), with a shipped or file `template` (empty:
+/// the tokenizer's own).
+pub fn real_renderer(name: &str, template: &str) -> Arc<Renderer> {
+    let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(".cache/tokenizers")
+        .join(name);
+    assert!(
+        dir.join("tokenizer.json").is_file(),
+        "{} is missing: run scripts/fetch-tokenizers.sh",
+        dir.display()
+    );
+    let model = tito::config::ModelConfig {
+        tokenizer: dir,
+        chat_template: std::path::PathBuf::from(template),
+        ..Default::default()
+    };
+    Renderer::load(&model).expect("tokenizer and template load")
+}
+
 pub fn config(backend_urls: &[String], extra: &str) -> Config {
     let mut text = String::from(
         "[model]\nname = \"test-model\"\ntokenizer = \"unused\"\nmax_model_len = 512\n",
