@@ -14,7 +14,9 @@
 //! An append is acknowledged after `COMMIT` returned. With PostgreSQL's
 //! default `synchronous_commit = on`, the commit record is flushed to the
 //! server's WAL before that, so an acknowledged call survives a crash of the
-//! gateway, of the server, and of the machine. Connections are plain TCP or
+//! gateway, of the server, and of the machine. A commit whose answer was
+//! lost with the connection is settled by asking the server ([`settle`]),
+//! so a call that did commit is not reported failed. Connections are plain TCP or
 //! Unix sockets without TLS: keep the database on loopback or a private
 //! network.
 
@@ -22,6 +24,7 @@ mod bulk;
 mod consumers;
 mod rows;
 pub mod schema;
+mod settle;
 mod writer;
 
 use std::collections::HashMap;
@@ -90,6 +93,12 @@ pub(crate) struct Conn {
     /// Trajectories the open transaction created: its commit gives them
     /// their listing keys (see `writer::COMMIT_SQL`).
     created: u64,
+    /// The URL this connection was opened with: a commit whose answer was
+    /// lost opens another connection to learn its outcome
+    /// ([`settle`]).
+    url: String,
+    /// The open write transaction, as `writer::begin` started it.
+    xact: Option<settle::Xact>,
 }
 
 impl Conn {
@@ -122,6 +131,8 @@ impl Conn {
             stmts: HashMap::new(),
             transient_retries: 0,
             created: 0,
+            url: url.to_string(),
+            xact: None,
         })
     }
 

@@ -16,6 +16,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use super::rows::{meta_by_id, replays_of, status_code};
+use super::settle::{settle, Xact, XACT_SQL};
 use super::{consumers, Conn};
 use crate::store::codec::{ids_to_bytes, logprobs_to_bytes};
 use crate::store::group_commit::{acknowledge, Done, Job, Op, Outcome, MAX_BATCH, WEIGHT_VERSION};
@@ -65,15 +66,31 @@ const TRANSIENT_TRIES: usize = 3;
 
 /// The whole batch in one transaction; a job that fails sends the batch
 /// down [`commit_each`], which isolates it with savepoints.
+/// A lost connection fails the batch at once: nothing could isolate a job
+/// on it, and the commit's outcome, when it was in doubt, is already
+/// settled.
 pub(crate) async fn commit_batch(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
     for _ in 1..TRANSIENT_TRIES {
         match commit_all(conn, batch).await {
             Ok(outcomes) => return outcomes,
             Err(e) if transient(&e) => retried(conn, &e),
+            Err(e) if conn.client.is_closed() => return failed(batch, &e),
             Err(_) => break,
         }
     }
     commit_each(conn, batch).await
+}
+
+/// Every job of the batch failed with `e`.
+fn failed(batch: &[Job], e: &StoreError) -> Vec<Outcome> {
+    let message = match e {
+        StoreError::Commit(m) => m.clone(),
+        other => other.to_string(),
+    };
+    batch
+        .iter()
+        .map(|_| Err(StoreError::Commit(message.clone())))
+        .collect()
 }
 
 fn retried(conn: &mut Conn, e: &StoreError) {
@@ -102,23 +119,30 @@ pub(super) async fn commit_all(conn: &mut Conn, batch: &[Job]) -> Result<Vec<Out
 }
 
 /// `BEGIN` at READ COMMITTED (whatever the server's default: the row locks
-/// below rely on re-reading a row another replica just committed), and the
-/// marks lock the batch needs (`consumers::marks_lock`), in one round trip.
+/// below rely on re-reading a row another replica just committed), the
+/// marks lock the batch needs (`consumers::marks_lock`), and the
+/// transaction's id for [`settle`](super::settle), in one round trip.
 /// When the lock fails (a `lock_timeout`, a cancel) the transaction is
 /// rolled back here, or it would stay open and aborted and fail every later
 /// batch on this connection.
 async fn begin(conn: &mut Conn, batch: &[Job]) -> Result<(), StoreError> {
     const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
     let sql = match consumers::marks_lock(batch) {
-        Some(lock) => format!("{BEGIN}; {lock}"),
-        None => BEGIN.to_string(),
+        Some(lock) => format!("{BEGIN}; {lock}; {XACT_SQL}"),
+        None => format!("{BEGIN}; {XACT_SQL}"),
     };
     conn.created = 0;
-    if let Err(e) = conn.client.batch_execute(&sql).await {
-        let _ = conn.client.batch_execute("ROLLBACK").await;
-        return Err(e.into());
+    match conn.client.simple_query(&sql).await {
+        Ok(answer) => {
+            conn.xact = Xact::of(&answer);
+            Ok(())
+        }
+        Err(e) => {
+            conn.xact = None;
+            let _ = conn.client.batch_execute("ROLLBACK").await;
+            Err(e.into())
+        }
     }
-    Ok(())
 }
 
 /// The advisory lock [`COMMIT_SQL`] takes: "tito_lsq".
@@ -140,7 +164,9 @@ static COMMIT_SQL: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
     )
 });
 
-/// Commits the open transaction (see [`COMMIT_SQL`]).
+/// Commits the open transaction (see [`COMMIT_SQL`]). When the connection
+/// fails before the server's answer, the outcome is asked for over another
+/// connection ([`settle`]): a batch that did commit is reported committed.
 pub(super) async fn commit(conn: &mut Conn) -> Result<(), StoreError> {
     let sql = if conn.created > 0 {
         COMMIT_SQL.as_str()
@@ -148,7 +174,14 @@ pub(super) async fn commit(conn: &mut Conn) -> Result<(), StoreError> {
         "COMMIT"
     };
     conn.created = 0;
-    Ok(conn.client.batch_execute(sql).await?)
+    let xact = conn.xact.take();
+    match (conn.client.batch_execute(sql).await, xact) {
+        (Ok(()), _) => Ok(()),
+        (Err(e), Some(xact)) if e.as_db_error().is_none() => {
+            settle(&conn.url, &xact, StoreError::from(e).to_string()).await
+        }
+        (Err(e), _) => Err(e.into()),
+    }
 }
 
 /// Every job in order; the first error fails them all.
@@ -188,24 +221,18 @@ async fn apply_all(conn: &mut Conn, batch: &[Job], now: i64) -> Result<Vec<Outco
 /// rebuild the same cycle, so the whole transaction is rolled back and run
 /// again (up to [`TRANSIENT_TRIES`] times).
 async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
-    let failed = |e: &StoreError| -> Vec<Outcome> {
-        batch
-            .iter()
-            .map(|_| Err(StoreError::Commit(e.to_string())))
-            .collect()
-    };
     let mut tries = 0;
     loop {
         tries += 1;
         if let Err(e) = begin(conn, batch).await {
-            return failed(&e);
+            return failed(batch, &e);
         }
         let now = now_ms();
         let mut outcomes = Vec::with_capacity(batch.len());
         for job in batch {
             if let Err(e) = conn.client.batch_execute("SAVEPOINT job").await {
                 let _ = conn.client.batch_execute("ROLLBACK").await;
-                return failed(&e.into());
+                return failed(batch, &e.into());
             }
             let r = apply(conn, &job.op, now).await;
             let end = if r.is_ok() {
@@ -215,7 +242,7 @@ async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
             };
             if let Err(e) = conn.client.batch_execute(end).await {
                 let _ = conn.client.batch_execute("ROLLBACK").await;
-                return failed(&e.into());
+                return failed(batch, &e.into());
             }
             outcomes.push(r);
         }
@@ -231,7 +258,7 @@ async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
             Ok(()) => outcomes,
             Err(e) => {
                 let _ = conn.client.batch_execute("ROLLBACK").await;
-                failed(&e)
+                failed(batch, &e)
             }
         };
     }
