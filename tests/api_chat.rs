@@ -397,3 +397,52 @@ async fn logprob_bytes_spell_the_content_on_byte_level_and_sentencepiece_vocabul
         );
     }
 }
+
+/// A `continue_final_message` call is a sample of its own that no later
+/// turn continues (its prompt ends inside the final message): a next turn
+/// that repeats its history, then gives the continuation as its own message
+/// (as served, or edited), starts a new sample with no drift event, on the
+/// live gateway and on a fresh one that rebuilt the trajectory from the
+/// store alike.
+#[tokio::test]
+async fn a_continued_final_message_parents_nothing_live_or_rebuilt() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/spans.db", dir.path().display());
+    let store = tito::store::open(&url).expect("store");
+    let renderer = tito::render::testing::chatml_renderer();
+    let reply = |s: &str| [renderer.encode(s).expect("encodes"), vec![IM_END]].concat();
+    let user = json!({"role": "user", "content": "Hi"});
+    let partial = json!({"role": "assistant", "content": "Hel"});
+    let cases = [(false, "lo."), (true, "lo."), (false, "lo!"), (true, "lo!")];
+    for (i, (fresh, echoed)) in cases.into_iter().enumerate() {
+        let case = format!("fresh {fresh}, echoed {echoed}");
+        let first =
+            common::start_gateway_on(config(&[mock.url()], ""), renderer.clone(), store.clone())
+                .await;
+        let path = format!("/t/cont-{i}/v1/chat/completions");
+        mock.push(Scripted::ids(reply("lo.")));
+        let body = first
+            .post_json(
+                &path,
+                json!({"messages": [user, partial], "continue_final_message": true}),
+            )
+            .await;
+        assert_eq!(body["choices"][0]["message"]["content"], "lo.", "{body}");
+        let second = if fresh {
+            common::start_gateway_on(config(&[mock.url()], ""), renderer.clone(), store.clone())
+                .await
+        } else {
+            first
+        };
+        mock.push(Scripted::ids(reply("Sure.")));
+        let next = json!({"messages": [user, partial,
+            {"role": "assistant", "content": echoed}, {"role": "user", "content": "More?"}]});
+        let body = second.post_json(&path, next).await;
+        assert_eq!(body["choices"][0]["message"]["content"], "Sure.", "{body}");
+        let t = second.get_json(&format!("/v1/trajectories/cont-{i}")).await;
+        assert_eq!(t["calls"][1]["parent_call"], Value::Null, "{case}: {t}");
+        assert_eq!(t["calls"][1]["sample_index"], 1, "{case}: {t}");
+        assert_eq!(t["drift"], json!([]), "{case}: {t}");
+    }
+}

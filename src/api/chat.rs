@@ -123,7 +123,8 @@ async fn handle(
         ctx: CallContext {
             trajectory_id: tid.clone(),
             request: body_json,
-            messages: Some(Arc::new(req.messages.clone())),
+            messages: (!req.continue_final_message.unwrap_or(false))
+                .then(|| Arc::new(req.messages.clone())),
             started_at,
             weight_version: state.router.weight_version(),
             normalized,

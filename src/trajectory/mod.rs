@@ -41,7 +41,9 @@ pub enum TrajectoryError {
 pub struct HotCall {
     pub call_index: u32,
     pub sample_index: u32,
-    /// Request messages (None for /v1/completions calls).
+    /// Request messages; None for a call no later turn continues: a
+    /// /v1/completions call, or a `continue_final_message` one (its prompt
+    /// ends inside the final message, not after a served turn).
     pub messages: Option<Arc<Vec<Json>>>,
     /// Hash of the normalized `messages`.
     pub messages_hash: u64,
@@ -162,6 +164,7 @@ pub struct ChoiceOutcome {
 pub struct CallContext {
     pub trajectory_id: String,
     pub request: Json,
+    /// As [`HotCall::messages`].
     pub messages: Option<Arc<Vec<Json>>>,
     pub started_at: i64,
     /// The fleet's weight version when the call started: the tag of a
@@ -328,7 +331,9 @@ impl Trajectories {
             // The stored request is as received: normalize it as the live
             // call was, so history matches the same messages.
             let request = crate::store::request_of(&t.calls, rec);
-            let messages = request.get("messages").and_then(Json::as_array).map(|m| {
+            let continues_final = request.get("continue_final_message") == Some(&Json::Bool(true));
+            let messages = request.get("messages").and_then(Json::as_array);
+            let messages = messages.filter(|_| !continues_final).map(|m| {
                 let mut m = m.clone();
                 normalize::messages(&mut m, self.renderer.content_format());
                 Arc::new(m)
