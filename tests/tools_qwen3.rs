@@ -256,9 +256,10 @@ async fn malformed_tool_call_is_plain_content() {
 
 /// The next turn with a tool added, or a changed `chat_template_kwargs`:
 /// the prefix tito would reuse was rendered with the old context, so the
-/// call starts a new sample whose prompt lists the new tool. With the
-/// context unchanged the turn continues, on a fresh gateway too (the hot
-/// view rebuilt from the store).
+/// call starts a new sample whose prompt lists the new tool, with a
+/// `context_change` drift event naming what changed. With the context
+/// unchanged the turn continues. Alike on the live gateway and on a fresh
+/// one (the hot view rebuilt from the store).
 #[tokio::test]
 async fn a_changed_tool_list_or_template_kwargs_starts_a_new_sample() {
     let r = qwen3();
@@ -272,11 +273,25 @@ async fn a_changed_tool_list_or_template_kwargs_starts_a_new_sample() {
     let more_tools = json!([tools()[0].clone(), clock]);
     let kwargs = json!({"enable_thinking": false});
     let functions = json!([tools()[0]["function"].clone()]);
-    // (case, field naming the tools, turn 1's, turn 2's, kwargs, continues)
-    for (name, field, tools1, tools2, kwargs2, continues) in [
-        ("same", "tools", tools(), tools(), Value::Null, true),
-        ("added", "tools", tools(), more_tools, Value::Null, false),
-        ("kwargs", "tools", tools(), tools(), kwargs, false),
+    // (case, field naming the tools, turn 1's, turn 2's, kwargs, changed)
+    let cases = [
+        ("same", "tools", tools(), tools(), Value::Null, json!([])),
+        (
+            "added",
+            "tools",
+            tools(),
+            more_tools,
+            Value::Null,
+            json!(["tools"]),
+        ),
+        (
+            "kwargs",
+            "tools",
+            tools(),
+            tools(),
+            kwargs,
+            json!(["chat_template_kwargs"]),
+        ),
         // Legacy `functions`, mapped to tools live and read back from the
         // stored request on the fresh gateway.
         (
@@ -285,12 +300,19 @@ async fn a_changed_tool_list_or_template_kwargs_starts_a_new_sample() {
             functions.clone(),
             functions.clone(),
             Value::Null,
-            true,
+            json!([]),
         ),
-    ] {
+    ];
+    let cases = [false, true]
+        .into_iter()
+        .flat_map(|fresh| cases.clone().map(|c| (fresh, c)));
+    for (fresh, (name, field, tools1, tools2, kwargs2, changed)) in cases {
+        let continues = changed == json!([]);
         let first =
             common::start_gateway_on(config(&[mock.url()], ""), r.clone(), store.clone()).await;
-        let path = format!("/t/ctx-{name}/v1/chat/completions");
+        let tid = format!("ctx-{name}-{fresh}");
+        let name = format!("{name}, fresh gateway {fresh}");
+        let path = format!("/t/{tid}/v1/chat/completions");
         let user = json!({"role": "user", "content": "Hi"});
         mock.push(Scripted::ids(
             [r.encode("Hello.").expect("enc"), vec![im_end]].concat(),
@@ -305,9 +327,12 @@ async fn a_changed_tool_list_or_template_kwargs_starts_a_new_sample() {
             body1["choices"][0]["message"]["content"], "Hello.",
             "{body1}"
         );
-        // The next turn on a fresh gateway over the same store.
-        let second =
-            common::start_gateway_on(config(&[mock.url()], ""), r.clone(), store.clone()).await;
+        // The next turn, on a fresh gateway over the same store or not.
+        let second = if fresh {
+            common::start_gateway_on(config(&[mock.url()], ""), r.clone(), store.clone()).await
+        } else {
+            first
+        };
         mock.push(Scripted::ids(
             [r.encode("Sure.").expect("enc"), vec![im_end]].concat(),
         ));
@@ -320,20 +345,38 @@ async fn a_changed_tool_list_or_template_kwargs_starts_a_new_sample() {
         let body2 = second.post_json(&path, req).await;
         let prompt2: Vec<u32> =
             serde_json::from_value(body2["prompt_token_ids"].clone()).expect("ids");
-        let t = second
-            .get_json(&format!("/v1/trajectories/ctx-{name}"))
-            .await;
+        let t = second.get_json(&format!("/v1/trajectories/{tid}")).await;
+        let drift = &t["calls"][1]["drift"];
         if continues {
             assert_eq!(t["calls"][1]["parent_call"], 0, "{name}: {t}");
             assert_eq!(t["calls"][1]["sample_index"], 0, "{name}: {t}");
+            assert_eq!(*drift, Value::Null, "{name}: {t}");
         } else {
             assert_eq!(t["calls"][1]["parent_call"], Value::Null, "{name}: {t}");
             assert_eq!(t["calls"][1]["sample_index"], 1, "{name}: {t}");
+            assert_eq!(drift["cause"], "context_change", "{name}: {t}");
+            assert_eq!(drift["details"]["previous_call"], 0, "{name}: {t}");
+            assert_eq!(drift["details"]["changed"], changed, "{name}: {t}");
+            // Where the new prompt leaves call 0's prompt and sampled ids.
+            let call0: Vec<u32> = t["calls"][0]["prompt_delta_ids"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .chain(
+                    t["calls"][0]["sampled_ids"]
+                        .as_array()
+                        .into_iter()
+                        .flatten(),
+                )
+                .map(|v| v.as_u64().expect("id") as u32)
+                .collect();
+            let same = call0.iter().zip(&prompt2).take_while(|(a, b)| a == b);
+            assert_eq!(drift["position"], same.count(), "{name}: {t}");
         }
         let text = r.decode(&prompt2, false).expect("decodes");
         assert_eq!(
             text.contains("\"clock\""),
-            name == "added",
+            name.starts_with("added,"),
             "{name}: {text}"
         );
     }

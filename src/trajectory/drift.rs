@@ -27,13 +27,14 @@ pub struct Served {
     pub tool_calls: bool,
 }
 
-pub const CAUSES: [&str; 7] = [
+pub const CAUSES: [&str; 8] = [
     "bpe_retokenization",
     "tool_call_rerender",
     "reasoning_stripped",
     "boundary_token",
     "bos",
     "client_edit",
+    "context_change",
     "other",
 ];
 

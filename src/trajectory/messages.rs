@@ -150,7 +150,8 @@ pub fn json_bytes(v: &Json) -> usize {
 /// definitions (from `tools`, or the legacy `functions`) and the template's
 /// kwargs. A call continues another only in the same context: the prefix
 /// it reuses was rendered with the other's tools (and, e.g., its reasoning
-/// effort), so a changed context starts a new sample.
+/// effort), so a changed context starts a new sample (with a
+/// `context_change` drift event).
 #[derive(Default, Clone, Copy)]
 pub struct RenderContext<'a> {
     pub tools: Option<&'a [Json]>,
@@ -177,27 +178,53 @@ impl<'a> RenderContext<'a> {
         }
     }
 
-    fn hash_into(&self, h: &mut impl Hasher) {
+    /// The hashes of this context's two parts.
+    pub fn hash(&self) -> ContextHash {
+        let mut h = std::collections::hash_map::DefaultHasher::new();
         let tools = self.tools.unwrap_or_default().iter();
         let defs = tools.map(|t| t.get("function").unwrap_or(t));
         for f in defs.chain(self.functions.unwrap_or_default()) {
-            f.to_string().hash(h);
+            f.to_string().hash(&mut h);
         }
-        if let Some(k) = self.kwargs.filter(|k| !k.is_empty()) {
-            0xfeu8.hash(h);
-            for (key, v) in k {
-                key.hash(h);
-                v.to_string().hash(h);
-            }
+        let tools = h.finish();
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        for (key, v) in self.kwargs.into_iter().flatten() {
+            key.hash(&mut h);
+            v.to_string().hash(&mut h);
+        }
+        ContextHash {
+            tools,
+            kwargs: h.finish(),
         }
     }
 }
 
-/// Hashes of every prefix of `messages` in `context`: `out[i]` covers
-/// `messages[..i]`.
-pub fn prefix_hashes(messages: &[Json], context: RenderContext<'_>) -> Vec<u64> {
+/// A [`RenderContext`], hashed: the function definitions (from `tools` or
+/// the legacy `functions`, which render alike) and the template kwargs (an
+/// empty map is none).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct ContextHash {
+    pub tools: u64,
+    pub kwargs: u64,
+}
+
+impl ContextHash {
+    /// The request fields whose change `self` -> `now` shows.
+    pub fn changed(self, now: ContextHash) -> Vec<&'static str> {
+        let mut out = Vec::new();
+        if self.tools != now.tools {
+            out.push("tools");
+        }
+        if self.kwargs != now.kwargs {
+            out.push("chat_template_kwargs");
+        }
+        out
+    }
+}
+
+/// Hashes of every prefix of `messages`: `out[i]` covers `messages[..i]`.
+pub fn prefix_hashes(messages: &[Json]) -> Vec<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    context.hash_into(&mut h);
     let mut out = Vec::with_capacity(messages.len() + 1);
     out.push(h.finish());
     for m in messages {
@@ -328,9 +355,8 @@ mod tests {
     fn prefix_hashes_ignore_key_order_and_nulls() {
         let a = vec![json!({"role": "user", "content": "hi", "name": null})];
         let b = vec![json!({"content": "hi", "role": "user"})];
-        let none = RenderContext::default();
-        assert_eq!(prefix_hashes(&a, none), prefix_hashes(&b, none));
+        assert_eq!(prefix_hashes(&a), prefix_hashes(&b));
         let c = vec![json!({"role": "user", "content": "hi!"})];
-        assert_ne!(prefix_hashes(&a, none)[1], prefix_hashes(&c, none)[1]);
+        assert_ne!(prefix_hashes(&a)[1], prefix_hashes(&c)[1]);
     }
 }

@@ -47,6 +47,8 @@ pub struct HotCall {
     pub messages: Option<Arc<Vec<Json>>>,
     /// Hash of the normalized `messages`.
     pub messages_hash: u64,
+    /// The tools and template kwargs the call was rendered with.
+    pub context: messages::ContextHash,
     /// The assistant message tito returned.
     pub served: Json,
     pub prompt_ids: Arc<Vec<u32>>,
@@ -369,10 +371,10 @@ impl Trajectories {
                 call_index: rec.call_index,
                 sample_index: rec.sample_index,
                 messages_hash: messages.as_ref().map_or(0, |m| {
-                    let context = messages::RenderContext::of_request(request);
-                    let hashes = messages::prefix_hashes(m, context);
+                    let hashes = messages::prefix_hashes(m);
                     hashes.last().copied().unwrap_or(0)
                 }),
+                context: messages::RenderContext::of_request(request).hash(),
                 messages,
                 served: rec.response.clone(),
                 response_used: used + rec.sampled_ids.len(),
@@ -534,6 +536,7 @@ impl Trajectories {
                 sample_index,
                 messages: ctx.messages.clone(),
                 messages_hash: prepared.messages_hash,
+                context: prepared.context,
                 served: choice.served.clone(),
                 prompt_ids: prepared.prompt_ids.clone(),
                 sampled_ids: Arc::new(choice.sampled_ids.clone()),

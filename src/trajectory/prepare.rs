@@ -18,7 +18,7 @@ use std::sync::Arc;
 use serde_json::{json, Value as Json};
 
 use super::drift::{diagnose, first_difference, SegRange, Served};
-use super::messages::{is_served_message, prefix_hashes, render_bytes, RenderContext};
+use super::messages::{is_served_message, prefix_hashes, render_bytes, ContextHash, RenderContext};
 use super::{extend_segments, HotCall, Trajectories, TrajectoryError};
 use crate::config::HistoryMode;
 use crate::render::{run_render_work, RenderInput};
@@ -49,6 +49,8 @@ pub struct Prepared {
     pub truncated: bool,
     /// Hash of the call's normalized messages (0 for completions calls).
     pub messages_hash: u64,
+    /// The tools and template kwargs it renders with.
+    pub context: ContextHash,
     /// The trajectory's hot state this call was prepared against, held
     /// until the call is recorded: a held trajectory is never evicted, so
     /// the commit appends to the history the prompt was built from.
@@ -106,9 +108,11 @@ impl Trajectories {
             functions: None,
             kwargs: input.kwargs,
         };
-        let hashes = prefix_hashes(input.messages, context);
-        let mut prepared = self.prepare_chat_hashed(calls, served, input, &hashes)?;
+        let hashes = prefix_hashes(input.messages);
+        let context = context.hash();
+        let mut prepared = self.prepare_chat_hashed(calls, served, input, &hashes, context)?;
         prepared.messages_hash = hashes.last().copied().unwrap_or(0);
+        prepared.context = context;
         Ok(prepared)
     }
 
@@ -118,22 +122,26 @@ impl Trajectories {
         served: &dyn Fn(u32) -> Served,
         input: ChatInput<'_>,
         hashes: &[u64],
+        context: ContextHash,
     ) -> Result<Prepared, TrajectoryError> {
         let messages = input.messages;
         let mut best: Option<(&Arc<HotCall>, usize)> = None;
+        // The latest call whose served message the history edits, and the
+        // latest it continues in another context (tools, kwargs).
         let mut edited: Option<&Arc<HotCall>> = None;
+        let mut recontexted: Option<&Arc<HotCall>> = None;
         for c in calls.iter().rev() {
             let Some(m) = &c.messages else { continue };
             let k = m.len();
             if k + 1 >= messages.len() || hashes.get(k) != Some(&c.messages_hash) {
                 continue;
             }
-            if is_served_message(&messages[k], &c.served) {
-                if best.is_none_or(|(_, bk)| bk < k) {
-                    best = Some((c, k));
-                }
-            } else if edited.is_none() {
-                edited = Some(c);
+            if !is_served_message(&messages[k], &c.served) {
+                edited = edited.or(Some(c));
+            } else if c.context != context {
+                recontexted = recontexted.or(Some(c));
+            } else if best.is_none_or(|(_, bk)| bk < k) {
+                best = Some((c, k));
             }
         }
         let render_input = RenderInput {
@@ -150,16 +158,27 @@ impl Trajectories {
         let Some((parent, delta_text)) = continuation else {
             // A new sample: the first call, a new conversation, or an edit.
             let ids = self.renderer.encode(&fresh_text)?;
-            let drift = edited.and_then(|c| {
+            let since = |c: &HotCall| {
                 let mut before = c.prompt_ids.as_ref().clone();
                 before.extend_from_slice(&c.sampled_ids);
-                first_difference(&before, &ids).map(|p| Drift {
-                    position: p as u32,
+                first_difference(&before, &ids).map(|p| p as u32)
+            };
+            let drift = match (edited, recontexted) {
+                (Some(c), _) => since(c).map(|position| Drift {
+                    position,
                     cause: "client_edit".into(),
                     details: json!({"edited_call": c.call_index,
                         "reason": "the history does not continue any served call; new sample started"}),
-                })
-            });
+                }),
+                (None, Some(c)) => since(c).map(|position| Drift {
+                    position,
+                    cause: "context_change".into(),
+                    details: json!({"previous_call": c.call_index,
+                        "changed": c.context.changed(context),
+                        "reason": "the history continues this call, rendered with other tools or template kwargs; new sample started"}),
+                }),
+                (None, None) => None,
+            };
             return Ok(self.root(ids, fresh_text, drift));
         };
         let delta_ids = self.renderer.encode(&delta_text)?;
@@ -199,6 +218,7 @@ impl Trajectories {
             drift,
             response_used,
             messages_hash: 0,
+            context: ContextHash::default(),
             held: None,
         };
         if self.config.history == HistoryMode::Template {
@@ -257,6 +277,7 @@ impl Trajectories {
             response_used: 0,
             truncated: false,
             messages_hash: 0,
+            context: ContextHash::default(),
             held: None,
         }
     }
@@ -370,6 +391,7 @@ impl Trajectories {
             drift: None,
             response_used,
             messages_hash: 0,
+            context: ContextHash::default(),
             held,
         })
     }
