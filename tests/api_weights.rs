@@ -284,3 +284,119 @@ async fn a_refused_begin_is_called_off_everywhere_and_traffic_resumes() {
     }
     assert_eq!(call_version(&g, "after-abort").await, Value::Null);
 }
+
+/// Admission stays paused while any reason holds: a weight update made
+/// while the backends sleep ends its own pause, not the sleep's, so a call
+/// waits for the wake-up instead of failing on sleeping backends. Neither a
+/// wake-up nor another update cuts into a two-step update.
+#[tokio::test]
+async fn each_pause_ends_only_with_its_own_operation() {
+    let a = MockVllm::start(mock_reply()).await;
+    a.state.transfer_configured.store(true, Ordering::SeqCst);
+    let g = gateway(&[a.url()], "memory://").await;
+
+    let (status, report) = post_admin(&g, "/admin/sleep", json!({"level": 1})).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["paused_for"], json!(["asleep"]));
+    let (status, report) = post_admin(
+        &g,
+        "/admin/weights",
+        json!({"version": "v1", "path": "/ckpt/1"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["paused"], true, "still asleep: {report}");
+    assert_eq!(report["paused_for"], json!(["asleep"]));
+    // A call made now waits for the wake-up.
+    let url = g.url("/t/asleep/v1/chat/completions");
+    let client = g.client.clone();
+    let waiting = tokio::spawn(async move {
+        client
+            .post(url)
+            .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
+            .send()
+            .await
+            .expect("send")
+            .status()
+    });
+    assert_eq!(get_admin(&g, "/admin/backends").await["paused"], true);
+    let (status, report) = post_admin(&g, "/admin/wake_up", json!({})).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(waiting.await.expect("join"), 200);
+    let log = a.log();
+    let woken = log.iter().position(|l| l == "/wake_up").expect("woken");
+    let called = log
+        .iter()
+        .position(|l| l.starts_with("/v1/"))
+        .expect("call");
+    assert!(called > woken, "{log:?}");
+    assert_eq!(call_version(&g, "after-wake").await, "v1");
+
+    // A two-step update: only its commit ends its pause.
+    let (status, report) = post_admin(&g, "/admin/weights/begin", json!({})).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["paused_for"], json!(["weight_update"]));
+    for (path, body) in [
+        ("/admin/wake_up", json!({})),
+        ("/admin/weights/begin", json!({})),
+        (
+            "/admin/weights",
+            json!({"version": "v3", "path": "/ckpt/3"}),
+        ),
+        ("/admin/weights", json!({"version": "v3"})),
+    ] {
+        let (status, report) = post_admin(&g, path, body).await;
+        assert_eq!(status, 409, "{path} during an update: {report}");
+        assert!(
+            report["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("/admin/weights/commit")),
+            "{report}"
+        );
+    }
+    assert_eq!(
+        get_admin(&g, "/admin/backends").await["paused_for"],
+        json!(["weight_update"])
+    );
+    let (status, report) = post_admin(&g, "/admin/weights/commit", json!({"version": "v2"})).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["paused"], false);
+    assert_eq!(call_version(&g, "after-commit").await, "v2");
+}
+
+/// Admin operations run one at a time: while one waits on its backends,
+/// another gets a 409 naming the reason.
+#[tokio::test]
+async fn an_admin_operation_in_progress_refuses_another() {
+    let a = MockVllm::start(mock_reply()).await;
+    let g = gateway(&[a.url()], "memory://").await;
+    a.state.hang_admin.store(true, Ordering::SeqCst);
+    let seen = a.state.admin_seen.notified();
+    tokio::pin!(seen);
+    seen.as_mut().enable();
+    let url = g.url("/admin/sleep");
+    let client = g.client.clone();
+    let sleeping = tokio::spawn(async move {
+        client
+            .post(url)
+            .bearer_auth(TOKEN)
+            .json(&json!({"level": 1, "timeout_s": 1}))
+            .send()
+            .await
+            .expect("send")
+            .status()
+    });
+    seen.await;
+    for path in ["/admin/wake_up", "/admin/weights/begin", "/admin/sleep"] {
+        let (status, report) = post_admin(&g, path, json!({})).await;
+        assert_eq!(status, 409, "{path}: {report}");
+        assert!(
+            report["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("another admin operation")),
+            "{report}"
+        );
+    }
+    // The hung sleep ends at its deadline, naming the backend.
+    assert_eq!(sleeping.await.expect("join"), 502);
+}

@@ -60,7 +60,7 @@ async fn nothing_is_admitted_between_drain_and_resume() {
     while routed.load(Ordering::SeqCst) < 500 {
         tokio::task::yield_now().await;
     }
-    router.pause_admission();
+    router.pause_admission(tito::router::Pause::Operation);
     router.drain(FAILSAFE).await.unwrap();
     drained.store(true, Ordering::SeqCst);
     assert_eq!(router.in_flight(), 0);
@@ -76,7 +76,7 @@ async fn nothing_is_admitted_between_drain_and_resume() {
     );
 
     drained.store(false, Ordering::SeqCst);
-    router.resume_admission();
+    router.resume_admission(tito::router::Pause::Operation);
     while routed.load(Ordering::SeqCst) < at_drain + 500 || started.load(Ordering::SeqCst) < 64 {
         tokio::task::yield_now().await;
     }

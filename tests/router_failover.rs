@@ -213,8 +213,8 @@ async fn probe_loop_runs_in_the_background_and_stops() {
 async fn pause_waits_drain_empties_and_resume_admits() {
     let (router, _m) = fleet(&config(PolicyKind::LeastRequests), 2);
     let running = router.route("running", &[1], &[]).unwrap();
-    router.pause_admission();
-    assert!(router.is_admission_paused());
+    router.pause_admission(tito::router::Pause::Operation);
+    assert!(router.is_paused());
     assert!(matches!(
         router.route("new", &[1], &[]),
         Err(RouteError::Paused)
@@ -253,7 +253,7 @@ async fn pause_waits_drain_empties_and_resume_admits() {
     assert_eq!(router.in_flight(), 0);
     assert!(!waiting.is_finished());
 
-    router.resume_admission();
+    router.resume_admission(tito::router::Pause::Operation);
     let name = waiting.await.unwrap().unwrap();
     assert!(name == "b0" || name == "b1");
     router.wait_admitted(Duration::ZERO).await.unwrap();

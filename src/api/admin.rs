@@ -18,7 +18,7 @@ use super::AppState;
 use crate::backend::AdminOp;
 use crate::config::{BackendConfig, BackendKind};
 use crate::error::ApiError;
-use crate::router::{AdminResult, BackendId};
+use crate::router::{AdminResult, BackendId, Pause};
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -36,6 +36,7 @@ async fn backends(State(state): State<AppState>) -> Json<Value> {
     Json(json!({
         "policy": state.router.policy_name(),
         "paused": state.router.is_paused(),
+        "paused_for": state.router.paused_for(),
         "in_flight": state.router.in_flight(),
         "weight_version": state.router.weight_version(),
         "backends": state.router.snapshot(),
@@ -119,6 +120,7 @@ fn report(state: &AppState, results: Vec<AdminResult>, extra: Value) -> Response
         "backends": results,
         "weight_version": state.router.weight_version(),
         "paused": state.router.is_paused(),
+        "paused_for": state.router.paused_for(),
     });
     if let (Some(b), Value::Object(extra)) = (body.as_object_mut(), extra) {
         b.extend(extra);
@@ -159,13 +161,32 @@ impl Timing {
 
 const DEFAULT_DRAIN: Duration = Duration::from_secs(300);
 
-/// Pauses admission and waits for calls in flight; on a drain timeout
-/// admission resumes and the error says how many were left.
+/// Pauses admission for the operation and waits for calls in flight; on a
+/// drain timeout that pause ends and the error says how many were left.
 async fn pause_and_drain(state: &AppState, drain: Duration) -> Result<(), ApiError> {
-    state.router.pause_admission();
+    state.router.pause_admission(Pause::Operation);
     if let Err(e) = state.router.drain(drain).await {
-        state.router.resume_admission();
+        state.router.resume_admission(Pause::Operation);
         return Err(e.into());
+    }
+    Ok(())
+}
+
+/// The admin operation lock, or a 409 while another operation runs.
+fn one_at_a_time(state: &AppState) -> Result<tokio::sync::MutexGuard<'_, ()>, ApiError> {
+    state.router.admin_operation().ok_or_else(|| {
+        ApiError::conflict(
+            "another admin operation (sleep, wake_up or a weight update) is running: retry when it has answered",
+        )
+    })
+}
+
+/// A 409 while a two-step weight update is begun and not committed.
+fn not_updating(state: &AppState) -> Result<(), ApiError> {
+    if state.router.is_paused_for(Pause::Updating) {
+        return Err(ApiError::conflict(
+            "a weight update is in progress: POST /admin/weights/commit first",
+        ));
     }
     Ok(())
 }
@@ -194,12 +215,15 @@ async fn sleep(
         drain_timeout_s: b.timing.drain_timeout_s.or(q.timing.drain_timeout_s),
         timeout_s: b.timing.timeout_s.or(q.timing.timeout_s),
     };
+    let _op = one_at_a_time(&state)?;
     pause_and_drain(&state, timing.drain()).await?;
     let op = AdminOp::Sleep { level };
     let results = state
         .router
         .broadcast_admin(&op, timing.deadline(&state))
         .await;
+    state.router.pause_admission(Pause::Asleep);
+    state.router.resume_admission(Pause::Operation);
     tracing::info!(
         level,
         ok = results.iter().all(|r| r.ok),
@@ -208,15 +232,18 @@ async fn sleep(
     Ok(report(&state, results, json!({"level": level})))
 }
 
-/// Wakes every backend up, then admits calls again (always: a backend that
-/// did not wake stays out of rotation and is named).
+/// Wakes every backend up, then ends the sleep's pause (always: a backend
+/// that did not wake stays out of rotation and is named). Refused during a
+/// two-step weight update, whose pause only its commit ends.
 async fn wake_up(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let timing: Timing = parse_json(&body)?;
+    let _op = one_at_a_time(&state)?;
+    not_updating(&state)?;
     let results = state
         .router
         .broadcast_admin(&AdminOp::WakeUp, timing.deadline(&state))
         .await;
-    state.router.resume_admission();
+    state.router.resume_admission(Pause::Asleep);
     tracing::info!(ok = results.iter().all(|r| r.ok), "backends woken up");
     Ok(report(&state, results, json!({})))
 }
@@ -249,13 +276,17 @@ async fn commit_version(state: &AppState, version: &str) -> Result<(), ApiError>
 
 /// One step. Without a `path`: the trainer changed the weights itself;
 /// later calls are tagged `version`. With a `path`: drains, asks every
-/// backend to load the weights from it, then resumes admission whatever
-/// happened. Each backend that took them is tagged `version`; one that
-/// failed or did not answer is named and kept out of rotation. The fleet's
-/// version changes only when every backend took the update.
+/// backend to load the weights from it, then ends its pause whatever
+/// happened (admission stays paused if the backends are asleep). Each
+/// backend that took them is tagged `version`; one that failed or did not
+/// answer is named and kept out of rotation. The fleet's version changes
+/// only when every backend took the update. Refused during a two-step
+/// update.
 async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let w: Weights = parse_json(&body)?;
     check_version(&w.version)?;
+    let _op = one_at_a_time(&state)?;
+    not_updating(&state)?;
     let Some(path) = w.path else {
         state.store.store.set_weight_version(&w.version).await?;
         state.router.set_weight_version(&w.version);
@@ -277,7 +308,7 @@ async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response,
     } else {
         Ok(())
     };
-    state.router.resume_admission();
+    state.router.resume_admission(Pause::Operation);
     stored?;
     tracing::info!(version = %w.version, ok, "weights updated");
     Ok(report(&state, results, json!({"version": w.version})))
@@ -286,9 +317,12 @@ async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response,
 /// Two steps, first: drains, then tells every backend a weight update
 /// starts (generation paused). Admission stays paused until `commit`. When
 /// a backend fails, the others are told the update ended without new
-/// weights and admission resumes: nothing to push.
+/// weights and the pause ends: nothing to push. Refused while an update is
+/// already begun (a retried `begin`).
 async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let timing: Timing = parse_json(&body)?;
+    let _op = one_at_a_time(&state)?;
+    not_updating(&state)?;
     pause_and_drain(&state, timing.drain()).await?;
     let deadline = timing.deadline(&state);
     let results = state
@@ -296,7 +330,8 @@ async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Res
         .broadcast_admin(&AdminOp::BeginWeightUpdate, deadline)
         .await;
     if results.iter().all(|r| r.ok) {
-        state.router.begin_update();
+        state.router.pause_admission(Pause::Updating);
+        state.router.resume_admission(Pause::Operation);
         tracing::info!("weight update begun: push the weights, then commit");
         return Ok(report(&state, results, json!({})));
     }
@@ -304,8 +339,8 @@ async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Res
         .router
         .broadcast_admin(&AdminOp::AbortWeightUpdate, deadline)
         .await;
-    state.router.resume_admission();
-    tracing::warn!("weight update not begun: a backend refused; admission resumed");
+    state.router.resume_admission(Pause::Operation);
+    tracing::warn!("weight update not begun: a backend refused; its pause ended");
     Ok(report(&state, results, json!({"aborted": undo})))
 }
 
@@ -317,11 +352,12 @@ struct Commit {
 }
 
 /// Two steps, last: tells every backend the update is done, tags each that
-/// answered with `version`, and resumes admission whatever happened.
+/// answered with `version`, and ends the update's pause whatever happened.
 async fn weights_commit(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let c: Commit = parse_json(&body)?;
     check_version(&c.version)?;
-    if !state.router.end_update() {
+    let _op = one_at_a_time(&state)?;
+    if !state.router.is_paused_for(Pause::Updating) {
         return Err(ApiError::conflict(
             "no weight update is in progress: POST /admin/weights/begin first",
         ));
@@ -341,7 +377,7 @@ async fn weights_commit(State(state): State<AppState>, body: Bytes) -> Result<Re
     } else {
         Ok(())
     };
-    state.router.resume_admission();
+    state.router.resume_admission(Pause::Updating);
     stored?;
     tracing::info!(version = %c.version, ok, "weight update committed");
     Ok(report(&state, results, json!({"version": c.version})))

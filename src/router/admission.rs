@@ -44,31 +44,90 @@ impl Drop for InFlight {
     }
 }
 
+/// Why admission is paused. Admission is open when no reason holds, so
+/// ending one (a weight update committed) does not reopen it while another
+/// holds (the backends are still asleep).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pause {
+    /// An admin operation drains and fans out (sleep, weights).
+    Operation,
+    /// The backends were put to sleep; until `wake_up`.
+    Asleep,
+    /// A two-step weight update was begun; until its commit.
+    Updating,
+}
+
+impl Pause {
+    const ALL: [Pause; 3] = [Pause::Operation, Pause::Asleep, Pause::Updating];
+
+    fn bit(self) -> u8 {
+        1 << self as u8
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Pause::Operation => "admin_operation",
+            Pause::Asleep => "asleep",
+            Pause::Updating => "weight_update",
+        }
+    }
+}
+
 impl Router {
-    /// Stops admitting: `route` answers `Paused` and `wait_admitted` waits
-    /// until `resume_admission`. Calls already routed keep running.
-    pub fn pause_admission(&self) {
+    /// Pauses admission for `why`: `route` answers `Paused` and
+    /// `wait_admitted` waits until no reason holds. Calls already routed
+    /// keep running.
+    pub fn pause_admission(&self, why: Pause) {
         // Under the router lock, so no `route` call straddles the change:
         // each one either counted its call before (and `drain` waits for
         // it) or sees the pause.
-        self.lock().paused = true;
+        let mut g = self.lock();
+        g.paused |= why.bit();
         self.admission.send_replace(true);
-        tracing::info!("router admission paused");
+        tracing::info!(reason = why.name(), "router admission paused");
+    }
+
+    /// Ends the pause for `why`; admission resumes when no other holds.
+    pub fn resume_admission(&self, why: Pause) {
+        let mut g = self.lock();
+        g.paused &= !why.bit();
+        let paused = g.paused != 0;
+        self.admission.send_replace(paused);
+        if paused {
+            tracing::info!(
+                reason = why.name(),
+                "router admission: one pause ended, another holds"
+            );
+        } else {
+            tracing::info!("router admission resumed");
+        }
     }
 
     /// True while admission is paused (sleep or weight reload).
     pub fn is_paused(&self) -> bool {
-        self.lock().paused
+        self.lock().paused != 0
     }
 
-    pub fn resume_admission(&self) {
-        self.lock().paused = false;
-        self.admission.send_replace(false);
-        tracing::info!("router admission resumed");
+    /// The right to run an admin operation (sleep, wake-up, a weight
+    /// update's steps), or `None` while another runs: they pause and resume
+    /// admission and change what the backends serve, so one at a time.
+    pub fn admin_operation(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
+        self.admin.try_lock().ok()
     }
 
-    pub fn is_admission_paused(&self) -> bool {
-        self.lock().paused
+    /// Whether `why` holds.
+    pub fn is_paused_for(&self, why: Pause) -> bool {
+        self.lock().paused & why.bit() != 0
+    }
+
+    /// The reasons that hold, by name.
+    pub fn paused_for(&self) -> Vec<&'static str> {
+        let bits = self.lock().paused;
+        Pause::ALL
+            .into_iter()
+            .filter(|p| bits & p.bit() != 0)
+            .map(Pause::name)
+            .collect()
     }
 
     /// Returns at once when admitting; else waits up to `timeout` for

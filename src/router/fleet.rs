@@ -130,17 +130,6 @@ impl Router {
         }
     }
 
-    /// Marks a two-step weight update begun (every backend paused for it).
-    pub fn begin_update(&self) {
-        self.lock().updating = true;
-    }
-
-    /// Ends the update begun with [`Router::begin_update`]; false when none
-    /// was in progress.
-    pub fn end_update(&self) -> bool {
-        std::mem::replace(&mut self.lock().updating, false)
-    }
-
     /// Sets only the fleet's version (after an update every backend took).
     pub(crate) fn set_fleet_version(&self, version: &str) {
         self.lock().weight_version = Some(Arc::from(version));

@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{BackendError, DynBackend};
 use crate::config::RouterConfig;
-pub use admission::InFlight;
+pub use admission::{InFlight, Pause};
 pub use fleet::{AdminOutcome, AdminResult};
 pub use health::{CircuitState, HealthTask};
 pub use policy::{Candidate, RoutingPolicy};
@@ -165,11 +165,10 @@ struct Inner {
     slots: Vec<Arc<Slot>>,
     next_id: u64,
     sticky: StickyMap,
-    paused: bool,
+    /// The [`Pause`] reasons that hold, one bit each.
+    paused: u8,
     /// The fleet's weight version: what every backend took last.
     weight_version: Option<Arc<str>>,
-    /// A two-step weight update was begun and not committed yet.
-    updating: bool,
 }
 
 pub struct Router {
@@ -180,6 +179,9 @@ pub struct Router {
     inner: Mutex<Inner>,
     load: Arc<admission::Load>,
     admission: tokio::sync::watch::Sender<bool>,
+    /// Held by the admin operation in progress (see
+    /// [`Router::admin_operation`]).
+    admin: tokio::sync::Mutex<()>,
     retries: AtomicU64,
     moves: AtomicU64,
 }
@@ -200,12 +202,12 @@ impl Router {
                 slots: Vec::new(),
                 next_id: 0,
                 sticky: StickyMap::new(cfg.sticky_capacity),
-                paused: false,
+                paused: 0,
                 weight_version: None,
-                updating: false,
             }),
             load: Arc::default(),
             admission: tokio::sync::watch::Sender::new(false),
+            admin: tokio::sync::Mutex::new(()),
             retries: AtomicU64::new(0),
             moves: AtomicU64::new(0),
         })
@@ -308,7 +310,7 @@ impl Router {
         exclude: &[BackendId],
     ) -> Result<Route, RouteError> {
         let mut g = self.lock();
-        if g.paused {
+        if g.paused != 0 {
             return Err(RouteError::Paused);
         }
         if g.slots.is_empty() {
