@@ -198,3 +198,83 @@ fn the_binary_refuses_to_serve_exposed_and_open() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("auth.trainer_tokens"), "{err}");
 }
+
+/// A page on another site cannot drive an open gateway: the browser's
+/// no-preflight writes (a `text/plain` body, a GET with side effects) are
+/// refused with a 403 whatever the role, and change nothing; the same
+/// request from the gateway's own page, or from a client that is not a
+/// browser, goes through.
+#[tokio::test]
+async fn a_page_on_another_site_cannot_drive_an_open_gateway() {
+    let (_mock, g) = gateway("").await;
+    let add = |headers: &[(&str, &str)]| {
+        let mut req = g
+            .client
+            .post(g.url("/admin/backends"))
+            .header("content-type", "text/plain")
+            .body(r#"{"url": "http://127.0.0.1:9", "kind": "vllm"}"#);
+        for (k, v) in headers {
+            req = req.header(k.to_string(), v.to_string());
+        }
+        req.send()
+    };
+    let origin = format!(
+        "http://{}",
+        g.url("")
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+    );
+    for headers in [
+        vec![("sec-fetch-site", "cross-site")],
+        vec![("origin", "http://evil.example")],
+    ] {
+        let r = add(&headers).await.expect("send");
+        assert_eq!(r.status(), 403, "{headers:?}");
+        let body: Value = r.json().await.expect("json");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("cross-site")),
+            "{body}"
+        );
+    }
+    let r = g
+        .client
+        .get(g.url("/v1/export?consumer=c&limit=10"))
+        .header("sec-fetch-site", "cross-site")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 403, "a cross-site GET with side effects");
+    let r = g
+        .client
+        .post(g.url("/v1/chat/completions"))
+        .header("sec-fetch-site", "cross-site")
+        .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 403, "a cross-site chat call");
+    let backends = g.get_json("/admin/backends").await;
+    assert_eq!(backends["backends"].as_array().map(Vec::len), Some(1));
+
+    let same_origin = add(&[
+        ("origin", origin.as_str()),
+        ("sec-fetch-site", "same-origin"),
+    ])
+    .await
+    .expect("send");
+    assert_eq!(same_origin.status(), 201);
+    let r = add(&[]).await.expect("send");
+    assert!(r.status() != 403, "a client that is not a browser");
+}
+
+#[test]
+fn the_legacy_admin_token_is_checked_like_the_others() {
+    let text = "[model]\ntokenizer = \"unused\"\n[[backends]]\nurl = \"http://127.0.0.1:1\"\nkind = \"vllm\"\n\
+                [server]\nadmin_token = \"a\"\n";
+    let e = tito::Config::from_toml(text)
+        .expect_err("too short")
+        .to_string();
+    assert!(e.contains("server.admin_token"), "{e}");
+}

@@ -83,6 +83,14 @@ fn read_tokens(key: &str, path: &Path) -> anyhow::Result<Vec<String>> {
         }
         out.push(t.to_string());
     }
+    if out.is_empty() {
+        // Setting the file asks for the role to be guarded: an empty one
+        // (a secret not mounted yet) must not leave it open.
+        anyhow::bail!(
+            "{key}_file = {} holds no token (only blank lines and comments):              the role would be open",
+            path.display()
+        );
+    }
     Ok(out)
 }
 
@@ -107,6 +115,7 @@ impl Auth {
             )?,
             admin: role(Role::Admin.key(), &a.admin_tokens, &a.admin_tokens_file)?,
         };
+        // Checked at load like the `[auth]` lists.
         if !config.server.admin_token.is_empty() {
             auth.admin.push(digest(&config.server.admin_token));
         }
@@ -127,10 +136,12 @@ impl Auth {
         if self.is_open(role) {
             return true;
         }
+        // The scheme is case-insensitive (RFC 9110 § 11.1).
         let Some(given) = headers
             .get("authorization")
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
+            .and_then(|v| v.split_once(' '))
+            .and_then(|(scheme, t)| scheme.eq_ignore_ascii_case("bearer").then_some(t))
         else {
             return false;
         };
@@ -205,12 +216,48 @@ fn unauthorized() -> Response {
     resp
 }
 
-/// Middleware: lets the request through when it carries a token of the role.
+/// Whether a browser sent the request from another site's page. Such a
+/// page cannot read the answer (tito sends no CORS headers), but a write
+/// would still take effect: on a gateway whose roles are open, any page the
+/// operator visits could add a backend, put the fleet to sleep, lease the
+/// trainer's queue or record made-up calls. Current browsers say where a
+/// request comes from in `Sec-Fetch-Site` (`none` when the user typed the
+/// address); older ones send `Origin` on anything but a plain GET. Clients
+/// that are not browsers send neither.
+pub fn cross_site(headers: &axum::http::HeaderMap) -> bool {
+    let text = |name| {
+        headers
+            .get(name)
+            .and_then(|v: &HeaderValue| v.to_str().ok())
+    };
+    if let Some(site) = text("sec-fetch-site") {
+        return !matches!(site, "same-origin" | "none");
+    }
+    match text("origin") {
+        None => false,
+        Some(origin) => {
+            let authority = origin.split_once("://").map_or(origin, |(_, a)| a);
+            text("host").is_none_or(|host| !host.eq_ignore_ascii_case(authority))
+        }
+    }
+}
+
+/// Middleware: refuses requests from another site's page (see
+/// [`cross_site`]), then lets the request through when it carries a token
+/// of the role.
 pub async fn require(
     State((auth, role)): State<(Arc<Auth>, Role)>,
     req: Request,
     next: Next,
 ) -> Response {
+    if cross_site(req.headers()) {
+        return ApiError::new(
+            axum::http::StatusCode::FORBIDDEN,
+            "invalid_request_error",
+            "cross-site request refused: a page on another site may not call this gateway",
+        )
+        .into_response();
+    }
     if auth.allows(role, req.headers()) {
         next.run(req).await
     } else {
@@ -269,5 +316,44 @@ mod tests {
         std::fs::write(&p, "short\n").expect("write");
         let e = read_tokens("auth.trainer_tokens", &p).expect_err("too short");
         assert!(e.to_string().contains("line 1"), "{e}");
+        std::fs::write(&p, "# none yet\n\n").expect("write");
+        let e = read_tokens("auth.trainer_tokens", &p).expect_err("empty");
+        assert!(e.to_string().contains("holds no token"), "{e}");
+    }
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        let a = auth(&["api-key-1"], &[], &[]);
+        let mut h = axum::http::HeaderMap::new();
+        for v in ["bearer api-key-1", "BEARER api-key-1"] {
+            h.insert("authorization", HeaderValue::from_static(v));
+            assert!(a.allows(Role::Api, &h), "{v}");
+        }
+        h.insert("authorization", HeaderValue::from_static("Basic api-key-1"));
+        assert!(!a.allows(Role::Api, &h));
+    }
+
+    #[test]
+    fn requests_from_another_site_s_page_are_told_apart() {
+        let headers = |pairs: &[(&'static str, &'static str)]| {
+            let mut h = axum::http::HeaderMap::new();
+            for (k, v) in pairs {
+                h.insert(*k, HeaderValue::from_static(v));
+            }
+            h
+        };
+        let host = ("host", "127.0.0.1:8000");
+        for (h, cross) in [
+            (vec![host], false),
+            (vec![host, ("sec-fetch-site", "same-origin")], false),
+            (vec![host, ("sec-fetch-site", "none")], false),
+            (vec![host, ("sec-fetch-site", "cross-site")], true),
+            (vec![host, ("sec-fetch-site", "same-site")], true),
+            (vec![host, ("origin", "http://127.0.0.1:8000")], false),
+            (vec![host, ("origin", "http://evil.example")], true),
+            (vec![host, ("origin", "null")], true),
+        ] {
+            assert_eq!(cross_site(&headers(&h)), cross, "{h:?}");
+        }
     }
 }

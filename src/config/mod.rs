@@ -515,6 +515,14 @@ impl Config {
                 ));
             }
         }
+        let legacy = &self.server.admin_token;
+        if !legacy.is_empty() && !crate::api::auth::usable_token(legacy) {
+            return Err(invalid(
+                "server.admin_token",
+                crate::api::auth::redacted(legacy),
+                "a token is 8 to 4096 printable ASCII characters without spaces",
+            ));
+        }
         if self.model.name.trim().is_empty() {
             return Err(invalid("model.name", &self.model.name, "must not be empty"));
         }
