@@ -353,3 +353,33 @@ async fn snapshot_serializes_for_the_admin_endpoint() {
         }])
     );
 }
+
+/// A new trajectory whose first attempt fails on a backend, then runs on
+/// another, never lived on the first: its call records no move. One that
+/// was pinned before and retried elsewhere does.
+#[tokio::test]
+async fn a_retried_first_call_is_not_a_move() {
+    let (router, mocks) = fleet(&config(PolicyKind::LeastRequests), 2);
+    mocks[0].set_down(true);
+    let mut retried = 0;
+    for t in 0..4 {
+        let out = call(&router, &format!("new-{t}"), &prompt(t, 8))
+            .await
+            .unwrap();
+        assert_eq!(out.backend, "b1");
+        if out.attempts > 1 {
+            retried += 1;
+        }
+        assert_eq!(out.moved_from, None, "new-{t}: {} attempts", out.attempts);
+    }
+    assert!(retried > 0, "some first attempt went to the down backend");
+    // Pinned to b0 while it was up, then retried on b1: a move.
+    mocks[0].set_down(false);
+    let (router, mocks) = fleet(&config(PolicyKind::LeastRequests), 2);
+    let home = call(&router, "old", &prompt(1, 8)).await.unwrap().backend;
+    let i = usize::from(home == "b1");
+    mocks[i].set_down(true);
+    let out = call(&router, "old", &prompt(1, 16)).await.unwrap();
+    assert_ne!(out.backend, home);
+    assert_eq!(out.moved_from.as_deref(), Some(home.as_str()));
+}

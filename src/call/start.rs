@@ -23,7 +23,8 @@ pub struct Started {
     pub backend: String,
     /// The trajectory was already pinned to this backend.
     pub sticky: bool,
-    /// Where the trajectory was pinned before, when this call moved it.
+    /// Where the trajectory was pinned before this call, when the call ran
+    /// elsewhere (a backend this call itself tried first is no move).
     pub moved_from: Option<String>,
     /// Backends tried, this one included.
     pub attempts: u32,
@@ -41,7 +42,11 @@ pub async fn start_sequence(
 ) -> Result<Started, ApiError> {
     let t0 = Instant::now();
     let mut exclude = Vec::new();
-    let mut moved_from: Option<String> = None;
+    // Where the trajectory was pinned before this call: the first route
+    // stayed there (sticky) or moved away from it. A trajectory pinned by
+    // this call's own first attempt has not moved when a retry runs
+    // elsewhere.
+    let mut pinned_before: Option<Option<String>> = None;
     let mut last_err: Option<BackendError> = None;
     let attempts = router.max_attempts().max(1);
     for attempt in 1..=attempts {
@@ -52,8 +57,12 @@ pub async fn start_sequence(
             Ok(r) => r,
             Err(e) => return Err(no_route(e, last_err)),
         };
-        if moved_from.is_none() {
-            moved_from = route.moved_from.clone();
+        if pinned_before.is_none() {
+            let before = match &route.moved_from {
+                Some(from) => Some(from.clone()),
+                None => route.sticky.then(|| route.name.to_string()),
+            };
+            pinned_before = Some(before);
         }
         if route.moved_from.is_some() || !route.sticky {
             tracing::debug!(trajectory = %trajectory_id, backend = %route.name,
@@ -85,6 +94,7 @@ pub async fn start_sequence(
                 router.report_success(route.id);
                 crate::metrics::time_to_first_token(t0.elapsed());
                 let backend = route.name.to_string();
+                let moved_from = pinned_before.flatten().filter(|b| *b != backend);
                 let sticky = route.sticky;
                 let weight_version = route.weight_version.as_deref().map(str::to_string);
                 // The route (and its in-flight guard) lives as long as the stream.
