@@ -509,3 +509,26 @@ async fn tito_verify_prints_a_line_per_sample_and_a_summary() {
     assert_eq!(lines.last().expect("summary")["failed"], 1);
     assert!(String::from_utf8_lossy(&out.stderr).contains("no backend named `nope`"));
 }
+
+/// A finished trajectory is replayed on the backend that generated it, and
+/// the check pins nothing: the sticky map keeps no finished trajectory.
+#[tokio::test]
+async fn a_check_replays_where_the_trajectory_ran_and_pins_nothing() {
+    let a = MockVllm::start(Scripted::ids(vec![IM_END])).await;
+    let b = MockVllm::start(Scripted::ids(vec![IM_END])).await;
+    let g = start_gateway(config(&[a.url(), b.url()], "")).await;
+    for t in 0..4 {
+        let tid = format!("home-{t}");
+        two_turns(&g, &tid).await;
+        let home =
+            g.get_json(&format!("/v1/trajectories/{tid}")).await["calls"][1]["backend"].clone();
+        let (status, body) = verify(&g, &tid, None).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["backend"], home, "{tid}");
+        assert_eq!(body["samples"][0]["max_abs_diff"], 0.0, "{tid}: {body}");
+    }
+    let backends = g.get_json("/admin/backends").await;
+    for s in backends["backends"].as_array().expect("backends") {
+        assert_eq!(s["sticky"], 0, "{backends}");
+    }
+}

@@ -153,9 +153,31 @@ impl Router {
         exclude: &[BackendId],
         admission_timeout: Duration,
     ) -> Result<Route, RouteError> {
+        self.admitted(admission_timeout, || {
+            self.route(trajectory_id, prompt_ids, exclude)
+        })
+        .await
+    }
+
+    /// [`Router::route_replay`], waiting like [`Router::route_admitted`].
+    pub async fn route_replay_admitted(
+        &self,
+        prefer: Option<&str>,
+        prompt_ids: &[u32],
+        admission_timeout: Duration,
+    ) -> Result<Route, RouteError> {
+        self.admitted(admission_timeout, || self.route_replay(prefer, prompt_ids))
+            .await
+    }
+
+    async fn admitted(
+        &self,
+        admission_timeout: Duration,
+        route: impl Fn() -> Result<Route, RouteError>,
+    ) -> Result<Route, RouteError> {
         let deadline = tokio::time::Instant::now() + admission_timeout;
         loop {
-            match self.route(trajectory_id, prompt_ids, exclude) {
+            match route() {
                 Err(RouteError::Paused) => {
                     let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                     self.wait_admitted(left)

@@ -171,6 +171,15 @@ struct Inner {
     weight_version: Option<Arc<str>>,
 }
 
+/// How [`Router::place`] picks a backend.
+#[derive(Clone, Copy)]
+enum Placement<'a> {
+    /// A trajectory's call: its pinned backend, or a new pin.
+    Sticky(&'a str),
+    /// A replay check: the named backend when usable; no pin.
+    Replay(Option<&'a str>),
+}
+
 pub struct Router {
     policy: Box<dyn RoutingPolicy>,
     health_interval: Duration,
@@ -309,6 +318,27 @@ impl Router {
         prompt_ids: &[u32],
         exclude: &[BackendId],
     ) -> Result<Route, RouteError> {
+        self.place(Placement::Sticky(trajectory_id), prompt_ids, exclude)
+    }
+
+    /// A route for a replay check: on the backend named `prefer` (where the
+    /// trajectory was generated) when it is usable, else where the policy
+    /// says; the sticky map is neither read nor changed (the trajectory is
+    /// finished). Counted in flight like any call.
+    pub fn route_replay(
+        &self,
+        prefer: Option<&str>,
+        prompt_ids: &[u32],
+    ) -> Result<Route, RouteError> {
+        self.place(Placement::Replay(prefer), prompt_ids, &[])
+    }
+
+    fn place(
+        &self,
+        placement: Placement<'_>,
+        prompt_ids: &[u32],
+        exclude: &[BackendId],
+    ) -> Result<Route, RouteError> {
         let mut g = self.lock();
         if g.paused != 0 {
             return Err(RouteError::Paused);
@@ -319,19 +349,33 @@ impl Router {
         if !exclude.is_empty() {
             self.retries.fetch_add(1, Ordering::Relaxed);
         }
+        let usable = |g: &Inner, ok: &dyn Fn(&Slot) -> bool| {
+            g.slots
+                .iter()
+                .find(|s| {
+                    ok(s)
+                        && !exclude.contains(&s.id)
+                        && !s.is_out()
+                        && s.health.state() != CircuitState::Open
+                })
+                .cloned()
+        };
         let mut moved_from = None;
-        if let Some(pin) = g.sticky.lookup(trajectory_id) {
-            let usable = g.slots.iter().find(|s| {
-                s.id == pin.id
-                    && !exclude.contains(&s.id)
-                    && !s.is_out()
-                    && s.health.state() != CircuitState::Open
-            });
-            if let Some(slot) = usable {
-                let slot = slot.clone();
-                return Ok(self.make_route(slot, true, None));
+        match placement {
+            Placement::Sticky(tid) => {
+                if let Some(pin) = g.sticky.lookup(tid) {
+                    if let Some(slot) = usable(&g, &|s| s.id == pin.id) {
+                        return Ok(self.make_route(slot, true, None));
+                    }
+                    moved_from = Some(pin.name.to_string());
+                }
             }
-            moved_from = Some(pin.name.to_string());
+            Placement::Replay(Some(name)) => {
+                if let Some(slot) = usable(&g, &|s| &*s.name == name) {
+                    return Ok(self.make_route(slot, true, None));
+                }
+            }
+            Placement::Replay(None) => {}
         }
         let states: Vec<CircuitState> = g.slots.iter().map(|s| s.health.state()).collect();
         let eligible = |want: CircuitState| -> Vec<Arc<Slot>> {
@@ -374,6 +418,9 @@ impl Router {
             .pick(&candidates, prompt_ids)
             .min(pool.len() - 1);
         let slot = pool.swap_remove(pick);
+        let Placement::Sticky(trajectory_id) = placement else {
+            return Ok(self.make_route(slot, false, None));
+        };
         let pin = Pin {
             id: slot.id,
             name: slot.name.clone(),

@@ -131,6 +131,8 @@ pub async fn verify_loaded(
     opts: &Options,
 ) -> Result<Report, VerifyError> {
     let id = traj.meta.id.clone();
+    // Where the trajectory was generated last (where it was pinned).
+    let home = traj.calls.last().map(|c| c.backend.clone());
     // Sample reconstruction copies every id of the trajectory: off the runtime.
     let samples = tokio::task::spawn_blocking(move || crate::store::samples(&traj))
         .await
@@ -140,7 +142,8 @@ pub async fn verify_loaded(
     let (backend, route) = match first {
         None => (None, None),
         Some(s) => {
-            let (b, r) = choose(router, opts.backend.as_deref(), &id, &sequence(s)).await?;
+            let named = opts.backend.as_deref();
+            let (b, r) = choose(router, named, home.as_deref(), &sequence(s)).await?;
             (Some(b), r)
         }
     };
@@ -187,12 +190,13 @@ fn check_lengths(id: &str, samples: &[Sample], max_len: Option<usize>) -> Result
     Ok(())
 }
 
-/// The backend named `name`, else the router's choice for a call of
-/// trajectory `id` (the returned route counts the replay as in flight).
+/// The backend named `name`, else the one the trajectory was generated on
+/// (`home`) when it is usable, else the router's choice; the sticky map is
+/// left alone (the returned route counts the replay as in flight).
 async fn choose(
     router: &Router,
     name: Option<&str>,
-    id: &str,
+    home: Option<&str>,
     ids: &[u32],
 ) -> Result<(DynBackend, Option<crate::router::Route>), VerifyError> {
     if let Some(name) = name {
@@ -204,7 +208,7 @@ async fn choose(
         return Ok((slot.backend.clone(), None));
     }
     let timeout = crate::call::start::ADMISSION_TIMEOUT;
-    let route = router.route_admitted(id, ids, &[], timeout).await?;
+    let route = router.route_replay_admitted(home, ids, timeout).await?;
     Ok((route.backend.clone(), Some(route)))
 }
 
