@@ -397,3 +397,33 @@ async fn requests_beyond_the_concurrency_limit_get_429() {
         .await;
     assert_eq!(r.status(), 200);
 }
+
+/// A backend whose streams stall after their first token fails those calls
+/// on the idle deadline, and the failures count against its health like
+/// failures before the first token: after `failure_threshold` of them its
+/// circuit opens.
+#[tokio::test]
+async fn stalls_after_the_first_token_count_against_the_backend() {
+    let mock = MockVllm::start(Scripted::ids(vec![72, IM_END])).await;
+    let g = common::start_gateway(config(
+        &[mock.url()],
+        "[router]\nidle_stream_timeout_ms = 50\nfailure_threshold = 2\n",
+    ))
+    .await;
+    for t in 0..2 {
+        mock.push(Scripted {
+            hang_after: Some(1),
+            ..Scripted::ids(vec![72, 105, IM_END])
+        });
+        let r = g
+            .post(
+                &format!("/t/stall-{t}/v1/chat/completions"),
+                json!({"messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        let (status, e) = error_of(r).await;
+        assert_eq!(status, 504, "{e}");
+    }
+    let backends = g.get_json("/admin/backends").await;
+    assert_eq!(backends["backends"][0]["circuit"], "open", "{backends}");
+}

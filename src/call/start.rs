@@ -1,7 +1,9 @@
 //! Starting one sequence: route, generate, wait for the first event; a
 //! backend that fails before its first event is reported to the router and
 //! another one is tried, up to `router.max_attempts`. After the first event
-//! nothing is retried (tokens may already be on their way to the client).
+//! nothing is retried (tokens may already be on their way to the client),
+//! but how the stream ends is still reported: its finish as a success, an
+//! error (a stall, a cut connection) as a failure.
 //!
 //! This is the only retry loop in tito: the API and the router tests both
 //! call [`start_sequence`].
@@ -91,18 +93,28 @@ pub async fn start_sequence(
         };
         match first {
             Ok((stream, first)) => {
-                router.report_success(route.id);
                 crate::metrics::time_to_first_token(t0.elapsed());
                 let backend = route.name.to_string();
                 let moved_from = pinned_before.flatten().filter(|b| *b != backend);
                 let sticky = route.sticky;
                 let weight_version = route.weight_version.as_deref().map(str::to_string);
-                // The route (and its in-flight guard) lives as long as the stream.
+                // The route (and its in-flight guard) lives as long as the
+                // stream, and tells the backend's health how it ended: a
+                // stream cut or stalled after its first token counts like a
+                // failure before it.
                 let stream: GenStream = Box::pin(
                     futures::stream::once(async { Ok(first) })
                         .chain(stream)
                         .map(move |ev| {
-                            let _keep = &route;
+                            match &ev {
+                                Ok(GenEvent::Done { finish_reason }) => {
+                                    if *finish_reason != FinishReason::Abort {
+                                        route.succeeded();
+                                    }
+                                }
+                                Err(e) => route.failed(e),
+                                Ok(GenEvent::Tokens { .. }) => {}
+                            }
                             ev
                         }),
                 );

@@ -35,6 +35,12 @@ impl InFlight {
     }
 }
 
+impl InFlight {
+    pub(crate) fn slot(&self) -> &Slot {
+        &self.slot
+    }
+}
+
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.slot.in_flight.fetch_sub(1, Ordering::SeqCst);

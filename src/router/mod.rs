@@ -113,6 +113,34 @@ pub struct Route {
     _guard: InFlight,
 }
 
+impl Route {
+    /// The call on this route ended with its finish: see
+    /// [`Router::report_success`].
+    pub fn succeeded(&self) {
+        succeeded(self._guard.slot());
+    }
+
+    /// The call on this route failed (before or after its first token):
+    /// see [`Router::report_error`].
+    pub fn failed(&self, error: &BackendError) {
+        if let BackendError::Protocol { backend, .. } = error {
+            crate::metrics::backend_protocol_error(backend);
+        }
+        failed(self._guard.slot(), error);
+    }
+}
+
+fn succeeded(slot: &Slot) {
+    health::log_transition(&slot.name, slot.health.on_success(), None);
+}
+
+fn failed(slot: &Slot, error: &BackendError) {
+    if error.counts_against_health() {
+        let msg = error.to_string();
+        health::log_transition(&slot.name, slot.health.on_failure(Some(&msg)), Some(&msg));
+    }
+}
+
 impl std::fmt::Debug for Route {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Route")
@@ -459,11 +487,11 @@ impl Router {
         }
     }
 
-    /// The call on `id` produced its first token: resets its failure count
-    /// (and closes a half-open circuit).
+    /// A call on `id` ended well: resets its failure count (and closes a
+    /// half-open circuit).
     pub fn report_success(&self, id: BackendId) {
         if let Some(slot) = self.slot(id) {
-            health::log_transition(&slot.name, slot.health.on_success(), None);
+            succeeded(&slot);
         }
     }
 
@@ -483,12 +511,8 @@ impl Router {
         if let BackendError::Protocol { backend, .. } = error {
             crate::metrics::backend_protocol_error(backend);
         }
-        if !error.counts_against_health() {
-            return;
-        }
         if let Some(slot) = self.slot(id) {
-            let msg = error.to_string();
-            health::log_transition(&slot.name, slot.health.on_failure(Some(&msg)), Some(&msg));
+            failed(&slot, error);
         }
     }
 
