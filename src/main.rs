@@ -131,8 +131,8 @@ struct EngineArgs {
     /// Where the model runs (`cuda` needs a build with `--features cuda`).
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     device: DeviceArg,
-    /// Most sequences decoded together in one batch (1..=512).
-    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=512))]
+    /// Most sequences decoded together in one batch (1..=255).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..=255))]
     max_batch: u32,
     /// KV-cache cells shared by all sequences (0 = model's context, capped at 8192).
     #[arg(long = "ctx", visible_alias = "n-ctx", default_value_t = 0)]
@@ -144,8 +144,8 @@ struct EngineArgs {
     /// CPU threads (0 = all cores).
     #[arg(long, default_value_t = 0)]
     threads: u32,
-    /// Requests waiting for a slot before new ones get 503.
-    #[arg(long, default_value_t = 256)]
+    /// Requests waiting for a slot before new ones get 503 (at least 1).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     max_queue: u32,
     /// ggml's reference CPU kernels: a sequence's output is bitwise the same
     /// alone or batched (`false` to run on cuda).

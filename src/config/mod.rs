@@ -600,11 +600,19 @@ impl Config {
                 "backend names/urls must be unique",
             ));
         }
-        if self.engine.max_batch == 0 || self.engine.max_batch > 512 {
+        // llama.cpp holds at most 256 sequences, one of them tito's scratch.
+        if self.engine.max_batch == 0 || self.engine.max_batch > 255 {
             return Err(invalid(
                 "engine.max_batch",
                 self.engine.max_batch,
-                "must be 1..=512",
+                "must be 1..=255 (llama.cpp's 256 sequences, less one the engine keeps)",
+            ));
+        }
+        if self.engine.max_queue == 0 {
+            return Err(invalid(
+                "engine.max_queue",
+                0,
+                "must be at least 1 (0 would refuse every request)",
             ));
         }
         if self.engine.prefill_chunk < 16 || self.engine.prefill_chunk > 8192 {
@@ -696,6 +704,20 @@ kind = "vllm"
         assert_eq!(c.server.listen, "127.0.0.1:8000");
         assert_eq!(c.router.policy, PolicyKind::LeastRequests);
         assert_eq!(c.trajectory.history, HistoryMode::Exact);
+    }
+
+    #[test]
+    fn engine_limits_the_llama_context_cannot_hold_are_refused() {
+        for (table, key) in [
+            ("max_batch = 256", "engine.max_batch"),
+            ("max_queue = 0", "engine.max_queue"),
+        ] {
+            let text = format!("{MINIMAL}\n[engine]\n{table}\n");
+            let err = Config::from_toml(&text).expect_err(table);
+            assert!(err.to_string().contains(key), "{err}");
+        }
+        let text = format!("{MINIMAL}\n[engine]\nmax_batch = 255\nmax_queue = 1\n");
+        Config::from_toml(&text).expect("the largest batch, the smallest queue");
     }
 
     #[test]
