@@ -261,6 +261,16 @@ where
     Sse::new(ReceiverStream::new(rx)).into_response()
 }
 
+/// An error inside a stream, as vLLM writes it: the HTTP status the
+/// request would have had in `code`, so a client (the gateway) tells a
+/// refused request from a failed engine.
+fn stream_error(e: crate::backend::BackendError) -> Json_ {
+    let e = ApiError::from(e);
+    let mut body = e.body();
+    body["error"]["code"] = serde_json::json!(e.status.as_u16());
+    body
+}
+
 fn data(v: &Json_) -> Result<Event, Infallible> {
     Ok(Event::default().data(v.to_string()))
 }
@@ -517,7 +527,7 @@ async fn completions(
                     choice["stop_reason"] = ctx.stop_reason(&s, finish_reason, all.last().copied());
                     ctx.envelope(choice)
                 }
-                Err(e) => ApiError::from(e).body(),
+                Err(e) => stream_error(e),
             };
             if tx.send(data(&chunk)).await.is_err() {
                 return;
@@ -646,7 +656,7 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
             match ev {
                 Ok(ev) => g.push(ev),
                 Err(e) => {
-                    error = Some(ApiError::from(e).body());
+                    error = Some(stream_error(e));
                     break;
                 }
             }
@@ -660,4 +670,41 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
         }
         let _ = tx.send(done_event()).await;
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stream_error;
+    use crate::backend::pump::EventDecoder;
+    use crate::backend::vllm::VllmDecoder;
+    use crate::backend::BackendError;
+
+    /// The gateway reads an engine's in-stream error as the error it was: a
+    /// refused request stays a refusal (not retried elsewhere), a failed
+    /// engine a 5xx (counted against its health), not an unreadable answer.
+    #[test]
+    fn in_stream_errors_keep_their_status_through_the_gateway_s_decoder() {
+        let refused = BackendError::Rejected {
+            backend: "engine".into(),
+            message: "the output constraint allows no next token".into(),
+        };
+        let failed = BackendError::Status {
+            backend: "engine".into(),
+            status: 500,
+            message: "llama_decode failed".into(),
+        };
+        let mut decoder = VllmDecoder::new("tito-engine", None);
+        let read = |decoder: &mut VllmDecoder, e| decoder.on_data(&stream_error(e).to_string());
+        match read(&mut decoder, refused) {
+            Err(BackendError::Rejected { message, .. }) => {
+                assert!(message.contains("no next token"), "{message}")
+            }
+            other => panic!("a refusal: {other:?}"),
+        }
+        match read(&mut decoder, failed) {
+            // The engine answers a failed decode 502, as the gateway does.
+            Err(e @ BackendError::Status { status: 502, .. }) => assert!(e.counts_against_health()),
+            other => panic!("a failed engine: {other:?}"),
+        }
+    }
 }
