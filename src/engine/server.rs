@@ -248,16 +248,24 @@ async fn start(s: &EngineServer, req: GenerateRequest) -> Result<GenStream, ApiE
     Ok(s.backend.generate(req).await?)
 }
 
-/// Spawns `f` feeding SSE events into a channel; dropping the response
-/// stream (client gone) makes sends fail, the task ends and drops the
-/// generation stream, which cancels the sequence in the engine.
+/// Spawns `f` feeding SSE events into a channel. When the response stream
+/// is dropped (the client left), `f` is dropped at once, with the generation
+/// stream it holds, which cancels the sequence in the engine: also while it
+/// still waits in the queue or in its prefill, before it has sent anything.
 fn sse<F, Fut>(f: F) -> Response
 where
     F: FnOnce(tokio::sync::mpsc::Sender<Result<Event, Infallible>>) -> Fut,
     Fut: std::future::Future<Output = ()> + Send + 'static,
 {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
-    tokio::spawn(f(tx));
+    let gone = tx.clone();
+    let feed = f(tx);
+    tokio::spawn(async move {
+        tokio::select! {
+            () = feed => {}
+            () = gone.closed() => {}
+        }
+    });
     Sse::new(ReceiverStream::new(rx)).into_response()
 }
 
@@ -678,6 +686,36 @@ mod tests {
     use crate::backend::pump::EventDecoder;
     use crate::backend::vllm::VllmDecoder;
     use crate::backend::BackendError;
+
+    /// A client that leaves before the first event cancels the generation
+    /// at once: the feeding task (holding the engine's stream) is dropped
+    /// when the response is, not at its next send.
+    #[tokio::test]
+    async fn a_response_dropped_before_its_first_event_drops_the_generation() {
+        struct Generation(Option<tokio::sync::oneshot::Sender<()>>);
+        impl Drop for Generation {
+            fn drop(&mut self) {
+                if let Some(tx) = self.0.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+        let (dropped_tx, dropped) = tokio::sync::oneshot::channel();
+        let generation = Generation(Some(dropped_tx));
+        let response = super::sse(move |_tx| async move {
+            let _held = generation;
+            // Queued, or prefilling: no event for a long time.
+            std::future::pending::<()>().await;
+        });
+        drop(response);
+        // A bound for a broken build only; a passing run returns at once.
+        let failsafe = std::time::Duration::from_secs(20);
+        let dropped = tokio::time::timeout(failsafe, dropped).await;
+        assert!(
+            matches!(dropped, Ok(Ok(()))),
+            "the generation is still held"
+        );
+    }
 
     /// The gateway reads an engine's in-stream error as the error it was: a
     /// refused request stays a refusal (not retried elsewhere), a failed
