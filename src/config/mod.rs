@@ -457,7 +457,7 @@ impl Config {
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
         let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
             path: PathBuf::from("<string>"),
-            message: e.to_string(),
+            message: redact::toml_error(text, &e),
         })?;
         config.validate()?;
         Ok(config)

@@ -1,4 +1,5 @@
-//! URLs for display: credentials and passwords become `***`.
+//! URLs and config errors for display: credentials, passwords and tokens
+//! become `***`.
 
 /// `scheme://user:pass@host/...` → `scheme://***@host/...`: a backend URL
 /// may carry credentials (sent as basic auth); they are never shown.
@@ -49,9 +50,62 @@ pub fn redact_store_url(url: &str) -> String {
     }
 }
 
+/// A TOML parse error for display, without the secrets the parser's own
+/// message can carry: its line, column and key, and its reason with every
+/// quoted value masked (the parser quotes the offending value, and shows
+/// the source line, which may be a token or a password).
+pub fn toml_error(text: &str, e: &toml::de::Error) -> String {
+    let mut out = String::new();
+    if let Some(start) = e.span().map(|s| s.start) {
+        let before = text.get(..start).unwrap_or(text);
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        out.push_str(&format!("line {line}, column {column}"));
+        let key = text.lines().nth(line - 1).and_then(|l| l.split_once('='));
+        if let Some((key, _)) = key.filter(|(k, _)| !k.trim().is_empty()) {
+            out.push_str(&format!(" (`{}`)", key.trim()));
+        }
+        out.push_str(": ");
+    }
+    let mut quoted = false;
+    for part in e.message().trim_end().split('"') {
+        if quoted {
+            out.push_str("\"***\"");
+        } else {
+            out.push_str(part);
+        }
+        quoted = !quoted;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn toml_errors_name_the_place_and_key_but_not_the_secret() {
+        let base = "[model]\ntokenizer = \"x\"\n";
+        for (text, key) in [
+            (
+                format!("{base}[auth]\ntrainer_tokens = \"f3a9-very-secret\"\n"),
+                "trainer_tokens",
+            ),
+            (
+                format!("{base}[store]\nuri = \"postgres://u:f3a9-very-secret@db/t\"\n"),
+                "uri",
+            ),
+        ] {
+            let e = crate::config::Config::from_toml(&text)
+                .expect_err("invalid")
+                .to_string();
+            assert!(!e.contains("f3a9-very-secret"), "{e}");
+            assert!(
+                e.contains("line 4") && e.contains(&format!("`{key}`")),
+                "{e}"
+            );
+        }
+    }
 
     #[test]
     fn store_urls_are_shown_without_passwords() {
