@@ -400,3 +400,27 @@ async fn an_admin_operation_in_progress_refuses_another() {
     // The hung sleep ends at its deadline, naming the backend.
     assert_eq!(sleeping.await.expect("join"), 502);
 }
+
+/// `/admin/sleep` takes its fields in the query string too, numbers
+/// included, and a bad one is an OpenAI-shaped 400 naming it.
+#[tokio::test]
+async fn sleep_reads_its_query_string() {
+    let a = MockVllm::start(mock_reply()).await;
+    let g = gateway(&[a.url()], "memory://").await;
+    let send = |query: &str| {
+        g.client
+            .post(g.url(&format!("/admin/sleep?{query}")))
+            .bearer_auth(TOKEN)
+            .send()
+    };
+    let r = send("level=2&drain_timeout_s=30&timeout_s=5")
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 200);
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["level"], 2, "{body}");
+    let r = send("level=x").await.expect("send");
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.expect("an OpenAI-shaped error");
+    assert_eq!(body["error"]["param"], "level", "{body}");
+}

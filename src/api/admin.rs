@@ -191,11 +191,14 @@ fn not_updating(state: &AppState) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// `/admin/sleep`'s fields, in the body or the query string. Not a
+/// flattened [`Timing`]: a query string's values are strings, which a
+/// flattened number field refuses.
 #[derive(Deserialize, Default)]
 struct SleepParams {
     level: Option<u32>,
-    #[serde(flatten)]
-    timing: Timing,
+    drain_timeout_s: Option<u64>,
+    timeout_s: Option<u64>,
 }
 
 /// Stops admitting calls (new ones wait), drains in-flight calls, then puts
@@ -203,17 +206,18 @@ struct SleepParams {
 /// backend that failed or did not answer is named with its state.
 async fn sleep(
     State(state): State<AppState>,
-    Query(q): Query<SleepParams>,
+    q: Result<Query<SleepParams>, axum::extract::rejection::QueryRejection>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
+    let Query(q) = q?;
     let b: SleepParams = parse_json(&body)?;
     let level = b.level.or(q.level).unwrap_or(1);
     if !(1..=2).contains(&level) {
         return Err(ApiError::invalid("level", "sleep level must be 1 or 2"));
     }
     let timing = Timing {
-        drain_timeout_s: b.timing.drain_timeout_s.or(q.timing.drain_timeout_s),
-        timeout_s: b.timing.timeout_s.or(q.timing.timeout_s),
+        drain_timeout_s: b.drain_timeout_s.or(q.drain_timeout_s),
+        timeout_s: b.timeout_s.or(q.timeout_s),
     };
     let _op = one_at_a_time(&state)?;
     pause_and_drain(&state, timing.drain()).await?;
