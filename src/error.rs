@@ -2,7 +2,7 @@
 //! OpenAI-shaped JSON (`{"error": {message, type, param, code}}`) or an SSE
 //! error event. Handlers convert module errors into [`ApiError`] with `?`.
 
-use axum::extract::rejection::QueryRejection;
+use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -185,6 +185,24 @@ impl From<BackendError> for ApiError {
 impl From<QueryRejection> for ApiError {
     fn from(e: QueryRejection) -> Self {
         let text = e.body_text();
+        ApiError {
+            param: query_param_of(&text),
+            ..Self::bad_request(text)
+        }
+    }
+}
+
+/// A JSON body the extractor refused: a body over the size limit stays a
+/// 413 and one without `Content-Type: application/json` a 415; anything
+/// else (bad syntax, a wrong type) is a 400 naming the field when the
+/// message gives it.
+impl From<JsonRejection> for ApiError {
+    fn from(e: JsonRejection) -> Self {
+        let text = e.body_text();
+        let status = e.status();
+        if status == StatusCode::PAYLOAD_TOO_LARGE || status == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+            return Self::new(status, "invalid_request_error", text);
+        }
         ApiError {
             param: query_param_of(&text),
             ..Self::bad_request(text)

@@ -164,6 +164,30 @@ async fn body_over_limit_is_413() {
     .await;
     assert_eq!(s, 413);
     assert!(e["message"].as_str().expect("msg").contains("2048"));
+
+    // The trainer's JSON routes keep the extractor's status too.
+    let reward = |body: String, content_type: &'static str| {
+        g.client
+            .post(g.url("/v1/trajectories/t/reward"))
+            .header("content-type", content_type)
+            .body(body)
+            .send()
+    };
+    let big = format!("{{\"reward\": 1.0, \"extra\": \"{}\"}}", "x".repeat(4096));
+    let (s, _) = error_of(reward(big, "application/json").await.expect("send")).await;
+    assert_eq!(s, 413);
+    let (s, _) = error_of(
+        reward("{\"reward\": 1.0}".into(), "text/plain")
+            .await
+            .expect("send"),
+    )
+    .await;
+    assert_eq!(s, 415);
+    let r = reward("{\"reward\": \"high\"}".into(), "application/json")
+        .await
+        .expect("send");
+    let (s, e) = error_of(r).await;
+    assert_eq!((s, e["param"].as_str()), (400, Some("reward")), "{e}");
 }
 
 #[tokio::test]

@@ -293,7 +293,7 @@ async fn ack(
     State(st): State<StoreState>,
     body: Result<Json<AckBody>, JsonRejection>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let Json(b) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let Json(b) = body.map_err(ApiError::from)?;
     super::check_id("consumer", "consumer", &b.consumer)?;
     if b.cursor.is_empty() || b.cursor.len() > 64 {
         return Err(ApiError::invalid("cursor", "not an export cursor"));

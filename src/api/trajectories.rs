@@ -264,7 +264,7 @@ async fn reward(
     Path(id): Path<String>,
     body: Result<Json<RewardBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Json(b) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let Json(b) = body.map_err(ApiError::from)?;
     if !b.reward.is_finite() {
         return Err(ApiError::invalid("reward", "must be a finite number"));
     }
@@ -299,7 +299,7 @@ async fn metadata(
     Path(id): Path<String>,
     body: Result<Json<MetadataBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Json(b) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let Json(b) = body.map_err(ApiError::from)?;
     super::check_id("trajectory", "id", &id)?;
     if let Some(g) = &b.group {
         super::check_id("group", "group", g)?;

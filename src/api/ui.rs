@@ -121,7 +121,7 @@ async fn decode(
     State(state): State<AppState>,
     body: Result<Json<DecodeBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
-    let Json(b) = body.map_err(|e| ApiError::bad_request(e.body_text()))?;
+    let Json(b) = body.map_err(ApiError::from)?;
     let mut ids = b.ids;
     ids.sort_unstable();
     ids.dedup();
