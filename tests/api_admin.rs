@@ -8,7 +8,7 @@ use common::{config, start_gateway, Gateway};
 use serde_json::{json, Value};
 use tito::render::testing::IM_END;
 
-const TOKEN: &str = "s3cret";
+const TOKEN: &str = "s3cret-admin";
 
 async fn admin(
     g: &Gateway,

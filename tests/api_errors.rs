@@ -451,3 +451,36 @@ async fn stalls_after_the_first_token_count_against_the_backend() {
     let backends = g.get_json("/admin/backends").await;
     assert_eq!(backends["backends"][0]["circuit"], "open", "{backends}");
 }
+
+/// The router's and extractors' own refusals (a path that is not UTF-8, a
+/// method the route does not take) come in OpenAI's shape too.
+#[tokio::test]
+async fn extractor_refusals_are_openai_shaped() {
+    let mock = MockVllm::start(Scripted::ids(vec![IM_END])).await;
+    let g = common::start_gateway(config(&[mock.url()], "")).await;
+    let r = g
+        .post(
+            "/t/%FF/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    let (s, e) = error_of(r).await;
+    assert_eq!(s, 400, "{e}");
+    let r = g
+        .client
+        .get(g.url("/v1/trajectories/%FF"))
+        .send()
+        .await
+        .expect("send");
+    let (s, e) = error_of(r).await;
+    assert_eq!(s, 400, "{e}");
+    let r = g
+        .client
+        .delete(g.url("/v1/chat/completions"))
+        .send()
+        .await
+        .expect("send");
+    assert!(r.headers().get("allow").is_some());
+    let (s, _) = error_of(r).await;
+    assert_eq!(s, 405);
+}

@@ -60,8 +60,11 @@ pub async fn around(State(limit): State<usize>, req: Request, next: Next) -> Res
             status = %status, cause, "request failed");
         crate::metrics::server_error(route);
     }
-    if status == StatusCode::PAYLOAD_TOO_LARGE && resp.extensions().get::<ApiError>().is_none() {
+    let ours = resp.extensions().get::<ApiError>().is_some();
+    if status == StatusCode::PAYLOAD_TOO_LARGE && !ours {
         resp = too_large(limit);
+    } else if status.is_client_error() && !ours && is_plain_text(&resp) {
+        resp = openai_shaped(resp).await;
     }
     tracing::debug!(
         status = resp.status().as_u16(),
@@ -90,6 +93,31 @@ fn named_trajectory(req: &Request) -> Option<String> {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string)
         })
+}
+
+fn is_plain_text(resp: &Response) -> bool {
+    resp.headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|t| t.starts_with("text/plain"))
+}
+
+/// An extractor's plain-text refusal (a path that is not UTF-8, a method a
+/// route does not take) in OpenAI's shape, with its status, its text as the
+/// message and its other headers (`Allow`).
+async fn openai_shaped(resp: Response) -> Response {
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let message = String::from_utf8_lossy(&text).trim().to_string();
+    let mut shaped = ApiError::new(parts.status, "invalid_request_error", message).into_response();
+    for (name, value) in &parts.headers {
+        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            shaped.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    shaped
 }
 
 /// axum's body-size rejection (a bare 413) in OpenAI's shape.
