@@ -4,7 +4,8 @@
 //! change greedy answers and tag later calls with their version, also when
 //! loaded while asleep; a missing file or another vocabulary is a 502 naming
 //! the engine, and the weights it had keep serving; the two-step (pushed)
-//! update is refused and called off.
+//! update is refused and called off; the gateway's window is the engine's
+//! context.
 #![cfg(feature = "engine")]
 
 mod common;
@@ -235,4 +236,31 @@ async fn new_weights_change_answers_and_bad_ones_leave_the_old_serving() {
     assert_eq!(report["paused"], false, "{report}");
     assert_eq!(report["aborted"][0]["ok"], true, "{report}");
     assert_eq!(chat(&g).await.0, 200);
+}
+
+/// The gateway's window is the engine's context (`n_ctx = 2048` here, less
+/// than the model file's): a longer prompt is refused by the gateway with
+/// `context_length_exceeded` naming 2048, before the engine sees it, and
+/// `/v1/models` says 2048.
+#[tokio::test]
+async fn the_window_is_the_in_process_engine_s_context() {
+    let (g, _engine) = gateway().await;
+    let models = g.get_json("/v1/models").await;
+    assert_eq!(models["data"][0]["max_model_len"], 2048, "{models}");
+    let long = "word ".repeat(2100);
+    let r = g
+        .post(
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": long}], "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status(), 400);
+    let body: Value = r.json().await.expect("json");
+    assert_eq!(body["error"]["code"], "context_length_exceeded", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("2048")),
+        "{body}"
+    );
 }

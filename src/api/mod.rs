@@ -97,6 +97,10 @@ impl AppState {
         backends: Vec<DynBackend>,
         store: DynStore,
     ) -> anyhow::Result<AppState> {
+        // A backend that knows its context (the in-process engine) bounds
+        // the window: a prompt it cannot hold is refused here, naming both
+        // numbers, and the room left for output is counted against it.
+        let backend_len = backends.iter().filter_map(|b| b.max_model_len()).min();
         let router = Router::new(&config.router);
         for (b, cfg) in backends.into_iter().zip(&config.backends) {
             router.add_backend(b, cfg.url.clone())?;
@@ -119,6 +123,7 @@ impl AppState {
             0 => renderer.max_model_len().unwrap_or(DEFAULT_MAX_MODEL_LEN),
             n => n,
         };
+        let max_model_len = backend_len.map_or(max_model_len, |b| b.min(max_model_len));
         let on_finish = crate::verify::background::finish_hook(
             forget,
             &config.verify,

@@ -246,6 +246,12 @@ pub trait Backend: Send + Sync + 'static {
     fn name(&self) -> &str;
     /// `vllm`, `sglang` or `engine`.
     fn kind(&self) -> &'static str;
+    /// The most tokens (prompt and output) one sequence may hold here, when
+    /// the backend knows it without asking over the network (the in-process
+    /// engine's context); the gateway's window is at most that.
+    fn max_model_len(&self) -> Option<u32> {
+        None
+    }
     /// Starts generating. Dropping the returned stream cancels the request.
     async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError>;
     /// Cheap liveness probe.

@@ -316,6 +316,10 @@ impl Backend for EngineBackend {
         "engine"
     }
 
+    fn max_model_len(&self) -> Option<u32> {
+        Some(self.info.max_seq_len)
+    }
+
     async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError> {
         self.check(&req)?;
         let grammar = self.grammar(&req)?;
