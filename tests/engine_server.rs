@@ -242,3 +242,51 @@ async fn engine_server_fills_stop_reason_as_vllm() {
     assert_eq!(last["choices"][0]["finish_reason"], "stop", "{last}");
     assert_eq!(last["choices"][0]["stop_reason"], json!(stop), "{last}");
 }
+
+/// Parameters vLLM refuses are refused here too, before any generation (a
+/// direct client is not checked by the gateway); `/health` says the engine
+/// runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engine_server_refuses_what_vllm_refuses() {
+    let base = spawn_server().await;
+    let prompt = engine_support::encode("Hello");
+    for (path, extra, param) in [
+        ("/v1/completions", json!({"logprobs": 21}), "logprobs"),
+        (
+            "/v1/completions",
+            json!({"repetition_penalty": 0.0}),
+            "repetition_penalty",
+        ),
+        ("/v1/completions", json!({"top_k": -2}), "top_k"),
+        (
+            "/generate",
+            json!({"sampling_params": {"repetition_penalty": -1.0}}),
+            "repetition_penalty",
+        ),
+        (
+            "/generate",
+            json!({"sampling_params": {"top_k": -5}}),
+            "top_k",
+        ),
+    ] {
+        let mut body = json!({"max_tokens": 2});
+        if path == "/generate" {
+            body = json!({"input_ids": prompt});
+        } else {
+            body["prompt"] = json!(prompt);
+        }
+        for (k, v) in extra.as_object().expect("object") {
+            body[k] = v.clone();
+        }
+        let (status, e) = post(&base, path, body).await;
+        assert_eq!(
+            (status, e["error"]["param"].as_str()),
+            (400, Some(param)),
+            "{path}: {e}"
+        );
+    }
+    let health = reqwest::get(format!("{base}/health"))
+        .await
+        .expect("health");
+    assert_eq!(health.status(), 200);
+}

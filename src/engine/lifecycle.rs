@@ -54,13 +54,20 @@ pub(crate) fn run(
     rx: Receiver<Msg>,
     ready: std::sync::mpsc::Sender<Result<EngineInfo, EngineError>>,
 ) {
-    match start(settings, shared.clone()) {
+    /// Marks the engine stopped however the thread ends, a panic included.
+    struct Stopped(Arc<Shared>);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            self.0.alive.store(false, Ordering::SeqCst);
+        }
+    }
+    let _stopped = Stopped(shared.clone());
+    match start(settings, shared) {
         Ok(engine) => serve(engine, &rx, ready),
         Err(e) => {
             let _ = ready.send(Err(e));
         }
     }
-    shared.alive.store(false, Ordering::SeqCst);
 }
 
 fn start(settings: EngineSettings, shared: Arc<Shared>) -> Result<Engine, EngineError> {

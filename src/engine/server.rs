@@ -65,11 +65,23 @@ impl EngineServer {
 /// The engine server's routes.
 pub fn app(state: Arc<EngineServer>) -> Router {
     Router::new()
-        .route("/health", get(|| async { "" }))
+        .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/completions", post(completions))
         .route("/generate", post(generate))
         .with_state(state)
+}
+
+/// 200 while the engine thread runs, else 503 (the gateway's probe then
+/// counts it down).
+async fn health(State(s): State<Arc<EngineServer>>) -> Result<&'static str, ApiError> {
+    s.backend.health().await.map(|()| "").map_err(|e| {
+        ApiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            e.to_string(),
+        )
+    })
 }
 
 /// Runs `tito engine` until `shutdown` resolves.
@@ -220,22 +232,55 @@ fn decode(s: &EngineServer, ids: &[u32], skip_special: bool) -> String {
     s.tokenizer.decode(ids, skip_special).unwrap_or_default()
 }
 
-fn check_sampling(
+/// The sampling fields both protocols take, checked as vLLM checks them
+/// (the gateway checks its own requests; this guards the engine's direct
+/// clients).
+struct Sampling {
     temperature: Option<f32>,
     top_p: Option<f32>,
     min_p: Option<f32>,
-) -> Result<(), ApiError> {
-    if temperature.is_some_and(|t| !(0.0..=100.0).contains(&t)) {
+    top_k: Option<i32>,
+    repetition_penalty: Option<f32>,
+    /// Top alternatives per sampled token.
+    logprobs: Option<u32>,
+}
+
+/// vLLM's default `max_logprobs`: more would sort the vocabulary for every
+/// token of every sequence in the batch.
+const MAX_LOGPROBS: u32 = 20;
+
+fn check_sampling(p: Sampling) -> Result<(), ApiError> {
+    if p.temperature.is_some_and(|t| !(0.0..=100.0).contains(&t)) {
         return Err(ApiError::invalid(
             "temperature",
             "temperature must be in [0, 100]",
         ));
     }
-    if top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
+    if p.top_p.is_some_and(|p| !(p > 0.0 && p <= 1.0)) {
         return Err(ApiError::invalid("top_p", "top_p must be in (0, 1]"));
     }
-    if min_p.is_some_and(|p| !(0.0..=1.0).contains(&p)) {
+    if p.min_p.is_some_and(|p| !(0.0..=1.0).contains(&p)) {
         return Err(ApiError::invalid("min_p", "min_p must be in [0, 1]"));
+    }
+    if p.top_k.is_some_and(|k| k < -1) {
+        return Err(ApiError::invalid(
+            "top_k",
+            "top_k must be -1 or 0 (disabled) or at least 1",
+        ));
+    }
+    if p.repetition_penalty
+        .is_some_and(|r| !(r.is_finite() && r > 0.0))
+    {
+        return Err(ApiError::invalid(
+            "repetition_penalty",
+            "repetition_penalty must be greater than 0",
+        ));
+    }
+    if p.logprobs.is_some_and(|k| k > MAX_LOGPROBS) {
+        return Err(ApiError::invalid(
+            "logprobs",
+            format!("at most {MAX_LOGPROBS} logprobs per token"),
+        ));
     }
     Ok(())
 }
@@ -400,7 +445,14 @@ async fn completions(
             "the bundled engine serves n = 1 only",
         ));
     }
-    check_sampling(b.temperature, b.top_p, b.min_p)?;
+    check_sampling(Sampling {
+        temperature: b.temperature,
+        top_p: b.top_p,
+        min_p: b.min_p,
+        top_k: b.top_k,
+        repetition_penalty: b.repetition_penalty,
+        logprobs: b.logprobs,
+    })?;
     match b.prompt_logprobs {
         Some(k) if k > 1 => {
             return Err(ApiError::invalid(
@@ -586,7 +638,14 @@ async fn sglang_input(
 async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Response, ApiError> {
     let b: GenerateBody = parse(&body)?;
     let sp = b.sampling_params;
-    check_sampling(sp.temperature, sp.top_p, sp.min_p)?;
+    check_sampling(Sampling {
+        temperature: sp.temperature,
+        top_p: sp.top_p,
+        min_p: sp.min_p,
+        top_k: sp.top_k,
+        repetition_penalty: sp.repetition_penalty,
+        logprobs: None,
+    })?;
     let prompt = match (b.input_ids, b.text) {
         (Some(ids), _) => ids,
         (None, Some(text)) => encode(&s, &text)?,
