@@ -261,15 +261,18 @@ fn named_id(
 }
 
 /// Ids (trajectories, groups) are path segments: 1 to
-/// [`MAX_TRAJECTORY_ID_LEN`] characters from a safe set.
+/// [`MAX_TRAJECTORY_ID_LEN`] characters from a safe set, not only dots
+/// (HTTP clients resolve `.` and `..` away, so such a trajectory could not
+/// be shown, rewarded or finished).
 pub(crate) fn check_id(what: &str, source: &str, id: &str) -> Result<(), ApiError> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || "-_.:@".contains(c);
-    if id.is_empty() || id.len() > MAX_TRAJECTORY_ID_LEN || !id.chars().all(ok_char) {
+    let dots = id.bytes().all(|b| b == b'.');
+    if dots || id.len() > MAX_TRAJECTORY_ID_LEN || !id.chars().all(ok_char) {
         return Err(ApiError::invalid(
             source,
             format!(
                 "invalid {what} id {id:?} (from {source}): use 1 to {MAX_TRAJECTORY_ID_LEN} \
-                 characters from A-Z a-z 0-9 - _ . : @"
+                 characters from A-Z a-z 0-9 - _ . : @, not only dots"
             ),
         ));
     }
@@ -664,6 +667,22 @@ mod tests {
     use crate::store::now_ms;
 
     /// A gateway-named trajectory id carries the time it was made, first, so
+    #[test]
+    fn ids_of_only_dots_are_refused() {
+        for bad in ["", ".", "..", "...", "a/b", "a b"] {
+            assert!(
+                super::check_id("trajectory", "test", bad).is_err(),
+                "{bad:?}"
+            );
+        }
+        for good in ["a.b", "..a", "run-1:step.2@x"] {
+            assert!(
+                super::check_id("trajectory", "test", good).is_ok(),
+                "{good:?}"
+            );
+        }
+    }
+
     /// ids sort in time order; it is an id a client may name too.
     #[test]
     fn trajectory_ids_lead_with_their_time() {

@@ -190,6 +190,7 @@ async fn show(
     State(st): State<StoreState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    super::check_id("trajectory", "id", &id)?;
     let traj = st
         .store
         .get_trajectory(&id)
@@ -264,6 +265,7 @@ async fn reward(
     Path(id): Path<String>,
     body: Result<Json<RewardBody>, JsonRejection>,
 ) -> Result<Json<Value>, ApiError> {
+    super::check_id("trajectory", "id", &id)?;
     let Json(b) = body.map_err(ApiError::from)?;
     if !b.reward.is_finite() {
         return Err(ApiError::invalid("reward", "must be a finite number"));
@@ -364,6 +366,7 @@ async fn finish(
     State(st): State<StoreState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
+    super::check_id("trajectory", "id", &id)?;
     let meta = st.store.finish(&id).await?;
     if let Some(hook) = &st.on_finish {
         hook(&id);

@@ -38,6 +38,7 @@ async fn verify(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
+    super::check_id("trajectory", "id", &id)?;
     let body = parse(&body)?;
     let opts = prepare(&state, body)?;
     let report = crate::verify::verify_trajectory(&state.router, &state.store.store, &id, &opts)
