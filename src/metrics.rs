@@ -26,6 +26,7 @@ pub const BACKEND_IN_FLIGHT: &str = "tito_backend_in_flight";
 pub const BACKEND_HEALTHY: &str = "tito_backend_healthy";
 pub const BACKEND_CIRCUIT_OPEN: &str = "tito_backend_circuit_open";
 pub const BACKEND_SLEEPING: &str = "tito_backend_sleeping";
+pub const BACKEND_IN_ROTATION: &str = "tito_backend_in_rotation";
 pub const STICKY_HITS: &str = "tito_sticky_hits_total";
 pub const STICKY_MISSES: &str = "tito_sticky_misses_total";
 pub const STICKY_EVICTIONS: &str = "tito_sticky_evictions_total";
@@ -156,14 +157,21 @@ fn describe() {
     for (name, help) in counters {
         describe_counter!(name, Count, help);
     }
-    let gauges: [(&'static str, &'static str); 10] = [
+    let gauges: [(&'static str, &'static str); 11] = [
         (
             EXPORT_LAG,
             "Seconds the oldest trajectory of a consumer's last export page waited since its last update (finish or reward)",
         ),
         (BACKEND_IN_FLIGHT, "Calls in flight on a backend"),
         (BACKEND_HEALTHY, "1 when the backend's circuit is closed"),
-        (BACKEND_CIRCUIT_OPEN, "1 when the backend's circuit is open"),
+        (
+            BACKEND_CIRCUIT_OPEN,
+            "1 when the backend's circuit is open (0 when closed or half-open)",
+        ),
+        (
+            BACKEND_IN_ROTATION,
+            "1 when calls may be routed to the backend: awake, its weights known, its circuit not open; 0 once it is removed",
+        ),
         (
             BACKEND_SLEEPING,
             "1 while the backend is asleep (POST /admin/sleep)",
@@ -398,16 +406,35 @@ pub fn store_commit(d: Duration) {
     histogram!(STORE_COMMIT).record(d.as_secs_f64());
 }
 
+/// Backend names `/metrics` has reported.
+static SEEN_BACKENDS: std::sync::Mutex<std::collections::BTreeSet<String>> =
+    std::sync::Mutex::new(std::collections::BTreeSet::new());
+
 /// `GET /metrics`: samples router state, then renders the text format.
 pub async fn render(State(router): State<std::sync::Arc<Router>>) -> Response {
+    let flag = |b: bool| f64::from(u8::from(b));
+    let mut now = std::collections::BTreeSet::new();
     for b in router.snapshot() {
         let name = b.name.to_string();
+        let open = b.circuit == crate::router::CircuitState::Open;
+        let in_rotation = !open && !b.sleeping && b.weights_error.is_none();
         gauge!(BACKEND_IN_FLIGHT, "backend" => name.clone()).set(b.in_flight as f64);
-        gauge!(BACKEND_HEALTHY, "backend" => name.clone()).set(f64::from(u8::from(b.healthy)));
-        gauge!(BACKEND_SLEEPING, "backend" => name.clone()).set(f64::from(u8::from(b.sleeping)));
-        let open = !matches!(b.circuit, crate::router::CircuitState::Closed);
-        gauge!(BACKEND_CIRCUIT_OPEN, "backend" => name).set(f64::from(u8::from(open)));
+        gauge!(BACKEND_HEALTHY, "backend" => name.clone()).set(flag(b.healthy));
+        gauge!(BACKEND_SLEEPING, "backend" => name.clone()).set(flag(b.sleeping));
+        gauge!(BACKEND_CIRCUIT_OPEN, "backend" => name.clone()).set(flag(open));
+        gauge!(BACKEND_IN_ROTATION, "backend" => name.clone()).set(flag(in_rotation));
+        now.insert(name);
     }
+    // A removed backend's series stay (the exporter keeps every series it
+    // saw): they say it takes no calls, rather than its last state.
+    let mut seen = SEEN_BACKENDS.lock().unwrap_or_else(|e| e.into_inner());
+    for gone in seen.difference(&now) {
+        for g in [BACKEND_IN_FLIGHT, BACKEND_HEALTHY, BACKEND_IN_ROTATION] {
+            gauge!(g, "backend" => gone.clone()).set(0.0);
+        }
+    }
+    seen.extend(now);
+    drop(seen);
     let c = router.counters();
     counter!(STICKY_HITS).absolute(c.sticky_hits);
     counter!(STICKY_MISSES).absolute(c.sticky_misses);

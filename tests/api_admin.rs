@@ -312,3 +312,35 @@ async fn ready_follows_backend_availability() {
     assert_eq!(r.status(), 200);
     assert_eq!(ready(&g).await.0, 200);
 }
+
+/// `tito_backend_in_rotation` says whether calls may go to a backend: 0
+/// while it sleeps, 1 once awake, and 0 once it is removed (its series stay
+/// in the exporter, so they must stop claiming it serves).
+#[tokio::test]
+async fn backend_gauges_follow_rotation_and_removal() {
+    let (a, b, g) = gateway().await;
+    let value = |text: &str, series: &str, backend: &str| -> f64 {
+        let prefix = format!("{series}{{backend=\"{backend}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix.as_str()))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {prefix} in:\n{text}"))
+    };
+    let text = g.get_text("/metrics").await;
+    assert_eq!(value(&text, "tito_backend_in_rotation", &a.url()), 1.0);
+    let r = admin(&g, reqwest::Method::POST, "/admin/sleep", Some(json!({}))).await;
+    assert_eq!(r.status(), 200);
+    let text = g.get_text("/metrics").await;
+    assert_eq!(value(&text, "tito_backend_in_rotation", &a.url()), 0.0);
+    assert_eq!(value(&text, "tito_backend_sleeping", &a.url()), 1.0);
+    let r = admin(&g, reqwest::Method::POST, "/admin/wake_up", Some(json!({}))).await;
+    assert_eq!(r.status(), 200);
+    // Backends are numbered in `[[backends]]` order: b is 1.
+    let r = admin(&g, reqwest::Method::DELETE, "/admin/backends/1", None).await;
+    assert_eq!(r.status(), 200);
+    let text = g.get_text("/metrics").await;
+    assert_eq!(value(&text, "tito_backend_in_rotation", &a.url()), 1.0);
+    for series in ["tito_backend_in_rotation", "tito_backend_healthy"] {
+        assert_eq!(value(&text, series, &b.url()), 0.0, "{series}");
+    }
+}
