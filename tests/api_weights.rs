@@ -164,6 +164,16 @@ async fn a_hung_backend_is_named_traffic_resumes_and_the_version_waits_for_all()
     assert_eq!(backends["weight_version"], "v2");
     assert_eq!(backend(&backends, &b_port)["weights_error"], Value::Null);
 
+    // A restart on the same store keeps the last version every backend took.
+    let c = MockVllm::start(mock_reply()).await;
+    let restarted = gateway(&[c.url()], &store_url).await;
+    assert_eq!(
+        get_admin(&restarted, "/admin/backends").await["weight_version"],
+        "v2"
+    );
+    assert_eq!(call_version(&restarted, "after-restart").await, "v2");
+    drop(restarted);
+
     // A failed reload (vLLM answers 500) leaves the fleet version alone.
     a.state.fail_reload.store(true, Ordering::SeqCst);
     let (status, report) = post_admin(
@@ -180,15 +190,24 @@ async fn a_hung_backend_is_named_traffic_resumes_and_the_version_waits_for_all()
         .as_str()
         .is_some_and(|e| e.contains("no such checkpoint")));
 
-    // A restart on the same store keeps the last version every backend took.
+    // After a restart, what each backend serves is unknown (one took v3,
+    // one failed half-way): calls are recorded without a version, not with
+    // v2, until an update succeeds everywhere.
     drop(g);
-    let c = MockVllm::start(mock_reply()).await;
     let g2 = gateway(&[c.url()], &store_url).await;
     assert_eq!(
         get_admin(&g2, "/admin/backends").await["weight_version"],
-        "v2"
+        Value::Null
     );
-    assert_eq!(call_version(&g2, "after-restart").await, "v2");
+    assert_eq!(call_version(&g2, "in-doubt").await, Value::Null);
+    let (status, report) = post_admin(
+        &g2,
+        "/admin/weights",
+        json!({"version": "v4", "path": "/ckpt/4"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(call_version(&g2, "after-v4").await, "v4");
 }
 
 #[tokio::test]

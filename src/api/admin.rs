@@ -261,13 +261,22 @@ struct Weights {
 }
 
 fn check_version(v: &str) -> Result<(), ApiError> {
-    if v.trim().is_empty() || v.len() > 256 {
+    if v.trim().is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
         return Err(ApiError::invalid(
             "version",
-            "`version` must be 1 to 256 characters",
+            "`version` must be 1 to 256 characters, none of them a control character",
         ));
     }
     Ok(())
+}
+
+/// Records in the store, before backends may change their weights, that an
+/// update to `version` is under way: until every backend took it (then
+/// [`commit_version`] replaces the record) a restart cannot know what each
+/// backend serves ([`super::AppState::restore`]).
+async fn mark_in_doubt(state: &AppState, version: &str) -> Result<(), ApiError> {
+    let marked = format!("{}{version}", crate::api::IN_DOUBT);
+    Ok(state.store.store.set_weight_version(&marked).await?)
 }
 
 /// Records the fleet's version once every backend took it: in the router
@@ -298,6 +307,10 @@ async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response,
         return Ok(report(&state, Vec::new(), json!({"version": w.version})));
     };
     pause_and_drain(&state, w.timing.drain()).await?;
+    if let Err(e) = mark_in_doubt(&state, &w.version).await {
+        state.router.resume_admission(Pause::Operation);
+        return Err(e);
+    }
     let op = AdminOp::UpdateWeights {
         path,
         version: w.version.clone(),
@@ -336,6 +349,8 @@ async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Res
     if results.iter().all(|r| r.ok) {
         state.router.pause_admission(Pause::Updating);
         state.router.resume_admission(Pause::Operation);
+        // From here the trainer changes the weights.
+        mark_in_doubt(&state, "(pushed by the trainer)").await?;
         tracing::info!("weight update begun: push the weights, then commit");
         return Ok(report(&state, results, json!({})));
     }

@@ -89,6 +89,10 @@ impl PathIds {
     }
 }
 
+/// Leads the store's weight version while an update is under way or failed
+/// on some backend (versions hold no control character).
+pub(crate) const IN_DOUBT: char = '\u{1}';
+
 impl AppState {
     /// State over `backends` (in `[[backends]]` order) and a span store.
     pub fn new(
@@ -159,9 +163,18 @@ impl AppState {
     /// Takes up what the store remembers of the last run: the fleet's
     /// weight version.
     pub async fn restore(&self) -> anyhow::Result<()> {
-        if let Some(v) = self.store.store.weight_version().await? {
-            tracing::info!(version = %v, "weight version restored from the store");
-            self.router.set_weight_version(&v);
+        match self.store.store.weight_version().await? {
+            Some(v) if v.starts_with(IN_DOUBT) => tracing::warn!(
+                update = %v.trim_start_matches(IN_DOUBT),
+                "a weight update had not succeeded on every backend when tito stopped: \
+                 what each backend serves is unknown, so calls are recorded without a \
+                 weight version until an update succeeds everywhere"
+            ),
+            Some(v) if !v.is_empty() => {
+                tracing::info!(version = %v, "weight version restored from the store");
+                self.router.set_weight_version(&v);
+            }
+            _ => {}
         }
         Ok(())
     }
