@@ -399,7 +399,8 @@ async fn an_admin_operation_in_progress_refuses_another() {
         client
             .post(url)
             .bearer_auth(TOKEN)
-            .json(&json!({"level": 1, "timeout_s": 1}))
+            // Long enough for the refusals below on a loaded machine.
+            .json(&json!({"level": 1, "timeout_s": 5}))
             .send()
             .await
             .expect("send")
@@ -442,4 +443,52 @@ async fn sleep_reads_its_query_string() {
     assert_eq!(r.status(), 400);
     let body: Value = r.json().await.expect("an OpenAI-shaped error");
     assert_eq!(body["error"]["param"], "level", "{body}");
+}
+
+/// A trainer whose HTTP client gives up while an update drains does not
+/// leave the gateway half-way: the update goes on in a task of its own,
+/// reaches the backends once the drain ends, and admission resumes.
+#[tokio::test]
+async fn an_update_whose_client_left_still_finishes_and_resumes_admission() {
+    let a = MockVllm::start(mock_reply()).await;
+    let g = gateway(&[a.url()], "memory://").await;
+    a.push(Scripted {
+        hold_after: Some(1),
+        ..mock_reply()
+    });
+    let mut held = g
+        .post(
+            "/t/held/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "stream": true}),
+        )
+        .await;
+    held.chunk().await.expect("read").expect("a first chunk");
+    let gave_up = g
+        .client
+        .post(g.url("/admin/weights"))
+        .bearer_auth(TOKEN)
+        .timeout(std::time::Duration::from_millis(300))
+        .json(&json!({"version": "v1", "path": "/ckpt/1"}))
+        .send()
+        .await;
+    assert!(gave_up.is_err_and(|e| e.is_timeout()));
+    assert_eq!(
+        get_admin(&g, "/admin/backends").await["paused_for"],
+        json!(["admin_operation"]),
+        "still draining"
+    );
+    let seen = a.state.admin_seen.notified();
+    tokio::pin!(seen);
+    seen.as_mut().enable();
+    a.release_held();
+    // Bounds for a broken build only: the update reaches the backend, then
+    // resumes admission.
+    let failsafe = std::time::Duration::from_secs(20);
+    tokio::time::timeout(failsafe, seen)
+        .await
+        .expect("the update went on after its client left");
+    let version = tokio::time::timeout(failsafe, call_version(&g, "after"))
+        .await
+        .expect("admission resumed");
+    assert_eq!(version, "v1");
 }

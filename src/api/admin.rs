@@ -172,13 +172,30 @@ async fn pause_and_drain(state: &AppState, drain: Duration) -> Result<(), ApiErr
     Ok(())
 }
 
-/// The admin operation lock, or a 409 while another operation runs.
-fn one_at_a_time(state: &AppState) -> Result<tokio::sync::MutexGuard<'_, ()>, ApiError> {
-    state.router.admin_operation().ok_or_else(|| {
+/// Runs an admin operation (sleep, wake-up, a weight update's steps) one at
+/// a time (a 409 while another runs) and in a task of its own: a client that
+/// leaves (an HTTP timeout during a long drain) does not cut it half-way,
+/// which would leave admission paused or the backends in an update tito no
+/// longer tracks.
+async fn one_at_a_time<F>(
+    state: &AppState,
+    op: impl FnOnce(AppState) -> F,
+) -> Result<Response, ApiError>
+where
+    F: std::future::Future<Output = Result<Response, ApiError>> + Send + 'static,
+{
+    let lock = state.router.admin_operation().ok_or_else(|| {
         ApiError::conflict(
             "another admin operation (sleep, wake_up or a weight update) is running: retry when it has answered",
         )
-    })
+    })?;
+    let run = op(state.clone());
+    let task = tokio::spawn(async move {
+        let _lock = lock;
+        run.await
+    });
+    task.await
+        .map_err(|e| ApiError::internal(format!("admin operation ended abnormally: {e}")))?
 }
 
 /// A 409 while a two-step weight update is begun and not committed.
@@ -219,21 +236,25 @@ async fn sleep(
         drain_timeout_s: b.drain_timeout_s.or(q.drain_timeout_s),
         timeout_s: b.timeout_s.or(q.timeout_s),
     };
-    let _op = one_at_a_time(&state)?;
-    pause_and_drain(&state, timing.drain()).await?;
-    let op = AdminOp::Sleep { level };
-    let results = state
-        .router
-        .broadcast_admin(&op, timing.deadline(&state))
-        .await;
-    state.router.pause_admission(Pause::Asleep);
-    state.router.resume_admission(Pause::Operation);
-    tracing::info!(
-        level,
-        ok = results.iter().all(|r| r.ok),
-        "backends put to sleep"
-    );
-    Ok(report(&state, results, json!({"level": level})))
+    one_at_a_time(&state, move |state| async move {
+        // A level-2 sleep would drop the weights a trainer is pushing.
+        not_updating(&state)?;
+        pause_and_drain(&state, timing.drain()).await?;
+        let op = AdminOp::Sleep { level };
+        let results = state
+            .router
+            .broadcast_admin(&op, timing.deadline(&state))
+            .await;
+        state.router.pause_admission(Pause::Asleep);
+        state.router.resume_admission(Pause::Operation);
+        tracing::info!(
+            level,
+            ok = results.iter().all(|r| r.ok),
+            "backends put to sleep"
+        );
+        Ok(report(&state, results, json!({"level": level})))
+    })
+    .await
 }
 
 /// Wakes every backend up, then ends the sleep's pause (always: a backend
@@ -241,15 +262,17 @@ async fn sleep(
 /// two-step weight update, whose pause only its commit ends.
 async fn wake_up(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let timing: Timing = parse_json(&body)?;
-    let _op = one_at_a_time(&state)?;
-    not_updating(&state)?;
-    let results = state
-        .router
-        .broadcast_admin(&AdminOp::WakeUp, timing.deadline(&state))
-        .await;
-    state.router.resume_admission(Pause::Asleep);
-    tracing::info!(ok = results.iter().all(|r| r.ok), "backends woken up");
-    Ok(report(&state, results, json!({})))
+    one_at_a_time(&state, move |state| async move {
+        not_updating(&state)?;
+        let results = state
+            .router
+            .broadcast_admin(&AdminOp::WakeUp, timing.deadline(&state))
+            .await;
+        state.router.resume_admission(Pause::Asleep);
+        tracing::info!(ok = results.iter().all(|r| r.ok), "backends woken up");
+        Ok(report(&state, results, json!({})))
+    })
+    .await
 }
 
 #[derive(Deserialize)]
@@ -298,7 +321,10 @@ async fn commit_version(state: &AppState, version: &str) -> Result<(), ApiError>
 async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let w: Weights = parse_json(&body)?;
     check_version(&w.version)?;
-    let _op = one_at_a_time(&state)?;
+    one_at_a_time(&state, move |state| update_weights(state, w)).await
+}
+
+async fn update_weights(state: AppState, w: Weights) -> Result<Response, ApiError> {
     not_updating(&state)?;
     let Some(path) = w.path else {
         state.store.store.set_weight_version(&w.version).await?;
@@ -338,9 +364,25 @@ async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response,
 /// already begun (a retried `begin`).
 async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let timing: Timing = parse_json(&body)?;
-    let _op = one_at_a_time(&state)?;
+    one_at_a_time(&state, move |state| begin_update(state, timing)).await
+}
+
+async fn begin_update(state: AppState, timing: Timing) -> Result<Response, ApiError> {
     not_updating(&state)?;
     pause_and_drain(&state, timing.drain()).await?;
+    // Recorded before any backend starts: from then on the trainer may
+    // change the weights. Called off, the record goes back as it was.
+    let before = match state.store.store.weight_version().await {
+        Ok(v) => v,
+        Err(e) => {
+            state.router.resume_admission(Pause::Operation);
+            return Err(e.into());
+        }
+    };
+    if let Err(e) = mark_in_doubt(&state, "(pushed by the trainer)").await {
+        state.router.resume_admission(Pause::Operation);
+        return Err(e);
+    }
     let deadline = timing.deadline(&state);
     let results = state
         .router
@@ -349,8 +391,6 @@ async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Res
     if results.iter().all(|r| r.ok) {
         state.router.pause_admission(Pause::Updating);
         state.router.resume_admission(Pause::Operation);
-        // From here the trainer changes the weights.
-        mark_in_doubt(&state, "(pushed by the trainer)").await?;
         tracing::info!("weight update begun: push the weights, then commit");
         return Ok(report(&state, results, json!({})));
     }
@@ -358,7 +398,13 @@ async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Res
         .router
         .broadcast_admin(&AdminOp::AbortWeightUpdate, deadline)
         .await;
+    let restored = state
+        .store
+        .store
+        .set_weight_version(before.as_deref().unwrap_or(""))
+        .await;
     state.router.resume_admission(Pause::Operation);
+    restored?;
     tracing::warn!("weight update not begun: a backend refused; its pause ended");
     Ok(report(&state, results, json!({"aborted": undo})))
 }
@@ -375,7 +421,10 @@ struct Commit {
 async fn weights_commit(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let c: Commit = parse_json(&body)?;
     check_version(&c.version)?;
-    let _op = one_at_a_time(&state)?;
+    one_at_a_time(&state, move |state| commit_update(state, c)).await
+}
+
+async fn commit_update(state: AppState, c: Commit) -> Result<Response, ApiError> {
     if !state.router.is_paused_for(Pause::Updating) {
         return Err(ApiError::conflict(
             "no weight update is in progress: POST /admin/weights/begin first",

@@ -117,8 +117,8 @@ impl Router {
     /// The right to run an admin operation (sleep, wake-up, a weight
     /// update's steps), or `None` while another runs: they pause and resume
     /// admission and change what the backends serve, so one at a time.
-    pub fn admin_operation(&self) -> Option<tokio::sync::MutexGuard<'_, ()>> {
-        self.admin.try_lock().ok()
+    pub fn admin_operation(&self) -> Option<tokio::sync::OwnedMutexGuard<()>> {
+        self.admin.clone().try_lock_owned().ok()
     }
 
     /// Whether `why` holds.
