@@ -4,7 +4,7 @@
 //! have committed the batch or not; reporting it failed when it landed would
 //! make the client's retry record the call a second time. So each write
 //! transaction learns its id and its server process when it begins
-//! ([`Xact`]), and a commit that failed without an answer from the server is
+//! ([`Xact`]), and a commit that failed without a final answer (no answer, or the server process ending) is
 //! settled over a fresh connection: `pg_xact_status` says `committed` or
 //! `aborted`. While the old server process still holds the transaction (it
 //! has not noticed the connection is gone), it is terminated first and
@@ -72,9 +72,13 @@ pub(crate) async fn settle(url: &str, xact: &Xact, cause: String) -> Result<(), 
                 )))
             }
             Some("in progress") if round == 0 => {
+                // Only the process that still runs this transaction: its
+                // pid may belong to another session once it has exited.
                 let sql = format!(
-                    "SELECT pg_terminate_backend({}, {TERMINATE_WAIT_MS})",
-                    xact.pid
+                    "SELECT pg_terminate_backend(pid, {TERMINATE_WAIT_MS}) FROM pg_stat_activity \
+                     WHERE pid = {} AND backend_xid::text = '{}'",
+                    xact.pid,
+                    xact.id % (1 << 32)
                 );
                 if let Err(e) = conn.client.simple_query(&sql).await {
                     return Err(unknown(format!("cannot end the old server process: {e}")));

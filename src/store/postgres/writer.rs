@@ -177,10 +177,24 @@ pub(super) async fn commit(conn: &mut Conn) -> Result<(), StoreError> {
     let xact = conn.xact.take();
     match (conn.client.batch_execute(sql).await, xact) {
         (Ok(()), _) => Ok(()),
-        (Err(e), Some(xact)) if e.as_db_error().is_none() => {
+        (Err(e), Some(xact)) if in_doubt(&e) || conn.client.is_closed() => {
             settle(&conn.url, &xact, StoreError::from(e).to_string()).await
         }
         (Err(e), _) => Err(e.into()),
+    }
+}
+
+/// A failed `COMMIT` whose outcome the error does not tell: no answer from
+/// the server, or the server's process ending (class 57P: shut down,
+/// terminated, crash of another process; class 08: connection failure),
+/// which can happen after the commit record was written.
+fn in_doubt(e: &tokio_postgres::Error) -> bool {
+    match e.as_db_error() {
+        None => true,
+        Some(db) => {
+            let code = db.code().code();
+            code.starts_with("57P") || code.starts_with("08")
+        }
     }
 }
 
