@@ -87,7 +87,8 @@ fn read_tokens(key: &str, path: &Path) -> anyhow::Result<Vec<String>> {
         // Setting the file asks for the role to be guarded: an empty one
         // (a secret not mounted yet) must not leave it open.
         anyhow::bail!(
-            "{key}_file = {} holds no token (only blank lines and comments):              the role would be open",
+            "{key}_file = {} holds no token (only blank lines and comments): \
+             the role would be open",
             path.display()
         );
     }

@@ -61,20 +61,42 @@ pub fn toml_error(text: &str, e: &toml::de::Error) -> String {
         let line = before.matches('\n').count() + 1;
         let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
         out.push_str(&format!("line {line}, column {column}"));
+        // The key of a `key = value` line; a line of a multi-line array
+        // is a value, never shown.
         let key = text.lines().nth(line - 1).and_then(|l| l.split_once('='));
-        if let Some((key, _)) = key.filter(|(k, _)| !k.trim().is_empty()) {
-            out.push_str(&format!(" (`{}`)", key.trim()));
+        let key = key.map(|(k, _)| k.trim()).filter(|k| {
+            !k.is_empty()
+                && k.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_-.".contains(&b))
+        });
+        if let Some(key) = key {
+            out.push_str(&format!(" (`{key}`)"));
         }
         out.push_str(": ");
     }
-    let mut quoted = false;
-    for part in e.message().trim_end().split('"') {
-        if quoted {
-            out.push_str("\"***\"");
-        } else {
-            out.push_str(part);
+    out.push_str(&mask_quoted(e.message().trim_end()));
+    out
+}
+
+/// Every double-quoted string (escapes included) as `"***"`.
+fn mask_quoted(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '"' {
+            out.push(c);
+            continue;
         }
-        quoted = !quoted;
+        out.push_str("\"***\"");
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => break,
+                _ => {}
+            }
+        }
     }
     out
 }
@@ -105,6 +127,16 @@ mod tests {
                 "{e}"
             );
         }
+        // A token on a line of its own in a list (a missing comma) is not
+        // taken for a key; an escaped quote does not end the masking.
+        let text = format!(
+            "{base}[auth]\ntrainer_tokens = [\n  \"AAAA-secret-1\",\n  \"BBBB-secret-2\"\n  \"CCCC-secret-3\",\n]\n"
+        );
+        let e = crate::config::Config::from_toml(&text)
+            .expect_err("invalid")
+            .to_string();
+        assert!(!e.contains("secret"), "{e}");
+        assert_eq!(mask_quoted(r#"got "ab\"cd" here"#), r#"got "***" here"#);
     }
 
     #[test]
