@@ -373,6 +373,11 @@ async fn a_retried_first_call_is_not_a_move() {
         assert_eq!(out.moved_from, None, "new-{t}: {} attempts", out.attempts);
     }
     assert!(retried > 0, "some first attempt went to the down backend");
+    assert_eq!(
+        router.counters().moves,
+        0,
+        "the router counts no move either"
+    );
     // Pinned to b0 while it was up, then retried on b1: a move.
     mocks[0].set_down(false);
     let (router, mocks) = fleet(&config(PolicyKind::LeastRequests), 2);

@@ -129,6 +129,9 @@ pub async fn start_sequence(
             }
             Err(e) => {
                 router.report_error(route.id, &e);
+                if !route.sticky {
+                    router.unpin_from(trajectory_id, route.id);
+                }
                 if !e.is_retryable() {
                     return Err(e.into());
                 }

@@ -89,7 +89,8 @@ impl Health {
         self.opened.load(Ordering::Relaxed)
     }
 
-    /// A call on this backend succeeded (it produced its first token).
+    /// A call on this backend succeeded (its stream ended with a finish), or a
+    /// probe did.
     pub fn on_success(&self) -> Transition {
         let mut g = self.lock();
         g.consecutive_failures = 0;
@@ -104,7 +105,8 @@ impl Health {
         }
     }
 
-    /// A call on this backend failed before its first token, or a probe failed.
+    /// A call on this backend failed (before or after its first token), or a
+    /// probe did.
     pub fn on_failure(&self, error: Option<&str>) -> Transition {
         let mut g = self.lock();
         g.consecutive_failures = g.consecutive_failures.saturating_add(1);

@@ -9,8 +9,9 @@
 //!
 //! Owns: backend membership, pins, loads, health state and router counters.
 //! Must not: speak HTTP to clients, generate tokens, or retry by itself: the
-//! API layer runs the retry loop (route → generate → on a failure before the
-//! first token, `report_error` and route again with the failed id excluded).
+//! call layer runs the retry loop (`call::start`: route → generate → on a
+//! failure before the first token, `report_error` and route again with the
+//! failed id excluded), and reports how each stream ended ([`Route`]).
 
 pub mod admission;
 pub mod fleet;
@@ -218,7 +219,7 @@ pub struct Router {
     admission: tokio::sync::watch::Sender<bool>,
     /// Held by the admin operation in progress (see
     /// [`Router::admin_operation`]).
-    admin: tokio::sync::Mutex<()>,
+    admin: Arc<tokio::sync::Mutex<()>>,
     retries: AtomicU64,
     moves: AtomicU64,
 }
@@ -244,7 +245,7 @@ impl Router {
             }),
             load: Arc::default(),
             admission: tokio::sync::watch::Sender::new(false),
-            admin: tokio::sync::Mutex::new(()),
+            admin: Arc::new(tokio::sync::Mutex::new(())),
             retries: AtomicU64::new(0),
             moves: AtomicU64::new(0),
         })
@@ -472,6 +473,16 @@ impl Router {
     /// Forgets where a finished trajectory was pinned.
     pub fn unpin(&self, trajectory_id: &str) {
         self.lock().sticky.remove(trajectory_id);
+    }
+
+    /// Forgets a pin the failed attempt of a call made (on `id`), so the
+    /// retry places the trajectory afresh: it never ran there, which is no
+    /// move. A pin another call has changed since is kept.
+    pub fn unpin_from(&self, trajectory_id: &str, id: BackendId) {
+        let mut g = self.lock();
+        if g.sticky.peek(trajectory_id).is_some_and(|p| p.id == id) {
+            g.sticky.remove(trajectory_id);
+        }
     }
 
     fn make_route(&self, slot: Arc<Slot>, sticky: bool, moved_from: Option<String>) -> Route {
