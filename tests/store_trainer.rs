@@ -44,6 +44,18 @@ async fn finished(store: &DynStore, n: u32) -> BTreeSet<String> {
 
 /// Leases and acks pages of `limit` until the consumer's queue is empty.
 async fn drain(store: DynStore, consumer: &str, limit: usize) -> Vec<String> {
+    drain_beside(store, consumer, limit, None).await
+}
+
+/// [`drain`] by one of several workers: each takes its first page before
+/// any goes on (`together`, one party per worker), so every worker gets a
+/// page however the runtime schedules them.
+async fn drain_beside(
+    store: DynStore,
+    consumer: &str,
+    limit: usize,
+    mut together: Option<Arc<tokio::sync::Barrier>>,
+) -> Vec<String> {
     let mut seen = Vec::new();
     loop {
         let lease = store
@@ -59,6 +71,9 @@ async fn drain(store: DynStore, consumer: &str, limit: usize) -> Vec<String> {
         let acked = store.ack(consumer, &cursor).await.expect("ack");
         assert_eq!(acked.trajectories, lease.ids.len() as u64);
         assert!(!acked.already);
+        if let Some(barrier) = together.take() {
+            barrier.wait().await;
+        }
         // Let the other worker's lease land between ours.
         tokio::task::yield_now().await;
     }
@@ -109,8 +124,9 @@ async fn two_workers_of_one_consumer_read_disjoint_pages_covering_everything() {
             .append_call(call("active", 0, 0, None, ids(1, 3), ids(10, 2)))
             .await
             .expect("append");
-        let a = tokio::spawn(drain(store.clone(), "trainer", 37));
-        let b = tokio::spawn(drain(store.clone(), "trainer", 37));
+        let both = Some(Arc::new(tokio::sync::Barrier::new(2)));
+        let a = tokio::spawn(drain_beside(store.clone(), "trainer", 37, both.clone()));
+        let b = tokio::spawn(drain_beside(store.clone(), "trainer", 37, both));
         let (a, b) = (a.await.expect("worker a"), b.await.expect("worker b"));
         let sa: BTreeSet<String> = a.iter().cloned().collect();
         let sb: BTreeSet<String> = b.iter().cloned().collect();
