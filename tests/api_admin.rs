@@ -79,17 +79,7 @@ async fn calls_during_sleep_complete_after_wake_up() {
         .all(|b| b["sleeping"] == true));
 
     // Issued while asleep: it waits for admission.
-    let url = g.url("/v1/chat/completions");
-    let client = g.client.clone();
-    let call = tokio::spawn(async move {
-        client
-            .post(url)
-            .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
-            .send()
-            .await
-            .expect("send")
-            .status()
-    });
+    let call = g.spawn_chat("/v1/chat/completions");
     let r = admin(&g, reqwest::Method::POST, "/admin/wake_up", None).await;
     assert_eq!(r.status(), 200);
     assert_eq!(call.await.expect("join"), 200);

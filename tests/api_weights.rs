@@ -233,17 +233,7 @@ async fn two_step_update_forwards_vllm_pause_start_finish_resume() {
     assert!(a.state.paused.load(Ordering::SeqCst));
 
     // A call made while the trainer pushes waits for the commit.
-    let url = g.url("/t/during/v1/chat/completions");
-    let client = g.client.clone();
-    let waiting = tokio::spawn(async move {
-        client
-            .post(url)
-            .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
-            .send()
-            .await
-            .expect("send")
-            .status()
-    });
+    let waiting = g.spawn_chat("/t/during/v1/chat/completions");
     let (status, report) =
         post_admin(&g, "/admin/weights/commit", json!({"version": "step-9"})).await;
     assert_eq!(status, 200, "{report}");
@@ -327,17 +317,7 @@ async fn each_pause_ends_only_with_its_own_operation() {
     assert_eq!(report["paused"], true, "still asleep: {report}");
     assert_eq!(report["paused_for"], json!(["asleep"]));
     // A call made now waits for the wake-up.
-    let url = g.url("/t/asleep/v1/chat/completions");
-    let client = g.client.clone();
-    let waiting = tokio::spawn(async move {
-        client
-            .post(url)
-            .json(&json!({"messages": [{"role": "user", "content": "hi"}]}))
-            .send()
-            .await
-            .expect("send")
-            .status()
-    });
+    let waiting = g.spawn_chat("/t/asleep/v1/chat/completions");
     assert_eq!(get_admin(&g, "/admin/backends").await["paused"], true);
     let (status, report) = post_admin(&g, "/admin/wake_up", json!({})).await;
     assert_eq!(status, 200, "{report}");

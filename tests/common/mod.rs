@@ -38,6 +38,21 @@ impl Gateway {
         self.post(path, body).await.json().await.expect("JSON body")
     }
 
+    /// A one-message chat call on `path`, sent from a task of its own (it
+    /// may wait for admission): its status when it is answered.
+    pub fn spawn_chat(&self, path: &str) -> tokio::task::JoinHandle<reqwest::StatusCode> {
+        let (client, url) = (self.client.clone(), self.url(path));
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .json(&serde_json::json!({"messages": [{"role": "user", "content": "hi"}]}))
+                .send()
+                .await
+                .expect("send")
+                .status()
+        })
+    }
+
     /// GET a path, asserting nothing about the status: the body as text.
     pub async fn get_text(&self, path: &str) -> String {
         self.client
