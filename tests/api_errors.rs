@@ -484,3 +484,44 @@ async fn extractor_refusals_are_openai_shaped() {
     let (s, _) = error_of(r).await;
     assert_eq!(s, 405);
 }
+
+/// A stream the gateway ends itself (a stop string reached before the
+/// backend's finish) counts as a success: it resets the failure count, so
+/// stalls separated by good calls do not add up to an open circuit.
+#[tokio::test]
+async fn a_stream_ended_by_a_stop_string_is_a_success() {
+    let mock = MockVllm::start(Scripted::ids(vec![72, IM_END])).await;
+    let g = common::start_gateway(config(
+        &[mock.url()],
+        "[router]\nidle_stream_timeout_ms = 50\nfailure_threshold = 2\n",
+    ))
+    .await;
+    for t in 0..2 {
+        mock.push(Scripted {
+            hang_after: Some(1),
+            ..Scripted::ids(vec![72, 105, IM_END])
+        });
+        let r = g
+            .post(
+                &format!("/t/stall-{t}/v1/chat/completions"),
+                json!({"messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(r.status(), 504);
+        // Between the stalls, a call cut short by its stop string.
+        mock.push(Scripted::ids(vec![72, 105, 33, 33, IM_END]));
+        let r = g
+            .post(
+                &format!("/t/stopped-{t}/v1/chat/completions"),
+                json!({"messages": [{"role": "user", "content": "hi"}], "stop": ["i"]}),
+            )
+            .await;
+        assert_eq!(r.status(), 200);
+    }
+    let backends = g.get_json("/admin/backends").await;
+    assert_eq!(backends["backends"][0]["circuit"], "closed", "{backends}");
+    assert_eq!(
+        backends["backends"][0]["consecutive_failures"], 0,
+        "{backends}"
+    );
+}

@@ -99,22 +99,16 @@ pub async fn start_sequence(
                 let sticky = route.sticky;
                 let weight_version = route.weight_version.as_deref().map(str::to_string);
                 // The route (and its in-flight guard) lives as long as the
-                // stream, and tells the backend's health how it ended: a
-                // stream cut or stalled after its first token counts like a
-                // failure before it.
+                // stream, and tells the backend's health how it ended.
+                let mut outcome = Outcome {
+                    route,
+                    reported: false,
+                };
                 let stream: GenStream = Box::pin(
                     futures::stream::once(async { Ok(first) })
                         .chain(stream)
                         .map(move |ev| {
-                            match &ev {
-                                Ok(GenEvent::Done { finish_reason }) => {
-                                    if *finish_reason != FinishReason::Abort {
-                                        route.succeeded();
-                                    }
-                                }
-                                Err(e) => route.failed(e),
-                                Ok(GenEvent::Tokens { .. }) => {}
-                            }
+                            outcome.see(&ev);
                             ev
                         }),
                 );
@@ -147,6 +141,41 @@ pub async fn start_sequence(
         Some(e) => e.into(),
         None => ApiError::overloaded("no healthy backend is available"),
     })
+}
+
+/// Tells a backend's health, once, how a stream it started ended: a finish
+/// is a success, and so is a stream the gateway dropped while it was fine
+/// (a stop string reached, a client gone); an error (a stall, a cut
+/// connection) is a failure, as before the first token; an abort neither.
+struct Outcome {
+    route: crate::router::Route,
+    reported: bool,
+}
+
+impl Outcome {
+    fn see(&mut self, ev: &Result<GenEvent, BackendError>) {
+        if self.reported {
+            return;
+        }
+        match ev {
+            Ok(GenEvent::Tokens { .. }) => return,
+            Ok(GenEvent::Done { finish_reason }) => {
+                if *finish_reason != FinishReason::Abort {
+                    self.route.succeeded();
+                }
+            }
+            Err(e) => self.route.failed(e),
+        }
+        self.reported = true;
+    }
+}
+
+impl Drop for Outcome {
+    fn drop(&mut self) {
+        if !self.reported {
+            self.route.succeeded();
+        }
+    }
 }
 
 /// The error of a call that found no backend: the last backend error when
