@@ -5,6 +5,7 @@
 //! [`gguf`]), compiling the chat template, rendering messages, encoding and
 //! decoding. Must not: do I/O after start-up, or know about HTTP.
 
+mod bytedecode;
 pub mod bytelevel;
 mod fastbpe;
 pub mod gguf;
@@ -72,6 +73,9 @@ pub struct Renderer {
     tokenizer: Tokenizer,
     /// The exact fast encoder, when this tokenizer qualifies (see `fastbpe`).
     fast: Option<fastbpe::FastBpe>,
+    /// The exact table decoder, when the decoder is `ByteLevel` alone (see
+    /// `bytedecode`).
+    fast_decode: Option<bytedecode::ByteDecoder>,
     env: Environment<'static>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -159,6 +163,7 @@ impl Renderer {
             }
         }
         let fast = fast_encoder(&source.tokenizer);
+        let fast_decode = bytedecode::ByteDecoder::new(&source.tokenizer);
         let vocab_size = source.tokenizer.get_vocab_size(true) as u32;
         let byte_level = source
             .tokenizer
@@ -169,6 +174,7 @@ impl Renderer {
             vocab_size,
             byte_level,
             fast,
+            fast_decode,
             tokenizer: source.tokenizer,
             env,
             bos_token: source.bos_token,
@@ -265,7 +271,26 @@ impl Renderer {
         Ok(enc.get_ids().to_vec())
     }
 
+    /// Token ids to text, as `tokenizers`' `decode` makes it.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, RenderError> {
+        match &self.fast_decode {
+            Some(table) => Ok(table.decode(ids, skip_special_tokens)),
+            None => self.decode_reference(ids, skip_special_tokens),
+        }
+    }
+
+    /// Whether [`Renderer::decode`] runs the table decoder.
+    pub fn has_fast_decoder(&self) -> bool {
+        self.fast_decode.is_some()
+    }
+
+    /// [`Renderer::decode`] through the `tokenizers` crate, always: the
+    /// reference the table decoder is checked against.
+    pub fn decode_reference(
+        &self,
+        ids: &[u32],
+        skip_special_tokens: bool,
+    ) -> Result<String, RenderError> {
         self.tokenizer
             .decode(ids, skip_special_tokens)
             .map_err(|e| RenderError::Tokenize(e.to_string()))

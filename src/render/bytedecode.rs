@@ -1,0 +1,124 @@
+//! Exact decoding for tokenizers whose decoder is `ByteLevel` alone (Qwen,
+//! Llama 3, DeepSeek V3): each id's bytes are worked out once, at load, by
+//! the rule the `tokenizers` crate applies on every `decode` call, so a
+//! decode is a copy of bytes per id and one UTF-8 check.
+//!
+//! The rule (tokenizers 0.21, `TokenizerImpl::decode` and the `ByteLevel`
+//! decoder): an id names the added token with that id, else the model's
+//! token; an id that names neither is dropped, and so is a special token
+//! when special tokens are skipped; a token whose every char is one of
+//! GPT-2's byte chars stands for those bytes, any other token for its own
+//! UTF-8; the bytes of all the ids, joined, are read as UTF-8 with U+FFFD
+//! for what is not. The incremental detokenizer decodes two short windows
+//! per sampled token, and through `tokenizers` each of those allocated a
+//! string per id and several more for the decoder's chain.
+//!
+//! Must not: differ from `Tokenizer::decode` for any id sequence
+//! (tests/render_decode.rs checks every id of the fetched tokenizers and
+//! seeded random sequences against it).
+
+use tokenizers::decoders::DecoderWrapper;
+use tokenizers::Tokenizer;
+
+use super::bytelevel::byte_to_char;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// No token has this id: decoding drops it.
+    Absent,
+    Normal,
+    /// Dropped when special tokens are skipped.
+    Special,
+}
+
+pub struct ByteDecoder {
+    /// Every id's bytes, in id order.
+    bytes: Vec<u8>,
+    /// `ends[id]` is where id's bytes end in `bytes` (they start where the
+    /// previous id's end).
+    ends: Vec<u32>,
+    kinds: Vec<Kind>,
+}
+
+impl ByteDecoder {
+    /// The table for `tokenizer`, or `None` when its decoder is not
+    /// `ByteLevel` alone (those decode through `tokenizers`).
+    pub fn new(tokenizer: &Tokenizer) -> Option<ByteDecoder> {
+        if !matches!(tokenizer.get_decoder(), Some(DecoderWrapper::ByteLevel(_))) {
+            return None;
+        }
+        // The byte each of GPT-2's byte chars stands for, by code point
+        // (they all lie below U+0144).
+        let mut char_byte = [None::<u8>; 0x144];
+        for b in 0..=255u8 {
+            let c = u32::from(byte_to_char(b)) as usize;
+            *char_byte.get_mut(c)? = Some(b);
+        }
+        let byte_of = |c: char| char_byte.get(u32::from(c) as usize).copied().flatten();
+        let count = tokenizer
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |m| *m as usize + 1);
+        let added = tokenizer.get_added_vocabulary();
+        let mut bytes = Vec::new();
+        let mut ends = Vec::with_capacity(count);
+        let mut kinds = Vec::with_capacity(count);
+        for id in 0..count {
+            let kind = match tokenizer.id_to_token(u32::try_from(id).ok()?) {
+                None => Kind::Absent,
+                Some(token) => {
+                    let start = bytes.len();
+                    for c in token.chars() {
+                        match byte_of(c) {
+                            Some(b) => bytes.push(b),
+                            None => {
+                                bytes.truncate(start);
+                                bytes.extend_from_slice(token.as_bytes());
+                                break;
+                            }
+                        }
+                    }
+                    if added.is_special_token(&token) {
+                        Kind::Special
+                    } else {
+                        Kind::Normal
+                    }
+                }
+            };
+            ends.push(u32::try_from(bytes.len()).ok()?);
+            kinds.push(kind);
+        }
+        Some(ByteDecoder { bytes, ends, kinds })
+    }
+
+    /// What `Tokenizer::decode(ids, skip_special_tokens)` returns.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> String {
+        let mut out = Vec::with_capacity(ids.len() * 4);
+        for &id in ids {
+            if let Some(piece) = self.piece(id, skip_special_tokens) {
+                out.extend_from_slice(piece);
+            }
+        }
+        match String::from_utf8(out) {
+            Ok(s) => s,
+            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
+        }
+    }
+
+    fn piece(&self, id: u32, skip_special_tokens: bool) -> Option<&[u8]> {
+        let i = id as usize;
+        match self.kinds.get(i)? {
+            Kind::Absent => None,
+            Kind::Special if skip_special_tokens => None,
+            _ => {
+                let start = match i.checked_sub(1) {
+                    Some(prev) => *self.ends.get(prev)? as usize,
+                    None => 0,
+                };
+                let end = *self.ends.get(i)? as usize;
+                self.bytes.get(start..end)
+            }
+        }
+    }
+}
