@@ -16,6 +16,7 @@ pub mod shipped;
 mod template;
 pub mod testing;
 
+use std::borrow::Cow;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -207,21 +208,13 @@ impl Renderer {
             .env
             .get_template(template::TEMPLATE_NAME)
             .map_err(|e| RenderError::Template(crate::error::with_causes(&e)))?;
-        let mut ctx = self.template_vars.clone();
-        if let Some(kwargs) = input.kwargs {
-            for (k, v) in kwargs {
-                ctx.insert(k.clone(), v.clone());
-            }
-        }
-        let messages = input.messages.iter().map(alias_reasoning_fields).collect();
-        ctx.insert("messages".into(), Json::Array(messages));
-        let tools = input.tools.map(|t| Json::Array(t.to_vec()));
-        ctx.insert("tools".into(), tools.unwrap_or(Json::Null));
-        ctx.insert("documents".into(), Json::Null);
-        ctx.insert(
-            "add_generation_prompt".into(),
-            Json::Bool(input.add_generation_prompt),
-        );
+        let ctx = TemplateContext {
+            vars: &self.template_vars,
+            kwargs: input.kwargs,
+            messages: input.messages.iter().map(alias_reasoning_fields).collect(),
+            tools: input.tools,
+            add_generation_prompt: input.add_generation_prompt,
+        };
         tmpl.render(minijinja::Value::from_serialize(&ctx))
             .map_err(|e| RenderError::Template(crate::error::with_causes(&e)))
     }
@@ -363,15 +356,16 @@ const REASONING_FIELDS: [&str; 3] = ["reasoning_content", "thinking", "reasoning
 /// templates) from whichever reasoning field a message has, so a template
 /// reading either name sees the reasoning. Key order follows Python's
 /// `{"thinking": r, **message, "reasoning_content": r}`.
-pub fn alias_reasoning_fields(message: &Json) -> Json {
+/// A message without a reasoning field is passed on as it is, uncopied.
+pub fn alias_reasoning_fields(message: &Json) -> Cow<'_, Json> {
     let Json::Object(map) = message else {
-        return message.clone();
+        return Cow::Borrowed(message);
     };
     let reasoning = REASONING_FIELDS
         .iter()
         .find_map(|k| map.get(*k).filter(|v| !v.is_null()));
     let Some(reasoning) = reasoning else {
-        return message.clone();
+        return Cow::Borrowed(message);
     };
     let mut out = serde_json::Map::new();
     out.insert("thinking".into(), reasoning.clone());
@@ -379,7 +373,49 @@ pub fn alias_reasoning_fields(message: &Json) -> Json {
         out.insert(k.clone(), v.clone());
     }
     out.insert("reasoning_content".into(), reasoning.clone());
-    Json::Object(out)
+    Cow::Owned(Json::Object(out))
+}
+
+/// The variables a render sees, borrowed from the renderer and the request
+/// (a render used to copy every message into a JSON map first, then again
+/// into the template's values): the special tokens, then
+/// `chat_template_kwargs` (a kwarg replaces a special token of its name),
+/// then the four the render itself sets (which replace a kwarg).
+struct TemplateContext<'a> {
+    vars: &'a serde_json::Map<String, Json>,
+    kwargs: Option<&'a serde_json::Map<String, Json>>,
+    messages: Vec<Cow<'a, Json>>,
+    tools: Option<&'a [Json]>,
+    add_generation_prompt: bool,
+}
+
+impl serde::Serialize for TemplateContext<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        const SET_BY_RENDER: [&str; 4] =
+            ["messages", "tools", "documents", "add_generation_prompt"];
+        let by_render = |k: &str| SET_BY_RENDER.contains(&k);
+        let by_kwarg = |k: &str| self.kwargs.is_some_and(|m| m.contains_key(k));
+        let mut map = s.serialize_map(None)?;
+        for (k, v) in self.vars {
+            if !by_render(k) && !by_kwarg(k) {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        for (k, v) in self.kwargs.into_iter().flatten() {
+            if !by_render(k) {
+                map.serialize_entry(k, v)?;
+            }
+        }
+        map.serialize_entry("messages", &self.messages)?;
+        match self.tools {
+            Some(tools) => map.serialize_entry("tools", tools)?,
+            None => map.serialize_entry("tools", &Json::Null)?,
+        }
+        map.serialize_entry("documents", &Json::Null)?;
+        map.serialize_entry("add_generation_prompt", &self.add_generation_prompt)?;
+        map.end()
+    }
 }
 
 fn read_template(path: &Path) -> Result<String, RenderError> {

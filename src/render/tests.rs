@@ -70,6 +70,17 @@ fn special_tokens_are_variables_and_kwargs_override_them() {
 }
 
 #[test]
+fn the_render_s_own_variables_win_over_kwargs_of_their_name() {
+    let r = renderer(
+        "{{ messages | length }}|{{ tools is none }}|{{ documents is none }}|{{ add_generation_prompt }}",
+    );
+    let kwargs = json!({"messages": [1, 2, 3], "tools": [1], "documents": [1], "add_generation_prompt": true});
+    let kwargs = kwargs.as_object().expect("object");
+    let messages = [json!({"role": "user", "content": "x"})];
+    assert_eq!(render(&r, &messages, Some(kwargs)), "1|True|True|False");
+}
+
+#[test]
 fn tools_and_documents_are_none_when_absent() {
     // transformers always passes both, so `tools is not none` is false without tools.
     let r = renderer("{{ tools is defined }} {{ tools is none }} {{ documents is none }}");
@@ -106,7 +117,12 @@ fn reasoning_fields_are_aliased_like_transformers() {
     assert_eq!(aliased["thinking"], "why");
     // A null reasoning field does not count; nothing else changes.
     let plain = json!({"role": "assistant", "content": "x", "reasoning_content": null});
-    assert_eq!(alias_reasoning_fields(&plain), plain);
+    let passed = alias_reasoning_fields(&plain);
+    assert!(
+        matches!(passed, std::borrow::Cow::Borrowed(_)),
+        "not copied"
+    );
+    assert_eq!(*passed, plain);
     let r = renderer("{% for m in messages %}{{ m.reasoning_content }}{% endfor %}");
     assert_eq!(render(&r, &[m], None), "why");
 }
