@@ -5,27 +5,14 @@
 //! mix in added and special tokens and ids past the vocabulary. Gemma 3's
 //! SentencePiece decoder keeps decoding through `tokenizers`.
 
-use std::path::PathBuf;
-use std::sync::Arc;
+mod common;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tito::config::ModelConfig;
 use tito::render::Renderer;
 
-fn load(name: &str) -> Arc<Renderer> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(".cache/tokenizers")
-        .join(name);
-    assert!(
-        dir.join("tokenizer.json").is_file(),
-        "tokenizer {name} missing: run scripts/fetch-tokenizers.sh"
-    );
-    let model = ModelConfig {
-        tokenizer: dir,
-        ..ModelConfig::default()
-    };
-    Renderer::load(&model).expect("renderer loads")
+fn load(name: &str) -> std::sync::Arc<Renderer> {
+    common::real_renderer(name, "")
 }
 
 fn same(r: &Renderer, ids: &[u32], skip: bool) {

@@ -80,7 +80,6 @@ impl Gateway {
     }
 }
 
-/// Config for the gateway in front of `backend_urls` (vLLM kind), plus `extra` TOML.
 /// A real tokenizer fetched by scripts/fetch-tokenizers.sh
 /// (`.cache/tokenizers/{name}`), with a shipped or file `template` (empty:
 /// the tokenizer's own).
@@ -101,6 +100,7 @@ pub fn real_renderer(name: &str, template: &str) -> Arc<Renderer> {
     Renderer::load(&model).expect("tokenizer and template load")
 }
 
+/// Config for the gateway in front of `backend_urls` (vLLM kind), plus `extra` TOML.
 pub fn config(backend_urls: &[String], extra: &str) -> Config {
     let mut text = String::from(
         "[model]\nname = \"test-model\"\ntokenizer = \"unused\"\nmax_model_len = 512\n",
