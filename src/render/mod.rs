@@ -377,10 +377,9 @@ pub fn alias_reasoning_fields(message: &Json) -> Cow<'_, Json> {
 }
 
 /// The variables a render sees, borrowed from the renderer and the request
-/// (a render used to copy every message into a JSON map first, then again
-/// into the template's values): the special tokens, then
-/// `chat_template_kwargs` (a kwarg replaces a special token of its name),
-/// then the four the render itself sets (which replace a kwarg).
+/// (nothing is copied before `minijinja` builds its values): the special
+/// tokens, then `chat_template_kwargs` (a kwarg replaces a special token of
+/// its name), then the four the render itself sets (which replace a kwarg).
 struct TemplateContext<'a> {
     vars: &'a serde_json::Map<String, Json>,
     kwargs: Option<&'a serde_json::Map<String, Json>>,
