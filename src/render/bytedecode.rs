@@ -20,24 +20,16 @@
 use tokenizers::decoders::DecoderWrapper;
 use tokenizers::Tokenizer;
 
-use super::bytelevel::byte_to_char;
-
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    /// No token has this id: decoding drops it.
-    Absent,
-    Normal,
-    /// Dropped when special tokens are skipped.
-    Special,
-}
+use super::bytelevel::char_to_byte;
 
 pub struct ByteDecoder {
-    /// Every id's bytes, in id order.
+    /// Every id's bytes, in id order (none for an id no token has).
     bytes: Vec<u8>,
     /// `ends[id]` is where id's bytes end in `bytes` (they start where the
     /// previous id's end).
     ends: Vec<u32>,
-    kinds: Vec<Kind>,
+    /// Whether the id's token is special (dropped when those are skipped).
+    special: Vec<bool>,
 }
 
 impl ByteDecoder {
@@ -47,14 +39,6 @@ impl ByteDecoder {
         if !matches!(tokenizer.get_decoder(), Some(DecoderWrapper::ByteLevel(_))) {
             return None;
         }
-        // The byte each of GPT-2's byte chars stands for, by code point
-        // (they all lie below U+0144).
-        let mut char_byte = [None::<u8>; 0x144];
-        for b in 0..=255u8 {
-            let c = u32::from(byte_to_char(b)) as usize;
-            *char_byte.get_mut(c)? = Some(b);
-        }
-        let byte_of = |c: char| char_byte.get(u32::from(c) as usize).copied().flatten();
         let count = tokenizer
             .get_vocab(true)
             .values()
@@ -63,33 +47,30 @@ impl ByteDecoder {
         let added = tokenizer.get_added_vocabulary();
         let mut bytes = Vec::new();
         let mut ends = Vec::with_capacity(count);
-        let mut kinds = Vec::with_capacity(count);
+        let mut special = Vec::with_capacity(count);
         for id in 0..count {
-            let kind = match tokenizer.id_to_token(u32::try_from(id).ok()?) {
-                None => Kind::Absent,
-                Some(token) => {
-                    let start = bytes.len();
-                    for c in token.chars() {
-                        match byte_of(c) {
-                            Some(b) => bytes.push(b),
-                            None => {
-                                bytes.truncate(start);
-                                bytes.extend_from_slice(token.as_bytes());
-                                break;
-                            }
+            let token = tokenizer.id_to_token(u32::try_from(id).ok()?);
+            if let Some(token) = &token {
+                let start = bytes.len();
+                for c in token.chars() {
+                    match char_to_byte(c) {
+                        Some(b) => bytes.push(b),
+                        None => {
+                            bytes.truncate(start);
+                            bytes.extend_from_slice(token.as_bytes());
+                            break;
                         }
                     }
-                    if added.is_special_token(&token) {
-                        Kind::Special
-                    } else {
-                        Kind::Normal
-                    }
                 }
-            };
+            }
             ends.push(u32::try_from(bytes.len()).ok()?);
-            kinds.push(kind);
+            special.push(token.is_some_and(|t| added.is_special_token(&t)));
         }
-        Some(ByteDecoder { bytes, ends, kinds })
+        Some(ByteDecoder {
+            bytes,
+            ends,
+            special,
+        })
     }
 
     /// What `Tokenizer::decode(ids, skip_special_tokens)` returns.
@@ -108,17 +89,14 @@ impl ByteDecoder {
 
     fn piece(&self, id: u32, skip_special_tokens: bool) -> Option<&[u8]> {
         let i = id as usize;
-        match self.kinds.get(i)? {
-            Kind::Absent => None,
-            Kind::Special if skip_special_tokens => None,
-            _ => {
-                let start = match i.checked_sub(1) {
-                    Some(prev) => *self.ends.get(prev)? as usize,
-                    None => 0,
-                };
-                let end = *self.ends.get(i)? as usize;
-                self.bytes.get(start..end)
-            }
+        if skip_special_tokens && *self.special.get(i)? {
+            return None;
         }
+        let start = match i.checked_sub(1) {
+            Some(prev) => *self.ends.get(prev)? as usize,
+            None => 0,
+        };
+        let end = *self.ends.get(i)? as usize;
+        self.bytes.get(start..end)
     }
 }

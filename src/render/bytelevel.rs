@@ -3,9 +3,27 @@
 //! Latin-1 bytes stand for themselves, the other 68 bytes map, in order, to
 //! U+0100..U+0143.
 
-fn printable(b: u32) -> bool {
-    (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b)
+const fn printable(b: u32) -> bool {
+    (33 <= b && b <= 126) || (161 <= b && b <= 172) || (174 <= b && b <= 255)
 }
+
+/// The byte each char below U+0144 stands for (-1: none), by code point;
+/// every char of the map lies below U+0144.
+const CHAR_BYTES: [i16; 0x144] = {
+    let mut table = [-1i16; 0x144];
+    let (mut b, mut rank) = (0u32, 0u32);
+    while b < 256 {
+        let c = if printable(b) {
+            b
+        } else {
+            rank += 1;
+            255 + rank
+        };
+        table[c as usize] = b as i16;
+        b += 1;
+    }
+    table
+};
 
 /// The char that stands for byte `b` in a byte-level vocabulary.
 pub fn byte_to_char(b: u8) -> char {
@@ -19,15 +37,8 @@ pub fn byte_to_char(b: u8) -> char {
 
 /// The byte a vocabulary char stands for; None if `c` is not one of them.
 pub fn char_to_byte(c: char) -> Option<u8> {
-    let u = u32::from(c);
-    if u < 256 {
-        return printable(u).then_some(u as u8);
-    }
-    let rank = u.checked_sub(256)?;
-    (0..256u32)
-        .filter(|b| !printable(*b))
-        .nth(rank as usize)
-        .map(|b| b as u8)
+    let b = *CHAR_BYTES.get(u32::from(c) as usize)?;
+    u8::try_from(b).ok()
 }
 
 #[cfg(test)]
