@@ -2,7 +2,12 @@
 //! commits whatever is queued as one transaction and only then acknowledges
 //! each job (group commit). [`Writer`] is the request side of that queue:
 //! typed methods that queue a job and await its outcome. Each store runs its
-//! own writer loop (a thread for SQLite, a task for PostgreSQL).
+//! own writer loop (a thread for SQLite, a task for PostgreSQL). A store may
+//! also let a submitter commit its own job on its own thread while the writer
+//! is idle ([`Direct`]).
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
 
@@ -105,10 +110,83 @@ pub(crate) fn lost_appends(batch: &[Job], outcomes: &[Outcome]) -> Vec<String> {
         .collect()
 }
 
+/// A writer whose commit is short blocking work (SQLite on the page cache:
+/// tens of µs) can take a job on the submitter's thread while nothing else is
+/// queued or committing. A lone call then skips the hand-off to the writer
+/// and back: two thread wake-ups, about 50 µs of a call's latency and CPU on
+/// the 2-core bench machine (docs/benchmarks.md). Under load jobs queue as
+/// before and share the writer's transactions.
+pub(crate) trait Direct: Send + Sync {
+    /// Commits `job` (a batch of one) on this thread and sends its outcome;
+    /// called only with the writer claimed through [`Pending::claim`], and
+    /// releases that claim with [`Pending::done`] once the connection is
+    /// free again.
+    fn commit_here(self: Arc<Self>, job: Job);
+}
+
+/// Jobs handed to the writer and not yet committed, a direct commit in
+/// progress included (zero: the writer is idle and its connection free), and
+/// whether the writer is under load (its last batch held more than one job,
+/// or jobs queued behind a direct commit). Under load jobs queue even when
+/// the writer is briefly idle: a direct commit then only takes a runtime
+/// thread from the requests and splits the next batch (measured in
+/// docs/benchmarks.md).
+#[derive(Debug, Default)]
+pub(crate) struct Pending {
+    jobs: AtomicUsize,
+    loaded: AtomicBool,
+}
+
+impl Pending {
+    /// Claims the idle writer for one direct commit: false when anything is
+    /// queued or committing (the job must then queue behind it, in order) or
+    /// the writer is under load.
+    fn claim(&self) -> bool {
+        !self.loaded.load(Ordering::Acquire)
+            && self
+                .jobs
+                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+    }
+
+    fn add(&self) {
+        self.jobs.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A claimed direct commit is done and the connection free.
+    pub(crate) fn done(&self) {
+        if self.jobs.fetch_sub(1, Ordering::AcqRel) > 1 {
+            self.loaded.store(true, Ordering::Release);
+        }
+    }
+
+    /// The writer loop committed (or failed) a batch of `n` jobs and freed
+    /// the connection.
+    pub(crate) fn batch_done(&self, n: usize) {
+        self.loaded.store(n > 1, Ordering::Release);
+        self.jobs.fetch_sub(n, Ordering::AcqRel);
+    }
+}
+
+/// Counts a job as pending until it is in the writer's queue or given up
+/// (a cancelled send must not leave the writer looking busy for good).
+struct Queuing<'a> {
+    pending: Option<&'a Pending>,
+}
+
+impl Drop for Queuing<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.pending {
+            p.jobs.fetch_sub(1, Ordering::AcqRel);
+        }
+    }
+}
+
 /// The request side of a store's writer queue.
 pub(crate) struct Writer {
     ack: Ack,
     jobs: Option<mpsc::Sender<Job>>,
+    direct: Option<(Arc<Pending>, Arc<dyn Direct>)>,
 }
 
 impl Writer {
@@ -116,6 +194,22 @@ impl Writer {
         Writer {
             ack,
             jobs: Some(jobs),
+            direct: None,
+        }
+    }
+
+    /// A writer whose jobs may also be committed by [`Direct`] while
+    /// `pending` (which the writer loop counts down) says it is idle.
+    pub(crate) fn with_direct(
+        jobs: mpsc::Sender<Job>,
+        ack: Ack,
+        pending: Arc<Pending>,
+        direct: Arc<dyn Direct>,
+    ) -> Self {
+        Writer {
+            ack,
+            jobs: Some(jobs),
+            direct: Some((pending, direct)),
         }
     }
 
@@ -124,8 +218,21 @@ impl Writer {
         self.jobs.take();
     }
 
+    /// Commits `op` and returns its outcome: directly when the writer is
+    /// idle and the store allows it, else through the queue.
     async fn submit(&self, op: Op) -> Outcome {
-        let done = self.queue(op).await?;
+        let done = match &self.direct {
+            // A run begins once; the writer loop must see it to record its
+            // clean end.
+            Some((pending, direct))
+                if !matches!(op, Op::BeginRun { .. }) && self.jobs.is_some() && pending.claim() =>
+            {
+                let (ack, done) = oneshot::channel();
+                direct.clone().commit_here(Job { op, ack });
+                done
+            }
+            _ => self.queue(op).await?,
+        };
         done.await.map_err(|_| StoreError::Closed)?
     }
 
@@ -133,9 +240,16 @@ impl Writer {
     async fn queue(&self, op: Op) -> Result<oneshot::Receiver<Outcome>, StoreError> {
         let jobs = self.jobs.as_ref().ok_or(StoreError::Closed)?;
         let (ack, done) = oneshot::channel();
+        let pending = self.direct.as_ref().map(|(p, _)| &**p);
+        if let Some(p) = pending {
+            p.add();
+        }
+        let mut queuing = Queuing { pending };
         jobs.send(Job { op, ack })
             .await
             .map_err(|_| StoreError::Closed)?;
+        // In the queue: the writer loop counts it down once committed.
+        queuing.pending = None;
         Ok(done)
     }
 
@@ -251,5 +365,35 @@ fn need_meta(outcome: Done) -> Result<TrajectoryMeta, StoreError> {
     match outcome {
         Done::Meta(m) => Ok(*m),
         _ => Err(StoreError::Task("writer returned no trajectory".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Pending;
+
+    /// A direct commit needs the writer idle and not under load: a batch of
+    /// more than one job, or a job queued behind a direct commit, sends the
+    /// following jobs to the queue until a batch of one.
+    #[test]
+    fn the_writer_is_claimed_only_idle_and_unloaded() {
+        let p = Pending::default();
+        assert!(p.claim());
+        assert!(!p.claim(), "claimed twice");
+        p.done();
+        assert!(p.claim(), "idle again after a lone direct commit");
+        p.add(); // queued behind it
+        p.done();
+        assert!(!p.claim(), "a job is still queued");
+        p.batch_done(1);
+        assert!(p.claim(), "idle and unloaded after a batch of one");
+        p.done();
+        p.add();
+        p.add();
+        p.batch_done(2);
+        assert!(!p.claim(), "under load after a batch of two");
+        p.add();
+        p.batch_done(1);
+        assert!(p.claim());
     }
 }

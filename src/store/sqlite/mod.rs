@@ -1,7 +1,8 @@
 //! The SQLite [`SpanStore`] (`sqlite://PATH[?synchronous=full|normal]`).
 //!
-//! One writer thread owns the only writing connection and does group commit
-//! (see [`writer`]); reads use a small pool of `query_only` connections on
+//! One writing connection: a writer thread does group commit with it, and a
+//! lone job commits on its submitter's thread while that thread is idle (see
+//! [`writer`]); reads use a small pool of `query_only` connections on
 //! `spawn_blocking`. The database runs in WAL mode, so readers (and an offline
 //! `tito export` in another process) never block the writer.
 //!
@@ -33,7 +34,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::mpsc;
 
-use super::group_commit::{Writer, QUEUE};
+use super::group_commit::{Pending, Writer, QUEUE};
 use super::scan::{self, listing_page};
 use super::types::{clamp_limit, cursor_key};
 use super::{
@@ -178,11 +179,19 @@ impl SqliteStore {
         schema::migrate(&mut conn)?;
 
         let (tx, rx) = mpsc::channel(QUEUE);
+        let pending = Arc::new(Pending::default());
+        let shared = Arc::new(writer::Shared::new(conn, pending.clone()));
+        // With `synchronous=FULL` every commit `fsync`s: milliseconds that
+        // must not block a runtime thread, so all of them go to the writer.
+        let jobs = match synchronous {
+            Synchronous::Normal => Writer::with_direct(tx, ack, pending, shared.clone()),
+            Synchronous::Full => Writer::new(tx, ack),
+        };
         let writer = std::thread::Builder::new()
             .name("tito-store-writer".into())
-            .spawn(move || writer::run(conn, rx))?;
+            .spawn(move || writer::run(shared, rx))?;
         Ok(SqliteStore {
-            jobs: Writer::new(tx, ack),
+            jobs,
             writer: Some(writer),
             readers: Arc::new(Readers {
                 path: path.to_path_buf(),

@@ -1,10 +1,23 @@
-//! The one writer thread of a SQLite store, doing group commit: it waits for
-//! a job, drains whatever else is queued (up to [`MAX_BATCH`]), applies the
-//! whole batch in one transaction (each job under its own savepoint, so one
-//! bad record fails alone), commits once, and only then acknowledges every
-//! job. Under load many appends share one fsync; idle, a lone append commits
-//! at once (no timer, no added latency).
+//! The writing side of a SQLite store: one connection, used by the writer
+//! thread for group commit and, while that thread is idle, by a submitter
+//! for its own job ([`Direct`]).
+//!
+//! The thread waits for a job, drains whatever else is queued (up to
+//! [`MAX_BATCH`]), applies the whole batch in one transaction, commits once,
+//! and only then acknowledges every job. Under load many appends share one
+//! commit; idle, a lone append commits at once (no timer, no added latency),
+//! on the submitter's thread when nothing else is queued or committing.
+//!
+//! Checkpoints stay off the submitters' threads: SQLite's automatic
+//! checkpoint (which runs inside the commit that crosses its limit, and
+//! `fsync`s) is replaced by [`CHECKPOINT_FRAMES`], checked after every
+//! commit; a direct commit that crosses it hands the checkpoint to the
+//! blocking pool.
 
+use std::cell::Cell;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use rusqlite::hooks::Wal;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use tokio::sync::mpsc;
 
@@ -12,16 +25,93 @@ use super::consumers;
 use super::rows::{json_text, meta_by_id, replays_of, status_code};
 use crate::store::codec::{ids_to_bytes, logprobs_to_bytes};
 use crate::store::group_commit::{
-    acknowledge, lost_appends, Done, Job, Op, Outcome, MAX_BATCH, WEIGHT_VERSION,
+    acknowledge, lost_appends, Direct, Done, Job, Op, Outcome, Pending, MAX_BATCH, WEIGHT_VERSION,
 };
 use crate::store::{
     now_ms, CallRecord, SampleReplay, StoreError, TrajectoryMeta, TrajectoryMetadata,
     TrajectoryStatus,
 };
 
+/// WAL frames after which a commit is followed by a passive checkpoint:
+/// SQLite's own default for its automatic one.
+pub(crate) const CHECKPOINT_FRAMES: i32 = 1000;
+
+thread_local! {
+    /// Frames in the WAL after this thread's last commit, set by the WAL hook
+    /// that runs inside the commit (0 when none ran since the last read).
+    static WAL_FRAMES: Cell<i32> = const { Cell::new(0) };
+}
+
+fn note_wal_frames(_: &Wal, frames: i32) -> rusqlite::Result<()> {
+    WAL_FRAMES.with(|f| f.set(frames));
+    Ok(())
+}
+
+/// The writing connection, shared by the writer thread and direct commits.
+pub(crate) struct Shared {
+    conn: Mutex<Connection>,
+    pending: Arc<Pending>,
+}
+
+impl Shared {
+    /// Takes over `conn`: its commits no longer checkpoint by themselves.
+    pub(crate) fn new(conn: Connection, pending: Arc<Pending>) -> Self {
+        conn.wal_hook(Some(note_wal_frames));
+        Shared {
+            conn: Mutex::new(conn),
+            pending,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        // A panic mid-batch dropped its transaction, which rolled it back.
+        self.conn.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Whether the commits just made on this thread left the WAL past
+/// [`CHECKPOINT_FRAMES`].
+fn checkpoint_due() -> bool {
+    WAL_FRAMES.with(|f| f.replace(0)) >= CHECKPOINT_FRAMES
+}
+
+/// A passive checkpoint: copies what no reader still needs from the WAL into
+/// the database, waiting for nobody (as SQLite's automatic one).
+fn checkpoint(conn: &Connection) {
+    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+        tracing::warn!(error = %e, "WAL checkpoint failed; the next commit tries again");
+    }
+}
+
+impl Direct for Shared {
+    fn commit_here(self: Arc<Self>, job: Job) {
+        let mut batch = vec![job];
+        let mut conn = self.lock();
+        let outcomes = commit_batch(&mut conn, &batch);
+        drop(conn);
+        acknowledge(&mut batch, outcomes);
+        if checkpoint_due() {
+            // The claim is released by the checkpoint, so jobs queue for the
+            // writer thread meanwhile, which waits for the connection.
+            let spawned = tokio::runtime::Handle::try_current().map(|rt| {
+                let shared = self.clone();
+                rt.spawn_blocking(move || {
+                    checkpoint(&shared.lock());
+                    shared.pending.done();
+                })
+            });
+            if spawned.is_ok() {
+                return;
+            }
+            checkpoint(&self.lock());
+        }
+        self.pending.done();
+    }
+}
+
 /// Runs until every sender is dropped and the queue is drained; a gateway
 /// run begun on this writer is then recorded as ended cleanly.
-pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Job>) {
+pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     let mut run_begun = false;
     while let Some(first) = rx.blocking_recv() {
@@ -33,6 +123,7 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Job>) {
             }
         }
         run_begun |= batch.iter().any(|j| matches!(j.op, Op::BeginRun { .. }));
+        let mut conn = shared.lock();
         let outcomes = commit_batch(&mut conn, &batch);
         for id in lost_appends(&batch, &outcomes) {
             let marked = conn.execute(
@@ -43,9 +134,17 @@ pub(crate) fn run(mut conn: Connection, mut rx: mpsc::Receiver<Job>) {
                 tracing::error!(trajectory = %id, error = %e, "could not mark the trajectory incomplete");
             }
         }
+        if checkpoint_due() {
+            checkpoint(&conn);
+        }
+        drop(conn);
+        // Counted down before the acknowledgements, so that a caller's next
+        // job finds the writer idle.
+        shared.pending.batch_done(batch.len());
         acknowledge(&mut batch, outcomes);
     }
     if run_begun {
+        let conn = shared.lock();
         if let Err(e) = conn.execute("UPDATE gateway_run SET clean = 1 WHERE id = 1", []) {
             tracing::error!(error = %e, "could not record the clean end of this run");
         }
@@ -417,6 +516,8 @@ fn missing_parent(call: &CallRecord) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::group_commit::Writer;
+    use crate::store::Ack;
     use serde_json::json;
     use tokio::sync::oneshot;
 
@@ -492,5 +593,121 @@ mod tests {
             .query_row("SELECT count(*) FROM calls", [], |r| r.get(0))
             .expect("count");
         assert_eq!(stored, 7);
+    }
+
+    /// The writing connection on a WAL database, as the store opens it.
+    fn shared(dir: &std::path::Path) -> (Arc<Shared>, Arc<Pending>) {
+        let mut conn = Connection::open(dir.join("s.db")).expect("open");
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .expect("wal");
+        assert_eq!(mode, "wal");
+        conn.pragma_update(None, "synchronous", "NORMAL")
+            .expect("sync");
+        super::super::schema::migrate(&mut conn).expect("migrate");
+        let pending = Arc::new(Pending::default());
+        (Arc::new(Shared::new(conn, pending.clone())), pending)
+    }
+
+    fn calls_stored(dir: &std::path::Path) -> i64 {
+        let conn = Connection::open(dir.join("s.db")).expect("open");
+        conn.query_row("SELECT count(*) FROM calls", [], |r| r.get(0))
+            .expect("count")
+    }
+
+    /// With nothing queued, a job commits on the caller's thread (here no
+    /// writer thread runs at all); with a job queued, the next one queues
+    /// behind it and commits after it, on the writer thread.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_lone_job_commits_here_and_one_behind_queued_work_waits_its_turn() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (shared, pending) = shared(dir.path());
+        let (tx, rx) = mpsc::channel(16);
+        let committed =
+            Writer::with_direct(tx.clone(), Ack::Committed, pending.clone(), shared.clone());
+        let mut queued = Writer::with_direct(tx, Ack::Queued, pending, shared.clone());
+
+        // No writer thread runs: only a direct commit can answer.
+        let direct = committed.append(call("t", 0, None));
+        tokio::time::timeout(std::time::Duration::from_secs(30), direct)
+            .await
+            .expect("the append waited for a writer thread")
+            .expect("direct append");
+        assert_eq!(calls_stored(dir.path()), 1);
+
+        // Queued (nobody runs the writer yet), then one that must wait.
+        queued.append(call("t", 1, Some(0))).await.expect("queued");
+        let committed = Arc::new(committed);
+        let behind = tokio::spawn({
+            let w = committed.clone();
+            async move { w.append(call("t", 2, Some(1))).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(
+            !behind.is_finished(),
+            "a job behind queued work committed out of turn"
+        );
+        assert_eq!(calls_stored(dir.path()), 1);
+
+        let thread = std::thread::spawn(move || run(shared, rx));
+        // Its parent is call 1: stored only if call 1 committed first.
+        behind
+            .await
+            .expect("join")
+            .expect("append behind the queue");
+        committed
+            .append(call("t", 3, Some(2)))
+            .await
+            .expect("append after");
+        queued.close();
+        drop(committed);
+        thread.join().expect("writer thread");
+        assert_eq!(calls_stored(dir.path()), 4);
+    }
+
+    /// Commits no longer checkpoint by themselves (the WAL hook replaces
+    /// SQLite's automatic checkpoint), so pages reach the database file only
+    /// if the writer checkpoints: after direct commits (which also keep the
+    /// WAL near [`CHECKPOINT_FRAMES`]) and after the thread's batches alike.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commits_are_checkpointed_whoever_makes_them() {
+        let frame = 4096 + 24;
+        // About 5 pages a call: 600 calls write some 3,000 frames.
+        let big = |traj: &str, i: u32| CallRecord {
+            sampled_ids: vec![7; 4000],
+            logprobs: vec![Some(-0.5); 4000],
+            ..call(traj, i, i.checked_sub(1))
+        };
+        for ack in [Ack::Committed, Ack::Queued] {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let (shared, pending) = shared(dir.path());
+            let (tx, rx) = mpsc::channel(1024);
+            let mut writer = Writer::with_direct(tx, ack, pending, shared.clone());
+            let thread = std::thread::spawn(move || run(shared, rx));
+            for i in 0..600 {
+                writer.append(big("t", i)).await.expect("append");
+            }
+            writer.close();
+            thread.join().expect("writer thread");
+            assert_eq!(calls_stored(dir.path()), 600);
+            let size = |name: &str| {
+                std::fs::metadata(dir.path().join(name))
+                    .map(|m| m.len())
+                    .unwrap_or(0)
+            };
+            // What is past the last checkpoint is under 1,000 frames.
+            let db = size("s.db");
+            assert!(
+                db > 1000 * 4096,
+                "{ack:?}: a database file of {db} bytes after 3,000 frames: no checkpoint ran"
+            );
+            if ack == Ack::Committed {
+                let wal = size("s.db-wal");
+                assert!(
+                    wal < 2 * CHECKPOINT_FRAMES as u64 * frame,
+                    "a WAL of {wal} bytes after 3,000 frames of lone commits"
+                );
+            }
+        }
     }
 }
