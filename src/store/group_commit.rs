@@ -6,7 +6,7 @@
 //! also let a submitter commit its own job on its own thread while the writer
 //! is idle ([`Direct`]).
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::sync::{mpsc, oneshot};
@@ -124,25 +124,29 @@ pub(crate) trait Direct: Send + Sync {
     fn commit_here(self: Arc<Self>, job: Job);
 }
 
+/// Batches of one job the writer must commit in a row, after a sign of
+/// load, before a job may commit directly again.
+const CALM_BATCHES: u32 = 8;
+
 /// Jobs handed to the writer and not yet committed, a direct commit in
 /// progress included (zero: the writer is idle and its connection free), and
-/// whether the writer is under load (its last batch held more than one job,
-/// or jobs queued behind a direct commit). Under load jobs queue even when
-/// the writer is briefly idle: a direct commit then only takes a runtime
-/// thread from the requests and splits the next batch (measured in
-/// docs/benchmarks.md).
+/// how far the writer is from calm. A batch of more than one job, or a job
+/// that queued behind a direct commit, is a sign of load; then jobs queue
+/// even when the writer is briefly idle, until [`CALM_BATCHES`] batches of
+/// one in a row. Under load a direct commit only takes a runtime thread from
+/// the requests and splits the next batch (measured in docs/benchmarks.md).
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     jobs: AtomicUsize,
-    loaded: AtomicBool,
+    unrest: AtomicU32,
 }
 
 impl Pending {
     /// Claims the idle writer for one direct commit: false when anything is
     /// queued or committing (the job must then queue behind it, in order) or
-    /// the writer is under load.
+    /// the writer is not calm.
     fn claim(&self) -> bool {
-        !self.loaded.load(Ordering::Acquire)
+        self.unrest.load(Ordering::Acquire) == 0
             && self
                 .jobs
                 .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
@@ -156,14 +160,22 @@ impl Pending {
     /// A claimed direct commit is done and the connection free.
     pub(crate) fn done(&self) {
         if self.jobs.fetch_sub(1, Ordering::AcqRel) > 1 {
-            self.loaded.store(true, Ordering::Release);
+            self.unrest.store(CALM_BATCHES, Ordering::Release);
         }
     }
 
     /// The writer loop committed (or failed) a batch of `n` jobs and freed
     /// the connection.
     pub(crate) fn batch_done(&self, n: usize) {
-        self.loaded.store(n > 1, Ordering::Release);
+        // Only the writer loop lowers it, so load and store do not race
+        // with another decrement.
+        let unrest = self.unrest.load(Ordering::Acquire);
+        let next = if n > 1 {
+            CALM_BATCHES
+        } else {
+            unrest.saturating_sub(1)
+        };
+        self.unrest.store(next, Ordering::Release);
         self.jobs.fetch_sub(n, Ordering::AcqRel);
     }
 }
@@ -370,13 +382,13 @@ fn need_meta(outcome: Done) -> Result<TrajectoryMeta, StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use super::Pending;
+    use super::{Pending, CALM_BATCHES};
 
-    /// A direct commit needs the writer idle and not under load: a batch of
-    /// more than one job, or a job queued behind a direct commit, sends the
-    /// following jobs to the queue until a batch of one.
+    /// A direct commit needs the writer idle and calm: a batch of more than
+    /// one job, or a job queued behind a direct commit, sends the following
+    /// jobs to the queue until `CALM_BATCHES` batches of one in a row.
     #[test]
-    fn the_writer_is_claimed_only_idle_and_unloaded() {
+    fn the_writer_is_claimed_only_idle_and_calm() {
         let p = Pending::default();
         assert!(p.claim());
         assert!(!p.claim(), "claimed twice");
@@ -386,14 +398,21 @@ mod tests {
         p.done();
         assert!(!p.claim(), "a job is still queued");
         p.batch_done(1);
-        assert!(p.claim(), "idle and unloaded after a batch of one");
+        for _ in 1..CALM_BATCHES {
+            assert!(!p.claim(), "claimed before the writer is calm");
+            p.add();
+            p.batch_done(1);
+        }
+        assert!(p.claim(), "idle and calm after batches of one");
         p.done();
         p.add();
         p.add();
         p.batch_done(2);
         assert!(!p.claim(), "under load after a batch of two");
-        p.add();
-        p.batch_done(1);
+        for _ in 0..CALM_BATCHES {
+            p.add();
+            p.batch_done(1);
+        }
         assert!(p.claim());
     }
 }
