@@ -124,17 +124,17 @@ pub(crate) trait Direct: Send + Sync {
     fn commit_here(self: Arc<Self>, job: Job);
 }
 
-/// Batches of one job the writer must commit in a row, after a sign of
-/// load, before a job may commit directly again.
-const CALM_BATCHES: u32 = 8;
+/// Submissions in a row that must find the writer idle, after one found it
+/// busy, before a job may commit directly again.
+const CALM_SUBMISSIONS: u32 = 16;
 
 /// Jobs handed to the writer and not yet committed, a direct commit in
 /// progress included (zero: the writer is idle and its connection free), and
-/// how far the writer is from calm. A batch of more than one job, or a job
-/// that queued behind a direct commit, is a sign of load; then jobs queue
-/// even when the writer is briefly idle, until [`CALM_BATCHES`] batches of
-/// one in a row. Under load a direct commit only takes a runtime thread from
-/// the requests and splits the next batch (measured in docs/benchmarks.md).
+/// how far the writer is from calm. A submission that finds the writer busy
+/// is a sign of concurrent callers; then jobs queue even when the writer is
+/// briefly idle, until [`CALM_SUBMISSIONS`] in a row find it idle. With
+/// concurrent callers a direct commit takes a runtime thread from the other
+/// requests and splits the writer's batches (measured in docs/benchmarks.md).
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     jobs: AtomicUsize,
@@ -146,11 +146,25 @@ impl Pending {
     /// queued or committing (the job must then queue behind it, in order) or
     /// the writer is not calm.
     fn claim(&self) -> bool {
-        self.unrest.load(Ordering::Acquire) == 0
-            && self
-                .jobs
-                .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
+        if self.jobs.load(Ordering::Acquire) != 0 {
+            self.unrest.store(CALM_SUBMISSIONS, Ordering::Release);
+            return false;
+        }
+        let calming = self
+            .unrest
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |u| u.checked_sub(1))
+            .is_ok();
+        if calming {
+            return false;
+        }
+        let claimed = self
+            .jobs
+            .compare_exchange(0, 1, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok();
+        if !claimed {
+            self.unrest.store(CALM_SUBMISSIONS, Ordering::Release);
+        }
+        claimed
     }
 
     fn add(&self) {
@@ -159,23 +173,12 @@ impl Pending {
 
     /// A claimed direct commit is done and the connection free.
     pub(crate) fn done(&self) {
-        if self.jobs.fetch_sub(1, Ordering::AcqRel) > 1 {
-            self.unrest.store(CALM_BATCHES, Ordering::Release);
-        }
+        self.jobs.fetch_sub(1, Ordering::AcqRel);
     }
 
     /// The writer loop committed (or failed) a batch of `n` jobs and freed
     /// the connection.
     pub(crate) fn batch_done(&self, n: usize) {
-        // Only the writer loop lowers it, so load and store do not race
-        // with another decrement.
-        let unrest = self.unrest.load(Ordering::Acquire);
-        let next = if n > 1 {
-            CALM_BATCHES
-        } else {
-            unrest.saturating_sub(1)
-        };
-        self.unrest.store(next, Ordering::Release);
         self.jobs.fetch_sub(n, Ordering::AcqRel);
     }
 }
@@ -382,37 +385,27 @@ fn need_meta(outcome: Done) -> Result<TrajectoryMeta, StoreError> {
 
 #[cfg(test)]
 mod tests {
-    use super::{Pending, CALM_BATCHES};
+    use super::{Pending, CALM_SUBMISSIONS};
 
-    /// A direct commit needs the writer idle and calm: a batch of more than
-    /// one job, or a job queued behind a direct commit, sends the following
-    /// jobs to the queue until `CALM_BATCHES` batches of one in a row.
+    /// A direct commit needs the writer idle and calm: a submission that
+    /// finds it busy sends the following ones to the queue until
+    /// `CALM_SUBMISSIONS` in a row find it idle.
     #[test]
     fn the_writer_is_claimed_only_idle_and_calm() {
         let p = Pending::default();
         assert!(p.claim());
-        assert!(!p.claim(), "claimed twice");
         p.done();
         assert!(p.claim(), "idle again after a lone direct commit");
-        p.add(); // queued behind it
+        assert!(!p.claim(), "claimed twice");
         p.done();
-        assert!(!p.claim(), "a job is still queued");
-        p.batch_done(1);
-        for _ in 1..CALM_BATCHES {
+        for _ in 0..CALM_SUBMISSIONS {
             assert!(!p.claim(), "claimed before the writer is calm");
-            p.add();
-            p.batch_done(1);
         }
-        assert!(p.claim(), "idle and calm after batches of one");
+        assert!(p.claim(), "idle and calm");
         p.done();
-        p.add();
-        p.add();
-        p.batch_done(2);
-        assert!(!p.claim(), "under load after a batch of two");
-        for _ in 0..CALM_BATCHES {
-            p.add();
-            p.batch_done(1);
-        }
-        assert!(p.claim());
+        p.add(); // a queued job: the writer is busy
+        assert!(!p.claim(), "claimed while a job is queued");
+        p.batch_done(1);
+        assert!(!p.claim(), "claimed right after finding the writer busy");
     }
 }
