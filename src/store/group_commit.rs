@@ -112,9 +112,10 @@ pub(crate) fn lost_appends(batch: &[Job], outcomes: &[Outcome]) -> Vec<String> {
 
 /// A writer whose commit is short blocking work (SQLite on the page cache:
 /// tens of µs) can take a job on the submitter's thread while nothing else is
-/// queued or committing. A lone call then skips the hand-off to the writer
-/// and back: two thread wake-ups, about 50 µs of a call's latency and CPU on
-/// the 2-core bench machine (docs/benchmarks.md). Under load jobs queue as
+/// queued or committing and the writer is calm (see [`Pending`]). A lone
+/// call then skips the hand-off to the writer and back: two thread
+/// wake-ups, about 50 µs of a call's latency and CPU on the 2-core bench
+/// machine (docs/benchmarks.md). With concurrent callers jobs queue as
 /// before and share the writer's transactions.
 pub(crate) trait Direct: Send + Sync {
     /// Commits `job` (a batch of one) on this thread and sends its outcome;
@@ -171,14 +172,9 @@ impl Pending {
         self.jobs.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// A claimed direct commit is done and the connection free.
-    pub(crate) fn done(&self) {
-        self.jobs.fetch_sub(1, Ordering::AcqRel);
-    }
-
-    /// The writer loop committed (or failed) a batch of `n` jobs and freed
-    /// the connection.
-    pub(crate) fn batch_done(&self, n: usize) {
+    /// `n` jobs are committed, failed or given up, and the connection is
+    /// free.
+    pub(crate) fn done(&self, n: usize) {
         self.jobs.fetch_sub(n, Ordering::AcqRel);
     }
 }
@@ -192,7 +188,7 @@ struct Queuing<'a> {
 impl Drop for Queuing<'_> {
     fn drop(&mut self) {
         if let Some(p) = self.pending {
-            p.jobs.fetch_sub(1, Ordering::AcqRel);
+            p.done(1);
         }
     }
 }
@@ -394,18 +390,18 @@ mod tests {
     fn the_writer_is_claimed_only_idle_and_calm() {
         let p = Pending::default();
         assert!(p.claim());
-        p.done();
+        p.done(1);
         assert!(p.claim(), "idle again after a lone direct commit");
         assert!(!p.claim(), "claimed twice");
-        p.done();
+        p.done(1);
         for _ in 0..CALM_SUBMISSIONS {
             assert!(!p.claim(), "claimed before the writer is calm");
         }
         assert!(p.claim(), "idle and calm");
-        p.done();
+        p.done(1);
         p.add(); // a queued job: the writer is busy
         assert!(!p.claim(), "claimed while a job is queued");
-        p.batch_done(1);
+        p.done(1);
         assert!(!p.claim(), "claimed right after finding the writer busy");
     }
 }

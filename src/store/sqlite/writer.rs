@@ -6,7 +6,8 @@
 //! [`MAX_BATCH`]), applies the whole batch in one transaction, commits once,
 //! and only then acknowledges every job. Under load many appends share one
 //! commit; idle, a lone append commits at once (no timer, no added latency),
-//! on the submitter's thread when nothing else is queued or committing.
+//! on the submitter's thread when nothing else is queued or committing and
+//! the submissions before it found the writer idle too.
 //!
 //! Checkpoints stay off the submitters' threads: SQLite's automatic
 //! checkpoint (which runs inside the commit that crosses its limit, and
@@ -97,7 +98,7 @@ impl Direct for Shared {
                 let shared = self.clone();
                 rt.spawn_blocking(move || {
                     checkpoint(&shared.lock());
-                    shared.pending.done();
+                    shared.pending.done(1);
                 })
             });
             if spawned.is_ok() {
@@ -105,7 +106,7 @@ impl Direct for Shared {
             }
             checkpoint(&self.lock());
         }
-        self.pending.done();
+        self.pending.done(1);
     }
 }
 
@@ -140,7 +141,7 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
         drop(conn);
         // Counted down before the acknowledgements, so that a caller's next
         // job finds the writer idle.
-        shared.pending.batch_done(batch.len());
+        shared.pending.done(batch.len());
         acknowledge(&mut batch, outcomes);
     }
     if run_begun {
