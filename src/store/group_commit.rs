@@ -123,6 +123,10 @@ pub(crate) trait Direct: Send + Sync {
     /// releases that claim with [`Pending::done`] once the connection is
     /// free again.
     fn commit_here(self: Arc<Self>, job: Job);
+
+    /// The count that says whether the writer is idle; the writer loop
+    /// counts its batches down on it.
+    fn pending(&self) -> &Pending;
 }
 
 /// Submissions in a row that must find the writer idle, after one found it
@@ -197,7 +201,7 @@ impl Drop for Queuing<'_> {
 pub(crate) struct Writer {
     ack: Ack,
     jobs: Option<mpsc::Sender<Job>>,
-    direct: Option<(Arc<Pending>, Arc<dyn Direct>)>,
+    direct: Option<Arc<dyn Direct>>,
 }
 
 impl Writer {
@@ -209,18 +213,13 @@ impl Writer {
         }
     }
 
-    /// A writer whose jobs may also be committed by [`Direct`] while
-    /// `pending` (which the writer loop counts down) says it is idle.
-    pub(crate) fn with_direct(
-        jobs: mpsc::Sender<Job>,
-        ack: Ack,
-        pending: Arc<Pending>,
-        direct: Arc<dyn Direct>,
-    ) -> Self {
+    /// A writer whose jobs may also be committed by `direct` while its
+    /// [`Direct::pending`] says the writer is idle and calm.
+    pub(crate) fn with_direct(jobs: mpsc::Sender<Job>, ack: Ack, direct: Arc<dyn Direct>) -> Self {
         Writer {
             ack,
             jobs: Some(jobs),
-            direct: Some((pending, direct)),
+            direct: Some(direct),
         }
     }
 
@@ -235,8 +234,10 @@ impl Writer {
         let done = match &self.direct {
             // A run begins once; the writer loop must see it to record its
             // clean end.
-            Some((pending, direct))
-                if !matches!(op, Op::BeginRun { .. }) && self.jobs.is_some() && pending.claim() =>
+            Some(direct)
+                if !matches!(op, Op::BeginRun { .. })
+                    && self.jobs.is_some()
+                    && direct.pending().claim() =>
             {
                 let (ack, done) = oneshot::channel();
                 direct.clone().commit_here(Job { op, ack });
@@ -251,7 +252,7 @@ impl Writer {
     async fn queue(&self, op: Op) -> Result<oneshot::Receiver<Outcome>, StoreError> {
         let jobs = self.jobs.as_ref().ok_or(StoreError::Closed)?;
         let (ack, done) = oneshot::channel();
-        let pending = self.direct.as_ref().map(|(p, _)| &**p);
+        let pending = self.direct.as_deref().map(|d| d.pending());
         if let Some(p) = pending {
             p.add();
         }

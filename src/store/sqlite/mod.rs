@@ -34,7 +34,7 @@ use async_trait::async_trait;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::mpsc;
 
-use super::group_commit::{Pending, Writer, QUEUE};
+use super::group_commit::{Writer, QUEUE};
 use super::scan::{self, listing_page};
 use super::types::{clamp_limit, cursor_key};
 use super::{
@@ -179,12 +179,11 @@ impl SqliteStore {
         schema::migrate(&mut conn)?;
 
         let (tx, rx) = mpsc::channel(QUEUE);
-        let pending = Arc::new(Pending::default());
-        let shared = Arc::new(writer::Shared::new(conn, pending.clone()));
+        let shared = Arc::new(writer::Shared::new(conn));
         // With `synchronous=FULL` every commit `fsync`s: milliseconds that
         // must not block a runtime thread, so all of them go to the writer.
         let jobs = match synchronous {
-            Synchronous::Normal => Writer::with_direct(tx, ack, pending, shared.clone()),
+            Synchronous::Normal => Writer::with_direct(tx, ack, shared.clone()),
             Synchronous::Full => Writer::new(tx, ack),
         };
         let writer = std::thread::Builder::new()

@@ -51,16 +51,16 @@ fn note_wal_frames(_: &Wal, frames: i32) -> rusqlite::Result<()> {
 /// The writing connection, shared by the writer thread and direct commits.
 pub(crate) struct Shared {
     conn: Mutex<Connection>,
-    pending: Arc<Pending>,
+    pending: Pending,
 }
 
 impl Shared {
     /// Takes over `conn`: its commits no longer checkpoint by themselves.
-    pub(crate) fn new(conn: Connection, pending: Arc<Pending>) -> Self {
+    pub(crate) fn new(conn: Connection) -> Self {
         conn.wal_hook(Some(note_wal_frames));
         Shared {
             conn: Mutex::new(conn),
-            pending,
+            pending: Pending::default(),
         }
     }
 
@@ -107,6 +107,10 @@ impl Direct for Shared {
             checkpoint(&self.lock());
         }
         self.pending.done(1);
+    }
+
+    fn pending(&self) -> &Pending {
+        &self.pending
     }
 }
 
@@ -597,7 +601,7 @@ mod tests {
     }
 
     /// The writing connection on a WAL database, as the store opens it.
-    fn shared(dir: &std::path::Path) -> (Arc<Shared>, Arc<Pending>) {
+    fn shared(dir: &std::path::Path) -> Arc<Shared> {
         let mut conn = Connection::open(dir.join("s.db")).expect("open");
         let mode: String = conn
             .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
@@ -606,8 +610,7 @@ mod tests {
         conn.pragma_update(None, "synchronous", "NORMAL")
             .expect("sync");
         super::super::schema::migrate(&mut conn).expect("migrate");
-        let pending = Arc::new(Pending::default());
-        (Arc::new(Shared::new(conn, pending.clone())), pending)
+        Arc::new(Shared::new(conn))
     }
 
     fn calls_stored(dir: &std::path::Path) -> i64 {
@@ -622,11 +625,10 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn a_lone_job_commits_here_and_one_behind_queued_work_waits_its_turn() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let (shared, pending) = shared(dir.path());
+        let shared = shared(dir.path());
         let (tx, rx) = mpsc::channel(16);
-        let committed =
-            Writer::with_direct(tx.clone(), Ack::Committed, pending.clone(), shared.clone());
-        let mut queued = Writer::with_direct(tx, Ack::Queued, pending, shared.clone());
+        let committed = Writer::with_direct(tx.clone(), Ack::Committed, shared.clone());
+        let mut queued = Writer::with_direct(tx, Ack::Queued, shared.clone());
 
         // No writer thread runs: only a direct commit can answer.
         let direct = committed.append(call("t", 0, None));
@@ -681,9 +683,9 @@ mod tests {
         };
         for ack in [Ack::Committed, Ack::Queued] {
             let dir = tempfile::tempdir().expect("tempdir");
-            let (shared, pending) = shared(dir.path());
+            let shared = shared(dir.path());
             let (tx, rx) = mpsc::channel(1024);
-            let mut writer = Writer::with_direct(tx, ack, pending, shared.clone());
+            let mut writer = Writer::with_direct(tx, ack, shared.clone());
             let thread = std::thread::spawn(move || run(shared, rx));
             for i in 0..600 {
                 writer.append(big("t", i)).await.expect("append");
