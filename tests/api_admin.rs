@@ -334,3 +334,39 @@ async fn backend_gauges_follow_rotation_and_removal() {
         assert_eq!(value(&text, series, &b.url()), 0.0, "{series}");
     }
 }
+
+/// `tito_gateway_overhead_seconds` leaves out the wait on the backend, its
+/// first token included: a backend that takes 300 ms before each of its two
+/// tokens makes a 600 ms call of which the gateway's own share is far below
+/// one token's wait. (This binary's other tests call chat only, so the
+/// completions series holds this call alone.)
+#[tokio::test]
+async fn gateway_overhead_leaves_out_the_wait_for_the_first_token() {
+    let slow = MockVllm::start(Scripted {
+        token_delay_ms: 300,
+        ..Scripted::ids(vec![b'o'.into(), IM_END])
+    })
+    .await;
+    let g = start_gateway(config(&[slow.url()], "")).await;
+    let r = g
+        .post(
+            "/v1/completions",
+            json!({"model": "test-model", "prompt": "hi", "max_tokens": 4}),
+        )
+        .await;
+    assert_eq!(r.status(), 200);
+    let text = g.get_text("/metrics").await;
+    let sum = |series: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in:\n{text}"))
+    };
+    let took = sum("tito_request_duration_seconds_sum{route=\"/v1/completions\"}");
+    let overhead = sum("tito_gateway_overhead_seconds_sum{route=\"completions\"}");
+    assert!(took >= 0.6, "the call took {took} s");
+    assert!(
+        overhead < 0.3,
+        "overhead {overhead} s of a {took} s call: the backend's wait is in it"
+    );
+}

@@ -99,7 +99,8 @@ pub struct Answer {
     pub n: u32,
     /// By global index: prompt index × n + choice.
     pub choices: Vec<ChoiceResult>,
-    /// From the first backend event to the last token.
+    /// Waiting on the backends: from the moment they are asked (routing
+    /// and retries before the first token included) to the last token.
     pub generated_in: Duration,
 }
 
@@ -399,6 +400,7 @@ impl Calls {
             }
         }
         // Start all choices together; the first failure fails the call.
+        let asked = Instant::now();
         let started = futures::future::try_join_all(starts).await?;
         let mut map = StreamMap::new();
         for (index, s) in started {
@@ -423,6 +425,7 @@ impl Calls {
             tx,
             owner,
             deltas,
+            asked,
         };
         // In the request's span: its log lines carry the request id.
         let pump = self
@@ -448,11 +451,12 @@ struct Pump {
     tx: mpsc::Sender<CallEvent>,
     owner: Option<replies::Owner>,
     deltas: bool,
+    /// When the backends were asked.
+    asked: Instant,
 }
 
 impl Pump {
     async fn run(mut self, mut streams: StreamMap<u32, GenStream>) {
-        let t0 = Instant::now();
         while !streams.is_empty() {
             let next = tokio::select! {
                 // A ready backend event goes first: a call whose last event
@@ -506,7 +510,7 @@ impl Pump {
             let _ = self.tx.send(CallEvent::Done(Err(e))).await;
             return;
         }
-        let generated_in = t0.elapsed();
+        let generated_in = self.asked.elapsed();
         // After the last token: record. A reader that leaves now hands this
         // pump to a task of its own (`Drop for Running`).
         let result = self.record(generated_in).await;
