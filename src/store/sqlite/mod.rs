@@ -2,7 +2,8 @@
 //!
 //! One writing connection: a writer thread does group commit with it, and a
 //! lone job commits on its submitter's thread while that thread is idle (see
-//! [`writer`]); reads use a small pool of `query_only` connections on
+//! [`writer`]); a second connection checkpoints on a thread of its own (see
+//! [`checkpoint`]); reads use a small pool of `query_only` connections on
 //! `spawn_blocking`. The database runs in WAL mode, so readers (and an offline
 //! `tito export` in another process) never block the writer.
 //!
@@ -20,6 +21,7 @@
 //! but a lone call waits for a whole `fsync` (milliseconds on most disks),
 //! which is why it is opt-in.
 
+mod checkpoint;
 mod consumers;
 mod rows;
 pub mod schema;
@@ -178,8 +180,9 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", sync)?;
         schema::migrate(&mut conn)?;
 
+        let checkpointer = checkpoint::Checkpointer::start(path, sync)?;
         let (tx, rx) = mpsc::channel(QUEUE);
-        let shared = Arc::new(writer::Shared::new(conn));
+        let shared = Arc::new(writer::Shared::new(conn, checkpointer));
         // With `synchronous=FULL` every commit `fsync`s: milliseconds that
         // must not block a runtime thread, so all of them go to the writer.
         let jobs = match synchronous {

@@ -9,11 +9,11 @@
 //! on the submitter's thread when nothing else is queued or committing and
 //! the submissions before it found the writer idle too.
 //!
-//! Checkpoints stay off the submitters' threads: SQLite's automatic
-//! checkpoint (which runs inside the commit that crosses its limit, and
-//! `fsync`s) is replaced by [`CHECKPOINT_FRAMES`], checked after every
-//! commit; a direct commit that crosses it hands the checkpoint to the
-//! blocking pool.
+//! Checkpoints stay off this connection: SQLite's automatic checkpoint
+//! (which runs inside the commit that crosses its limit, and `fsync`s) is
+//! replaced by [`CHECKPOINT_FRAMES`], checked after every commit; a commit
+//! that crosses it asks the [`Checkpointer`], which checkpoints on a
+//! connection of its own while commits go on.
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -22,6 +22,7 @@ use rusqlite::hooks::Wal;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
 use tokio::sync::mpsc;
 
+use super::checkpoint::Checkpointer;
 use super::consumers;
 use super::rows::{json_text, meta_by_id, replays_of, status_code};
 use crate::store::codec::{ids_to_bytes, logprobs_to_bytes};
@@ -33,9 +34,17 @@ use crate::store::{
     TrajectoryStatus,
 };
 
-/// WAL frames after which a commit is followed by a passive checkpoint:
-/// SQLite's own default for its automatic one.
+/// WAL frames after which a commit asks the [`Checkpointer`] for a passive
+/// checkpoint: SQLite's own default for its automatic one.
 pub(crate) const CHECKPOINT_FRAMES: i32 = 1000;
+
+/// WAL frames past which commits wait for a checkpoint, as they did for
+/// SQLite's automatic one. The checkpointer copies the WAL into the
+/// database, but the WAL starts over from its beginning only at a commit
+/// that finds all of it copied, which commits arriving back to back can keep
+/// from happening; a checkpoint with the writing connection held, so that
+/// nothing is committed meanwhile, lets the next commit start the WAL over.
+pub(crate) const WAL_LIMIT_FRAMES: i32 = 4 * CHECKPOINT_FRAMES;
 
 thread_local! {
     /// Frames in the WAL after this thread's last commit, set by the WAL hook
@@ -52,15 +61,18 @@ fn note_wal_frames(_: &Wal, frames: i32) -> rusqlite::Result<()> {
 pub(crate) struct Shared {
     conn: Mutex<Connection>,
     pending: Pending,
+    checkpointer: Checkpointer,
 }
 
 impl Shared {
-    /// Takes over `conn`: its commits no longer checkpoint by themselves.
-    pub(crate) fn new(conn: Connection) -> Self {
+    /// Takes over `conn`: its commits no longer checkpoint by themselves but
+    /// ask `checkpointer`.
+    pub(crate) fn new(conn: Connection, checkpointer: Checkpointer) -> Self {
         conn.wal_hook(Some(note_wal_frames));
         Shared {
             conn: Mutex::new(conn),
             pending: Pending::default(),
+            checkpointer,
         }
     }
 
@@ -68,19 +80,29 @@ impl Shared {
         // A panic mid-batch dropped its transaction, which rolled it back.
         self.conn.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// A checkpoint while `held` (the writing connection's guard) keeps
+    /// every commit waiting.
+    fn checkpoint_held(&self, held: MutexGuard<'_, Connection>) {
+        self.checkpointer.run_now();
+        drop(held);
+    }
 }
 
-/// Whether the commits just made on this thread left the WAL past
-/// [`CHECKPOINT_FRAMES`].
-fn checkpoint_due() -> bool {
-    WAL_FRAMES.with(|f| f.replace(0)) >= CHECKPOINT_FRAMES
-}
-
-/// A passive checkpoint: copies what no reader still needs from the WAL into
-/// the database, waiting for nobody (as SQLite's automatic one).
-fn checkpoint(conn: &Connection) {
-    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-        tracing::warn!(error = %e, "WAL checkpoint failed; the next commit tries again");
+impl Shared {
+    /// After the commits just made on this thread: asks the checkpointer
+    /// when they left the WAL past [`CHECKPOINT_FRAMES`], and says whether
+    /// they left it past [`WAL_LIMIT_FRAMES`] (the caller then holds the
+    /// writing connection through a checkpoint: [`Shared::checkpoint_held`]).
+    fn checkpoint_here(&self) -> bool {
+        let frames = WAL_FRAMES.with(|f| f.replace(0));
+        if frames >= WAL_LIMIT_FRAMES {
+            return true;
+        }
+        if frames >= CHECKPOINT_FRAMES {
+            self.checkpointer.ask();
+        }
+        false
     }
 }
 
@@ -90,21 +112,22 @@ impl Direct for Shared {
         let mut conn = self.lock();
         let outcomes = commit_batch(&mut conn, &batch);
         drop(conn);
+        let here = self.checkpoint_here();
         acknowledge(&mut batch, outcomes);
-        if checkpoint_due() {
+        if here {
             // The claim is released by the checkpoint, so jobs queue for the
             // writer thread meanwhile, which waits for the connection.
             let spawned = tokio::runtime::Handle::try_current().map(|rt| {
                 let shared = self.clone();
                 rt.spawn_blocking(move || {
-                    checkpoint(&shared.lock());
+                    shared.checkpoint_held(shared.lock());
                     shared.pending.done(1);
                 })
             });
             if spawned.is_ok() {
                 return;
             }
-            checkpoint(&self.lock());
+            self.checkpoint_held(self.lock());
         }
         self.pending.done(1);
     }
@@ -139,10 +162,11 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
                 tracing::error!(trajectory = %id, error = %e, "could not mark the trajectory incomplete");
             }
         }
-        if checkpoint_due() {
-            checkpoint(&conn);
+        if shared.checkpoint_here() {
+            shared.checkpoint_held(conn);
+        } else {
+            drop(conn);
         }
-        drop(conn);
         // Counted down before the acknowledgements, so that a caller's next
         // job finds the writer idle.
         shared.pending.done(batch.len());
@@ -610,7 +634,8 @@ mod tests {
         conn.pragma_update(None, "synchronous", "NORMAL")
             .expect("sync");
         super::super::schema::migrate(&mut conn).expect("migrate");
-        Arc::new(Shared::new(conn))
+        let checkpointer = Checkpointer::start(&dir.join("s.db"), "NORMAL").expect("checkpointer");
+        Arc::new(Shared::new(conn, checkpointer))
     }
 
     fn calls_stored(dir: &std::path::Path) -> i64 {
@@ -670,12 +695,16 @@ mod tests {
 
     /// Commits no longer checkpoint by themselves (the WAL hook replaces
     /// SQLite's automatic checkpoint), so pages reach the database file only
-    /// if the writer checkpoints: after direct commits (which also keep the
-    /// WAL near [`CHECKPOINT_FRAMES`]) and after the thread's batches alike.
+    /// through the checkpointer (or the writing connection past
+    /// [`WAL_LIMIT_FRAMES`]): after direct commits and after the thread's
+    /// batches alike. Commits back to back keep the checkpointer from ever
+    /// finding the WAL all copied at a commit, so the WAL starts over only at
+    /// the limit: it never holds more than the limit and the frames of the
+    /// commit that crossed it.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn commits_are_checkpointed_whoever_makes_them() {
         let frame = 4096 + 24;
-        // About 5 pages a call: 600 calls write some 3,000 frames.
+        // About 8 pages a call: 1,200 calls write some 9,600 frames.
         let big = |traj: &str, i: u32| CallRecord {
             sampled_ids: vec![7; 4000],
             logprobs: vec![Some(-0.5); 4000],
@@ -686,13 +715,15 @@ mod tests {
             let shared = shared(dir.path());
             let (tx, rx) = mpsc::channel(1024);
             let mut writer = Writer::with_direct(tx, ack, shared.clone());
+            let kept = shared.clone();
             let thread = std::thread::spawn(move || run(shared, rx));
-            for i in 0..600 {
+            for i in 0..1200 {
                 writer.append(big("t", i)).await.expect("append");
             }
             writer.close();
             thread.join().expect("writer thread");
-            assert_eq!(calls_stored(dir.path()), 600);
+            kept.checkpointer.run_now();
+            assert_eq!(calls_stored(dir.path()), 1200);
             let size = |name: &str| {
                 std::fs::metadata(dir.path().join(name))
                     .map(|m| m.len())
@@ -701,14 +732,18 @@ mod tests {
             // What is past the last checkpoint is under 1,000 frames.
             let db = size("s.db");
             assert!(
-                db > 1000 * 4096,
-                "{ack:?}: a database file of {db} bytes after 3,000 frames: no checkpoint ran"
+                db > 8000 * 4096,
+                "{ack:?}: a database file of {db} bytes after 9,600 frames: no checkpoint ran"
             );
             if ack == Ack::Committed {
+                // Past the limit by at most two calls of 12 frames (the WAL
+                // hook's count grows by 12 a call): the one that crossed it,
+                // and one the writer thread may commit before the checkpoint
+                // holds the connection.
                 let wal = size("s.db-wal");
                 assert!(
-                    wal < 2 * CHECKPOINT_FRAMES as u64 * frame,
-                    "a WAL of {wal} bytes after 3,000 frames of lone commits"
+                    wal <= (WAL_LIMIT_FRAMES as u64 + 2 * 12) * frame,
+                    "a WAL of {wal} bytes after 9,600 frames of lone commits"
                 );
             }
         }
