@@ -87,14 +87,12 @@ impl Shared {
         self.checkpointer.run_now();
         drop(held);
     }
-}
 
-impl Shared {
     /// After the commits just made on this thread: asks the checkpointer
     /// when they left the WAL past [`CHECKPOINT_FRAMES`], and says whether
     /// they left it past [`WAL_LIMIT_FRAMES`] (the caller then holds the
     /// writing connection through a checkpoint: [`Shared::checkpoint_held`]).
-    fn checkpoint_here(&self) -> bool {
+    fn past_wal_limit(&self) -> bool {
         let frames = WAL_FRAMES.with(|f| f.replace(0));
         if frames >= WAL_LIMIT_FRAMES {
             return true;
@@ -112,9 +110,9 @@ impl Direct for Shared {
         let mut conn = self.lock();
         let outcomes = commit_batch(&mut conn, &batch);
         drop(conn);
-        let here = self.checkpoint_here();
+        let held = self.past_wal_limit();
         acknowledge(&mut batch, outcomes);
-        if here {
+        if held {
             // The claim is released by the checkpoint, so jobs queue for the
             // writer thread meanwhile, which waits for the connection.
             let spawned = tokio::runtime::Handle::try_current().map(|rt| {
@@ -162,7 +160,7 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
                 tracing::error!(trajectory = %id, error = %e, "could not mark the trajectory incomplete");
             }
         }
-        if shared.checkpoint_here() {
+        if shared.past_wal_limit() {
             shared.checkpoint_held(conn);
         } else {
             drop(conn);
