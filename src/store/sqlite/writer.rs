@@ -11,9 +11,8 @@
 //!
 //! Checkpoints stay off this connection: SQLite's automatic checkpoint
 //! (which runs inside the commit that crosses its limit, and `fsync`s) is
-//! replaced by [`CHECKPOINT_FRAMES`], checked after every commit; a commit
-//! that crosses it asks the [`Checkpointer`], which checkpoints on a
-//! connection of its own while commits go on.
+//! replaced by the [`Checkpointer`], told the WAL's size after every commit,
+//! which checkpoints on a connection of its own while commits go on.
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -33,18 +32,6 @@ use crate::store::{
     now_ms, CallRecord, SampleReplay, StoreError, TrajectoryMeta, TrajectoryMetadata,
     TrajectoryStatus,
 };
-
-/// WAL frames after which a commit asks the [`Checkpointer`] for a passive
-/// checkpoint: SQLite's own default for its automatic one.
-pub(crate) const CHECKPOINT_FRAMES: i32 = 1000;
-
-/// WAL frames past which commits wait for a checkpoint, as they did for
-/// SQLite's automatic one. The checkpointer copies the WAL into the
-/// database, but the WAL starts over from its beginning only at a commit
-/// that finds all of it copied, which commits arriving back to back can keep
-/// from happening; a checkpoint with the writing connection held, so that
-/// nothing is committed meanwhile, lets the next commit start the WAL over.
-pub(crate) const WAL_LIMIT_FRAMES: i32 = 4 * CHECKPOINT_FRAMES;
 
 thread_local! {
     /// Frames in the WAL after this thread's last commit, set by the WAL hook
@@ -88,19 +75,13 @@ impl Shared {
         drop(held);
     }
 
-    /// After the commits just made on this thread: asks the checkpointer
-    /// when they left the WAL past [`CHECKPOINT_FRAMES`], and says whether
-    /// they left it past [`WAL_LIMIT_FRAMES`] (the caller then holds the
-    /// writing connection through a checkpoint: [`Shared::checkpoint_held`]).
+    /// After the commits just made on this thread: tells the checkpointer
+    /// the WAL's size, and says whether the WAL is past its limit (the
+    /// caller then holds the writing connection through a checkpoint:
+    /// [`Shared::checkpoint_held`]).
     fn past_wal_limit(&self) -> bool {
-        let frames = WAL_FRAMES.with(|f| f.replace(0));
-        if frames >= WAL_LIMIT_FRAMES {
-            return true;
-        }
-        if frames >= CHECKPOINT_FRAMES {
-            self.checkpointer.ask();
-        }
-        false
+        self.checkpointer
+            .after_commit(WAL_FRAMES.with(|f| f.replace(0)))
     }
 }
 
@@ -544,6 +525,7 @@ fn missing_parent(call: &CallRecord) -> StoreError {
 mod tests {
     use super::*;
     use crate::store::group_commit::Writer;
+    use crate::store::sqlite::checkpoint::WAL_LIMIT_FRAMES;
     use crate::store::Ack;
     use serde_json::json;
     use tokio::sync::oneshot;
