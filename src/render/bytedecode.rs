@@ -33,17 +33,13 @@ pub struct ByteDecoder {
 }
 
 impl ByteDecoder {
-    /// The table for `tokenizer`, or `None` when its decoder is not
+    /// The table for `tokenizer`'s ids below `count` (its largest id, added
+    /// tokens included, plus one), or `None` when its decoder is not
     /// `ByteLevel` alone (those decode through `tokenizers`).
-    pub fn new(tokenizer: &Tokenizer) -> Option<ByteDecoder> {
+    pub fn new(tokenizer: &Tokenizer, count: usize) -> Option<ByteDecoder> {
         if !matches!(tokenizer.get_decoder(), Some(DecoderWrapper::ByteLevel(_))) {
             return None;
         }
-        let count = tokenizer
-            .get_vocab(true)
-            .values()
-            .max()
-            .map_or(0, |m| *m as usize + 1);
         let added = tokenizer.get_added_vocabulary();
         let mut bytes = Vec::new();
         let mut ends = Vec::with_capacity(count);

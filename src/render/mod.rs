@@ -89,7 +89,7 @@ pub struct Renderer {
     /// `bos_token`, `eos_token`, ... and named extra special tokens).
     template_vars: serde_json::Map<String, Json>,
     content_format: ContentFormat,
-    /// `get_vocab_size(true)` builds the whole vocabulary map: once here.
+    /// Tokens in the vocabulary, added ones included (counted once, here).
     vocab_size: u32,
     /// Whether vocabulary pieces are GPT-2 byte-level strings (each char
     /// one byte), as opposed to SentencePiece pieces (`▁` for a space,
@@ -164,8 +164,13 @@ impl Renderer {
             }
         }
         let fast = fast_encoder(&source.tokenizer);
-        let fast_decode = bytedecode::ByteDecoder::new(&source.tokenizer);
-        let vocab_size = source.tokenizer.get_vocab_size(true) as u32;
+        // The vocabulary map (added tokens included) is built once: its size
+        // is the vocabulary's, its largest id bounds the decode table.
+        let vocab = source.tokenizer.get_vocab(true);
+        let vocab_size = vocab.len() as u32;
+        let ids = vocab.values().max().map_or(0, |m| *m as usize + 1);
+        drop(vocab);
+        let fast_decode = bytedecode::ByteDecoder::new(&source.tokenizer, ids);
         let byte_level = source
             .tokenizer
             .get_decoder()
