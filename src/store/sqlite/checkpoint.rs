@@ -1,5 +1,5 @@
-//! WAL checkpoints on a connection and a thread of their own, so that no
-//! commit waits for one.
+//! WAL checkpoints on a connection and a thread of their own, so that
+//! commits wait for one only when the WAL is past its limit.
 //!
 //! SQLite's automatic checkpoint runs inside the commit that crosses its
 //! limit, on the writing connection: it copies the WAL's pages into the
@@ -32,7 +32,7 @@ use crate::store::StoreError;
 
 /// WAL frames between two asked checkpoints: SQLite's own default for its
 /// automatic one.
-pub(crate) const CHECKPOINT_FRAMES: i32 = 1000;
+const CHECKPOINT_FRAMES: i32 = 1000;
 
 /// WAL frames past which commits wait for a checkpoint, as they did for
 /// SQLite's automatic one. A checkpoint copies the WAL into the database,
