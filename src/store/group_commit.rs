@@ -74,7 +74,9 @@ pub(crate) type Outcome = Result<Done, StoreError>;
 
 pub(crate) struct Job {
     pub op: Op,
-    pub ack: oneshot::Sender<Outcome>,
+    /// Where the outcome goes; `None` when nobody waits for it (a queued
+    /// append, whose client was answered before the commit).
+    pub ack: Option<oneshot::Sender<Outcome>>,
 }
 
 /// The `gateway_state` key of the fleet's weight version.
@@ -85,7 +87,11 @@ pub(crate) const WEIGHT_VERSION: &str = "weight_version";
 /// only be logged.
 pub(crate) fn acknowledge(batch: &mut Vec<Job>, outcomes: Vec<Outcome>) {
     for (job, outcome) in batch.drain(..).zip(outcomes) {
-        if let Err(Err(e)) = job.ack.send(outcome) {
+        let unheard = match job.ack {
+            Some(ack) => ack.send(outcome).err(),
+            None => Some(outcome),
+        };
+        if let Some(Err(e)) = unheard {
             tracing::error!(error = %e, "span store write failed with nobody waiting for it");
         }
     }
@@ -100,7 +106,7 @@ pub(crate) fn lost_appends(batch: &[Job], outcomes: &[Outcome]) -> Vec<String> {
         .iter()
         .zip(outcomes)
         .filter_map(|(job, outcome)| match (&job.op, outcome) {
-            (Op::Append(call), Err(e)) if job.ack.is_closed() => {
+            (Op::Append(call), Err(e)) if job.ack.as_ref().is_none_or(|a| a.is_closed()) => {
                 tracing::error!(trajectory = %call.trajectory_id, call = call.call_index,
                     error = %e, "a queued call could not be stored; its trajectory is marked incomplete");
                 Some(call.trajectory_id.clone())
@@ -240,7 +246,7 @@ impl Writer {
                     && direct.pending().claim() =>
             {
                 let (ack, done) = oneshot::channel();
-                direct.clone().commit_here(Job { op, ack });
+                direct.clone().commit_here(Job { op, ack: Some(ack) });
                 done
             }
             _ => self.queue(op).await?,
@@ -250,19 +256,23 @@ impl Writer {
 
     /// Queues a job for the writer; the receiver gets its outcome.
     async fn queue(&self, op: Op) -> Result<oneshot::Receiver<Outcome>, StoreError> {
-        let jobs = self.jobs.as_ref().ok_or(StoreError::Closed)?;
         let (ack, done) = oneshot::channel();
+        self.enqueue(Job { op, ack: Some(ack) }).await?;
+        Ok(done)
+    }
+
+    /// Hands `job` to the writer.
+    async fn enqueue(&self, job: Job) -> Result<(), StoreError> {
+        let jobs = self.jobs.as_ref().ok_or(StoreError::Closed)?;
         let pending = self.direct.as_deref().map(|d| d.pending());
         if let Some(p) = pending {
             p.add();
         }
         let mut queuing = Queuing { pending };
-        jobs.send(Job { op, ack })
-            .await
-            .map_err(|_| StoreError::Closed)?;
+        jobs.send(job).await.map_err(|_| StoreError::Closed)?;
         // In the queue: the writer loop counts it down once committed.
         queuing.pending = None;
-        Ok(done)
+        Ok(())
     }
 
     pub(crate) async fn append(&self, call: CallRecord) -> Result<(), StoreError> {
@@ -270,8 +280,9 @@ impl Writer {
         let op = Op::Append(Box::new(call));
         match self.ack {
             Ack::Committed => self.submit(op).await.map(|_| ()),
-            // The writer logs a failure nobody waits for.
-            Ack::Queued => self.queue(op).await.map(|_| ()),
+            // Nobody waits: the writer logs a failure and marks the
+            // trajectory incomplete.
+            Ack::Queued => self.enqueue(Job { op, ack: None }).await,
         }
     }
 

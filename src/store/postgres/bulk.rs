@@ -247,7 +247,7 @@ mod tests {
                 let (ack, _) = oneshot::channel();
                 Job {
                     op: Op::Append(Box::new(c)),
-                    ack,
+                    ack: Some(ack),
                 }
             })
             .collect()

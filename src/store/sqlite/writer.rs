@@ -577,7 +577,7 @@ mod tests {
             .map(|c| {
                 let (ack, rx) = oneshot::channel();
                 let op = Op::Append(Box::new(c));
-                (Job { op, ack }, rx)
+                (Job { op, ack: Some(ack) }, rx)
             })
             .unzip();
         let outcomes = commit_batch(&mut conn, &jobs);
@@ -594,7 +594,7 @@ mod tests {
             .map(|i| {
                 let (ack, rx) = oneshot::channel();
                 let op = Op::Append(Box::new(call("t", i, Some(i - 1))));
-                (Job { op, ack }, rx)
+                (Job { op, ack: Some(ack) }, rx)
             })
             .unzip();
         assert!(commit_all(&mut conn, &jobs).is_some());
@@ -602,6 +602,29 @@ mod tests {
             .query_row("SELECT count(*) FROM calls", [], |r| r.get(0))
             .expect("count");
         assert_eq!(stored, 7);
+    }
+
+    /// A queued append carries no receiver, so a failure of it is marked
+    /// however soon the writer gets to it (its receiver, dropped only once
+    /// the append was queued, could still be open when the writer failed
+    /// it); a caller still waiting hears of its failure instead.
+    #[test]
+    fn a_failed_append_nobody_waits_for_is_lost() {
+        let job = |traj: &str, ack| Job {
+            op: Op::Append(Box::new(call(traj, 0, None))),
+            ack,
+        };
+        let (waiting, _rx) = oneshot::channel();
+        let (cancelled, gone) = oneshot::channel();
+        drop(gone);
+        let batch = [
+            job("queued", None),
+            job("waited", Some(waiting)),
+            job("cancelled", Some(cancelled)),
+        ];
+        let failed = || Err(StoreError::Invalid("refused".into()));
+        let lost = lost_appends(&batch, &[failed(), failed(), failed()]);
+        assert_eq!(lost, ["queued", "cancelled"]);
     }
 
     /// The writing connection on a WAL database, as the store opens it.
