@@ -132,7 +132,7 @@ impl Answer {
                 256 + c.text.len()
                     + c.ids.len() * size_of::<u32>()
                     + logprobs
-                    + crate::trajectory::messages::json_bytes(&c.served)
+                    + crate::trajectory::messages::json_heap_bytes(&c.served)
             })
             .sum();
         let prompts: usize = self

@@ -3,17 +3,21 @@
 //! hot_bytes`). An evicted trajectory is rebuilt from the store on its next
 //! call, so eviction costs time, never history.
 //!
-//! Sizes are estimates: the token ids, decoded texts, segments and messages
-//! each call keeps, counted when the call enters the view. Calls that share
-//! a buffer (the choices of one request share their prompt) are counted once
-//! each, so the estimate errs high.
+//! Sizes are estimates of the heap held: the token ids, decoded texts,
+//! segments and messages each call keeps (counted when the call enters the
+//! view, JSON as serde_json allocates it), and each trajectory's state and
+//! entry here. `tests/trajectory_hot_bytes.rs` checks them against a
+//! counting allocator. Calls that share a buffer (the choices of one request
+//! share their prompt) are counted once each, so the estimate errs high.
 
+use std::mem::size_of;
 use std::sync::Arc;
 
 use lru::LruCache;
+use serde_json::Value as Json;
 
-use super::messages::json_bytes;
-use super::{HotCall, SegRange, TrajState};
+use super::messages::json_heap_bytes;
+use super::{HotCall, SegRange, Served, TrajState};
 
 pub(super) type Shared = Arc<tokio::sync::Mutex<TrajState>>;
 
@@ -104,16 +108,47 @@ impl HotMap {
     }
 }
 
-/// Estimated heap bytes of one call in the view.
+/// An `Arc`'s allocation besides its value: the two counts.
+const ARC: usize = 2 * size_of::<usize>();
+
+/// Estimated heap bytes of one call in the view: the call itself, its ids,
+/// texts and segments (each in an `Arc` of its own), its messages and the
+/// message it served, and its slots in the trajectory's lists.
 pub(super) fn call_bytes(c: &HotCall) -> u64 {
-    const FIXED: usize = 256;
-    let ids = (c.prompt_ids.len() + c.sampled_ids.len()) * 4;
-    let texts = c.prompt_text.len() + c.sampled_text.len();
-    let segs = c.segments.len() * std::mem::size_of::<SegRange>();
-    let json = c
-        .messages
-        .as_ref()
-        .map_or(0, |m| m.iter().map(json_bytes).sum())
-        + json_bytes(&c.served);
-    (FIXED + ids + texts + segs + json) as u64
+    let vec = |bytes: usize| ARC + size_of::<Vec<u8>>() + bytes;
+    let ids = vec(c.prompt_ids.capacity() * size_of::<u32>())
+        + vec(c.sampled_ids.capacity() * size_of::<u32>());
+    let texts = vec(c.prompt_text.capacity()) + vec(c.sampled_text.capacity());
+    let segs = vec(c.segments.capacity() * size_of::<SegRange>());
+    let messages = c.messages.as_ref().map_or(0, |m| {
+        vec(m.capacity() * size_of::<Json>()) + m.iter().map(json_heap_bytes).sum::<usize>()
+    });
+    // The `calls` slot, and the entries of `served` and `continued`
+    // (hashbrown tables at up to 7/8 load, grown by doubling: about twice
+    // an entry's size, its control byte included).
+    let lists =
+        size_of::<Arc<HotCall>>() + 2 * (size_of::<(u32, Served)>() + 1 + size_of::<u32>() + 1);
+    (ARC + size_of::<HotCall>()
+        + ids
+        + texts
+        + segs
+        + messages
+        + json_heap_bytes(&c.served)
+        + lists) as u64
+}
+
+/// Estimated heap bytes of a trajectory in the view: its calls, its state
+/// and its metadata, and its entry in this index (the key, the LRU's node,
+/// and a slot of its hash table, about twice a slot's size as above).
+pub(super) fn trajectory_bytes(tid: &str, st: &TrajState) -> u64 {
+    let metadata = &st.metadata;
+    let metadata = metadata.group.as_ref().map_or(0, String::capacity)
+        + metadata.data_source.as_ref().map_or(0, String::capacity)
+        + metadata.extra_info.as_ref().map_or(0, json_heap_bytes);
+    let entry = tid.len()
+        + 4 * size_of::<usize>()
+        + size_of::<String>()
+        + size_of::<Entry>()
+        + 2 * (2 * size_of::<usize>() + 1);
+    st.bytes + (ARC + size_of::<tokio::sync::Mutex<TrajState>>() + metadata + entry) as u64
 }

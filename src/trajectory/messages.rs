@@ -125,6 +125,55 @@ pub fn normalize(m: &Json) -> Json {
     Json::Object(out)
 }
 
+/// Heap bytes below a JSON value (its own inline size not counted), as
+/// serde_json with `preserve_order` allocates them: string capacities, an
+/// array's slots, and each object's entries and index table
+/// ([`object_table_bytes`]). What the hot view and the retry cache count
+/// against their byte budgets; checked against a counting allocator in
+/// `tests/trajectory_hot_bytes.rs`.
+pub fn json_heap_bytes(v: &Json) -> usize {
+    match v {
+        Json::String(s) => s.capacity(),
+        Json::Array(items) => {
+            items.capacity() * std::mem::size_of::<Json>()
+                + items.iter().map(json_heap_bytes).sum::<usize>()
+        }
+        Json::Object(fields) => {
+            object_table_bytes(fields.len())
+                + fields
+                    .iter()
+                    .map(|(k, v)| k.capacity() + json_heap_bytes(v))
+                    .sum::<usize>()
+        }
+        _ => 0,
+    }
+}
+
+/// The two allocations of an object of `n` fields (an `IndexMap`): its
+/// entries (a hash, the key and the value each) grown to the capacity of
+/// its index table, a hashbrown table of `usize` positions with a control
+/// byte per bucket and one group of 16 more. Hashbrown sizes a table of
+/// fewer than 8 buckets to hold one less than its buckets, a larger one to
+/// 7/8 of them, always a power of two and at least 4.
+fn object_table_bytes(n: usize) -> usize {
+    if n == 0 {
+        return 0;
+    }
+    let buckets = match n {
+        1..=3 => 4,
+        4..=7 => 8,
+        _ => (n * 8).div_ceil(7).next_power_of_two(),
+    };
+    let capacity = if buckets < 8 {
+        buckets - 1
+    } else {
+        buckets / 8 * 7
+    };
+    let entry =
+        std::mem::size_of::<u64>() + std::mem::size_of::<String>() + std::mem::size_of::<Json>();
+    capacity * entry + buckets * (std::mem::size_of::<usize>() + 1) + 16
+}
+
 /// What a render of `messages` (and the `tools` the template lists) has to
 /// go through, in bytes: every string in them (content and its parts, tool
 /// calls' arguments, tool schemas) plus a little per node. Decides whether

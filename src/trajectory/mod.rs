@@ -224,7 +224,7 @@ impl Trajectories {
     /// Records what `tid`'s view takes now; evicts others to fit.
     fn resized(&self, tid: &str, st: &TrajState) {
         let mut hot = self.hot();
-        hot.resize(tid, st.bytes);
+        hot.resize(tid, hot::trajectory_bytes(tid, st));
         crate::metrics::hot_bytes(hot.total_bytes());
     }
 

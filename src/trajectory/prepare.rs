@@ -75,6 +75,19 @@ impl Prepared {
     }
 }
 
+/// A prompt's ids as the hot view keeps them (past this call, in its
+/// [`HotCall`]): without the spare capacity they were built with.
+fn kept(mut ids: Vec<u32>) -> Arc<Vec<u32>> {
+    ids.shrink_to_fit();
+    Arc::new(ids)
+}
+
+/// As [`kept`], for a prompt's text (a render's output has room to grow).
+fn kept_text(mut text: String) -> Arc<String> {
+    text.shrink_to_fit();
+    Arc::new(text)
+}
+
 const SENTINEL: &str = "\u{2063}tito-sentinel-5f0c2a\u{2063}";
 
 impl Trajectories {
@@ -186,8 +199,9 @@ impl Trajectories {
         exact.extend_from_slice(&parent.prompt_ids);
         exact.extend_from_slice(&parent.sampled_ids);
         exact.extend_from_slice(&delta_ids);
-        let mut exact_text =
-            String::with_capacity(parent.prompt_text.len() + delta_text.len() + 256);
+        let mut exact_text = String::with_capacity(
+            parent.prompt_text.len() + parent.sampled_text.len() + delta_text.len(),
+        );
         exact_text.push_str(&parent.prompt_text);
         exact_text.push_str(&parent.sampled_text);
         exact_text.push_str(&delta_text);
@@ -240,8 +254,8 @@ impl Trajectories {
             // The sample's tokens are the fresh render's: so is its budget.
             prepared.truncated = self.config.response_length > 0
                 && prepared.response_used >= self.config.response_length as usize;
-            prepared.prompt_ids = Arc::new(fresh);
-            prepared.prompt_text = Arc::new(fresh_text);
+            prepared.prompt_ids = kept(fresh);
+            prepared.prompt_text = kept_text(fresh_text);
         }
         Ok(prepared)
     }
@@ -268,8 +282,8 @@ impl Trajectories {
             end: ids.len(),
         }];
         Prepared {
-            prompt_ids: Arc::new(ids),
-            prompt_text: Arc::new(text),
+            prompt_ids: kept(ids),
+            prompt_text: kept_text(text),
             delta_start: 0,
             parent: None,
             segments: Arc::new(segments),
@@ -385,8 +399,8 @@ impl Trajectories {
             truncated: self.config.response_length > 0
                 && response_used >= self.config.response_length as usize,
             segments: Arc::new(extend_segments(parent, delta)),
-            prompt_ids: Arc::new(prompt),
-            prompt_text: Arc::new(text),
+            prompt_ids: kept(prompt),
+            prompt_text: kept_text(text),
             parent: Some(parent.clone()),
             drift: None,
             response_used,
