@@ -4,7 +4,8 @@
 //! - [`config`]: `config.toml`, parsed strictly and validated once.
 //! - [`api`]: axum routes (OpenAI, trajectories, admin, metrics); one straight
 //!   async function per request.
-//! - [`render`]: chat template + tokenizer; prompt token ids are made here.
+//! - [`render`]: chat template + tokenizer; prompt token ids are made here,
+//!   and sampled ids become text, incrementally (`render::detok`).
 //! - [`call`]: one LLM call's life: plan, route + retry before the first
 //!   token, assemble text / ids / logprobs, record (detached from the
 //!   client), and answers replayed to retries.

@@ -290,3 +290,61 @@ async fn engine_server_refuses_what_vllm_refuses() {
         .expect("health");
     assert_eq!(health.status(), 200);
 }
+
+/// The data events of an SSE body, `[DONE]` left out.
+async fn events(base: &str, path: &str, body: Value) -> Vec<Value> {
+    let text = reqwest::Client::new()
+        .post(format!("{base}{path}"))
+        .json(&body)
+        .send()
+        .await
+        .expect("request")
+        .text()
+        .await
+        .expect("body");
+    text.split("\n\n")
+        .filter_map(|e| e.trim().strip_prefix("data: "))
+        .filter(|e| *e != "[DONE]")
+        .map(|e| serde_json::from_str(e).expect("JSON event"))
+        .collect()
+}
+
+/// A streamed reply's text, decoded as its ids arrive, is the text the same
+/// reply gets whole: vLLM's deltas joined, SGLang's last (cumulative) text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_text_is_the_whole_replys_text() {
+    let base = spawn_server().await;
+    let prompt = engine_support::encode("Write a short poem about the sea, with emoji.");
+    let vllm = json!({"prompt": prompt, "max_tokens": 48, "temperature": 0, "ignore_eos": true,
+        "return_token_ids": true});
+    let (status, whole) = post(&base, "/v1/completions", vllm.clone()).await;
+    assert_eq!(status, 200, "{whole}");
+    let mut streamed = vllm;
+    streamed["stream"] = json!(true);
+    let chunks = events(&base, "/v1/completions", streamed).await;
+    let joined: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(joined, whole["choices"][0]["text"].as_str().expect("text"));
+    assert!(!joined.is_empty());
+
+    let sglang = json!({"input_ids": prompt, "sampling_params": {"max_new_tokens": 48,
+        "temperature": 0, "ignore_eos": true}});
+    let (status, whole) = post(&base, "/generate", sglang.clone()).await;
+    assert_eq!(status, 200, "{whole}");
+    let mut streamed = sglang;
+    streamed["stream"] = json!(true);
+    let chunks = events(&base, "/generate", streamed).await;
+    let last = chunks.last().expect("an event");
+    assert_eq!(last["output_ids"], whole["output_ids"]);
+    assert_eq!(last["text"], whole["text"]);
+    // Each chunk's text is the text of the chunks before it, and more.
+    for pair in chunks.windows(2) {
+        let (a, b) = (pair[0]["text"].as_str(), pair[1]["text"].as_str());
+        assert!(
+            b.unwrap_or_default().starts_with(a.unwrap_or_default()),
+            "{pair:?}"
+        );
+    }
+}

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use crate::backend::{FinishReason, GenEvent, SamplingParams, TokenLogprob};
 use crate::render::Renderer;
 
-use super::detok::TextAssembler;
+use crate::render::detok::TextAssembler;
 
 /// A delta of one choice, as the endpoint formats it for the client.
 #[derive(Debug, Clone, Default)]

@@ -22,7 +22,6 @@
 //! (see `api`); the assistant message it records is built in [`served`].
 
 pub mod assemble;
-pub mod detok;
 pub mod replies;
 pub mod served;
 pub mod start;

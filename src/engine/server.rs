@@ -27,7 +27,6 @@ use bytes::Bytes;
 use futures::StreamExt;
 use serde::Deserialize;
 use serde_json::{json, Map, Value as Json_};
-use tokenizers::Tokenizer;
 use tokio_stream::wrappers::ReceiverStream;
 
 use super::{score, EngineBackend};
@@ -37,11 +36,12 @@ use crate::backend::{
 };
 use crate::config::EngineConfig;
 use crate::error::ApiError;
+use crate::render::detok::{Decode, Detokenizer, TextAssembler};
 
 /// What the routes share: the engine, its tokenizer and the served name.
 pub struct EngineServer {
     pub backend: Arc<EngineBackend>,
-    pub tokenizer: Tokenizer,
+    pub detok: Arc<Detokenizer>,
     pub model_name: String,
 }
 
@@ -56,7 +56,7 @@ impl EngineServer {
         );
         Ok(Arc::new(EngineServer {
             backend,
-            tokenizer: source.tokenizer,
+            detok: Arc::new(Detokenizer::new(source.tokenizer)),
             model_name,
         }))
     }
@@ -222,14 +222,20 @@ fn parse<T: for<'de> Deserialize<'de>>(body: &Bytes) -> Result<T, ApiError> {
 
 fn encode(s: &EngineServer, text: &str) -> Result<Vec<u32>, ApiError> {
     let enc = s
-        .tokenizer
+        .detok
+        .tokenizer()
         .encode_fast(text, false)
         .map_err(|e| ApiError::bad_request(format!("cannot tokenize the prompt: {e}")))?;
     Ok(enc.get_ids().to_vec())
 }
 
 fn decode(s: &EngineServer, ids: &[u32], skip_special: bool) -> String {
-    s.tokenizer.decode(ids, skip_special).unwrap_or_default()
+    s.detok.decode_text(ids, skip_special)
+}
+
+/// A stream's text, released as its ids arrive (see [`TextAssembler`]).
+fn assembler(s: &EngineServer, skip_special: bool) -> TextAssembler {
+    TextAssembler::new(s.detok.clone(), skip_special, Vec::new())
 }
 
 /// The sampling fields both protocols take, checked as vLLM checks them
@@ -547,21 +553,14 @@ async fn completions(
         return Ok(Json(out).into_response());
     }
     Ok(sse(move |tx| async move {
-        let mut all: Vec<u32> = Vec::new();
-        let mut sent_text = 0usize;
+        let mut text = assembler(&s, ctx.skip_special);
+        let mut last: Option<u32> = None;
         let mut first = true;
         while let Some(ev) = stream.next().await {
             let chunk = match ev {
                 Ok(GenEvent::Tokens { ids, logprobs }) => {
-                    all.extend(&ids);
-                    let text = decode(&s, &all, ctx.skip_special);
-                    let delta = if text.ends_with('\u{FFFD}') || text.len() < sent_text {
-                        String::new()
-                    } else {
-                        let d = text.get(sent_text..).unwrap_or("").to_string();
-                        sent_text = text.len();
-                        d
-                    };
+                    last = ids.last().copied().or(last);
+                    let delta: String = ids.iter().map(|&id| text.push(id)).collect();
                     let p = first.then_some(&prompt[..]);
                     first = false;
                     ctx.envelope(ctx.choice(
@@ -576,15 +575,17 @@ async fn completions(
                 Ok(GenEvent::Done { finish_reason }) => {
                     let p = first.then_some(&prompt[..]);
                     first = false;
+                    // Bytes of a character the last id left unfinished, as
+                    // the whole reply's decode ends them.
                     let mut choice = ctx.choice(
                         &s,
-                        String::new(),
+                        text.finish(),
                         &[],
                         want_lp.then_some(&[][..]),
                         p,
                         Some(finish_reason),
                     );
-                    choice["stop_reason"] = ctx.stop_reason(&s, finish_reason, all.last().copied());
+                    choice["stop_reason"] = ctx.stop_reason(&s, finish_reason, last);
                     ctx.envelope(choice)
                 }
                 Err(e) => stream_error(e),
@@ -685,7 +686,7 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
     let mut stream = start(&s, req).await?;
     let want_lp = b.return_logprob;
     let body =
-        move |s: &EngineServer, ids: &[u32], lps: &[TokenLogprob], finish: Option<FinishReason>| {
+        move |text: &str, ids: &[u32], lps: &[TokenLogprob], finish: Option<FinishReason>| {
             let finish_reason = finish.map(|f| match f {
                 FinishReason::Stop => json!({"type": "stop", "matched": ids.last()}),
                 other => json!({"type": other.as_str()}),
@@ -706,7 +707,7 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
                 meta["input_token_logprobs"] = tokens.clone();
                 meta["input_top_logprobs"] = tops.clone();
             }
-            json!({"text": decode(s, ids, skip_special), "output_ids": ids, "meta_info": meta})
+            json!({"text": text, "output_ids": ids, "meta_info": meta})
         };
     if !b.stream {
         let mut g = crate::backend::Generation::default();
@@ -714,20 +715,34 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
             g.push(ev?);
         }
         let fr = Some(g.finish_reason.unwrap_or(FinishReason::Abort));
-        return Ok(Json(body(&s, &g.ids, &g.logprobs, fr)).into_response());
+        let text = decode(&s, &g.ids, skip_special);
+        return Ok(Json(body(&text, &g.ids, &g.logprobs, fr)).into_response());
     }
     Ok(sse(move |tx| async move {
         let mut g = crate::backend::Generation::default();
+        // SGLang's chunks carry the text so far; it grows by what the
+        // assembler releases.
+        let mut assembled = assembler(&s, skip_special);
+        let mut text = String::new();
         let mut error: Option<Json_> = None;
         while let Some(ev) = stream.next().await {
             match ev {
-                Ok(ev) => g.push(ev),
+                Ok(ev) => {
+                    match &ev {
+                        GenEvent::Tokens { ids, .. } => {
+                            ids.iter()
+                                .for_each(|&id| text.push_str(&assembled.push(id)));
+                        }
+                        GenEvent::Done { .. } => text.push_str(&assembled.finish()),
+                    }
+                    g.push(ev);
+                }
                 Err(e) => {
                     error = Some(stream_error(e));
                     break;
                 }
             }
-            let chunk = body(&s, &g.ids, &g.logprobs, g.finish_reason);
+            let chunk = body(&text, &g.ids, &g.logprobs, g.finish_reason);
             if tx.send(data(&chunk)).await.is_err() {
                 return;
             }

@@ -7,6 +7,7 @@
 
 mod bytedecode;
 pub mod bytelevel;
+pub mod detok;
 mod fastbpe;
 pub mod gguf;
 mod hf;

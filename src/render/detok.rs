@@ -1,17 +1,75 @@
-//! Incremental detokenization with stop strings.
+//! Token ids to text, incrementally, with stop strings.
 //!
 //! Sampled ids arrive one at a time; clients get text deltas that never split
 //! a multi-byte character, and text that might be the start of a stop string
 //! is held back until it is resolved. When a stop string completes, the text
 //! is cut before it while the ids keep every sampled token up to and including
 //! the one that completed it (the ids stay exactly what the model sampled).
+//! Each id decodes two short windows (the text since the last released
+//! character), never the whole sequence: a reply's decoding costs time linear
+//! in its length.
+//!
+//! The gateway's calls decode through their [`Renderer`]; the bundled
+//! engine's server, which has a tokenizer and no chat template, through a
+//! [`Detokenizer`].
 
 use std::sync::Arc;
 
-use crate::render::Renderer;
+use tokenizers::Tokenizer;
+
+use super::bytedecode::ByteDecoder;
+use super::Renderer;
+
+/// Token ids to text, as `tokenizers`' `decode` makes it.
+pub trait Decode: Send + Sync {
+    /// The text of `ids` (empty when the tokenizer fails).
+    fn decode_text(&self, ids: &[u32], skip_special_tokens: bool) -> String;
+}
+
+impl Decode for Renderer {
+    fn decode_text(&self, ids: &[u32], skip_special_tokens: bool) -> String {
+        self.decode(ids, skip_special_tokens).unwrap_or_default()
+    }
+}
+
+/// A tokenizer's decoding alone: through the table of each id's bytes where
+/// the tokenizer allows one (byte-level BPE), else through `tokenizers`.
+pub struct Detokenizer {
+    tokenizer: Tokenizer,
+    table: Option<ByteDecoder>,
+}
+
+impl Detokenizer {
+    pub fn new(tokenizer: Tokenizer) -> Detokenizer {
+        let ids = tokenizer
+            .get_vocab(true)
+            .values()
+            .max()
+            .map_or(0, |m| *m as usize + 1);
+        let table = ByteDecoder::new(&tokenizer, ids);
+        Detokenizer { tokenizer, table }
+    }
+
+    /// The tokenizer, for what else it does (encoding, token strings).
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+}
+
+impl Decode for Detokenizer {
+    fn decode_text(&self, ids: &[u32], skip_special_tokens: bool) -> String {
+        match &self.table {
+            Some(table) => table.decode(ids, skip_special_tokens),
+            None => self
+                .tokenizer
+                .decode(ids, skip_special_tokens)
+                .unwrap_or_default(),
+        }
+    }
+}
 
 pub struct TextAssembler {
-    renderer: Arc<Renderer>,
+    decoder: Arc<dyn Decode>,
     skip_special: bool,
     stop: Vec<String>,
     ids: Vec<u32>,
@@ -26,9 +84,9 @@ pub struct TextAssembler {
 }
 
 impl TextAssembler {
-    pub fn new(renderer: Arc<Renderer>, skip_special: bool, stop: Vec<String>) -> Self {
+    pub fn new(decoder: Arc<dyn Decode>, skip_special: bool, stop: Vec<String>) -> Self {
         TextAssembler {
-            renderer,
+            decoder,
             skip_special,
             stop,
             ids: Vec::new(),
@@ -107,9 +165,7 @@ impl TextAssembler {
     }
 
     fn decode(&self, ids: &[u32]) -> String {
-        self.renderer
-            .decode(ids, self.skip_special)
-            .unwrap_or_default()
+        self.decoder.decode_text(ids, self.skip_special)
     }
 
     fn check_stop(&mut self) {
@@ -257,5 +313,40 @@ mod tests {
         }
         a.finish();
         assert_eq!(a.text(), "h<|im_end|>");
+    }
+
+    /// Counts the ids it is asked to decode.
+    struct Counting {
+        inner: Arc<Renderer>,
+        ids: std::sync::atomic::AtomicUsize,
+    }
+
+    impl Decode for Counting {
+        fn decode_text(&self, ids: &[u32], skip_special_tokens: bool) -> String {
+            self.ids
+                .fetch_add(ids.len(), std::sync::atomic::Ordering::Relaxed);
+            self.inner.decode_text(ids, skip_special_tokens)
+        }
+    }
+
+    #[test]
+    fn each_id_decodes_a_short_window_not_the_sequence() {
+        let counting = Arc::new(Counting {
+            inner: chatml_renderer(),
+            ids: Default::default(),
+        });
+        let text = "Ünïcode and ascii, 日本語 and 🎉 emoji, repeated. ".repeat(60);
+        let ids = counting.inner.encode(&text).expect("encodes");
+        let mut a = TextAssembler::new(counting.clone(), true, Vec::new());
+        let mut out: String = ids.iter().map(|&id| a.push(id)).collect();
+        out.push_str(&a.finish());
+        assert_eq!(out, text);
+        // Two windows of a few ids each per id; decoding the whole
+        // sequence at every id would be about n^2 / 2 ids.
+        let decoded = counting.ids.load(std::sync::atomic::Ordering::Relaxed);
+        let n = ids.len();
+        eprintln!("{decoded} ids decoded for {n} sampled");
+        assert!(n > 2_000, "{n}");
+        assert!(decoded < 8 * n, "{decoded} ids decoded for {n} sampled");
     }
 }
