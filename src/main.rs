@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 // glibc's malloc was a fifth of the gateway's CPU per request under load
 // (many small, short-lived allocations across threads); mimalloc's
-// thread-local free lists take most of that away (docs/benchmarks-history.md).
+// thread-local free lists take most of that away (docs/benchmarks-history-early.md).
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

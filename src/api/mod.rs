@@ -235,7 +235,7 @@ pub(crate) fn new_id(prefix: &str) -> String {
 /// coordination between replicas, and in time order, so the store's index of
 /// trajectory ids grows at its end: with random ids every new trajectory
 /// dirtied an index page of its own, one more page in each commit
-/// (docs/benchmarks-history.md, "Trajectory ids in time order").
+/// (docs/benchmarks-history-early.md, "Trajectory ids in time order").
 pub(crate) fn new_trajectory_id() -> String {
     // The clock before 1970 would make a negative time: 0 then.
     let ms = crate::store::now_ms().max(0);

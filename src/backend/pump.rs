@@ -182,7 +182,7 @@ pub async fn send_and_pump<D: EventDecoder + Unpin>(
 /// The stream decodes in its consumer's task, as the consumer polls it: no
 /// task or channel of its own sits between the connection and the call (a
 /// hop per event was a measurable share of a call's CPU,
-/// docs/benchmarks-history.md).
+/// docs/benchmarks-history-early.md).
 pub fn pump<D: EventDecoder + Unpin>(
     backend: &str,
     body: Body,

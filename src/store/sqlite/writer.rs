@@ -162,7 +162,7 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
 /// The whole batch in one transaction, no savepoints; a job that fails sends
 /// the batch down [`commit_each`], which isolates it. Savepoints cost two
 /// statements per job, a measurable share of the gateway's CPU per call
-/// (docs/benchmarks-history.md), for a case that is rare (duplicates, finished
+/// (docs/benchmarks-history-early.md), for a case that is rare (duplicates, finished
 /// trajectories, a full disk).
 fn commit_batch(conn: &mut Connection, batch: &[Job]) -> Vec<Outcome> {
     match commit_all(conn, batch) {
