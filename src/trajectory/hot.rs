@@ -138,17 +138,16 @@ pub(super) fn call_bytes(c: &HotCall) -> u64 {
 }
 
 /// Estimated heap bytes of a trajectory in the view: its calls, its state
-/// and its metadata, and its entry in this index (the key, the LRU's node,
-/// and a slot of its hash table, about twice a slot's size as above).
+/// and its metadata, and its entry in this index: the key's text, the LRU's
+/// node (the key, the entry and two links) and a slot of its hash table (a
+/// key reference and a node pointer; about twice a slot's size, as above).
 pub(super) fn trajectory_bytes(tid: &str, st: &TrajState) -> u64 {
     let metadata = &st.metadata;
     let metadata = metadata.group.as_ref().map_or(0, String::capacity)
         + metadata.data_source.as_ref().map_or(0, String::capacity)
         + metadata.extra_info.as_ref().map_or(0, json_heap_bytes);
-    let entry = tid.len()
-        + 4 * size_of::<usize>()
-        + size_of::<String>()
-        + size_of::<Entry>()
-        + 2 * (2 * size_of::<usize>() + 1);
+    let node = size_of::<String>() + size_of::<Entry>() + 2 * size_of::<usize>();
+    let slot = 2 * size_of::<usize>() + 1;
+    let entry = tid.len() + node + 2 * slot;
     st.bytes + (ARC + size_of::<tokio::sync::Mutex<TrajState>>() + metadata + entry) as u64
 }
