@@ -84,7 +84,7 @@ async fn main() {
             weight_version: None,
             parse_outcome: None,
         };
-        traj.commit(&ctx, &prepared, &[outcome], None)
+        traj.commit(&ctx, &prepared, vec![outcome], None)
             .await
             .expect("commit");
         messages.push(json!({"role": "assistant", "content": reply}));

@@ -167,7 +167,7 @@ async fn the_hot_view_stays_within_its_byte_budget_and_evicted_trajectories_cont
     traj.commit(
         &ctx("keep-0", Some(first.clone())),
         &p0,
-        &[outcome(sampled0.clone(), reply)],
+        vec![outcome(sampled0.clone(), reply)],
         None,
     )
     .await
@@ -257,7 +257,7 @@ async fn record_root(traj: &Trajectories, tid: &str, ids: Vec<u32>) {
     traj.commit(
         &ctx(tid, None),
         &p,
-        &[outcome(vec![b'x'.into(), IM_END], "x")],
+        vec![outcome(vec![b'x'.into(), IM_END], "x")],
         None,
     )
     .await
@@ -291,7 +291,7 @@ async fn first_turn(traj: &Trajectories, renderer: &Renderer, tid: &str) -> Vec<
     traj.commit(
         &ctx(tid, Some(first.clone())),
         &p0,
-        &[outcome(sampled0, reply)],
+        vec![outcome(sampled0, reply)],
         None,
     )
     .await
@@ -342,7 +342,7 @@ async fn a_trajectory_is_not_evicted_while_its_call_generates() {
         .commit(
             &ctx("keep-a", Some(next)),
             &p1,
-            &[outcome(vec![b'y'.into(), IM_END], "y")],
+            vec![outcome(vec![b'y'.into(), IM_END], "y")],
             None,
         )
         .await
@@ -380,7 +380,7 @@ async fn a_failed_append_leaves_the_parent_to_the_retry() {
         .commit(
             &ctx("keep-r", Some(next.clone())),
             &p1,
-            &[outcome(vec![b'6'.into(), IM_END], "6")],
+            vec![outcome(vec![b'6'.into(), IM_END], "6")],
             None,
         )
         .await;
@@ -394,7 +394,7 @@ async fn a_failed_append_leaves_the_parent_to_the_retry() {
     traj.commit(
         &ctx("keep-r", Some(next)),
         &retry,
-        &[outcome(vec![b'6'.into(), IM_END], "6")],
+        vec![outcome(vec![b'6'.into(), IM_END], "6")],
         None,
     )
     .await

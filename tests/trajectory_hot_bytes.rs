@@ -103,7 +103,7 @@ async fn chat_call(
     traj.commit(
         &ctx,
         &prepared,
-        &[outcome(
+        vec![outcome(
             sampled,
             json!({"role": "assistant", "content": reply}),
         )],
@@ -176,7 +176,7 @@ async fn long_prompt(traj: &Trajectories, tid: &str, i: usize) {
     traj.commit(
         &ctx,
         &prepared,
-        &[outcome(sampled, json!({"text": "xy"}))],
+        vec![outcome(sampled, json!({"text": "xy"}))],
         None,
     )
     .await

@@ -571,7 +571,7 @@ async fn record_plan(
         .iter()
         .map(|r| ChoiceOutcome {
             sampled_ids: r.ids.clone(),
-            logprobs: r.logprobs.clone(),
+            logprobs: r.logprobs.iter().map(|l| l.logprob).collect(),
             finish_reason: r.finish,
             served: r.served.clone(),
             backend: r.backend.clone(),
@@ -583,7 +583,7 @@ async fn record_plan(
     let start = Instant::now();
     let indices = calls
         .trajectories
-        .commit(&plan.ctx, &plan.prepared, &outcomes, body_at)
+        .commit(&plan.ctx, &plan.prepared, outcomes, body_at)
         .await?;
     crate::metrics::store_commit(start.elapsed());
     let prepared = &plan.prepared;

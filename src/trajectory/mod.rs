@@ -21,7 +21,7 @@ use serde_json::Value as Json;
 pub use drift::{diagnose, first_difference, SegRange, Served, CAUSES};
 pub use prepare::{ChatInput, Prepared};
 
-use crate::backend::{FinishReason, TokenLogprob};
+use crate::backend::FinishReason;
 use crate::config::{HistoryMode, TrajectoryConfig};
 use crate::render::Renderer;
 use crate::store::{now_ms, CallRecord, DynStore, SegmentKind, StoreError, TrajectoryMetadata};
@@ -146,11 +146,14 @@ struct SampledInfo {
     served: Served,
 }
 
-/// One generated choice of a call, ready to record.
+/// One generated choice of a call, ready to record (and moved into the hot
+/// view once recorded).
 #[derive(Debug, Clone)]
 pub struct ChoiceOutcome {
     pub sampled_ids: Vec<u32>,
-    pub logprobs: Vec<TokenLogprob>,
+    /// The backend's logprob of each sampled id (None where it gave none);
+    /// the top alternatives are the client's, not the store's.
+    pub logprobs: Vec<Option<f32>>,
     pub finish_reason: Option<FinishReason>,
     /// The message returned to the client (chat) or `{"text": ...}`.
     pub served: Json,
@@ -430,7 +433,7 @@ impl Trajectories {
         &self,
         ctx: &CallContext,
         prepared: &Prepared,
-        choices: &[ChoiceOutcome],
+        mut choices: Vec<ChoiceOutcome>,
         mut request_of: Option<u32>,
     ) -> Result<Vec<u32>, TrajectoryError> {
         let state = match &prepared.held {
@@ -475,7 +478,7 @@ impl Trajectories {
                 logprobs: choice
                     .logprobs
                     .iter()
-                    .map(|l| l.logprob)
+                    .copied()
                     .chain(std::iter::repeat(None))
                     .take(choice.sampled_ids.len())
                     .collect(),
@@ -531,19 +534,22 @@ impl Trajectories {
             }
             let info = self.inspect_sampled(&choice.served, &choice.sampled_ids)?;
             st.served.insert(call_index, info.served);
+            let response_used = prepared.response_used + choice.sampled_ids.len();
+            // Recorded: what the view keeps moves out of the outcome.
+            let choice = &mut choices[i];
             let call = Arc::new(HotCall {
                 call_index,
                 sample_index,
                 messages: ctx.messages.clone(),
                 messages_hash: prepared.messages_hash,
                 context: prepared.context,
-                served: choice.served.clone(),
+                served: std::mem::take(&mut choice.served),
                 prompt_ids: prepared.prompt_ids.clone(),
-                sampled_ids: Arc::new(choice.sampled_ids.clone()),
+                sampled_ids: Arc::new(std::mem::take(&mut choice.sampled_ids)),
                 sampled_text: Arc::new(info.text),
                 prompt_text: prepared.prompt_text.clone(),
                 segments: prepared.segments.clone(),
-                response_used: prepared.response_used + choice.sampled_ids.len(),
+                response_used,
                 parent: prepared.parent.clone(),
                 noncanonical: OnceLock::new(),
                 truncated,
