@@ -77,9 +77,6 @@ impl ByteDecoder {
                 out.extend_from_slice(piece);
             }
         }
-        // Room for 4 bytes an id is 2 to 4 times what text takes; decoded
-        // texts are kept (the hot view keeps a call's prompt and reply).
-        out.shrink_to_fit();
         match String::from_utf8(out) {
             Ok(s) => s,
             Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),

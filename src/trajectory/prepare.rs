@@ -82,8 +82,9 @@ fn kept(mut ids: Vec<u32>) -> Arc<Vec<u32>> {
     Arc::new(ids)
 }
 
-/// As [`kept`], for a prompt's text (a render's output has room to grow).
-fn kept_text(mut text: String) -> Arc<String> {
+/// As [`kept`], for a kept text (a render's output has room to grow, a
+/// decode reserves 4 bytes an id).
+pub(super) fn kept_text(mut text: String) -> Arc<String> {
     text.shrink_to_fit();
     Arc::new(text)
 }
