@@ -13,12 +13,13 @@
 //! engine's server, which has a tokenizer and no chat template, through a
 //! [`Detokenizer`].
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokenizers::Tokenizer;
 
 use super::bytedecode::ByteDecoder;
-use super::Renderer;
+use super::{RenderError, Renderer};
 
 /// Token ids to text, as `tokenizers`' `decode` makes it.
 pub trait Decode: Send + Sync {
@@ -32,8 +33,10 @@ impl Decode for Renderer {
     }
 }
 
-/// A tokenizer's decoding alone: through the table of each id's bytes where
+/// A tokenizer and its decoding: through the table of each id's bytes where
 /// the tokenizer allows one (byte-level BPE), else through `tokenizers`.
+/// The [`Renderer`] decodes through one; the engine's server, which has no
+/// chat template, uses one alone.
 pub struct Detokenizer {
     tokenizer: Tokenizer,
     table: Option<ByteDecoder>,
@@ -41,11 +44,14 @@ pub struct Detokenizer {
 
 impl Detokenizer {
     pub fn new(tokenizer: Tokenizer) -> Detokenizer {
-        let ids = tokenizer
-            .get_vocab(true)
-            .values()
-            .max()
-            .map_or(0, |m| *m as usize + 1);
+        let vocab = tokenizer.get_vocab(true);
+        Detokenizer::with_vocab(tokenizer, &vocab)
+    }
+
+    /// With the tokenizer's vocabulary map (added tokens included) already
+    /// built: its largest id bounds the table.
+    pub(crate) fn with_vocab(tokenizer: Tokenizer, vocab: &HashMap<String, u32>) -> Detokenizer {
+        let ids = vocab.values().max().map_or(0, |m| *m as usize + 1);
         let table = ByteDecoder::new(&tokenizer, ids);
         Detokenizer { tokenizer, table }
     }
@@ -54,17 +60,36 @@ impl Detokenizer {
     pub fn tokenizer(&self) -> &Tokenizer {
         &self.tokenizer
     }
+
+    /// Token ids to text, as `tokenizers`' `decode` makes it.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, RenderError> {
+        match &self.table {
+            Some(table) => Ok(table.decode(ids, skip_special_tokens)),
+            None => self.decode_reference(ids, skip_special_tokens),
+        }
+    }
+
+    /// Whether [`Detokenizer::decode`] runs the table decoder.
+    pub fn has_table(&self) -> bool {
+        self.table.is_some()
+    }
+
+    /// [`Detokenizer::decode`] through the `tokenizers` crate, always: the
+    /// reference the table decoder is checked against.
+    pub fn decode_reference(
+        &self,
+        ids: &[u32],
+        skip_special_tokens: bool,
+    ) -> Result<String, RenderError> {
+        self.tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| RenderError::Tokenize(e.to_string()))
+    }
 }
 
 impl Decode for Detokenizer {
     fn decode_text(&self, ids: &[u32], skip_special_tokens: bool) -> String {
-        match &self.table {
-            Some(table) => table.decode(ids, skip_special_tokens),
-            None => self
-                .tokenizer
-                .decode(ids, skip_special_tokens)
-                .unwrap_or_default(),
-        }
+        self.decode(ids, skip_special_tokens).unwrap_or_default()
     }
 }
 

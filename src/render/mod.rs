@@ -72,12 +72,10 @@ pub struct RenderInput<'a> {
 
 /// A compiled chat template plus tokenizer. Cheap to share (`Arc`).
 pub struct Renderer {
-    tokenizer: Tokenizer,
+    /// The tokenizer, and its exact table decoder when it has one.
+    detok: detok::Detokenizer,
     /// The exact fast encoder, when this tokenizer qualifies (see `fastbpe`).
     fast: Option<fastbpe::FastBpe>,
-    /// The exact table decoder, when the decoder is `ByteLevel` alone (see
-    /// `bytedecode`).
-    fast_decode: Option<bytedecode::ByteDecoder>,
     env: Environment<'static>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -169,9 +167,6 @@ impl Renderer {
         // is the vocabulary's, its largest id bounds the decode table.
         let vocab = source.tokenizer.get_vocab(true);
         let vocab_size = vocab.len() as u32;
-        let ids = vocab.values().max().map_or(0, |m| *m as usize + 1);
-        drop(vocab);
-        let fast_decode = bytedecode::ByteDecoder::new(&source.tokenizer, ids);
         let byte_level = source
             .tokenizer
             .get_decoder()
@@ -181,8 +176,7 @@ impl Renderer {
             vocab_size,
             byte_level,
             fast,
-            fast_decode,
-            tokenizer: source.tokenizer,
+            detok: detok::Detokenizer::with_vocab(source.tokenizer, &vocab),
             env,
             bos_token: source.bos_token,
             eos_token: source.eos_token,
@@ -237,7 +231,7 @@ impl Renderer {
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, RenderError> {
         match &self.fast {
             Some(fast) => fast
-                .encode(&self.tokenizer, text)
+                .encode(self.detok.tokenizer(), text)
                 .map_err(RenderError::Tokenize),
             None => self.encode_reference(text),
         }
@@ -252,7 +246,8 @@ impl Renderer {
     /// reference the fast encoder is checked against.
     pub fn encode_reference(&self, text: &str) -> Result<Vec<u32>, RenderError> {
         let enc = self
-            .tokenizer
+            .detok
+            .tokenizer()
             .encode_fast(text, false)
             .map_err(|e| RenderError::Tokenize(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
@@ -264,7 +259,8 @@ impl Renderer {
     /// rendered chat templates, which already carry their BOS.
     pub fn encode_with_special_tokens(&self, text: &str) -> Result<Vec<u32>, RenderError> {
         let enc = self
-            .tokenizer
+            .detok
+            .tokenizer()
             .encode_fast(text, true)
             .map_err(|e| RenderError::Tokenize(e.to_string()))?;
         Ok(enc.get_ids().to_vec())
@@ -272,15 +268,12 @@ impl Renderer {
 
     /// Token ids to text, as `tokenizers`' `decode` makes it.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, RenderError> {
-        match &self.fast_decode {
-            Some(table) => Ok(table.decode(ids, skip_special_tokens)),
-            None => self.decode_reference(ids, skip_special_tokens),
-        }
+        self.detok.decode(ids, skip_special_tokens)
     }
 
     /// Whether [`Renderer::decode`] runs the table decoder.
     pub fn has_fast_decoder(&self) -> bool {
-        self.fast_decode.is_some()
+        self.detok.has_table()
     }
 
     /// [`Renderer::decode`] through the `tokenizers` crate, always: the
@@ -290,14 +283,12 @@ impl Renderer {
         ids: &[u32],
         skip_special_tokens: bool,
     ) -> Result<String, RenderError> {
-        self.tokenizer
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| RenderError::Tokenize(e.to_string()))
+        self.detok.decode_reference(ids, skip_special_tokens)
     }
 
     /// The token's text form (e.g. `<|im_end|>` or `Ġthe`), for logprob output.
     pub fn id_to_token(&self, id: u32) -> Option<String> {
-        self.tokenizer.id_to_token(id)
+        self.detok.tokenizer().id_to_token(id)
     }
 
     /// Whether [`Renderer::id_to_token`] pieces are GPT-2 byte-level strings.
@@ -307,11 +298,11 @@ impl Renderer {
 
     /// Id of a token given by its exact text, e.g. `<|im_end|>`.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
-        self.tokenizer.token_to_id(token)
+        self.detok.tokenizer().token_to_id(token)
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        self.detok.tokenizer()
     }
 
     pub fn eos_token_ids(&self) -> &[u32] {

@@ -108,6 +108,20 @@ impl HotMap {
     }
 }
 
+/// A prompt's ids as the view keeps them (past their call, in its
+/// [`HotCall`]): without the spare capacity they were built with.
+pub(super) fn kept_ids(mut ids: Vec<u32>) -> Arc<Vec<u32>> {
+    ids.shrink_to_fit();
+    Arc::new(ids)
+}
+
+/// As [`kept_ids`], for a kept text (a render's output has room to grow, a
+/// decode reserves 4 bytes an id).
+pub(super) fn kept_text(mut text: String) -> Arc<String> {
+    text.shrink_to_fit();
+    Arc::new(text)
+}
+
 /// An `Arc`'s allocation besides its value: the two counts.
 const ARC: usize = 2 * size_of::<usize>();
 

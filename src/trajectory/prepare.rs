@@ -19,7 +19,7 @@ use serde_json::{json, Value as Json};
 
 use super::drift::{diagnose, first_difference, SegRange, Served};
 use super::messages::{is_served_message, prefix_hashes, render_bytes, ContextHash, RenderContext};
-use super::{extend_segments, HotCall, Trajectories, TrajectoryError};
+use super::{extend_segments, hot, HotCall, Trajectories, TrajectoryError};
 use crate::config::HistoryMode;
 use crate::render::{run_render_work, RenderInput};
 use crate::store::{Drift, SegmentKind};
@@ -73,20 +73,6 @@ impl Prepared {
         (response_length > 0)
             .then(|| (response_length as usize).saturating_sub(self.response_used) as u32)
     }
-}
-
-/// A prompt's ids as the hot view keeps them (past this call, in its
-/// [`HotCall`]): without the spare capacity they were built with.
-fn kept(mut ids: Vec<u32>) -> Arc<Vec<u32>> {
-    ids.shrink_to_fit();
-    Arc::new(ids)
-}
-
-/// As [`kept`], for a kept text (a render's output has room to grow, a
-/// decode reserves 4 bytes an id).
-pub(super) fn kept_text(mut text: String) -> Arc<String> {
-    text.shrink_to_fit();
-    Arc::new(text)
 }
 
 const SENTINEL: &str = "\u{2063}tito-sentinel-5f0c2a\u{2063}";
@@ -255,8 +241,8 @@ impl Trajectories {
             // The sample's tokens are the fresh render's: so is its budget.
             prepared.truncated = self.config.response_length > 0
                 && prepared.response_used >= self.config.response_length as usize;
-            prepared.prompt_ids = kept(fresh);
-            prepared.prompt_text = kept_text(fresh_text);
+            prepared.prompt_ids = hot::kept_ids(fresh);
+            prepared.prompt_text = hot::kept_text(fresh_text);
         }
         Ok(prepared)
     }
@@ -283,8 +269,8 @@ impl Trajectories {
             end: ids.len(),
         }];
         Prepared {
-            prompt_ids: kept(ids),
-            prompt_text: kept_text(text),
+            prompt_ids: hot::kept_ids(ids),
+            prompt_text: hot::kept_text(text),
             delta_start: 0,
             parent: None,
             segments: Arc::new(segments),
@@ -400,8 +386,8 @@ impl Trajectories {
             truncated: self.config.response_length > 0
                 && response_used >= self.config.response_length as usize,
             segments: Arc::new(extend_segments(parent, delta)),
-            prompt_ids: kept(prompt),
-            prompt_text: kept_text(text),
+            prompt_ids: hot::kept_ids(prompt),
+            prompt_text: hot::kept_text(text),
             parent: Some(parent.clone()),
             drift: None,
             response_used,
