@@ -169,21 +169,13 @@ async fn engine_server_streams_sse_with_done() {
             json!({"input_ids": prompt, "stream": true, "sampling_params": {"max_new_tokens": 3, "temperature": 0, "ignore_eos": true}}),
         ),
     ] {
-        let text = reqwest::Client::new()
-            .post(format!("{base}{path}"))
-            .json(&body)
-            .send()
-            .await
-            .expect("request")
-            .text()
-            .await
-            .expect("body");
-        let events: Vec<&str> = text
-            .split("\n\n")
-            .filter_map(|e| e.trim().strip_prefix("data: "))
-            .collect();
-        assert_eq!(events.last(), Some(&"[DONE]"), "{path}: {text}");
-        let last: Value = serde_json::from_str(events[events.len() - 2]).expect("JSON event");
+        let events = sse_data(&base, path, body).await;
+        assert_eq!(
+            events.last().map(String::as_str),
+            Some("[DONE]"),
+            "{path}: {events:?}"
+        );
+        let last: Value = serde_json::from_str(&events[events.len() - 2]).expect("JSON event");
         if path == "/generate" {
             assert_eq!(
                 last["output_ids"].as_array().map(Vec::len),
@@ -196,8 +188,9 @@ async fn engine_server_streams_sse_with_done() {
     }
 }
 
-/// The last JSON event of an SSE body (before `[DONE]`).
-async fn last_event(base: &str, path: &str, body: Value) -> Value {
+/// The `data:` payloads of the SSE body a streamed request gets, `[DONE]`
+/// included.
+async fn sse_data(base: &str, path: &str, body: Value) -> Vec<String> {
     let text = reqwest::Client::new()
         .post(format!("{base}{path}"))
         .json(&body)
@@ -207,12 +200,25 @@ async fn last_event(base: &str, path: &str, body: Value) -> Value {
         .text()
         .await
         .expect("body");
-    let events: Vec<&str> = text
-        .split("\n\n")
+    text.split("\n\n")
         .filter_map(|e| e.trim().strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// The JSON events of an SSE body, `[DONE]` left out.
+async fn events(base: &str, path: &str, body: Value) -> Vec<Value> {
+    sse_data(base, path, body)
+        .await
+        .iter()
         .filter(|e| *e != "[DONE]")
-        .collect();
-    serde_json::from_str(events.last().expect("an event")).expect("JSON event")
+        .map(|e| serde_json::from_str(e).expect("JSON event"))
+        .collect()
+}
+
+/// The last JSON event of an SSE body (before `[DONE]`).
+async fn last_event(base: &str, path: &str, body: Value) -> Value {
+    events(base, path, body).await.pop().expect("an event")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -289,24 +295,6 @@ async fn engine_server_refuses_what_vllm_refuses() {
         .await
         .expect("health");
     assert_eq!(health.status(), 200);
-}
-
-/// The data events of an SSE body, `[DONE]` left out.
-async fn events(base: &str, path: &str, body: Value) -> Vec<Value> {
-    let text = reqwest::Client::new()
-        .post(format!("{base}{path}"))
-        .json(&body)
-        .send()
-        .await
-        .expect("request")
-        .text()
-        .await
-        .expect("body");
-    text.split("\n\n")
-        .filter_map(|e| e.trim().strip_prefix("data: "))
-        .filter(|e| *e != "[DONE]")
-        .map(|e| serde_json::from_str(e).expect("JSON event"))
-        .collect()
 }
 
 /// A streamed reply's text, decoded as its ids arrive, is the text the same
