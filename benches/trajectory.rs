@@ -55,6 +55,7 @@ async fn main() {
     let traj = Trajectories::new(store, renderer.clone(), TrajectoryConfig::default());
     let mut messages: Vec<Value> = vec![json!({"role": "system", "content": "You are an agent."})];
     // 49 served turns, each ~320 user + ~320 assistant tokens.
+    let served = Instant::now();
     for t in 0..TURNS - 1 {
         messages.push(json!({"role": "user", "content": words(t, 300)}));
         let input = ChatInput {
@@ -89,6 +90,7 @@ async fn main() {
             .expect("commit");
         messages.push(json!({"role": "assistant", "content": reply}));
     }
+    let served = served.elapsed();
     messages.push(json!({"role": "user", "content": words(TURNS, 300)}));
     let input = ChatInput {
         messages: &messages,
@@ -125,6 +127,11 @@ async fn main() {
         .collect();
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let (e, f) = (median(exact), median(full));
+    println!(
+        "{} turns prepared and recorded (memory store, sampled ids encoded by the bench): {:.1} ms",
+        TURNS - 1,
+        served.as_secs_f64() * 1000.0
+    );
     println!("turn {TURNS} of a {tokens}-token trajectory (qwen3), median of {REPS}");
     println!("| method | ms | vs exact |");
     println!("|---|---|---|");

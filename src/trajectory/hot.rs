@@ -4,7 +4,8 @@
 //! call, so eviction costs time, never history.
 //!
 //! Sizes are estimates of the heap held: the token ids, decoded texts,
-//! segments and messages each call keeps (counted when the call enters the
+//! segments and messages each call keeps (a continuation keeps only what it
+//! adds to its parent's, see `kept.rs`) (counted when the call enters the
 //! view, JSON as serde_json allocates it), and each trajectory's state and
 //! entry here. `tests/trajectory_hot_bytes.rs` checks them against a
 //! counting allocator. Calls that share a buffer (the choices of one request
@@ -125,16 +126,18 @@ pub(super) fn kept_text(mut text: String) -> Arc<String> {
 /// An `Arc`'s allocation besides its value: the two counts.
 const ARC: usize = 2 * size_of::<usize>();
 
-/// Estimated heap bytes of one call in the view: the call itself, its ids,
-/// texts and segments (each in an `Arc` of its own), its messages and the
-/// message it served, and its slots in the trajectory's lists.
+/// Estimated heap bytes of one call in the view: the call itself, what it
+/// keeps of its ids, texts and segments (each in an `Arc` of its own), of its
+/// messages and the message it served, and its slots in the trajectory's
+/// lists.
 pub(super) fn call_bytes(c: &HotCall) -> u64 {
     let vec = |bytes: usize| ARC + size_of::<Vec<u8>>() + bytes;
-    let ids = vec(c.prompt_ids.capacity() * size_of::<u32>())
+    let kept = c.kept();
+    let ids = vec(kept.prompt_ids.capacity() * size_of::<u32>())
         + vec(c.sampled_ids.capacity() * size_of::<u32>());
-    let texts = vec(c.prompt_text.capacity()) + vec(c.sampled_text.capacity());
-    let segs = vec(c.segments.capacity() * size_of::<SegRange>());
-    let messages = c.messages.as_ref().map_or(0, |m| {
+    let texts = vec(kept.prompt_text.capacity()) + vec(c.sampled_text.capacity());
+    let segs = vec(kept.segments.capacity() * size_of::<SegRange>());
+    let messages = kept.messages.map_or(0, |m| {
         vec(m.capacity() * size_of::<Json>()) + m.iter().map(json_heap_bytes).sum::<usize>()
     });
     // The `calls` slot, and the entries of `served` and `continued`

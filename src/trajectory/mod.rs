@@ -9,16 +9,19 @@
 
 mod drift;
 mod hot;
+mod kept;
 pub mod messages;
 pub mod normalize;
 mod prepare;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use serde_json::Value as Json;
 
 pub use drift::{diagnose, first_difference, SegRange, Served, CAUSES};
+pub use kept::HotCall;
+use kept::NewCall;
 pub use prepare::{ChatInput, Prepared};
 
 use crate::backend::FinishReason;
@@ -34,84 +37,6 @@ pub enum TrajectoryError {
     Render(#[from] crate::render::RenderError),
     #[error("span store: {0}")]
     Store(#[from] StoreError),
-}
-
-/// A served call as the hot view keeps it.
-#[derive(Debug)]
-pub struct HotCall {
-    pub call_index: u32,
-    pub sample_index: u32,
-    /// Request messages; None for a call no later turn continues: a
-    /// /v1/completions call, or a `continue_final_message` one (its prompt
-    /// ends inside the final message, not after a served turn).
-    pub messages: Option<Arc<Vec<Json>>>,
-    /// Hash of the normalized `messages`.
-    pub messages_hash: u64,
-    /// The tools and template kwargs the call was rendered with.
-    pub context: messages::ContextHash,
-    /// The assistant message tito returned.
-    pub served: Json,
-    pub prompt_ids: Arc<Vec<u32>>,
-    pub sampled_ids: Arc<Vec<u32>>,
-    /// The decoded text of `sampled_ids` (special tokens kept).
-    pub sampled_text: Arc<String>,
-    /// The decoded text of `prompt_ids` (special tokens kept).
-    pub prompt_text: Arc<String>,
-    /// Token ranges of `prompt_ids`.
-    pub segments: Arc<Vec<SegRange>>,
-    /// Response tokens of its sample up to and including this call's sample.
-    pub response_used: usize,
-    /// The call this one continues (its prompt starts with the parent's
-    /// prompt and sampled ids); None for a root.
-    pub parent: Option<Arc<HotCall>>,
-    /// See [`HotCall::noncanonical_at`]; computed on first use.
-    noncanonical: OnceLock<Option<usize>>,
-    pub truncated: bool,
-}
-
-impl HotCall {
-    fn full_len(&self) -> usize {
-        self.prompt_ids.len() + self.sampled_ids.len()
-    }
-
-    /// First position (in `prompt_ids + sampled_ids`) of a sampled token of
-    /// this call or an ancestor that a fresh tokenization of the text would
-    /// not reproduce. Needs a re-encode of the sampled text, so it is only
-    /// computed when a later turn asks (most calls are never asked: the last
-    /// turn of every trajectory, every single-turn call); ancestors are
-    /// resolved oldest first, without recursion.
-    pub fn noncanonical_at(&self, renderer: &Renderer) -> Option<usize> {
-        if let Some(v) = self.noncanonical.get() {
-            return *v;
-        }
-        let mut pending = Vec::new();
-        let mut next = self.parent.clone();
-        while let Some(call) = next {
-            if call.noncanonical.get().is_some() {
-                break;
-            }
-            next = call.parent.clone();
-            pending.push(call);
-        }
-        for call in pending.iter().rev() {
-            call.resolve_noncanonical(renderer);
-        }
-        self.resolve_noncanonical(renderer)
-    }
-
-    /// Assumes the parent is resolved.
-    fn resolve_noncanonical(&self, renderer: &Renderer) -> Option<usize> {
-        *self.noncanonical.get_or_init(|| {
-            let inherited = self
-                .parent
-                .as_ref()
-                .and_then(|p| p.noncanonical.get().copied().flatten());
-            inherited.or_else(|| {
-                let again = renderer.encode(&self.sampled_text).ok()?;
-                first_difference(&self.sampled_ids, &again).map(|o| o + self.prompt_ids.len())
-            })
-        })
-    }
 }
 
 #[derive(Default)]
@@ -346,8 +271,7 @@ impl Trajectories {
             let (prompt_ids, segments, used) = match &parent {
                 Some(p) => {
                     let mut ids = Vec::with_capacity(p.full_len() + rec.prompt_delta_ids.len());
-                    ids.extend_from_slice(&p.prompt_ids);
-                    ids.extend_from_slice(&p.sampled_ids);
+                    p.extend_full_ids(&mut ids);
                     ids.extend_from_slice(&rec.prompt_delta_ids);
                     let segs = extend_segments(p, rec.prompt_delta_ids.len());
                     (ids, segs, p.response_used + rec.prompt_delta_ids.len())
@@ -370,7 +294,7 @@ impl Trajectories {
             let prompt_text = self.renderer.decode(&prompt_ids, false)?;
             let info = self.inspect_sampled(&rec.response, &rec.sampled_ids)?;
             st.served.insert(rec.call_index, info.served);
-            let call = Arc::new(HotCall {
+            let call = Arc::new(HotCall::new(NewCall {
                 call_index: rec.call_index,
                 sample_index: rec.sample_index,
                 messages_hash: messages.as_ref().map_or(0, |m| {
@@ -378,18 +302,17 @@ impl Trajectories {
                     hashes.last().copied().unwrap_or(0)
                 }),
                 context: messages::RenderContext::of_request(request).hash(),
-                messages,
+                messages: messages.as_ref(),
                 served: rec.response.clone(),
                 response_used: used + rec.sampled_ids.len(),
-                prompt_ids: Arc::new(prompt_ids),
-                sampled_ids: Arc::new(rec.sampled_ids.clone()),
+                prompt_ids: &Arc::new(prompt_ids),
+                sampled_ids: rec.sampled_ids.clone(),
                 sampled_text: hot::kept_text(info.text),
-                prompt_text: hot::kept_text(prompt_text),
-                segments: Arc::new(segments),
+                prompt_text: &hot::kept_text(prompt_text),
+                segments: &Arc::new(segments),
                 parent: parent.clone(),
-                noncanonical: OnceLock::new(),
                 truncated: rec.truncated,
-            });
+            }));
             by_index.insert(rec.call_index, call.clone());
             st.push(call);
         }
@@ -537,23 +460,22 @@ impl Trajectories {
             let response_used = prepared.response_used + choice.sampled_ids.len();
             // Recorded: what the view keeps moves out of the outcome.
             let choice = &mut choices[i];
-            let call = Arc::new(HotCall {
+            let call = Arc::new(HotCall::new(NewCall {
                 call_index,
                 sample_index,
-                messages: ctx.messages.clone(),
+                messages: ctx.messages.as_ref(),
                 messages_hash: prepared.messages_hash,
                 context: prepared.context,
                 served: std::mem::take(&mut choice.served),
-                prompt_ids: prepared.prompt_ids.clone(),
-                sampled_ids: Arc::new(std::mem::take(&mut choice.sampled_ids)),
+                prompt_ids: &prepared.prompt_ids,
+                sampled_ids: std::mem::take(&mut choice.sampled_ids),
                 sampled_text: hot::kept_text(info.text),
-                prompt_text: prepared.prompt_text.clone(),
-                segments: prepared.segments.clone(),
+                prompt_text: &prepared.prompt_text,
+                segments: &prepared.segments,
                 response_used,
                 parent: prepared.parent.clone(),
-                noncanonical: OnceLock::new(),
                 truncated,
-            });
+            }));
             st.push(call);
             indices.push(call_index);
             i += 1;
@@ -565,8 +487,8 @@ impl Trajectories {
 
 /// The parent's segments, its sampled ids, then `delta` observation ids.
 fn extend_segments(parent: &HotCall, delta: usize) -> Vec<SegRange> {
-    let mut segs = parent.segments.as_ref().clone();
-    let a = parent.prompt_ids.len();
+    let mut segs = parent.segments();
+    let a = parent.prompt_len();
     let b = a + parent.sampled_ids.len();
     segs.push(SegRange {
         kind: SegmentKind::Sampled,

@@ -131,8 +131,7 @@ impl Trajectories {
         let mut edited: Option<&Arc<HotCall>> = None;
         let mut recontexted: Option<&Arc<HotCall>> = None;
         for c in calls.iter().rev() {
-            let Some(m) = &c.messages else { continue };
-            let k = m.len();
+            let Some(k) = c.messages_len() else { continue };
             if k + 1 >= messages.len() || hashes.get(k) != Some(&c.messages_hash) {
                 continue;
             }
@@ -158,11 +157,7 @@ impl Trajectories {
         let Some((parent, delta_text)) = continuation else {
             // A new sample: the first call, a new conversation, or an edit.
             let ids = self.renderer.encode(&fresh_text)?;
-            let since = |c: &HotCall| {
-                let mut before = c.prompt_ids.as_ref().clone();
-                before.extend_from_slice(&c.sampled_ids);
-                first_difference(&before, &ids).map(|p| p as u32)
-            };
+            let since = |c: &HotCall| first_difference(&c.full_ids(), &ids).map(|p| p as u32);
             let drift = match (edited, recontexted) {
                 (Some(c), _) => since(c).map(|position| Drift {
                     position,
@@ -183,14 +178,10 @@ impl Trajectories {
         };
         let delta_ids = self.renderer.encode(&delta_text)?;
         let mut exact = Vec::with_capacity(parent.full_len() + delta_ids.len());
-        exact.extend_from_slice(&parent.prompt_ids);
-        exact.extend_from_slice(&parent.sampled_ids);
+        parent.extend_full_ids(&mut exact);
         exact.extend_from_slice(&delta_ids);
-        let mut exact_text = String::with_capacity(
-            parent.prompt_text.len() + parent.sampled_text.len() + delta_text.len(),
-        );
-        exact_text.push_str(&parent.prompt_text);
-        exact_text.push_str(&parent.sampled_text);
+        let mut exact_text = String::with_capacity(parent.full_text_len() + delta_text.len());
+        parent.extend_full_text(&mut exact_text);
         exact_text.push_str(&delta_text);
         let segments = extend_segments(parent, delta_ids.len());
         let eot = self.end_of_turn_ids();
@@ -228,9 +219,7 @@ impl Trajectories {
                 None => self.renderer.encode(&fresh_text)?,
             };
             let full = parent.full_len();
-            let extends = fresh.len() > full
-                && fresh[..parent.prompt_ids.len()] == parent.prompt_ids[..]
-                && fresh[parent.prompt_ids.len()..full] == parent.sampled_ids[..];
+            let extends = fresh.len() > full && parent.full_ids_prefix_of(&fresh);
             if !extends {
                 let drift = prepared.drift.take();
                 return Ok(self.root(fresh, fresh_text, drift));
@@ -292,15 +281,15 @@ impl Trajectories {
         k: usize,
         input: ChatInput<'_>,
     ) -> Result<Option<String>, TrajectoryError> {
-        let Some(history) = &parent.messages else {
+        let Some(mut msgs) = parent.messages() else {
             return Ok(None);
         };
+        let history = msgs.len();
         let mut sentinel = json!({"role": "assistant", "content": SENTINEL});
         if let Some(calls) = parent.served.get("tool_calls").filter(|c| !c.is_null()) {
             sentinel["tool_calls"] = calls.clone();
         }
-        let mut msgs: Vec<Json> = Vec::with_capacity(input.messages.len());
-        msgs.extend(history.iter().cloned());
+        msgs.reserve(input.messages.len().saturating_sub(history));
         msgs.push(sentinel);
         msgs.extend(input.messages[k + 1..].iter().cloned());
         let render = |msgs: &[Json]| {
@@ -315,7 +304,7 @@ impl Trajectories {
         // A template that prints no content on a tool-call turn (Llama
         // 3.1's prints only the first call): mark that call's arguments.
         let first_call_args = msgs
-            .get_mut(history.len())
+            .get_mut(history)
             .and_then(|m| m.get_mut("tool_calls"))
             .and_then(|c| c.get_mut(0))
             .and_then(|c| c.get_mut("function"))
@@ -366,11 +355,7 @@ impl Trajectories {
         let calls = state.lock().await.calls.clone();
         let parent = calls
             .iter()
-            .filter(|c| {
-                c.full_len() < prompt.len()
-                    && prompt[..c.prompt_ids.len()] == c.prompt_ids[..]
-                    && prompt[c.prompt_ids.len()..c.full_len()] == c.sampled_ids[..]
-            })
+            .filter(|c| c.full_len() < prompt.len() && c.full_ids_prefix_of(&prompt))
             .max_by_key(|c| (c.full_len(), c.call_index));
         let text = self.renderer.decode(&prompt, false)?;
         let held = Some(Held(state.clone()));
