@@ -341,3 +341,196 @@ fn starts_with_pieces<'a, T: PartialEq + 'a>(
     }
     true
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::SegmentKind;
+    use serde_json::json;
+
+    struct Whole {
+        ids: Arc<Vec<u32>>,
+        text: Arc<String>,
+        segments: Arc<Vec<SegRange>>,
+        messages: Arc<Vec<Json>>,
+    }
+
+    fn seg(kind: SegmentKind, start: usize, end: usize) -> SegRange {
+        SegRange {
+            kind,
+            call: 0,
+            start,
+            end,
+        }
+    }
+
+    fn keep(
+        w: &Whole,
+        sampled: &[u32],
+        sampled_text: &str,
+        parent: Option<&Arc<HotCall>>,
+    ) -> Arc<HotCall> {
+        Arc::new(HotCall::new(new_call(w, sampled, sampled_text, parent)))
+    }
+
+    fn new_call<'a>(
+        w: &'a Whole,
+        sampled: &[u32],
+        sampled_text: &str,
+        parent: Option<&Arc<HotCall>>,
+    ) -> NewCall<'a> {
+        NewCall {
+            call_index: 0,
+            sample_index: 0,
+            messages: Some(&w.messages),
+            messages_hash: 0,
+            context: ContextHash::default(),
+            served: json!({"role": "assistant", "content": sampled_text}),
+            prompt_ids: &w.ids,
+            prompt_text: &w.text,
+            segments: &w.segments,
+            sampled_ids: sampled.to_vec(),
+            sampled_text: Arc::new(sampled_text.to_string()),
+            response_used: 0,
+            parent: parent.cloned(),
+            truncated: false,
+        }
+    }
+
+    /// What a call gives back is what it was built from, whether it keeps
+    /// a part whole or after its parent's.
+    fn gives_back(c: &HotCall, w: &Whole, sampled: &[u32], sampled_text: &str) {
+        let mut ids = w.ids.to_vec();
+        ids.extend_from_slice(sampled);
+        assert_eq!(c.full_ids(), ids);
+        assert!(c.full_ids_prefix_of(&[ids.as_slice(), &[7]].concat()));
+        assert!(!c.full_ids_prefix_of(&ids[..ids.len() - 1]));
+        let mut text = String::new();
+        c.extend_full_text(&mut text);
+        assert_eq!(text, format!("{}{sampled_text}", w.text));
+        assert_eq!(c.full_text_len(), text.len());
+        assert_eq!(c.segments(), *w.segments);
+        assert_eq!(c.messages().as_deref(), Some(w.messages.as_slice()));
+        assert_eq!(c.messages_len(), Some(w.messages.len()));
+        assert_eq!(c.prompt_len(), w.ids.len());
+    }
+
+    fn user(text: &str) -> Json {
+        json!({"role": "user", "content": text})
+    }
+
+    #[test]
+    fn a_continuation_keeps_what_it_adds_and_gives_back_the_whole() {
+        let root = Whole {
+            ids: Arc::new(vec![1, 2, 3]),
+            text: Arc::new("abc".into()),
+            segments: Arc::new(vec![seg(SegmentKind::Prompt, 0, 3)]),
+            messages: Arc::new(vec![user("a")]),
+        };
+        let r = keep(&root, &[4, 5], "de", None);
+        gives_back(&r, &root, &[4, 5], "de");
+        assert!(matches!(r.prompt_ids, Own::Whole(_)));
+
+        let assistant = json!({"role": "assistant", "content": "de"});
+        let child = Whole {
+            ids: Arc::new(vec![1, 2, 3, 4, 5, 6]),
+            text: Arc::new("abcdef".into()),
+            segments: Arc::new(vec![
+                seg(SegmentKind::Prompt, 0, 3),
+                seg(SegmentKind::Sampled, 3, 5),
+                seg(SegmentKind::Observation, 5, 6),
+            ]),
+            messages: Arc::new(vec![user("a"), assistant.clone(), user("f")]),
+        };
+        let c = keep(&child, &[8], "h", Some(&r));
+        gives_back(&c, &child, &[8], "h");
+        let kept = c.kept();
+        assert_eq!(kept.prompt_ids.as_slice(), &[6]);
+        assert_eq!(kept.prompt_text.as_str(), "f");
+        assert_eq!(kept.segments.len(), 2);
+        assert_eq!(kept.messages.map(|m| m.len()), Some(2));
+
+        // A grandchild whose text and messages do not extend its parent's
+        // (a fresh render decoded otherwise, an edited message) keeps them
+        // whole; its ids still extend.
+        let grandchild = Whole {
+            ids: Arc::new(vec![1, 2, 3, 4, 5, 6, 8, 9]),
+            text: Arc::new("ABCdefhi".into()),
+            segments: Arc::new(
+                [
+                    child.segments.as_slice(),
+                    &[
+                        seg(SegmentKind::Sampled, 6, 7),
+                        seg(SegmentKind::Observation, 7, 8),
+                    ],
+                ]
+                .concat(),
+            ),
+            messages: Arc::new(vec![user("edited"), assistant, user("f"), user("i")]),
+        };
+        let g = keep(&grandchild, &[10], "j", Some(&c));
+        gives_back(&g, &grandchild, &[10], "j");
+        assert!(matches!(g.prompt_ids, Own::AfterParent(_)));
+        assert!(matches!(g.prompt_text, Own::Whole(_)));
+        assert!(matches!(g.messages, Some(Own::Whole(_))));
+
+        // Its child extends it again: the walk stops at the whole text.
+        let great = Whole {
+            ids: Arc::new([grandchild.ids.as_slice(), &[10, 11]].concat()),
+            text: Arc::new("ABCdefhijk".into()),
+            segments: Arc::new(
+                [
+                    grandchild.segments.as_slice(),
+                    &[
+                        seg(SegmentKind::Sampled, 8, 9),
+                        seg(SegmentKind::Observation, 9, 10),
+                    ],
+                ]
+                .concat(),
+            ),
+            messages: Arc::new(
+                [
+                    grandchild.messages.as_slice(),
+                    &[json!({"role": "assistant", "content": "j"}), user("k")],
+                ]
+                .concat(),
+            ),
+        };
+        let gg = keep(&great, &[12], "l", Some(&g));
+        gives_back(&gg, &great, &[12], "l");
+        assert_eq!(gg.kept().prompt_text.as_str(), "k");
+        assert_eq!(gg.kept().messages.map(|m| m.len()), Some(2));
+    }
+
+    /// A call asked with messages after one without (a completions call)
+    /// keeps its messages whole.
+    #[test]
+    fn messages_after_a_call_without_are_kept_whole() {
+        let root = Whole {
+            ids: Arc::new(vec![1]),
+            text: Arc::new("a".into()),
+            segments: Arc::new(vec![seg(SegmentKind::Prompt, 0, 1)]),
+            messages: Arc::new(Vec::new()),
+        };
+        let r = Arc::new(HotCall::new(NewCall {
+            messages: None,
+            ..new_call(&root, &[2], "b", None)
+        }));
+        assert_eq!(r.messages(), None);
+        assert_eq!(r.messages_len(), None);
+        let child = Whole {
+            ids: Arc::new(vec![1, 2, 3]),
+            text: Arc::new("abc".into()),
+            segments: Arc::new(vec![
+                seg(SegmentKind::Prompt, 0, 1),
+                seg(SegmentKind::Sampled, 1, 2),
+                seg(SegmentKind::Observation, 2, 3),
+            ]),
+            messages: Arc::new(vec![user("a"), user("c")]),
+        };
+        let c = keep(&child, &[4], "d", Some(&r));
+        gives_back(&c, &child, &[4], "d");
+        assert!(matches!(c.messages, Some(Own::Whole(_))));
+        assert!(matches!(c.prompt_text, Own::AfterParent(_)));
+    }
+}
