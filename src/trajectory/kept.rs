@@ -1,10 +1,11 @@
-//! A call as the hot view keeps it. A call that continues another keeps only
-//! what it adds to it: its prompt's ids and text after its parent's prompt
-//! and sampled ids, its segments and request messages after its parent's.
-//! A trajectory's memory then grows with its tokens, not with its turns
-//! times its tokens; a call's whole prompt is put back together from its
-//! ancestors when a later turn needs it (a copy the later turn's own prompt
-//! needs anyway).
+//! A call as the hot view keeps it. A call that continues another keeps,
+//! where they extend its parent's, only what it adds: its prompt's ids and
+//! text after its parent's prompt and sampled ids, its segments and request
+//! messages after its parent's. A trajectory's memory then grows with its
+//! tokens, not with its turns times its tokens; a call's whole prompt is put
+//! back together from its ancestors when a later turn needs it (a copy that
+//! turn's own prompt needs anyway). A part that does not extend the
+//! parent's (an edited message, a text decoded otherwise) is kept whole.
 
 use std::sync::{Arc, OnceLock};
 
@@ -15,7 +16,7 @@ use super::messages::ContextHash;
 use crate::render::Renderer;
 
 /// A part of a call that usually extends the same part of its parent.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(super) enum Own<T> {
     /// The whole part: the call has no parent, or its part does not start
     /// with the parent's.
@@ -36,18 +37,84 @@ impl<T> Own<T> {
     }
 }
 
-/// A call to keep, with its whole prompt, segments and messages; the view
-/// keeps what they add to the parent's.
-pub(super) struct NewCall<'a> {
+/// A call's whole prompt, as prepared.
+pub(super) struct WholePrompt<'a> {
+    /// None for a call no later turn continues.
+    pub messages: Option<&'a Arc<Vec<Json>>>,
+    pub ids: &'a Arc<Vec<u32>>,
+    pub text: &'a Arc<String>,
+    pub segments: &'a Arc<Vec<SegRange>>,
+}
+
+/// What the view keeps of a prompt, with the whole parts' lengths. Built
+/// once per request: the choices of a request share it.
+#[derive(Debug, Clone)]
+pub(super) struct KeptPrompt {
+    /// Request messages; None for a call no later turn continues: a
+    /// /v1/completions call, or a `continue_final_message` one (its prompt
+    /// ends inside the final message, not after a served turn).
+    messages: Option<Own<Arc<Vec<Json>>>>,
+    messages_len: usize,
+    ids: Own<Arc<Vec<u32>>>,
+    ids_len: usize,
+    /// The decoded text of the ids (special tokens kept).
+    text: Own<Arc<String>>,
+    text_len: usize,
+    /// Token ranges of the ids.
+    segments: Own<Arc<Vec<SegRange>>>,
+    segments_len: usize,
+}
+
+/// `whole[at..]` as a part of its own, or None when `at` is past its end.
+fn tail<T: Clone>(whole: &[T], at: usize) -> Option<Arc<Vec<T>>> {
+    whole.get(at..).map(|t| Arc::new(t.to_vec()))
+}
+
+impl KeptPrompt {
+    /// What a call continuing `parent` (if any) keeps of `whole`.
+    pub(super) fn new(parent: Option<&HotCall>, whole: WholePrompt<'_>) -> KeptPrompt {
+        let ids = parent
+            .filter(|p| p.full_ids_prefix_of(whole.ids))
+            .and_then(|p| tail(whole.ids, p.full_len()))
+            .map_or_else(|| Own::Whole(whole.ids.clone()), Own::AfterParent);
+        let text = parent
+            .filter(|p| p.full_text_prefix_of(whole.text))
+            .and_then(|p| whole.text.get(p.full_text_len()..))
+            .map_or_else(
+                || Own::Whole(whole.text.clone()),
+                |t| Own::AfterParent(Arc::new(t.to_string())),
+            );
+        let segments = parent
+            .filter(|p| p.segments_prefix_of(whole.segments))
+            .and_then(|p| tail(whole.segments, p.prompt.segments_len))
+            .map_or_else(|| Own::Whole(whole.segments.clone()), Own::AfterParent);
+        let messages = whole.messages.map(|m| {
+            parent
+                .filter(|p| p.messages_prefix_of(m))
+                .and_then(|p| tail(m, p.prompt.messages_len))
+                .map_or_else(|| Own::Whole(m.clone()), Own::AfterParent)
+        });
+        KeptPrompt {
+            messages,
+            messages_len: whole.messages.map_or(0, |m| m.len()),
+            ids,
+            ids_len: whole.ids.len(),
+            text,
+            text_len: whole.text.len(),
+            segments,
+            segments_len: whole.segments.len(),
+        }
+    }
+}
+
+/// A call to keep.
+pub(super) struct NewCall {
     pub call_index: u32,
     pub sample_index: u32,
-    pub messages: Option<&'a Arc<Vec<Json>>>,
+    pub prompt: KeptPrompt,
     pub messages_hash: u64,
     pub context: ContextHash,
     pub served: Json,
-    pub prompt_ids: &'a Arc<Vec<u32>>,
-    pub prompt_text: &'a Arc<String>,
-    pub segments: &'a Arc<Vec<SegRange>>,
     pub sampled_ids: Vec<u32>,
     pub sampled_text: Arc<String>,
     pub response_used: usize,
@@ -55,8 +122,8 @@ pub(super) struct NewCall<'a> {
     pub truncated: bool,
 }
 
-/// The parts a call keeps of what usually extends its parent's: see
-/// [`HotCall::kept`].
+/// The parts a call keeps of its prompt (see [`KeptPrompt`]), for its byte
+/// count.
 pub(super) struct KeptParts<'a> {
     pub prompt_ids: &'a Vec<u32>,
     pub prompt_text: &'a String,
@@ -69,28 +136,15 @@ pub(super) struct KeptParts<'a> {
 pub struct HotCall {
     pub call_index: u32,
     pub sample_index: u32,
-    /// Request messages; None for a call no later turn continues: a
-    /// /v1/completions call, or a `continue_final_message` one (its prompt
-    /// ends inside the final message, not after a served turn).
-    messages: Option<Own<Arc<Vec<Json>>>>,
-    /// How many request messages the call had, its parent's included.
-    messages_len: usize,
+    /// Its prompt: ids, text, segments and request messages, each whole or
+    /// after its parent's.
+    prompt: KeptPrompt,
     /// Hash of the normalized messages.
     pub messages_hash: u64,
     /// The tools and template kwargs the call was rendered with.
     pub context: ContextHash,
     /// The assistant message tito returned.
     pub served: Json,
-    /// The prompt's ids (after the parent's prompt and sampled ids).
-    prompt_ids: Own<Arc<Vec<u32>>>,
-    prompt_len: usize,
-    /// The decoded text of the prompt (special tokens kept; after the
-    /// parent's prompt and sampled texts).
-    prompt_text: Own<Arc<String>>,
-    prompt_text_len: usize,
-    /// Token ranges of the prompt (after the parent's).
-    segments: Own<Arc<Vec<SegRange>>>,
-    segments_len: usize,
     pub sampled_ids: Arc<Vec<u32>>,
     /// The decoded text of `sampled_ids` (special tokens kept).
     pub sampled_text: Arc<String>,
@@ -104,48 +158,22 @@ pub struct HotCall {
     pub truncated: bool,
 }
 
-/// `whole[at..]` as a part of its own, or None when `at` is past its end.
-fn tail<T: Clone>(whole: &[T], at: usize) -> Option<Arc<Vec<T>>> {
-    whole.get(at..).map(|t| Arc::new(t.to_vec()))
+/// Whether `whole[..end]` ends with `piece`.
+fn ends_at<T: PartialEq>(whole: &[T], end: usize, piece: &[T]) -> bool {
+    end.checked_sub(piece.len())
+        .and_then(|start| whole.get(start..end))
+        .is_some_and(|there| there == piece)
 }
 
 impl HotCall {
-    pub(super) fn new(c: NewCall<'_>) -> HotCall {
-        let p = c.parent.as_deref();
-        let prompt_ids = p
-            .filter(|p| p.full_ids_prefix_of(c.prompt_ids))
-            .and_then(|p| tail(c.prompt_ids, p.full_len()))
-            .map_or_else(|| Own::Whole(c.prompt_ids.clone()), Own::AfterParent);
-        let prompt_text = p
-            .filter(|p| p.full_text_prefix_of(c.prompt_text))
-            .and_then(|p| c.prompt_text.get(p.full_text_len()..))
-            .map_or_else(
-                || Own::Whole(c.prompt_text.clone()),
-                |t| Own::AfterParent(Arc::new(t.to_string())),
-            );
-        let segments = p
-            .filter(|p| p.segments_prefix_of(c.segments))
-            .and_then(|p| tail(c.segments, p.segments_len))
-            .map_or_else(|| Own::Whole(c.segments.clone()), Own::AfterParent);
-        let messages = c.messages.map(|m| {
-            p.filter(|p| p.messages_prefix_of(m))
-                .and_then(|p| tail(m, p.messages_len))
-                .map_or_else(|| Own::Whole(m.clone()), Own::AfterParent)
-        });
+    pub(super) fn new(c: NewCall) -> HotCall {
         HotCall {
             call_index: c.call_index,
             sample_index: c.sample_index,
-            messages,
-            messages_len: c.messages.map_or(0, |m| m.len()),
+            prompt: c.prompt,
             messages_hash: c.messages_hash,
             context: c.context,
             served: c.served,
-            prompt_ids,
-            prompt_len: c.prompt_ids.len(),
-            prompt_text,
-            prompt_text_len: c.prompt_text.len(),
-            segments,
-            segments_len: c.segments.len(),
             sampled_ids: Arc::new(c.sampled_ids),
             sampled_text: c.sampled_text,
             response_used: c.response_used,
@@ -155,69 +183,69 @@ impl HotCall {
         }
     }
 
-    /// What the view keeps of the call's prompt ids, prompt text, segments
-    /// and messages (for its byte count).
+    /// What the view keeps of the call's prompt.
     pub(super) fn kept(&self) -> KeptParts<'_> {
         KeptParts {
-            prompt_ids: self.prompt_ids.get(),
-            prompt_text: self.prompt_text.get(),
-            segments: self.segments.get(),
-            messages: self.messages.as_ref().map(Own::get),
+            prompt_ids: self.prompt.ids.get(),
+            prompt_text: self.prompt.text.get(),
+            segments: self.prompt.segments.get(),
+            messages: self.prompt.messages.as_ref().map(Own::get),
         }
     }
 
     pub fn prompt_len(&self) -> usize {
-        self.prompt_len
+        self.prompt.ids_len
     }
 
     /// Prompt and sampled ids.
     pub fn full_len(&self) -> usize {
-        self.prompt_len + self.sampled_ids.len()
+        self.prompt.ids_len + self.sampled_ids.len()
     }
 
     /// Bytes of the prompt text and the sampled text.
     pub fn full_text_len(&self) -> usize {
-        self.prompt_text_len + self.sampled_text.len()
+        self.prompt.text_len + self.sampled_text.len()
     }
 
     /// How many request messages the call had; None when no later turn
     /// continues it.
     pub fn messages_len(&self) -> Option<usize> {
-        self.messages.as_ref().map(|_| self.messages_len)
+        self.prompt
+            .messages
+            .as_ref()
+            .map(|_| self.prompt.messages_len)
     }
 
-    /// `self` and the ancestors whose part it extends (`extends` says
-    /// whether a call keeps only what follows its parent's), oldest first.
-    fn lineage(&self, extends: impl Fn(&HotCall) -> bool) -> Vec<&HotCall> {
-        let mut chain = vec![self];
-        let mut c = self;
-        while extends(c) {
-            let Some(p) = c.parent.as_deref() else { break };
-            chain.push(p);
-            c = p;
-        }
+    /// `self`, then each ancestor whose part `self`'s extends (`extends`
+    /// says whether a call keeps its part after its parent's), nearest
+    /// first; the last keeps its part whole.
+    fn ancestry(&self, extends: fn(&KeptPrompt) -> bool) -> impl Iterator<Item = &HotCall> {
+        let mut next = Some(self);
+        std::iter::from_fn(move || {
+            let c = next?;
+            next = if extends(&c.prompt) {
+                c.parent.as_deref()
+            } else {
+                None
+            };
+            Some(c)
+        })
+    }
+
+    /// As [`HotCall::ancestry`], oldest first.
+    fn lineage(&self, extends: fn(&KeptPrompt) -> bool) -> Vec<&HotCall> {
+        let mut chain: Vec<&HotCall> = self.ancestry(extends).collect();
         chain.reverse();
         chain
-    }
-
-    /// The pieces of the prompt ids followed by the sampled ids.
-    fn id_pieces(&self) -> impl Iterator<Item = &[u32]> {
-        self.lineage(|c| c.prompt_ids.after_parent())
-            .into_iter()
-            .flat_map(|c| [c.prompt_ids.get().as_slice(), c.sampled_ids.as_slice()])
-    }
-
-    /// The pieces of the prompt text followed by the sampled text.
-    fn text_pieces(&self) -> impl Iterator<Item = &str> {
-        self.lineage(|c| c.prompt_text.after_parent())
-            .into_iter()
-            .flat_map(|c| [c.prompt_text.get().as_str(), c.sampled_text.as_str()])
     }
 
     /// Appends the prompt ids, then the sampled ids.
     pub fn extend_full_ids(&self, out: &mut Vec<u32>) {
         out.reserve(self.full_len());
-        self.id_pieces().for_each(|p| out.extend_from_slice(p));
+        for c in self.lineage(|p| p.ids.after_parent()) {
+            out.extend_from_slice(c.prompt.ids.get());
+            out.extend_from_slice(&c.sampled_ids);
+        }
     }
 
     /// The prompt ids, then the sampled ids.
@@ -230,63 +258,69 @@ impl HotCall {
     /// Appends the prompt text, then the sampled text.
     pub fn extend_full_text(&self, out: &mut String) {
         out.reserve(self.full_text_len());
-        self.text_pieces().for_each(|p| out.push_str(p));
+        for c in self.lineage(|p| p.text.after_parent()) {
+            out.push_str(c.prompt.text.get());
+            out.push_str(&c.sampled_text);
+        }
     }
 
     /// Whether `ids` starts with the prompt ids and then the sampled ids.
+    /// Compares from the end back, without copying: a call on another
+    /// branch differs in its last pieces.
     pub fn full_ids_prefix_of(&self, ids: &[u32]) -> bool {
-        ids.len() >= self.full_len() && starts_with_pieces(ids, self.id_pieces())
+        ids.len() >= self.full_len()
+            && self.ancestry(|p| p.ids.after_parent()).all(|c| {
+                let at = c.prompt.ids_len;
+                ends_at(ids, c.full_len(), &c.sampled_ids) && ends_at(ids, at, c.prompt.ids.get())
+            })
     }
 
     fn full_text_prefix_of(&self, text: &str) -> bool {
+        let text = text.as_bytes();
         text.len() >= self.full_text_len()
-            && starts_with_pieces(text.as_bytes(), self.text_pieces().map(str::as_bytes))
+            && self.ancestry(|p| p.text.after_parent()).all(|c| {
+                let at = c.prompt.text_len;
+                ends_at(text, c.full_text_len(), c.sampled_text.as_bytes())
+                    && ends_at(text, at, c.prompt.text.get().as_bytes())
+            })
     }
 
     fn segments_prefix_of(&self, segments: &[SegRange]) -> bool {
-        let pieces = self.lineage(|c| c.segments.after_parent());
-        segments.len() >= self.segments_len
-            && starts_with_pieces(
-                segments,
-                pieces.into_iter().map(|c| c.segments.get().as_slice()),
-            )
-    }
-
-    fn message_pieces(&self) -> Option<Vec<&[Json]>> {
-        self.messages.as_ref()?;
-        let chain = self.lineage(|c| c.messages.as_ref().is_some_and(Own::after_parent));
-        chain
-            .into_iter()
-            .map(|c| c.messages.as_ref().map(|m| m.get().as_slice()))
-            .collect()
+        segments.len() >= self.prompt.segments_len
+            && self
+                .ancestry(|p| p.segments.after_parent())
+                .all(|c| ends_at(segments, c.prompt.segments_len, c.prompt.segments.get()))
     }
 
     fn messages_prefix_of(&self, messages: &[Json]) -> bool {
-        match self.message_pieces() {
-            Some(pieces) => {
-                messages.len() >= self.messages_len && starts_with_pieces(messages, pieces)
-            }
-            None => false,
-        }
+        let keeps: fn(&KeptPrompt) -> bool = |p| p.messages.as_ref().is_some_and(Own::after_parent);
+        self.prompt.messages.is_some()
+            && messages.len() >= self.prompt.messages_len
+            && self.ancestry(keeps).all(|c| match &c.prompt.messages {
+                Some(own) => ends_at(messages, c.prompt.messages_len, own.get()),
+                None => false,
+            })
     }
 
     /// The call's request messages; None when no later turn continues it.
     pub fn messages(&self) -> Option<Vec<Json>> {
-        let pieces = self.message_pieces()?;
-        let mut out = Vec::with_capacity(self.messages_len);
-        pieces.into_iter().for_each(|p| out.extend_from_slice(p));
+        self.prompt.messages.as_ref()?;
+        let keeps: fn(&KeptPrompt) -> bool = |p| p.messages.as_ref().is_some_and(Own::after_parent);
+        let mut out = Vec::with_capacity(self.prompt.messages_len);
+        for c in self.lineage(keeps) {
+            out.extend_from_slice(c.prompt.messages.as_ref()?.get());
+        }
         Some(out)
     }
 
     /// The prompt's token ranges.
     pub fn segments(&self) -> Vec<SegRange> {
-        let mut out = Vec::with_capacity(self.segments_len + 2);
-        for c in self.lineage(|c| c.segments.after_parent()) {
-            out.extend_from_slice(c.segments.get());
+        let mut out = Vec::with_capacity(self.prompt.segments_len + 2);
+        for c in self.lineage(|p| p.segments.after_parent()) {
+            out.extend_from_slice(c.prompt.segments.get());
         }
         out
     }
-
     /// First position (in the prompt and sampled ids) of a sampled token of
     /// this call or an ancestor that a fresh tokenization of the text would
     /// not reproduce. Needs a re-encode of the sampled text, so it is only
@@ -321,25 +355,10 @@ impl HotCall {
                 .and_then(|p| p.noncanonical.get().copied().flatten());
             inherited.or_else(|| {
                 let again = renderer.encode(&self.sampled_text).ok()?;
-                first_difference(&self.sampled_ids, &again).map(|o| o + self.prompt_len)
+                first_difference(&self.sampled_ids, &again).map(|o| o + self.prompt.ids_len)
             })
         })
     }
-}
-
-/// Whether `whole` starts with `pieces` laid end to end.
-fn starts_with_pieces<'a, T: PartialEq + 'a>(
-    whole: &[T],
-    pieces: impl IntoIterator<Item = &'a [T]>,
-) -> bool {
-    let mut at = 0;
-    for piece in pieces {
-        match whole.get(at..at + piece.len()) {
-            Some(there) if there == piece => at += piece.len(),
-            _ => return false,
-        }
-    }
-    true
 }
 
 #[cfg(test)]
@@ -370,25 +389,36 @@ mod tests {
         sampled_text: &str,
         parent: Option<&Arc<HotCall>>,
     ) -> Arc<HotCall> {
-        Arc::new(HotCall::new(new_call(w, sampled, sampled_text, parent)))
+        let messages = Some(&w.messages);
+        Arc::new(HotCall::new(new_call(
+            w,
+            messages,
+            sampled,
+            sampled_text,
+            parent,
+        )))
     }
 
-    fn new_call<'a>(
-        w: &'a Whole,
+    fn new_call(
+        w: &Whole,
+        messages: Option<&Arc<Vec<Json>>>,
         sampled: &[u32],
         sampled_text: &str,
         parent: Option<&Arc<HotCall>>,
-    ) -> NewCall<'a> {
+    ) -> NewCall {
+        let whole = WholePrompt {
+            messages,
+            ids: &w.ids,
+            text: &w.text,
+            segments: &w.segments,
+        };
         NewCall {
             call_index: 0,
             sample_index: 0,
-            messages: Some(&w.messages),
+            prompt: KeptPrompt::new(parent.map(|p| p.as_ref()), whole),
             messages_hash: 0,
             context: ContextHash::default(),
             served: json!({"role": "assistant", "content": sampled_text}),
-            prompt_ids: &w.ids,
-            prompt_text: &w.text,
-            segments: &w.segments,
             sampled_ids: sampled.to_vec(),
             sampled_text: Arc::new(sampled_text.to_string()),
             response_used: 0,
@@ -429,7 +459,7 @@ mod tests {
         };
         let r = keep(&root, &[4, 5], "de", None);
         gives_back(&r, &root, &[4, 5], "de");
-        assert!(matches!(r.prompt_ids, Own::Whole(_)));
+        assert!(matches!(r.prompt.ids, Own::Whole(_)));
 
         let assistant = json!({"role": "assistant", "content": "de"});
         let child = Whole {
@@ -470,9 +500,9 @@ mod tests {
         };
         let g = keep(&grandchild, &[10], "j", Some(&c));
         gives_back(&g, &grandchild, &[10], "j");
-        assert!(matches!(g.prompt_ids, Own::AfterParent(_)));
-        assert!(matches!(g.prompt_text, Own::Whole(_)));
-        assert!(matches!(g.messages, Some(Own::Whole(_))));
+        assert!(matches!(g.prompt.ids, Own::AfterParent(_)));
+        assert!(matches!(g.prompt.text, Own::Whole(_)));
+        assert!(matches!(g.prompt.messages, Some(Own::Whole(_))));
 
         // Its child extends it again: the walk stops at the whole text.
         let great = Whole {
@@ -512,10 +542,7 @@ mod tests {
             segments: Arc::new(vec![seg(SegmentKind::Prompt, 0, 1)]),
             messages: Arc::new(Vec::new()),
         };
-        let r = Arc::new(HotCall::new(NewCall {
-            messages: None,
-            ..new_call(&root, &[2], "b", None)
-        }));
+        let r = Arc::new(HotCall::new(new_call(&root, None, &[2], "b", None)));
         assert_eq!(r.messages(), None);
         assert_eq!(r.messages_len(), None);
         let child = Whole {
@@ -530,7 +557,7 @@ mod tests {
         };
         let c = keep(&child, &[4], "d", Some(&r));
         gives_back(&c, &child, &[4], "d");
-        assert!(matches!(c.messages, Some(Own::Whole(_))));
-        assert!(matches!(c.prompt_text, Own::AfterParent(_)));
+        assert!(matches!(c.prompt.messages, Some(Own::Whole(_))));
+        assert!(matches!(c.prompt.text, Own::AfterParent(_)));
     }
 }

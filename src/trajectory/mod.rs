@@ -21,7 +21,7 @@ use serde_json::Value as Json;
 
 pub use drift::{diagnose, first_difference, SegRange, Served, CAUSES};
 pub use kept::HotCall;
-use kept::NewCall;
+use kept::{KeptPrompt, NewCall, WholePrompt};
 pub use prepare::{ChatInput, Prepared};
 
 use crate::backend::FinishReason;
@@ -94,7 +94,9 @@ pub struct ChoiceOutcome {
 pub struct CallContext {
     pub trajectory_id: String,
     pub request: Json,
-    /// As [`HotCall::messages`].
+    /// The request's messages, normalized; None for a call no later turn
+    /// continues: a /v1/completions call, or a `continue_final_message` one
+    /// (its prompt ends inside the final message, not after a served turn).
     pub messages: Option<Arc<Vec<Json>>>,
     pub started_at: i64,
     /// The fleet's weight version when the call started: the tag of a
@@ -294,22 +296,28 @@ impl Trajectories {
             let prompt_text = self.renderer.decode(&prompt_ids, false)?;
             let info = self.inspect_sampled(&rec.response, &rec.sampled_ids)?;
             st.served.insert(rec.call_index, info.served);
+            let prompt = KeptPrompt::new(
+                parent.as_deref(),
+                WholePrompt {
+                    messages: messages.as_ref(),
+                    ids: &Arc::new(prompt_ids),
+                    text: &hot::kept_text(prompt_text),
+                    segments: &Arc::new(segments),
+                },
+            );
             let call = Arc::new(HotCall::new(NewCall {
                 call_index: rec.call_index,
                 sample_index: rec.sample_index,
+                prompt,
                 messages_hash: messages.as_ref().map_or(0, |m| {
                     let hashes = messages::prefix_hashes(m);
                     hashes.last().copied().unwrap_or(0)
                 }),
                 context: messages::RenderContext::of_request(request).hash(),
-                messages: messages.as_ref(),
                 served: rec.response.clone(),
                 response_used: used + rec.sampled_ids.len(),
-                prompt_ids: &Arc::new(prompt_ids),
                 sampled_ids: rec.sampled_ids.clone(),
                 sampled_text: hot::kept_text(info.text),
-                prompt_text: &hot::kept_text(prompt_text),
-                segments: &Arc::new(segments),
                 parent: parent.clone(),
                 truncated: rec.truncated,
             }));
@@ -372,6 +380,16 @@ impl Trajectories {
         if st.finished {
             return Err(TrajectoryError::Finished(ctx.trajectory_id.clone()));
         }
+        // What the view keeps of the prompt, shared by the choices.
+        let prompt = KeptPrompt::new(
+            prepared.parent.as_deref(),
+            WholePrompt {
+                messages: ctx.messages.as_ref(),
+                ids: &prepared.prompt_ids,
+                text: &prepared.prompt_text,
+                segments: &prepared.segments,
+            },
+        );
         let finished_at = now_ms();
         let mut indices = Vec::with_capacity(choices.len());
         let mut reloads = 0;
@@ -463,15 +481,12 @@ impl Trajectories {
             let call = Arc::new(HotCall::new(NewCall {
                 call_index,
                 sample_index,
-                messages: ctx.messages.as_ref(),
+                prompt: prompt.clone(),
                 messages_hash: prepared.messages_hash,
                 context: prepared.context,
                 served: std::mem::take(&mut choice.served),
-                prompt_ids: &prepared.prompt_ids,
                 sampled_ids: std::mem::take(&mut choice.sampled_ids),
                 sampled_text: hot::kept_text(info.text),
-                prompt_text: &prepared.prompt_text,
-                segments: &prepared.segments,
                 response_used,
                 parent: prepared.parent.clone(),
                 truncated,
