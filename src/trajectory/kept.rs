@@ -107,6 +107,25 @@ impl KeptPrompt {
     }
 }
 
+impl KeptPrompt {
+    /// As kept by the root call `call_index`: its prompt's segment names
+    /// it. A root's prompt is prepared before its call has an index, and a
+    /// trajectory's later samples start at later calls.
+    pub(super) fn of_root(&self, call_index: u32) -> KeptPrompt {
+        let mut kept = self.clone();
+        if let Own::Whole(segments) = &self.segments {
+            if segments.iter().any(|s| s.call != call_index) {
+                let named = segments.iter().map(|s| SegRange {
+                    call: call_index,
+                    ..*s
+                });
+                kept.segments = Own::Whole(Arc::new(named.collect()));
+            }
+        }
+        kept
+    }
+}
+
 /// A call to keep.
 pub(super) struct NewCall {
     pub call_index: u32,

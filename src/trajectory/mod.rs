@@ -481,7 +481,10 @@ impl Trajectories {
             let call = Arc::new(HotCall::new(NewCall {
                 call_index,
                 sample_index,
-                prompt: prompt.clone(),
+                prompt: match parent {
+                    None => prompt.of_root(call_index),
+                    Some(_) => prompt.clone(),
+                },
                 messages_hash: prepared.messages_hash,
                 context: prepared.context,
                 served: std::mem::take(&mut choice.served),
