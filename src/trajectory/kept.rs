@@ -177,6 +177,23 @@ pub struct HotCall {
     pub truncated: bool,
 }
 
+/// Drops a call's line of ancestors one by one: the default drop would
+/// recurse once per ancestor, and a long trajectory's last call is the only
+/// holder of its whole line.
+impl Drop for HotCall {
+    fn drop(&mut self) {
+        let mut next = self.parent.take();
+        while let Some(call) = next {
+            next = match Arc::try_unwrap(call) {
+                Ok(mut alone) => alone.parent.take(),
+                // Held elsewhere (the trajectory's list, a call in flight):
+                // its holder drops it later.
+                Err(_) => None,
+            };
+        }
+    }
+}
+
 /// Whether `whole[..end]` ends with `piece`.
 fn ends_at<T: PartialEq>(whole: &[T], end: usize, piece: &[T]) -> bool {
     end.checked_sub(piece.len())
@@ -578,5 +595,38 @@ mod tests {
         gives_back(&c, &child, &[4], "d");
         assert!(matches!(c.prompt.messages, Some(Own::Whole(_))));
         assert!(matches!(c.prompt.text, Own::AfterParent(_)));
+    }
+
+    /// A line of 100,000 calls is dropped within a 256 KiB stack (the
+    /// default drop recursed once per call and overflowed it).
+    #[test]
+    fn a_long_line_of_calls_drops_without_recursing() {
+        let dropped = std::thread::Builder::new()
+            .stack_size(256 << 10)
+            .spawn(|| {
+                let mut last: Option<Arc<HotCall>> = None;
+                for i in 0..100_000u32 {
+                    // Parts that do not extend the parent's are kept whole,
+                    // so building the line walks no ancestors.
+                    let i = i as usize;
+                    let w = Whole {
+                        ids: Arc::new(vec![i as u32]),
+                        text: Arc::new(format!("<{i}>")),
+                        segments: Arc::new(vec![seg(SegmentKind::Prompt, i, i + 1)]),
+                        messages: Arc::new(Vec::new()),
+                    };
+                    last = Some(Arc::new(HotCall::new(new_call(
+                        &w,
+                        None,
+                        &[],
+                        "",
+                        last.as_ref(),
+                    ))));
+                }
+                drop(last);
+            })
+            .expect("spawn")
+            .join();
+        assert!(dropped.is_ok());
     }
 }
