@@ -4,10 +4,10 @@
 //! call, so eviction costs time, never history.
 //!
 //! Sizes are estimates of the heap held: the token ids, decoded texts,
-//! segments and messages each call keeps (a continuation keeps only what it
-//! adds to its parent's, see `kept.rs`) (counted when the call enters the
-//! view, JSON as serde_json allocates it), and each trajectory's state and
-//! entry here. `tests/trajectory_hot_bytes.rs` checks them against a
+//! segments and messages each call keeps (counted when the call enters the
+//! view, JSON as serde_json allocates it; a continuation keeps what it adds
+//! to its parent's, see `kept.rs`), and each trajectory's state and entry
+//! here. `tests/trajectory_hot_bytes.rs` checks them against a
 //! counting allocator. Calls that share a buffer (the choices of one request
 //! share their prompt) are counted once each, so the estimate errs high.
 
