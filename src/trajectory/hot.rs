@@ -133,11 +133,11 @@ const ARC: usize = 2 * size_of::<usize>();
 pub(super) fn call_bytes(c: &HotCall) -> u64 {
     let vec = |bytes: usize| ARC + size_of::<Vec<u8>>() + bytes;
     let kept = c.kept();
-    let ids = vec(kept.prompt_ids.capacity() * size_of::<u32>())
+    let ids = vec(kept.ids.capacity() * size_of::<u32>())
         + vec(c.sampled_ids.capacity() * size_of::<u32>());
-    let texts = vec(kept.prompt_text.capacity()) + vec(c.sampled_text.capacity());
+    let texts = vec(kept.text.get().capacity()) + vec(c.sampled_text.capacity());
     let segs = vec(kept.segments.capacity() * size_of::<SegRange>());
-    let messages = kept.messages.map_or(0, |m| {
+    let messages = kept.messages.as_ref().map(|m| m.get()).map_or(0, |m| {
         vec(m.capacity() * size_of::<Json>()) + m.iter().map(json_heap_bytes).sum::<usize>()
     });
     // The `calls` slot, and the entries of `served` and `continued`

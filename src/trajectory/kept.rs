@@ -14,6 +14,7 @@ use serde_json::Value as Json;
 use super::drift::{first_difference, SegRange};
 use super::messages::ContextHash;
 use crate::render::Renderer;
+use crate::store::SegmentKind;
 
 /// A part of a call that usually extends the same part of its parent.
 #[derive(Debug, Clone)]
@@ -41,9 +42,13 @@ impl<T> Own<T> {
 pub(super) struct WholePrompt<'a> {
     /// None for a call no later turn continues.
     pub messages: Option<&'a Arc<Vec<Json>>>,
+    /// A continuation's start with its parent's prompt and sampled ids (see
+    /// [`super::Prepared::delta_start`]).
     pub ids: &'a Arc<Vec<u32>>,
     pub text: &'a Arc<String>,
-    pub segments: &'a Arc<Vec<SegRange>>,
+    /// A continuation's start with its parent's segments; a root's are not
+    /// read (see [`HotCall::segments`]).
+    pub segments: &'a [SegRange],
 }
 
 /// What the view keeps of a prompt, with the whole parts' lengths. Built
@@ -53,76 +58,65 @@ pub(super) struct KeptPrompt {
     /// Request messages; None for a call no later turn continues: a
     /// /v1/completions call, or a `continue_final_message` one (its prompt
     /// ends inside the final message, not after a served turn).
-    messages: Option<Own<Arc<Vec<Json>>>>,
+    pub(super) messages: Option<Own<Arc<Vec<Json>>>>,
     messages_len: usize,
-    ids: Own<Arc<Vec<u32>>>,
+    /// The prompt's ids after the parent's prompt and sampled ids (all of
+    /// them for a root): a continuation's prompt always starts with those.
+    pub(super) ids: Arc<Vec<u32>>,
     ids_len: usize,
     /// The decoded text of the ids (special tokens kept).
-    text: Own<Arc<String>>,
+    pub(super) text: Own<Arc<String>>,
     text_len: usize,
-    /// Token ranges of the ids.
-    segments: Own<Arc<Vec<SegRange>>>,
+    /// Token ranges of the ids after the parent's; none for a root, whose
+    /// one prompt segment names its call ([`HotCall::segments`]).
+    pub(super) segments: Arc<Vec<SegRange>>,
     segments_len: usize,
 }
 
-/// `whole[at..]` as a part of its own, or None when `at` is past its end.
-fn tail<T: Clone>(whole: &[T], at: usize) -> Option<Arc<Vec<T>>> {
-    whole.get(at..).map(|t| Arc::new(t.to_vec()))
+/// `whole[at..]` as a part of its own (empty when `at` is past its end).
+fn tail<T: Clone>(whole: &[T], at: usize) -> Arc<Vec<T>> {
+    Arc::new(whole.get(at..).unwrap_or_default().to_vec())
 }
 
 impl KeptPrompt {
     /// What a call continuing `parent` (if any) keeps of `whole`.
     pub(super) fn new(parent: Option<&HotCall>, whole: WholePrompt<'_>) -> KeptPrompt {
-        let ids = parent
-            .filter(|p| p.full_ids_prefix_of(whole.ids))
-            .and_then(|p| tail(whole.ids, p.full_len()))
-            .map_or_else(|| Own::Whole(whole.ids.clone()), Own::AfterParent);
-        let text = parent
-            .filter(|p| p.full_text_prefix_of(whole.text))
-            .and_then(|p| whole.text.get(p.full_text_len()..))
-            .map_or_else(
-                || Own::Whole(whole.text.clone()),
-                |t| Own::AfterParent(Arc::new(t.to_string())),
-            );
-        let segments = parent
-            .filter(|p| p.segments_prefix_of(whole.segments))
-            .and_then(|p| tail(whole.segments, p.prompt.segments_len))
-            .map_or_else(|| Own::Whole(whole.segments.clone()), Own::AfterParent);
+        let Some(p) = parent else {
+            return KeptPrompt {
+                messages: whole.messages.map(|m| Own::Whole(m.clone())),
+                messages_len: whole.messages.map_or(0, |m| m.len()),
+                ids: whole.ids.clone(),
+                ids_len: whole.ids.len(),
+                text: Own::Whole(whole.text.clone()),
+                text_len: whole.text.len(),
+                segments: Arc::default(),
+                segments_len: 1,
+            };
+        };
+        // Prepared so: the exact prompt is built on them, a fresh render
+        // or a completions prompt continues only when it starts with them.
+        debug_assert!(p.full_ids_prefix_of(whole.ids));
+        let text = match whole.text.get(p.full_text_len()..) {
+            Some(t) if p.full_text_prefix_of(whole.text) => Own::AfterParent(Arc::new(t.into())),
+            _ => Own::Whole(whole.text.clone()),
+        };
         let messages = whole.messages.map(|m| {
-            parent
-                .filter(|p| p.messages_prefix_of(m))
-                .and_then(|p| tail(m, p.prompt.messages_len))
-                .map_or_else(|| Own::Whole(m.clone()), Own::AfterParent)
+            if p.messages_prefix_of(m) {
+                Own::AfterParent(tail(m, p.prompt.messages_len))
+            } else {
+                Own::Whole(m.clone())
+            }
         });
         KeptPrompt {
             messages,
             messages_len: whole.messages.map_or(0, |m| m.len()),
-            ids,
+            ids: tail(whole.ids, p.full_len()),
             ids_len: whole.ids.len(),
             text,
             text_len: whole.text.len(),
-            segments,
+            segments: tail(whole.segments, p.prompt.segments_len),
             segments_len: whole.segments.len(),
         }
-    }
-}
-
-impl KeptPrompt {
-    /// As kept by the root call `call_index`: its prompt's segment names
-    /// it. A root's prompt is prepared before its call has an index, and a
-    /// trajectory's later samples start at later calls.
-    pub(super) fn of_root(&self, call_index: u32) -> KeptPrompt {
-        let mut kept = self.clone();
-        if let Own::Whole(segments) = &self.segments {
-            if segments.iter().any(|s| s.call != call_index) {
-                let named = segments.iter().map(|s| SegRange {
-                    call: call_index,
-                    ..*s
-                });
-                kept.segments = Own::Whole(Arc::new(named.collect()));
-            }
-        }
-        kept
     }
 }
 
@@ -139,15 +133,6 @@ pub(super) struct NewCall {
     pub response_used: usize,
     pub parent: Option<Arc<HotCall>>,
     pub truncated: bool,
-}
-
-/// The parts a call keeps of its prompt (see [`KeptPrompt`]), for its byte
-/// count.
-pub(super) struct KeptParts<'a> {
-    pub prompt_ids: &'a Vec<u32>,
-    pub prompt_text: &'a String,
-    pub segments: &'a Vec<SegRange>,
-    pub messages: Option<&'a Arc<Vec<Json>>>,
 }
 
 /// A served call as the hot view keeps it.
@@ -219,14 +204,9 @@ impl HotCall {
         }
     }
 
-    /// What the view keeps of the call's prompt.
-    pub(super) fn kept(&self) -> KeptParts<'_> {
-        KeptParts {
-            prompt_ids: self.prompt.ids.get(),
-            prompt_text: self.prompt.text.get(),
-            segments: self.prompt.segments.get(),
-            messages: self.prompt.messages.as_ref().map(Own::get),
-        }
+    /// What the view keeps of the call's prompt (for its byte count).
+    pub(super) fn kept(&self) -> &KeptPrompt {
+        &self.prompt
     }
 
     pub fn prompt_len(&self) -> usize {
@@ -278,8 +258,8 @@ impl HotCall {
     /// Appends the prompt ids, then the sampled ids.
     pub fn extend_full_ids(&self, out: &mut Vec<u32>) {
         out.reserve(self.full_len());
-        for c in self.lineage(|p| p.ids.after_parent()) {
-            out.extend_from_slice(c.prompt.ids.get());
+        for c in self.lineage(|_| true) {
+            out.extend_from_slice(&c.prompt.ids);
             out.extend_from_slice(&c.sampled_ids);
         }
     }
@@ -305,9 +285,9 @@ impl HotCall {
     /// branch differs in its last pieces.
     pub fn full_ids_prefix_of(&self, ids: &[u32]) -> bool {
         ids.len() >= self.full_len()
-            && self.ancestry(|p| p.ids.after_parent()).all(|c| {
+            && self.ancestry(|_| true).all(|c| {
                 let at = c.prompt.ids_len;
-                ends_at(ids, c.full_len(), &c.sampled_ids) && ends_at(ids, at, c.prompt.ids.get())
+                ends_at(ids, c.full_len(), &c.sampled_ids) && ends_at(ids, at, &c.prompt.ids)
             })
     }
 
@@ -319,13 +299,6 @@ impl HotCall {
                 ends_at(text, c.full_text_len(), c.sampled_text.as_bytes())
                     && ends_at(text, at, c.prompt.text.get().as_bytes())
             })
-    }
-
-    fn segments_prefix_of(&self, segments: &[SegRange]) -> bool {
-        segments.len() >= self.prompt.segments_len
-            && self
-                .ancestry(|p| p.segments.after_parent())
-                .all(|c| ends_at(segments, c.prompt.segments_len, c.prompt.segments.get()))
     }
 
     fn messages_prefix_of(&self, messages: &[Json]) -> bool {
@@ -349,14 +322,24 @@ impl HotCall {
         Some(out)
     }
 
-    /// The prompt's token ranges.
+    /// The prompt's token ranges: a root's prompt, named by its call, then
+    /// what each continuation added.
     pub fn segments(&self) -> Vec<SegRange> {
-        let mut out = Vec::with_capacity(self.prompt.segments_len + 2);
-        for c in self.lineage(|p| p.segments.after_parent()) {
-            out.extend_from_slice(c.prompt.segments.get());
+        let mut out = Vec::with_capacity(self.prompt.segments_len);
+        for c in self.lineage(|_| true) {
+            if c.parent.is_none() {
+                out.push(SegRange {
+                    kind: SegmentKind::Prompt,
+                    call: c.call_index,
+                    start: 0,
+                    end: c.prompt.ids_len,
+                });
+            }
+            out.extend_from_slice(&c.prompt.segments);
         }
         out
     }
+
     /// First position (in the prompt and sampled ids) of a sampled token of
     /// this call or an ancestor that a fresh tokenization of the text would
     /// not reproduce. Needs a re-encode of the sampled text, so it is only
@@ -400,14 +383,22 @@ impl HotCall {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::SegmentKind;
     use serde_json::json;
 
     struct Whole {
         ids: Arc<Vec<u32>>,
         text: Arc<String>,
-        segments: Arc<Vec<SegRange>>,
+        segments: Vec<SegRange>,
         messages: Arc<Vec<Json>>,
+    }
+
+    fn whole(ids: &[u32], text: &str, segments: Vec<SegRange>, messages: Vec<Json>) -> Whole {
+        Whole {
+            ids: Arc::new(ids.to_vec()),
+            text: Arc::new(text.to_string()),
+            segments,
+            messages: Arc::new(messages),
+        }
     }
 
     fn seg(kind: SegmentKind, start: usize, end: usize) -> SegRange {
@@ -421,14 +412,20 @@ mod tests {
 
     fn keep(
         w: &Whole,
+        messages: Option<&Arc<Vec<Json>>>,
         sampled: &[u32],
         sampled_text: &str,
         parent: Option<&Arc<HotCall>>,
     ) -> Arc<HotCall> {
-        let messages = Some(&w.messages);
-        Arc::new(HotCall::new(new_call(
-            w,
+        let whole = WholePrompt {
             messages,
+            ids: &w.ids,
+            text: &w.text,
+            segments: &w.segments,
+        };
+        let prompt = KeptPrompt::new(parent.map(|p| p.as_ref()), whole);
+        Arc::new(HotCall::new(new_call(
+            prompt,
             sampled,
             sampled_text,
             parent,
@@ -436,22 +433,15 @@ mod tests {
     }
 
     fn new_call(
-        w: &Whole,
-        messages: Option<&Arc<Vec<Json>>>,
+        prompt: KeptPrompt,
         sampled: &[u32],
         sampled_text: &str,
         parent: Option<&Arc<HotCall>>,
     ) -> NewCall {
-        let whole = WholePrompt {
-            messages,
-            ids: &w.ids,
-            text: &w.text,
-            segments: &w.segments,
-        };
         NewCall {
             call_index: 0,
             sample_index: 0,
-            prompt: KeptPrompt::new(parent.map(|p| p.as_ref()), whole),
+            prompt,
             messages_hash: 0,
             context: ContextHash::default(),
             served: json!({"role": "assistant", "content": sampled_text}),
@@ -461,6 +451,16 @@ mod tests {
             parent: parent.cloned(),
             truncated: false,
         }
+    }
+
+    /// A call on `w` with its messages.
+    fn keep_chat(
+        w: &Whole,
+        sampled: &[u32],
+        sampled_text: &str,
+        parent: Option<&Arc<HotCall>>,
+    ) -> Arc<HotCall> {
+        keep(w, Some(&w.messages), sampled, sampled_text, parent)
     }
 
     /// What a call gives back is what it was built from, whether it keeps
@@ -475,7 +475,7 @@ mod tests {
         c.extend_full_text(&mut text);
         assert_eq!(text, format!("{}{sampled_text}", w.text));
         assert_eq!(c.full_text_len(), text.len());
-        assert_eq!(c.segments(), *w.segments);
+        assert_eq!(c.segments(), w.segments);
         assert_eq!(c.messages().as_deref(), Some(w.messages.as_slice()));
         assert_eq!(c.messages_len(), Some(w.messages.len()));
         assert_eq!(c.prompt_len(), w.ids.len());
@@ -485,113 +485,95 @@ mod tests {
         json!({"role": "user", "content": text})
     }
 
+    fn assistant(text: &str) -> Json {
+        json!({"role": "assistant", "content": text})
+    }
+
+    fn messages_kept(c: &HotCall) -> Option<usize> {
+        c.kept().messages.as_ref().map(|m| m.get().len())
+    }
+
     #[test]
     fn a_continuation_keeps_what_it_adds_and_gives_back_the_whole() {
-        let root = Whole {
-            ids: Arc::new(vec![1, 2, 3]),
-            text: Arc::new("abc".into()),
-            segments: Arc::new(vec![seg(SegmentKind::Prompt, 0, 3)]),
-            messages: Arc::new(vec![user("a")]),
-        };
-        let r = keep(&root, &[4, 5], "de", None);
+        use SegmentKind::{Observation, Prompt, Sampled};
+        let root = whole(&[1, 2, 3], "abc", vec![seg(Prompt, 0, 3)], vec![user("a")]);
+        let r = keep_chat(&root, &[4, 5], "de", None);
         gives_back(&r, &root, &[4, 5], "de");
-        assert!(matches!(r.prompt.ids, Own::Whole(_)));
+        assert_eq!(r.kept().ids.as_slice(), &[1, 2, 3]);
 
-        let assistant = json!({"role": "assistant", "content": "de"});
-        let child = Whole {
-            ids: Arc::new(vec![1, 2, 3, 4, 5, 6]),
-            text: Arc::new("abcdef".into()),
-            segments: Arc::new(vec![
-                seg(SegmentKind::Prompt, 0, 3),
-                seg(SegmentKind::Sampled, 3, 5),
-                seg(SegmentKind::Observation, 5, 6),
-            ]),
-            messages: Arc::new(vec![user("a"), assistant.clone(), user("f")]),
-        };
-        let c = keep(&child, &[8], "h", Some(&r));
+        let child = whole(
+            &[1, 2, 3, 4, 5, 6],
+            "abcdef",
+            vec![
+                seg(Prompt, 0, 3),
+                seg(Sampled, 3, 5),
+                seg(Observation, 5, 6),
+            ],
+            vec![user("a"), assistant("de"), user("f")],
+        );
+        let c = keep_chat(&child, &[8], "h", Some(&r));
         gives_back(&c, &child, &[8], "h");
-        let kept = c.kept();
-        assert_eq!(kept.prompt_ids.as_slice(), &[6]);
-        assert_eq!(kept.prompt_text.as_str(), "f");
-        assert_eq!(kept.segments.len(), 2);
-        assert_eq!(kept.messages.map(|m| m.len()), Some(2));
+        assert_eq!(c.kept().ids.as_slice(), &[6]);
+        assert_eq!(c.kept().text.get().as_str(), "f");
+        assert_eq!(c.kept().segments.len(), 2);
+        assert_eq!(messages_kept(&c), Some(2));
 
         // A grandchild whose text and messages do not extend its parent's
         // (a fresh render decoded otherwise, an edited message) keeps them
         // whole; its ids still extend.
-        let grandchild = Whole {
-            ids: Arc::new(vec![1, 2, 3, 4, 5, 6, 8, 9]),
-            text: Arc::new("ABCdefhi".into()),
-            segments: Arc::new(
-                [
-                    child.segments.as_slice(),
-                    &[
-                        seg(SegmentKind::Sampled, 6, 7),
-                        seg(SegmentKind::Observation, 7, 8),
-                    ],
-                ]
-                .concat(),
-            ),
-            messages: Arc::new(vec![user("edited"), assistant, user("f"), user("i")]),
-        };
-        let g = keep(&grandchild, &[10], "j", Some(&c));
+        let grandchild = whole(
+            &[1, 2, 3, 4, 5, 6, 8, 9],
+            "ABCdefhi",
+            [
+                &child.segments[..],
+                &[seg(Sampled, 6, 7), seg(Observation, 7, 8)],
+            ]
+            .concat(),
+            vec![user("edited"), assistant("de"), user("f"), user("i")],
+        );
+        let g = keep_chat(&grandchild, &[10], "j", Some(&c));
         gives_back(&g, &grandchild, &[10], "j");
-        assert!(matches!(g.prompt.ids, Own::AfterParent(_)));
+        assert_eq!(g.kept().ids.as_slice(), &[9]);
         assert!(matches!(g.prompt.text, Own::Whole(_)));
         assert!(matches!(g.prompt.messages, Some(Own::Whole(_))));
 
         // Its child extends it again: the walk stops at the whole text.
-        let great = Whole {
-            ids: Arc::new([grandchild.ids.as_slice(), &[10, 11]].concat()),
-            text: Arc::new("ABCdefhijk".into()),
-            segments: Arc::new(
-                [
-                    grandchild.segments.as_slice(),
-                    &[
-                        seg(SegmentKind::Sampled, 8, 9),
-                        seg(SegmentKind::Observation, 9, 10),
-                    ],
-                ]
-                .concat(),
-            ),
-            messages: Arc::new(
-                [
-                    grandchild.messages.as_slice(),
-                    &[json!({"role": "assistant", "content": "j"}), user("k")],
-                ]
-                .concat(),
-            ),
-        };
-        let gg = keep(&great, &[12], "l", Some(&g));
+        let great = whole(
+            &[&grandchild.ids[..], &[10, 11]].concat(),
+            "ABCdefhijk",
+            [
+                &grandchild.segments[..],
+                &[seg(Sampled, 8, 9), seg(Observation, 9, 10)],
+            ]
+            .concat(),
+            [&grandchild.messages[..], &[assistant("j"), user("k")]].concat(),
+        );
+        let gg = keep_chat(&great, &[12], "l", Some(&g));
         gives_back(&gg, &great, &[12], "l");
-        assert_eq!(gg.kept().prompt_text.as_str(), "k");
-        assert_eq!(gg.kept().messages.map(|m| m.len()), Some(2));
+        assert_eq!(gg.kept().text.get().as_str(), "k");
+        assert_eq!(messages_kept(&gg), Some(2));
     }
 
     /// A call asked with messages after one without (a completions call)
     /// keeps its messages whole.
     #[test]
     fn messages_after_a_call_without_are_kept_whole() {
-        let root = Whole {
-            ids: Arc::new(vec![1]),
-            text: Arc::new("a".into()),
-            segments: Arc::new(vec![seg(SegmentKind::Prompt, 0, 1)]),
-            messages: Arc::new(Vec::new()),
-        };
-        let r = Arc::new(HotCall::new(new_call(&root, None, &[2], "b", None)));
+        use SegmentKind::{Observation, Prompt, Sampled};
+        let root = whole(&[1], "a", vec![seg(Prompt, 0, 1)], Vec::new());
+        let r = keep(&root, None, &[2], "b", None);
         assert_eq!(r.messages(), None);
         assert_eq!(r.messages_len(), None);
-        let child = Whole {
-            ids: Arc::new(vec![1, 2, 3]),
-            text: Arc::new("abc".into()),
-            segments: Arc::new(vec![
-                seg(SegmentKind::Prompt, 0, 1),
-                seg(SegmentKind::Sampled, 1, 2),
-                seg(SegmentKind::Observation, 2, 3),
-            ]),
-            messages: Arc::new(vec![user("a"), user("c")]),
-        };
-        let c = keep(&child, &[4], "d", Some(&r));
+        let child = whole(
+            &[1, 2, 3],
+            "abc",
+            vec![
+                seg(Prompt, 0, 1),
+                seg(Sampled, 1, 2),
+                seg(Observation, 2, 3),
+            ],
+            vec![user("a"), user("c")],
+        );
+        let c = keep_chat(&child, &[4], "d", Some(&r));
         gives_back(&c, &child, &[4], "d");
         assert!(matches!(c.prompt.messages, Some(Own::Whole(_))));
         assert!(matches!(c.prompt.text, Own::AfterParent(_)));
@@ -606,18 +588,20 @@ mod tests {
             .spawn(|| {
                 let mut last: Option<Arc<HotCall>> = None;
                 for i in 0..100_000u32 {
-                    // Parts that do not extend the parent's are kept whole,
-                    // so building the line walks no ancestors.
-                    let i = i as usize;
-                    let w = Whole {
-                        ids: Arc::new(vec![i as u32]),
-                        text: Arc::new(format!("<{i}>")),
-                        segments: Arc::new(vec![seg(SegmentKind::Prompt, i, i + 1)]),
-                        messages: Arc::new(Vec::new()),
+                    // One id each, kept as given: building the line walks
+                    // no ancestors.
+                    let prompt = KeptPrompt {
+                        messages: None,
+                        messages_len: 0,
+                        ids: Arc::new(vec![i]),
+                        ids_len: i as usize + 1,
+                        text: Own::Whole(Arc::default()),
+                        text_len: 0,
+                        segments: Arc::default(),
+                        segments_len: 0,
                     };
                     last = Some(Arc::new(HotCall::new(new_call(
-                        &w,
-                        None,
+                        prompt,
                         &[],
                         "",
                         last.as_ref(),

@@ -278,15 +278,8 @@ impl Trajectories {
                     let segs = extend_segments(p, rec.prompt_delta_ids.len());
                     (ids, segs, p.response_used + rec.prompt_delta_ids.len())
                 }
-                None => {
-                    let segs = vec![SegRange {
-                        kind: SegmentKind::Prompt,
-                        call: rec.call_index,
-                        start: 0,
-                        end: rec.prompt_delta_ids.len(),
-                    }];
-                    (rec.prompt_delta_ids.clone(), segs, 0)
-                }
+                // A root's one segment is named by its call (HotCall::segments).
+                None => (rec.prompt_delta_ids.clone(), Vec::new(), 0),
             };
             if let Some(p) = &parent {
                 if p.sample_index == rec.sample_index {
@@ -302,7 +295,7 @@ impl Trajectories {
                     messages: messages.as_ref(),
                     ids: &Arc::new(prompt_ids),
                     text: &hot::kept_text(prompt_text),
-                    segments: &Arc::new(segments),
+                    segments: &segments,
                 },
             );
             let call = Arc::new(HotCall::new(NewCall {
@@ -387,7 +380,7 @@ impl Trajectories {
                 messages: ctx.messages.as_ref(),
                 ids: &prepared.prompt_ids,
                 text: &prepared.prompt_text,
-                segments: &prepared.segments,
+                segments: prepared.segments.as_slice(),
             },
         );
         let finished_at = now_ms();
@@ -481,10 +474,7 @@ impl Trajectories {
             let call = Arc::new(HotCall::new(NewCall {
                 call_index,
                 sample_index,
-                prompt: match parent {
-                    None => prompt.of_root(call_index),
-                    Some(_) => prompt.clone(),
-                },
+                prompt: prompt.clone(),
                 messages_hash: prepared.messages_hash,
                 context: prepared.context,
                 served: std::mem::take(&mut choice.served),

@@ -22,7 +22,7 @@ use super::messages::{is_served_message, prefix_hashes, render_bytes, ContextHas
 use super::{extend_segments, hot, HotCall, Trajectories, TrajectoryError};
 use crate::config::HistoryMode;
 use crate::render::{run_render_work, RenderInput};
-use crate::store::{Drift, SegmentKind};
+use crate::store::Drift;
 
 /// What a chat call renders.
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +41,8 @@ pub struct Prepared {
     /// `prompt_ids[delta_start..]` is what this call adds to its parent.
     pub delta_start: usize,
     pub parent: Option<Arc<HotCall>>,
+    /// Token ranges of `prompt_ids`; none for a root, whose one prompt
+    /// segment is named by its call once recorded ([`HotCall::segments`]).
     pub segments: Arc<Vec<SegRange>>,
     pub drift: Option<Drift>,
     /// Response tokens of the sample before this call generates.
@@ -251,18 +253,12 @@ impl Trajectories {
     }
 
     fn root(&self, ids: Vec<u32>, text: String, drift: Option<Drift>) -> Prepared {
-        let segments = vec![SegRange {
-            kind: SegmentKind::Prompt,
-            call: 0,
-            start: 0,
-            end: ids.len(),
-        }];
         Prepared {
             prompt_ids: hot::kept_ids(ids),
             prompt_text: hot::kept_text(text),
             delta_start: 0,
             parent: None,
-            segments: Arc::new(segments),
+            segments: Arc::default(),
             drift,
             response_used: 0,
             truncated: false,
