@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tito::config::{ModelConfig, TrajectoryConfig};
 use tito::render::{RenderInput, Renderer};
-use tito::trajectory::{CallContext, ChatInput, ChoiceOutcome, Trajectories};
+use tito::trajectory::{testing, ChatInput, Trajectories};
 
 const TURNS: usize = 50;
 const REPS: usize = 15;
@@ -67,24 +67,9 @@ async fn main() {
         let prepared = traj.prepare_chat("bench", input).await.expect("prepare");
         let reply = words(t + 1000, 300);
         let sampled = [renderer.encode(&reply).expect("enc"), vec![im_end]].concat();
-        let ctx = CallContext {
-            trajectory_id: "bench".into(),
-            request: Value::Null,
-            messages: Some(Arc::new(messages.clone())),
-            started_at: 0,
-            weight_version: None,
-            normalized: Vec::new(),
-        };
-        let outcome = ChoiceOutcome {
-            logprobs: Vec::new(),
-            sampled_ids: sampled,
-            finish_reason: Some(tito::backend::FinishReason::Stop),
-            served: json!({"role": "assistant", "content": reply}),
-            backend: "bench".into(),
-            moved_from: None,
-            weight_version: None,
-            parse_outcome: None,
-        };
+        let ctx = testing::context("bench", Value::Null, Some(messages.clone()));
+        let served = json!({"role": "assistant", "content": reply});
+        let outcome = testing::stopped(sampled, served);
         traj.commit(&ctx, &prepared, vec![outcome], None)
             .await
             .expect("commit");

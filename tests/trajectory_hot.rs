@@ -17,7 +17,7 @@ use tito::store::{
     Ack, Acked, CallRecord, DynStore, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
     Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
 };
-use tito::trajectory::{CallContext, ChatInput, ChoiceOutcome, Trajectories};
+use tito::trajectory::{testing, CallContext, ChatInput, ChoiceOutcome, Trajectories};
 
 const TRAJECTORIES: usize = 10_000;
 const PROMPT_TOKENS: usize = 8_192;
@@ -117,27 +117,11 @@ impl SpanStore for KeepSome {
 }
 
 fn ctx(tid: &str, messages: Option<Vec<Value>>) -> CallContext {
-    CallContext {
-        trajectory_id: tid.into(),
-        request: json!({"messages": messages}),
-        messages: messages.map(Arc::new),
-        started_at: 0,
-        weight_version: None,
-        normalized: Vec::new(),
-    }
+    testing::context(tid, json!({"messages": messages}), messages)
 }
 
 fn outcome(sampled: Vec<u32>, content: &str) -> ChoiceOutcome {
-    ChoiceOutcome {
-        sampled_ids: sampled,
-        logprobs: Vec::new(),
-        finish_reason: Some(tito::backend::FinishReason::Stop),
-        served: json!({"role": "assistant", "content": content}),
-        backend: "b".into(),
-        moved_from: None,
-        weight_version: None,
-        parse_outcome: None,
-    }
+    testing::stopped(sampled, json!({"role": "assistant", "content": content}))
 }
 
 #[tokio::test]

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use tito::config::TrajectoryConfig;
 use tito::render::testing::{chatml_renderer, IM_END};
 use tito::render::Renderer;
-use tito::trajectory::{CallContext, ChatInput, ChoiceOutcome, Trajectories};
+use tito::trajectory::{testing, ChatInput, Trajectories};
 
 /// Live heap bytes as requested (the allocator's own rounding not counted).
 static LIVE: AtomicI64 = AtomicI64::new(0);
@@ -92,18 +92,11 @@ async fn chat_call(
     };
     let prepared = traj.prepare_chat(tid, input).await.expect("prepare");
     let sampled = [RENDERER.encode(reply).expect("encode"), vec![IM_END]].concat();
-    let ctx = CallContext {
-        trajectory_id: tid.into(),
-        request,
-        messages: Some(Arc::new(messages.clone())),
-        started_at: 0,
-        weight_version: None,
-        normalized: Vec::new(),
-    };
+    let ctx = testing::context(tid, request, Some(messages.clone()));
     traj.commit(
         &ctx,
         &prepared,
-        vec![outcome(
+        vec![testing::stopped(
             sampled,
             json!({"role": "assistant", "content": reply}),
         )],
@@ -114,19 +107,6 @@ async fn chat_call(
     let mut next = messages;
     next.push(json!({"role": "assistant", "content": reply}));
     next
-}
-
-fn outcome(sampled_ids: Vec<u32>, served: Value) -> ChoiceOutcome {
-    ChoiceOutcome {
-        sampled_ids,
-        logprobs: Vec::new(),
-        finish_reason: Some(tito::backend::FinishReason::Stop),
-        served,
-        backend: "b".into(),
-        moved_from: None,
-        weight_version: None,
-        parse_outcome: None,
-    }
 }
 
 fn parsed(text: &str) -> Vec<Value> {
@@ -164,19 +144,12 @@ async fn turns(traj: &Trajectories, tid: &str, i: usize, n: usize) {
 async fn long_prompt(traj: &Trajectories, tid: &str, i: usize) {
     let ids: Vec<u32> = (0..2_048).map(|j| 97 + ((i + j) % 26) as u32).collect();
     let prepared = traj.prepare_root(tid, ids).await.expect("prepare");
-    let ctx = CallContext {
-        trajectory_id: tid.into(),
-        request: json!({"prompt": "..."}),
-        messages: None,
-        started_at: 0,
-        weight_version: None,
-        normalized: Vec::new(),
-    };
+    let ctx = testing::context(tid, json!({"prompt": "..."}), None);
     let sampled = vec![120, 121, IM_END];
     traj.commit(
         &ctx,
         &prepared,
-        vec![outcome(sampled, json!({"text": "xy"}))],
+        vec![testing::stopped(sampled, json!({"text": "xy"}))],
         None,
     )
     .await

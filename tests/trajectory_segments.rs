@@ -2,13 +2,11 @@
 //! the live view and in one rebuilt from the store. A drift's details name
 //! the call of the segment it falls in, so a wrong name reaches the store.
 
-use std::sync::Arc;
-
 use serde_json::{json, Value};
 use tito::config::TrajectoryConfig;
 use tito::render::testing::{chatml_renderer, IM_END};
 use tito::store::SegmentKind;
-use tito::trajectory::{CallContext, ChatInput, ChoiceOutcome, SegRange, Trajectories};
+use tito::trajectory::{testing, ChatInput, SegRange, Trajectories};
 
 fn input(messages: &[Value]) -> ChatInput<'_> {
     ChatInput {
@@ -25,25 +23,17 @@ async fn call(traj: &Trajectories, messages: &[Value], reply: &str) {
         .prepare_chat("t", input(messages))
         .await
         .expect("prepare");
-    let renderer = chatml_renderer();
-    let ctx = CallContext {
-        trajectory_id: "t".into(),
-        request: json!({ "messages": messages }),
-        messages: Some(Arc::new(messages.to_vec())),
-        started_at: 0,
-        weight_version: None,
-        normalized: Vec::new(),
-    };
-    let outcome = ChoiceOutcome {
-        sampled_ids: [renderer.encode(reply).expect("encode"), vec![IM_END]].concat(),
-        logprobs: Vec::new(),
-        finish_reason: Some(tito::backend::FinishReason::Stop),
-        served: json!({"role": "assistant", "content": reply}),
-        backend: "b".into(),
-        moved_from: None,
-        weight_version: None,
-        parse_outcome: None,
-    };
+    let ctx = testing::context(
+        "t",
+        json!({ "messages": messages }),
+        Some(messages.to_vec()),
+    );
+    let sampled = [
+        chatml_renderer().encode(reply).expect("encode"),
+        vec![IM_END],
+    ]
+    .concat();
+    let outcome = testing::stopped(sampled, json!({"role": "assistant", "content": reply}));
     traj.commit(&ctx, &prepared, vec![outcome], None)
         .await
         .expect("commit");

@@ -13,6 +13,7 @@ mod kept;
 pub mod messages;
 pub mod normalize;
 mod prepare;
+pub mod testing;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
