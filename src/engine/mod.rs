@@ -92,11 +92,15 @@ impl EngineSettings {
                     "engine.batch_invariant = true needs device = \"cpu\": only ggml's CPU kernels have a batch-invariant mode; set engine.batch_invariant = false to run on cuda".into(),
                 ))
             }
-            Device::Cuda if cfg!(feature = "cuda") => 999,
+            // Asked of the llama.cpp this binary runs on, not of the cargo
+            // feature: a `--features cuda` build on a machine without a GPU
+            // (or driver) would otherwise run every layer on the CPU unsaid.
+            Device::Cuda if llama_backend()?.supports_gpu_offload() => 999,
             Device::Cuda => {
-                return Err(EngineError::Config(
-                    "engine.device = \"cuda\" needs a build with `--features cuda`".into(),
-                ))
+                return Err(EngineError::Config(format!(
+                    "engine.device = \"cuda\", but llama.cpp has no GPU to offload to (its devices: {}); it needs a build with `--features cuda` on a machine with an NVIDIA GPU and driver",
+                    device_names()
+                )))
             }
         };
         if !cfg.model.is_file() {
@@ -125,6 +129,15 @@ impl EngineSettings {
     }
 }
 
+/// llama.cpp's devices as `name (description)`, comma-separated.
+pub fn device_names() -> String {
+    llama_cpp_2::list_llama_ggml_backend_devices()
+        .iter()
+        .map(|d| format!("{} ({})", d.name, d.description))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The process-wide llama.cpp backend (llama.cpp allows one init per process).
 pub fn llama_backend() -> Result<&'static LlamaBackend, EngineError> {
     static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
@@ -139,10 +152,12 @@ pub fn llama_backend() -> Result<&'static LlamaBackend, EngineError> {
         .map_err(|e| EngineError::Init(e.clone()))
 }
 
-/// Handle to a running engine; implements [`Backend`].
+/// Handle to a running engine; implements [`Backend`]. Dropping it stops the
+/// engine thread and waits for it (see the `Drop` impl).
 pub struct EngineBackend {
     name: String,
     tx: std::sync::mpsc::Sender<worker::Msg>,
+    thread: Option<std::thread::JoinHandle<()>>,
     shared: Arc<worker::Shared>,
     max_queue: usize,
     info: EngineInfo,
@@ -167,7 +182,7 @@ impl EngineBackend {
         let (tx, rx) = std::sync::mpsc::channel();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let thread_shared = shared.clone();
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name(format!("tito-engine-{name}"))
             .spawn(move || lifecycle::run(settings, thread_shared, rx, ready_tx))
             .map_err(|e| EngineError::Init(format!("cannot spawn the engine thread: {e}")))?;
@@ -182,6 +197,7 @@ impl EngineBackend {
         Ok(Arc::new(EngineBackend {
             name: name.to_string(),
             tx,
+            thread: Some(thread),
             shared,
             max_queue: cfg.max_queue as usize,
             info,
@@ -415,6 +431,24 @@ impl Backend for EngineBackend {
     }
 }
 
+impl Drop for EngineBackend {
+    /// Closes the command channel (this handle holds its only sender) and
+    /// waits for the engine thread to finish what it accepted and free the
+    /// llama.cpp context and model. Left running, a thread still freeing a
+    /// CUDA context when `main` returns races CUDA's teardown at exit, and
+    /// the process aborts ("CUDA error: driver shutting down", seen on an
+    /// H100: docs/benchmarks-engine.md).
+    fn drop(&mut self) {
+        let (closed, _) = std::sync::mpsc::channel();
+        drop(std::mem::replace(&mut self.tx, closed));
+        if let Some(thread) = self.thread.take() {
+            if thread.join().is_err() {
+                tracing::error!(engine = %self.name, "the engine thread panicked");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -429,5 +463,48 @@ mod tests {
             panic!("engine.batch_invariant = true on cuda must be refused");
         };
         assert!(msg.contains("engine.batch_invariant = false"), "{msg}");
+    }
+
+    #[test]
+    fn dropping_the_engine_waits_for_its_thread_to_free_the_model() {
+        let model = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+        let cfg = EngineConfig {
+            model,
+            n_ctx: 512,
+            threads: 1,
+            ..Default::default()
+        };
+        let engine = EngineBackend::start(&cfg).expect("engine starts (scripts/fetch-model.sh)");
+        let shared = engine.shared.clone();
+        drop(engine);
+        // `alive` turns false only after the thread dropped its model and context.
+        assert!(
+            !shared.alive.load(Ordering::SeqCst),
+            "the engine thread still runs after its handle was dropped"
+        );
+    }
+
+    #[test]
+    fn cuda_is_refused_where_llama_cpp_has_no_gpu() {
+        let cfg = EngineConfig {
+            device: Device::Cuda,
+            batch_invariant: false,
+            model: "/nonexistent/model.gguf".into(),
+            ..Default::default()
+        };
+        let gpu = llama_backend().expect("backend").supports_gpu_offload();
+        match EngineSettings::from_config(&cfg, "engine") {
+            Err(EngineError::Config(msg)) => {
+                assert!(!gpu, "refused although llama.cpp has a GPU: {msg}");
+                assert!(
+                    msg.contains("--features cuda") && msg.contains("CPU"),
+                    "{msg}"
+                );
+            }
+            // With a GPU the device is accepted and the missing model is next.
+            Err(EngineError::Load(msg)) => assert!(gpu, "accepted without a GPU: {msg}"),
+            other => panic!("unexpected: {other:?}"),
+        }
     }
 }
