@@ -13,14 +13,18 @@
 //! (generated tokens per request, default 64), TITO_BENCH_THREADS (default 2),
 //! TITO_BENCH_REPS (default 3: every throughput figure is the best of that
 //! many runs, direct and both engine modes interleaved, so a noisy shared
-//! machine penalises all sides alike), TITO_BENCH_TURNS (default 10).
+//! machine penalises all sides alike), TITO_BENCH_TURNS (default 10),
+//! TITO_BENCH_MODEL (default the repository's SmolLM2-135M-Instruct Q4_1),
+//! TITO_BENCH_DEVICE (`cpu`, default, or `cuda`: the engine and the direct
+//! loop with every layer on the GPU, `batch_invariant = false` only, since
+//! the invariant mode is CPU-only; adds a CPU-against-GPU logprob check).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use tito::backend::{Backend, GenEvent, GenerateRequest, SamplingParams};
-use tito::config::EngineConfig;
+use tito::config::{Device, EngineConfig};
 use tito::engine::EngineBackend;
 
 fn env_usize(key: &str, default: usize) -> usize {
@@ -102,7 +106,11 @@ async fn run_engine(
 }
 
 fn direct(cfg: &EngineConfig, p: usize, gen: usize) -> (f64, f64) {
-    tito::engine::direct::with_direct(&cfg.model, 2048, 512, cfg.threads, |d| {
+    let gpu_layers = match cfg.device {
+        Device::Cpu => 0,
+        Device::Cuda => 999,
+    };
+    tito::engine::direct::with_direct(&cfg.model, gpu_layers, 2048, 512, cfg.threads, |d| {
         let toks = prompt(p, 0);
         let t0 = Instant::now();
         let mut logits = d.feed(&toks).expect("prefill");
@@ -131,12 +139,14 @@ fn direct(cfg: &EngineConfig, p: usize, gen: usize) -> (f64, f64) {
 
 fn engine_config(
     model: &std::path::Path,
+    device: Device,
     threads: u32,
     invariant: bool,
     reuse: bool,
 ) -> EngineConfig {
     EngineConfig {
         model: model.to_path_buf(),
+        device,
         max_batch: 16,
         n_ctx: 8192,
         threads,
@@ -202,36 +212,21 @@ fn print_table(title: &str, best: &[Option<Row>], d_prefill: f64, d_decode: f64)
 /// |logprob difference| over the steps where both runs sampled the same
 /// tokens so far, and how many sequences sampled other tokens.
 async fn invariance(engine: &Arc<EngineBackend>, prompts: &[Vec<u32>], gen: u32) -> (f32, usize) {
-    let params = SamplingParams {
-        max_tokens: gen,
-        temperature: Some(0.0),
-        ignore_eos: true,
-        logprobs: Some(0),
-        ..Default::default()
-    };
-    let mut alone = Vec::new();
-    for p in prompts {
-        alone.push(generate(engine, p, params.clone()).await);
-    }
+    let one_by_one = alone(engine, prompts, gen).await;
     let mut tasks = Vec::new();
     for p in prompts {
-        let (engine, p, params) = (engine.clone(), p.clone(), params.clone());
-        tasks.push(tokio::spawn(
-            async move { generate(&engine, &p, params).await },
-        ));
+        let (engine, p) = (engine.clone(), p.clone());
+        tasks.push(tokio::spawn(async move {
+            alone(&engine, std::slice::from_ref(&p), gen)
+                .await
+                .remove(0)
+        }));
     }
-    let (mut max_diff, mut diverged) = (0.0f32, 0);
-    for (t, a) in tasks.into_iter().zip(&alone) {
-        let b = t.await.expect("task");
-        for ((ia, la), (ib, lb)) in a.iter().zip(&b) {
-            if ia != ib {
-                diverged += 1;
-                break;
-            }
-            max_diff = max_diff.max((la - lb).abs());
-        }
+    let mut batched = Vec::new();
+    for t in tasks {
+        batched.push(t.await.expect("task"));
     }
-    (max_diff, diverged)
+    compare(&one_by_one, &batched)
 }
 
 /// Sampled ids with their logprobs.
@@ -278,9 +273,50 @@ async fn conversation(engine: &Arc<EngineBackend>, turns: usize) -> Vec<Duration
     times
 }
 
+/// Sampled ids and logprobs of each prompt, generated one at a time.
+async fn alone(
+    engine: &Arc<EngineBackend>,
+    prompts: &[Vec<u32>],
+    gen: u32,
+) -> Vec<Vec<(u32, f32)>> {
+    let params = SamplingParams {
+        max_tokens: gen,
+        temperature: Some(0.0),
+        ignore_eos: true,
+        logprobs: Some(0),
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    for p in prompts {
+        out.push(generate(engine, p, params.clone()).await);
+    }
+    out
+}
+
+/// Largest |logprob a - b| over the steps before the first token where they
+/// differ, and how many sequences differ in a token.
+fn compare(a: &[Vec<(u32, f32)>], b: &[Vec<(u32, f32)>]) -> (f32, usize) {
+    let (mut max_diff, mut diverged) = (0.0f32, 0);
+    for (x, y) in a.iter().zip(b) {
+        for ((ix, lx), (iy, ly)) in x.iter().zip(y) {
+            if ix != iy {
+                diverged += 1;
+                break;
+            }
+            max_diff = max_diff.max((lx - ly).abs());
+        }
+    }
+    (max_diff, diverged)
+}
+
 fn main() {
-    let model = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let model = std::env::var_os("TITO_BENCH_MODEL").map_or_else(
+        || {
+            std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+                .join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+        },
+        std::path::PathBuf::from,
+    );
     if !model.is_file() {
         eprintln!(
             "{} is missing: run scripts/fetch-model.sh first",
@@ -293,7 +329,18 @@ fn main() {
     let threads = env_usize("TITO_BENCH_THREADS", 2) as u32;
     let reps = env_usize("TITO_BENCH_REPS", 3).max(1);
     let turns = env_usize("TITO_BENCH_TURNS", 10).max(1);
-    let cfg = engine_config(&model, threads, true, false);
+    let device = match std::env::var("TITO_BENCH_DEVICE").as_deref() {
+        Ok("cuda") => Device::Cuda,
+        Ok("cpu") | Err(_) => Device::Cpu,
+        Ok(other) => {
+            eprintln!("TITO_BENCH_DEVICE={other}: expected cpu or cuda");
+            std::process::exit(2);
+        }
+    };
+    let cuda = device == Device::Cuda;
+    // The batch-invariant mode runs ggml's CPU kernels only.
+    let modes: &[bool] = if cuda { &[false] } else { &[true, false] };
+    let cfg = engine_config(&model, device, threads, !cuda, false);
     let _ = direct(&cfg, p, 8); // warm-up
 
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -301,51 +348,69 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    // Throughput without prefix reuse, so both modes compute every token.
-    let invariant = EngineBackend::start(&cfg).expect("engine");
-    let fast = EngineBackend::start(&engine_config(&model, threads, false, false)).expect("engine");
+    // Throughput without prefix reuse, so every mode computes every token.
+    let engines: Vec<(bool, Arc<EngineBackend>)> = modes
+        .iter()
+        .map(|&inv| {
+            let e = EngineBackend::start(&engine_config(&model, device, threads, inv, false));
+            (inv, e.expect("engine"))
+        })
+        .collect();
     println!("llama.cpp: {}", tito::engine::kernels::system_info());
+    println!("llama.cpp devices: {}", tito::engine::device_names());
     rt.block_on(async {
-        let _ = run_engine(&invariant, 1, p, 8, 999).await; // warm-up
-        let _ = run_engine(&fast, 1, p, 8, 999).await;
+        for (_, engine) in &engines {
+            let _ = run_engine(engine, 1, p, 8, 999).await; // warm-up
+        }
         let (mut d_prefill, mut d_decode) = (0.0f64, 0.0f64);
-        let mut best_on: Vec<Option<Row>> = vec![None; 4];
-        let mut best_off: Vec<Option<Row>> = vec![None; 4];
+        let mut best: Vec<Vec<Option<Row>>> = vec![vec![None; CONCURRENCY.len()]; engines.len()];
         for rep in 0..reps {
             let (dp, dd) = direct(&cfg, p, gen);
             d_prefill = d_prefill.max(dp);
             d_decode = d_decode.max(dd);
-            throughput_round(&invariant, &mut best_on, p, gen, 100 * rep).await;
-            throughput_round(&fast, &mut best_off, p, gen, 100 * rep).await;
+            for ((_, engine), best) in engines.iter().zip(&mut best) {
+                throughput_round(engine, best, p, gen, 100 * rep).await;
+            }
         }
-        println!("prompt {p} tokens, {gen} generated per request, {threads} threads, best of {reps}");
+        println!("device {device:?}: prompt {p} tokens, {gen} generated per request, {threads} threads, best of {reps}");
         println!("direct llama.cpp (1 sequence): prefill {d_prefill:.0} tok/s, decode {d_decode:.1} tok/s");
-        print_table("batch_invariant = true (default)", &best_on, d_prefill, d_decode);
-        print_table("batch_invariant = false", &best_off, d_prefill, d_decode);
-        for k in 0..CONCURRENCY.len() {
-            if let (Some(on), Some(off)) = (best_on[k], best_off[k]) {
-                println!(
-                    "{} concurrent: invariant / fast aggregate = {:.2}, prefill = {:.2}",
-                    CONCURRENCY[k],
-                    on.2 / off.2,
-                    on.0 / off.0
-                );
+        for ((inv, _), best) in engines.iter().zip(&best) {
+            print_table(&format!("batch_invariant = {inv}"), best, d_prefill, d_decode);
+        }
+        if let [on, off] = &best[..] {
+            for k in 0..CONCURRENCY.len() {
+                if let (Some(on), Some(off)) = (on[k], off[k]) {
+                    println!(
+                        "{} concurrent: invariant / fast aggregate = {:.2}, prefill = {:.2}",
+                        CONCURRENCY[k],
+                        on.2 / off.2,
+                        on.0 / off.0
+                    );
+                }
             }
         }
 
         let prompts: Vec<Vec<u32>> = (0..8).map(|i| prompt(40 + 60 * i, 500 + i)).collect();
         println!("\nbatch invariance: 8 prompts of 40..460 tokens, 32 greedy tokens, alone then all at once");
-        for (name, engine) in [("batch_invariant = true", &invariant), ("batch_invariant = false", &fast)] {
+        for (inv, engine) in &engines {
             let (diff, diverged) = invariance(engine, &prompts, 32).await;
-            println!("{name}: max |logprob alone - batched| = {diff:e} nats; {diverged} of 8 sequences sampled other tokens");
+            println!("batch_invariant = {inv}: max |logprob alone - batched| = {diff:e} nats; {diverged} of 8 sequences sampled other tokens");
+        }
+        if cuda {
+            let cpu = EngineBackend::start(&engine_config(&model, Device::Cpu, threads, true, false))
+                .expect("cpu engine");
+            let on_cpu = alone(&cpu, &prompts, 32).await;
+            let on_gpu = alone(&engines[0].1, &prompts, 32).await;
+            let (diff, diverged) = compare(&on_cpu, &on_gpu);
+            println!("cpu (batch_invariant) against cuda, each prompt alone: max |logprob cpu - cuda| = {diff:e} nats; {diverged} of 8 sequences sampled other tokens");
         }
     });
-    drop((invariant, fast));
+    drop(engines);
 
     rt.block_on(async {
-        println!("\n{turns}-turn conversation (~200 new prompt tokens a turn, 50 generated), batch_invariant = true");
-        let with = EngineBackend::start(&engine_config(&model, threads, true, true)).expect("engine");
-        let without = EngineBackend::start(&engine_config(&model, threads, true, false)).expect("engine");
+        println!("\n{turns}-turn conversation (~200 new prompt tokens a turn, 50 generated), batch_invariant = {}", !cuda);
+        let with = EngineBackend::start(&engine_config(&model, device, threads, !cuda, true)).expect("engine");
+        let without = EngineBackend::start(&engine_config(&model, device, threads, !cuda, false)).expect("engine");
         let a = conversation(&with, turns).await;
         let b = conversation(&without, turns).await;
         let reused = with.stats().reused_tokens.load(std::sync::atomic::Ordering::Relaxed);

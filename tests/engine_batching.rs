@@ -197,7 +197,7 @@ async fn logprobs_are_log_softmax_of_the_logits() {
     let g = collect(&engine, &prompt, sampled(99)).await;
     assert_eq!(g.logprobs.len(), g.ids.len());
     let path = engine_support::model_path();
-    let expected = tito::engine::direct::with_direct(&path, 2048, 512, 2, |d| {
+    let expected = tito::engine::direct::with_direct(&path, 0, 2048, 512, 2, |d| {
         let mut logits = d.feed(&prompt).expect("prefill");
         let mut out = Vec::new();
         for &t in &g.ids {

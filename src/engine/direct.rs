@@ -50,17 +50,20 @@ impl Direct<'_> {
     }
 }
 
-/// Loads `model` and runs `f` with a single-sequence context of `n_ctx`
-/// cells that accepts up to `n_batch` tokens per call.
+/// Loads `model` with `gpu_layers` of its layers on the GPU (0: all on the
+/// CPU) and runs `f` with a single-sequence context of `n_ctx` cells that
+/// accepts up to `n_batch` tokens per call.
 pub fn with_direct<R>(
     model: &Path,
+    gpu_layers: u32,
     n_ctx: u32,
     n_batch: u32,
     threads: u32,
     f: impl FnOnce(&mut Direct<'_>) -> R,
 ) -> Result<R, EngineError> {
     let backend = super::llama_backend()?;
-    let model = LlamaModel::load_from_file(backend, model, &LlamaModelParams::default())
+    let params = LlamaModelParams::default().with_n_gpu_layers(gpu_layers);
+    let model = LlamaModel::load_from_file(backend, model, &params)
         .map_err(|e| EngineError::Load(format!("{}: {e}", model.display())))?;
     let params = LlamaContextParams::default()
         .with_n_ctx(NonZeroU32::new(n_ctx))
