@@ -8,6 +8,10 @@
 //! 3. Multi-turn KV reuse: a 10-turn conversation (about 200 new prompt
 //!    tokens a turn), each turn's latency with `kv_reuse` on and off.
 //!
+//! First it times the sampler alone on one row of the model's vocabulary
+//! width: the CPU work each sequence costs per step on the engine thread,
+//! whatever device runs the model.
+//!
 //! Run: `cargo bench --bench engine` (needs scripts/fetch-model.sh first).
 //! Env: TITO_BENCH_PROMPT (prompt tokens, default 128), TITO_BENCH_GEN
 //! (generated tokens per request, default 64), TITO_BENCH_THREADS (default 2),
@@ -273,6 +277,28 @@ async fn conversation(engine: &Arc<EngineBackend>, turns: usize) -> Vec<Duration
     times
 }
 
+/// Mean µs of one `Sampler::sample` on `row`: greedy, temperature 1 (what
+/// RL rollouts use), and temperature 1 with top-p 0.9.
+fn sampling_cost(row: &[f32]) -> [f64; 3] {
+    use tito::engine::sampler::Sampler;
+    let time = |temperature: f32, top_p: f32| {
+        let params = SamplingParams {
+            temperature: Some(temperature),
+            top_p: Some(top_p),
+            seed: Some(1),
+            ..Default::default()
+        };
+        let mut s = Sampler::new(&params, &[], tito::config::LogprobsMode::RawLogprobs);
+        let rows = 2000;
+        let t0 = Instant::now();
+        for _ in 0..rows {
+            std::hint::black_box(s.sample(std::hint::black_box(row)));
+        }
+        t0.elapsed().as_secs_f64() * 1e6 / rows as f64
+    };
+    [time(0.0, 1.0), time(1.0, 1.0), time(1.0, 0.9)]
+}
+
 /// Sampled ids and logprobs of each prompt, generated one at a time.
 async fn alone(
     engine: &Arc<EngineBackend>,
@@ -358,6 +384,16 @@ fn main() {
         .collect();
     println!("llama.cpp: {}", tito::engine::kernels::system_info());
     println!("llama.cpp devices: {}", tito::engine::device_names());
+    // The model's own next-token row after a prompt, on the CPU.
+    let row = tito::engine::direct::with_direct(&model, 0, 2048, 512, threads, |d| {
+        d.feed(&prompt(p, 0)).expect("prefill")
+    })
+    .expect("direct llama.cpp");
+    let [greedy, t1, top_p] = sampling_cost(&row);
+    println!(
+        "sampler, one token from the model's {} logits (engine thread, per sequence per step): greedy {greedy:.0} µs, temperature 1 {t1:.0} µs, temperature 1 top-p 0.9 {top_p:.0} µs",
+        row.len()
+    );
     rt.block_on(async {
         for (_, engine) in &engines {
             let _ = run_engine(engine, 1, p, 8, 999).await; // warm-up

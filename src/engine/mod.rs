@@ -10,8 +10,9 @@
 //! trajectories; it speaks token ids only (the server also accepts text
 //! prompts, tokenized with the GGUF's own tokenizer).
 //!
-//! Start it with [`EngineBackend::start`]; dropping every handle closes the
-//! command channel and the thread exits once running requests finish.
+//! Start it with [`EngineBackend::start`]; dropping the last handle closes
+//! the command channel and waits for the thread to finish running requests
+//! and free the model.
 
 mod cells;
 pub mod direct;
