@@ -79,8 +79,9 @@ pub struct Sampler {
     /// Prompt tokens (repetition penalty), only kept when that penalty is on.
     prompt_seen: Vec<u32>,
     scratch: Vec<f32>,
-    /// `exp(z - max)` of each entry of `scratch` before truncation, computed
-    /// once a step and read by the truncation, the draw and the log-sum-exp.
+    /// `exp(z - max)` of each entry of `scratch` before truncation, for a
+    /// step that truncates (read by the top-p walk, the kept mass and the
+    /// draw); empty otherwise.
     weights: Vec<f64>,
     order: Vec<u32>,
     values: Vec<f32>,
@@ -252,6 +253,10 @@ impl Sampler {
     fn truncate(&mut self, max: f32, sum_exp: f64) -> Option<f64> {
         let z = &mut self.scratch;
         let w = &self.weights;
+        debug_assert!(
+            w.len() == z.len() || (self.min_p <= 0.0 && self.top_k == 0 && self.top_p >= 1.0),
+            "a truncating step keeps its weights"
+        );
         let mut cut = f32::NEG_INFINITY;
         if self.min_p > 0.0 {
             // p >= min_p * p_max  <=>  z - max >= ln(min_p)
