@@ -30,7 +30,7 @@ pack)
     src=$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/llama-cpp-sys-2-"$version" | head -1)
     tar czf "$dir/llama-src.tgz" -C "$src" llama.cpp/CMakeLists.txt llama.cpp/LICENSE llama.cpp/cmake \
         llama.cpp/include llama.cpp/src llama.cpp/common llama.cpp/vendor llama.cpp/ggml
-    target=${CARGO_TARGET_DIR:-target-shared}
+    target=${CARGO_TARGET_DIR:-target/shared}
     export CARGO_TARGET_DIR=$target LLAMA_BUILD_SHARED_LIBS=1
     cargo build --release --bin tito
     bench=$(cargo bench --bench engine --no-run --message-format=json 2>/dev/null |
