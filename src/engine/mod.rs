@@ -10,9 +10,9 @@
 //! trajectories; it speaks token ids only (the server also accepts text
 //! prompts, tokenized with the GGUF's own tokenizer).
 //!
-//! Start it with [`EngineBackend::start`]; dropping the last handle closes
-//! the command channel and waits for the thread to finish running requests
-//! and free the model.
+//! Start it with [`EngineBackend::start`]; dropping the last handle ends the
+//! requests still running (with an error), closes the command channel and
+//! waits for the thread to free the model.
 
 mod cells;
 pub mod direct;
@@ -178,6 +178,7 @@ impl EngineBackend {
             queued: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
             asleep: AtomicBool::new(false),
+            stopping: AtomicBool::new(false),
             stats: EngineStats::default(),
         });
         let (tx, rx) = std::sync::mpsc::channel();
@@ -433,13 +434,15 @@ impl Backend for EngineBackend {
 }
 
 impl Drop for EngineBackend {
-    /// Closes the command channel (this handle holds its only sender) and
-    /// waits for the engine thread to finish what it accepted and free the
-    /// llama.cpp context and model. Left running, a thread still freeing a
-    /// CUDA context when `main` returns races CUDA's teardown at exit, and
-    /// the process aborts ("CUDA error: driver shutting down", seen on an
-    /// H100: docs/benchmarks-engine.md).
+    /// Tells the engine thread to stop (the requests it still runs end with
+    /// an error at its next step), closes the command channel (this handle
+    /// holds its only sender), and waits for the thread to free the llama.cpp
+    /// context and model. Left running, a thread still freeing a CUDA context
+    /// when `main` returns races CUDA's teardown at exit, and the process
+    /// aborts ("CUDA error: driver shutting down", seen on an H100:
+    /// docs/benchmarks-engine.md).
     fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
         let (closed, _) = std::sync::mpsc::channel();
         drop(std::mem::replace(&mut self.tx, closed));
         if let Some(thread) = self.thread.take() {
@@ -466,8 +469,11 @@ mod tests {
         assert!(msg.contains("engine.batch_invariant = false"), "{msg}");
     }
 
-    #[test]
-    fn dropping_the_engine_waits_for_its_thread_to_free_the_model() {
+    /// The drop ends a generation still running, at the engine's next step,
+    /// and returns once the thread has freed the model: it neither waits for
+    /// the generation to finish nor leaves the thread to free it at exit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn dropping_the_engine_ends_what_it_runs_and_waits_for_its_thread() {
         let model = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
         let cfg = EngineConfig {
@@ -477,12 +483,36 @@ mod tests {
             ..Default::default()
         };
         let engine = EngineBackend::start(&cfg).expect("engine starts (scripts/fetch-model.sh)");
+        let request = GenerateRequest {
+            request_id: "long".into(),
+            prompt_ids: Arc::new(vec![1, 9690, 198]),
+            params: crate::backend::SamplingParams {
+                max_tokens: 100_000,
+                temperature: Some(0.0),
+                ignore_eos: true,
+                ..Default::default()
+            },
+        };
+        let mut stream = engine.generate(request).await.expect("accepted");
+        let first = stream.next().await;
+        assert!(
+            matches!(first, Some(Ok(GenEvent::Tokens { .. }))),
+            "{first:?}"
+        );
         let shared = engine.shared.clone();
         drop(engine);
         // `alive` turns false only after the thread dropped its model and context.
         assert!(
             !shared.alive.load(Ordering::SeqCst),
             "the engine thread still runs after its handle was dropped"
+        );
+        let mut last = None;
+        while let Some(event) = stream.next().await {
+            last = Some(event);
+        }
+        assert!(
+            matches!(last, Some(Err(BackendError::Unreachable { .. }))),
+            "the generation was finished, not ended: {last:?}"
         );
     }
 

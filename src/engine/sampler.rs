@@ -199,9 +199,7 @@ impl Sampler {
         }
         // Truncation reads each weight again and again: keep them. Greedy
         // needs none, and a plain draw stops partway: recompute those.
-        let truncates =
-            self.temperature > 0.0 && (self.top_p < 1.0 || self.top_k > 0 || self.min_p > 0.0);
-        let (argmax, max, whole) = if truncates {
+        let (argmax, max, whole) = if self.temperature > 0.0 && self.truncates() {
             max_and_weights(&self.scratch, &mut self.weights)
         } else {
             self.weights.clear();
@@ -246,17 +244,23 @@ impl Sampler {
         })
     }
 
+    /// Whether min-p, top-k or top-p may exclude tokens (the comparisons
+    /// [`Sampler::truncate`] makes, so a NaN parameter truncates in neither).
+    fn truncates(&self) -> bool {
+        self.top_p < 1.0 || self.top_k > 0 || self.min_p > 0.0
+    }
+
     /// min-p, top-k, then top-p on `z` (vLLM's order), each over what the
     /// previous left: excluded tokens become `-inf`. Returns the mass kept,
     /// `sum(exp(z - max))`, or `None` when nothing was excluded. The most
     /// likely token is always kept, so `max` stays the row's maximum.
     fn truncate(&mut self, max: f32, sum_exp: f64) -> Option<f64> {
-        let z = &mut self.scratch;
-        let w = &self.weights;
         debug_assert!(
-            w.len() == z.len() || (self.min_p <= 0.0 && self.top_k == 0 && self.top_p >= 1.0),
+            self.weights.len() == self.scratch.len() || !self.truncates(),
             "a truncating step keeps its weights"
         );
+        let z = &mut self.scratch;
+        let w = &self.weights;
         let mut cut = f32::NEG_INFINITY;
         if self.min_p > 0.0 {
             // p >= min_p * p_max  <=>  z - max >= ln(min_p)

@@ -156,6 +156,10 @@ pub(crate) struct Shared {
     /// Set while asleep (and from a sleep's request on): new requests are
     /// refused at the handle.
     pub asleep: AtomicBool,
+    /// Set when the last handle is dropped: the worker ends the requests it
+    /// runs or holds (with an error) at its next step instead of finishing
+    /// them, so dropping the handle does not wait for whole generations.
+    pub stopping: AtomicBool,
     pub stats: EngineStats,
 }
 
@@ -233,6 +237,19 @@ impl Worker {
         // A new context: nothing is cached.
         self.cells.reset();
         loop {
+            if self.shared.stopping.load(Ordering::SeqCst) {
+                let stopping = || BackendError::Unreachable {
+                    backend: self.settings.name.clone(),
+                    message: "the engine is stopping".into(),
+                };
+                for s in self.running.drain(..).chain(self.waiting.drain(..)) {
+                    s.tx.fail(stopping());
+                }
+                if let Some((_, ack)) = control.take() {
+                    let _ = ack.send(Err("the engine is stopping".into()));
+                }
+                return Exit::Closed;
+            }
             if self.running.is_empty() && self.waiting.is_empty() {
                 if let Some((c, ack)) = control.take() {
                     return Exit::Control(c, ack);
