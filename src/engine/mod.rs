@@ -19,6 +19,7 @@ pub mod direct;
 pub mod kernels;
 mod lifecycle;
 pub mod logs;
+mod rank;
 pub mod sampler;
 pub mod score;
 pub mod server;
