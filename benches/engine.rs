@@ -110,11 +110,7 @@ async fn run_engine(
 }
 
 fn direct(cfg: &EngineConfig, p: usize, gen: usize) -> (f64, f64) {
-    let gpu_layers = match cfg.device {
-        Device::Cpu => 0,
-        Device::Cuda => 999,
-    };
-    tito::engine::direct::with_direct(&cfg.model, gpu_layers, 2048, 512, cfg.threads, |d| {
+    tito::engine::direct::with_direct(&cfg.model, cfg.device, 2048, 512, cfg.threads, |d| {
         let toks = prompt(p, 0);
         let t0 = Instant::now();
         let mut logits = d.feed(&toks).expect("prefill");
@@ -385,7 +381,7 @@ fn main() {
     println!("llama.cpp: {}", tito::engine::kernels::system_info());
     println!("llama.cpp devices: {}", tito::engine::device_names());
     // The model's own next-token row after a prompt, on the CPU.
-    let row = tito::engine::direct::with_direct(&model, 0, 2048, 512, threads, |d| {
+    let row = tito::engine::direct::with_direct(&model, Device::Cpu, 2048, 512, threads, |d| {
         d.feed(&prompt(p, 0)).expect("prefill")
     })
     .expect("direct llama.cpp");

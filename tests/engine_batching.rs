@@ -197,30 +197,31 @@ async fn logprobs_are_log_softmax_of_the_logits() {
     let g = collect(&engine, &prompt, sampled(99)).await;
     assert_eq!(g.logprobs.len(), g.ids.len());
     let path = engine_support::model_path();
-    let expected = tito::engine::direct::with_direct(&path, 0, 2048, 512, 2, |d| {
-        let mut logits = d.feed(&prompt).expect("prefill");
-        let mut out = Vec::new();
-        for &t in &g.ids {
-            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let lse = max
-                + logits
+    let expected =
+        tito::engine::direct::with_direct(&path, tito::config::Device::Cpu, 2048, 512, 2, |d| {
+            let mut logits = d.feed(&prompt).expect("prefill");
+            let mut out = Vec::new();
+            for &t in &g.ids {
+                let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let lse = max
+                    + logits
+                        .iter()
+                        .map(|&l| f64::from(l - max).exp())
+                        .sum::<f64>()
+                        .ln() as f32;
+                let mut top: Vec<(u32, f32)> = logits
                     .iter()
-                    .map(|&l| f64::from(l - max).exp())
-                    .sum::<f64>()
-                    .ln() as f32;
-            let mut top: Vec<(u32, f32)> = logits
-                .iter()
-                .enumerate()
-                .map(|(i, &l)| (i as u32, l - lse))
-                .collect();
-            top.sort_by(|a, b| b.1.total_cmp(&a.1));
-            top.truncate(3);
-            out.push((logits[t as usize] - lse, top));
-            logits = d.feed(&[t]).expect("decode");
-        }
-        out
-    })
-    .expect("direct llama.cpp runs");
+                    .enumerate()
+                    .map(|(i, &l)| (i as u32, l - lse))
+                    .collect();
+                top.sort_by(|a, b| b.1.total_cmp(&a.1));
+                top.truncate(3);
+                out.push((logits[t as usize] - lse, top));
+                logits = d.feed(&[t]).expect("decode");
+            }
+            out
+        })
+        .expect("direct llama.cpp runs");
     for (i, (lp, (want, want_top))) in g.logprobs.iter().zip(&expected).enumerate() {
         let got = lp.logprob.expect("the engine always reports a logprob");
         assert!((got - want).abs() < 1e-3, "step {i}: {got} vs {want}");

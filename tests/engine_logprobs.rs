@@ -53,7 +53,7 @@ fn logprobs(g: &Generation) -> Vec<f32> {
 /// `log_softmax(logits / t)[token]` of each step, from llama.cpp directly.
 fn reference(prompt: &[u32], ids: &[u32], t: f32) -> Vec<f32> {
     let path = engine_support::model_path();
-    tito::engine::direct::with_direct(&path, 0, 2048, 512, 2, |d| {
+    tito::engine::direct::with_direct(&path, tito::config::Device::Cpu, 2048, 512, 2, |d| {
         let mut logits = d.feed(prompt).expect("prefill");
         let mut out = Vec::new();
         for &id in ids {

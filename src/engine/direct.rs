@@ -17,6 +17,7 @@ use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::token::LlamaToken;
 
 use super::EngineError;
+use crate::config::Device;
 
 /// One llama.cpp context holding one sequence.
 pub struct Direct<'m> {
@@ -50,19 +51,19 @@ impl Direct<'_> {
     }
 }
 
-/// Loads `model` with `gpu_layers` of its layers on the GPU (0: all on the
-/// CPU) and runs `f` with a single-sequence context of `n_ctx` cells that
+/// Loads `model` on `device` (its layers placed as the engine places them)
+/// and runs `f` with a single-sequence context of `n_ctx` cells that
 /// accepts up to `n_batch` tokens per call.
 pub fn with_direct<R>(
     model: &Path,
-    gpu_layers: u32,
+    device: Device,
     n_ctx: u32,
     n_batch: u32,
     threads: u32,
     f: impl FnOnce(&mut Direct<'_>) -> R,
 ) -> Result<R, EngineError> {
     let backend = super::llama_backend()?;
-    let params = LlamaModelParams::default().with_n_gpu_layers(gpu_layers);
+    let params = LlamaModelParams::default().with_n_gpu_layers(super::gpu_layers(device));
     let model = LlamaModel::load_from_file(backend, model, &params)
         .map_err(|e| EngineError::Load(format!("{}: {e}", model.display())))?;
     let params = LlamaContextParams::default()

@@ -87,8 +87,8 @@ pub(crate) struct EngineSettings {
 
 impl EngineSettings {
     fn from_config(cfg: &EngineConfig, name: &str) -> Result<Self, EngineError> {
-        let gpu_layers = match cfg.device {
-            Device::Cpu => 0,
+        match cfg.device {
+            Device::Cpu => {}
             Device::Cuda if cfg.batch_invariant => {
                 return Err(EngineError::Config(
                     "engine.batch_invariant = true needs device = \"cpu\": only ggml's CPU kernels have a batch-invariant mode; set engine.batch_invariant = false to run on cuda".into(),
@@ -97,14 +97,14 @@ impl EngineSettings {
             // Asked of the llama.cpp this binary runs on, not of the cargo
             // feature: a `--features cuda` build on a machine without a GPU
             // (or driver) would otherwise run every layer on the CPU unsaid.
-            Device::Cuda if llama_backend()?.supports_gpu_offload() => 999,
+            Device::Cuda if llama_backend()?.supports_gpu_offload() => {}
             Device::Cuda => {
                 return Err(EngineError::Config(format!(
                     "engine.device = \"cuda\", but llama.cpp has no GPU to offload to (its devices: {}); it needs a build with `--features cuda` on a machine with an NVIDIA GPU and driver",
                     device_names()
                 )))
             }
-        };
+        }
         if !cfg.model.is_file() {
             return Err(EngineError::Load(format!(
                 "{} does not exist (run scripts/fetch-model.sh for the default model)",
@@ -123,11 +123,20 @@ impl EngineSettings {
             n_ctx: cfg.n_ctx,
             threads,
             prefill_chunk: cfg.prefill_chunk.max(1),
-            gpu_layers,
+            gpu_layers: gpu_layers(cfg.device),
             logprobs_mode: cfg.logprobs_mode,
             batch_invariant: cfg.batch_invariant,
             kv_reuse: cfg.kv_reuse,
         })
+    }
+}
+
+/// How many of the model's layers llama.cpp puts on the GPU for `device`:
+/// none, or all of them (llama.cpp caps the count at the model's).
+pub fn gpu_layers(device: Device) -> u32 {
+    match device {
+        Device::Cpu => 0,
+        Device::Cuda => 999,
     }
 }
 

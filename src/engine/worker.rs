@@ -238,16 +238,7 @@ impl Worker {
         self.cells.reset();
         loop {
             if self.shared.stopping.load(Ordering::SeqCst) {
-                let stopping = || BackendError::Unreachable {
-                    backend: self.settings.name.clone(),
-                    message: "the engine is stopping".into(),
-                };
-                for s in self.running.drain(..).chain(self.waiting.drain(..)) {
-                    s.tx.fail(stopping());
-                }
-                if let Some((_, ack)) = control.take() {
-                    let _ = ack.send(Err("the engine is stopping".into()));
-                }
+                self.stop(rx, control.take());
                 return Exit::Closed;
             }
             if self.running.is_empty() && self.waiting.is_empty() {
@@ -282,6 +273,30 @@ impl Worker {
                 // every later step slower.
                 self.cells.clear(ctx);
             }
+        }
+    }
+
+    /// Ends every request the worker runs, holds or has not read yet (with
+    /// an error) and refuses the pending admin operation: the last handle
+    /// is gone ([`Shared::stopping`]).
+    fn stop(&mut self, rx: &Receiver<Msg>, control: Option<(Control, Ack)>) {
+        const STOPPING: &str = "the engine is stopping";
+        let error = || BackendError::Unreachable {
+            backend: self.settings.name.clone(),
+            message: STOPPING.into(),
+        };
+        for s in self.running.drain(..).chain(self.waiting.drain(..)) {
+            s.tx.fail(error());
+        }
+        let mut acks: Vec<Ack> = control.map(|(_, ack)| ack).into_iter().collect();
+        for msg in rx.try_iter() {
+            match msg {
+                Msg::Job(job) => job.tx.fail(error()),
+                Msg::Control(_, ack) => acks.push(ack),
+            }
+        }
+        for ack in acks {
+            let _ = ack.send(Err(STOPPING.into()));
         }
     }
 
