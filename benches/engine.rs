@@ -9,8 +9,9 @@
 //!    tokens a turn), each turn's latency with `kv_reuse` on and off.
 //!
 //! First it times the sampler alone on one row of the model's vocabulary
-//! width: the CPU work each sequence costs per step on the engine thread,
-//! whatever device runs the model.
+//! width: the CPU work each sequence costs per step, whatever device runs
+//! the model; then a step's sampling for 16 sequences, on one thread and on
+//! the engine's threads (as the engine spreads it).
 //!
 //! Run: `cargo bench --bench engine` (needs scripts/fetch-model.sh first).
 //! Env: TITO_BENCH_PROMPT (prompt tokens, default 128), TITO_BENCH_GEN
@@ -295,6 +296,42 @@ fn sampling_cost(row: &[f32]) -> [f64; 3] {
     [time(0.0, 1.0), time(1.0, 1.0), time(1.0, 0.9)]
 }
 
+/// Mean µs of one step's sampling for `n` sequences at temperature 1, each
+/// with its own sampler, on 1 thread and on `threads` threads.
+fn step_sampling_cost(row: &[f32], n: usize, threads: usize) -> (f64, f64) {
+    use tito::engine::sampler::Sampler;
+    use tito::engine::step_sample::{sample_rows, Row};
+    let time = |threads: usize| {
+        let mut samplers: Vec<Sampler> = (0..n)
+            .map(|i| {
+                let params = SamplingParams {
+                    temperature: Some(1.0),
+                    seed: Some(i as i64),
+                    ..Default::default()
+                };
+                Sampler::new(&params, &[], tito::config::LogprobsMode::RawLogprobs)
+            })
+            .collect();
+        let steps = 200;
+        let t0 = Instant::now();
+        for _ in 0..steps {
+            let mut rows: Vec<Row<'_>> = samplers
+                .iter_mut()
+                .map(|sampler| Row {
+                    sampler,
+                    logits: row,
+                    allowed: None,
+                    out: None,
+                })
+                .collect();
+            sample_rows(&mut rows, threads);
+            std::hint::black_box(&rows);
+        }
+        t0.elapsed().as_secs_f64() * 1e6 / steps as f64
+    };
+    (time(1), time(threads))
+}
+
 /// Sampled ids and logprobs of each prompt, generated one at a time.
 async fn alone(
     engine: &Arc<EngineBackend>,
@@ -387,8 +424,13 @@ fn main() {
     .expect("direct llama.cpp");
     let [greedy, t1, top_p] = sampling_cost(&row);
     println!(
-        "sampler, one token from the model's {} logits (engine thread, per sequence per step): greedy {greedy:.0} µs, temperature 1 {t1:.0} µs, temperature 1 top-p 0.9 {top_p:.0} µs",
+        "sampler, one token from the model's {} logits (per sequence per step): greedy {greedy:.0} µs, temperature 1 {t1:.0} µs, temperature 1 top-p 0.9 {top_p:.0} µs",
         row.len()
+    );
+    let (one, many) = step_sampling_cost(&row, 16, threads as usize);
+    println!(
+        "a step's sampling for 16 sequences at temperature 1: {one:.0} µs on 1 thread, {many:.0} µs on {threads} threads ({:.2}x)",
+        one / many
     );
     rt.block_on(async {
         for (_, engine) in &engines {

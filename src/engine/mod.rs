@@ -23,6 +23,7 @@ mod rank;
 pub mod sampler;
 pub mod score;
 pub mod server;
+pub mod step_sample;
 mod worker;
 
 use std::path::PathBuf;

@@ -41,8 +41,9 @@ use llama_cpp_2::DecodeError;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::cells::Cells;
-use super::sampler::Sampler;
+use super::sampler::{Sampled, Sampler};
 use super::score::{score_row, PositionScore};
+use super::step_sample;
 use super::{EngineInfo, EngineSettings};
 use crate::backend::{BackendError, FinishReason, GenEvent, SamplingParams, TokenLogprob};
 
@@ -557,10 +558,8 @@ impl Worker {
             self.running[i].fed += take;
         }
         let mut finished = self.finish_scored(ctx);
-        let rows = std::mem::take(&mut self.rows);
-        for &(i, row) in &rows {
-            let logits = ctx.get_logits_ith(row);
-            match self.sample_one(i, logits) {
+        for (i, out) in self.sample_rows(ctx) {
+            match self.took(i, out) {
                 Ok(None) => {}
                 Ok(Some(reason)) => {
                     self.running[i].tx.event(GenEvent::Done {
@@ -574,7 +573,6 @@ impl Worker {
                 }
             }
         }
-        self.rows = rows;
         finished.sort_unstable();
         for i in finished.into_iter().rev() {
             let seq = self.running.remove(i);
@@ -606,19 +604,47 @@ impl Worker {
         done
     }
 
-    /// Samples the next token of `running[i]`, sends it, and returns the
-    /// finish reason if the sequence is done. An output constraint that
-    /// allows no token is the request's dead end, not an abort (which a
-    /// client would retry into the same dead end).
-    fn sample_one(
+    /// Samples the next token of every sequence with a row this step, in
+    /// parallel ([`step_sample`]): `(index into running, what it drew)`.
+    /// The grammar masks are computed here first, on this thread.
+    fn sample_rows(&mut self, ctx: &LlamaContext<'_>) -> Vec<(usize, Option<Sampled>)> {
+        let mut row_of: Vec<Option<i32>> = vec![None; self.running.len()];
+        for &(i, row) in &self.rows {
+            row_of[i] = Some(row);
+        }
+        let (mut index, mut rows) = (Vec::new(), Vec::new());
+        for (i, s) in self.running.iter_mut().enumerate() {
+            let Some(row) = row_of[i] else { continue };
+            let logits = ctx.get_logits_ith(row);
+            let allowed = s.grammar.as_mut().map(|g| allowed_by(g, logits));
+            index.push(i);
+            rows.push(step_sample::Row {
+                sampler: &mut s.sampler,
+                logits,
+                allowed,
+                out: None,
+            });
+        }
+        step_sample::sample_rows(&mut rows, self.settings.threads as usize);
+        index
+            .into_iter()
+            .zip(rows.into_iter().map(|r| r.out))
+            .collect()
+    }
+
+    /// Takes the token `running[i]` drew (`None`: its output constraint
+    /// allowed none), sends it, and returns the finish reason if the
+    /// sequence is done. An output constraint that allows no token is the
+    /// request's dead end, not an abort (which a client would retry into
+    /// the same dead end).
+    fn took(
         &mut self,
         i: usize,
-        logits: &[f32],
+        out: Option<Sampled>,
     ) -> Result<Option<FinishReason>, BackendError> {
         let max_seq_len = self.info.max_seq_len as usize;
         let s = &mut self.running[i];
-        let allowed = s.grammar.as_mut().map(|g| allowed_by(g, logits));
-        let Some(out) = s.sampler.sample_allowed(logits, allowed.as_deref()) else {
+        let Some(out) = out else {
             return Err(BackendError::Rejected {
                 backend: self.settings.name.clone(),
                 message: "the output constraint (response_format or a forced tool call) \
