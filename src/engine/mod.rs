@@ -16,6 +16,7 @@
 
 mod cells;
 pub mod direct;
+mod exp;
 pub mod kernels;
 mod lifecycle;
 pub mod logs;

@@ -5,6 +5,33 @@
 //! index first) and doing it fast on a whole vocabulary. Must not: know what
 //! the values mean.
 
+/// The first index of the largest value, and that value (`(0, -inf)` for a
+/// row of `-inf` and NaN: a NaN is never the largest). The same answer as a
+/// left-to-right scan keeping the first `v > best`, computed as eight such
+/// scans over interleaved lanes (which the compiler vectorises) and a search
+/// for the first entry equal to their largest. The value returned is that
+/// entry's own (so `-0.0` and `0.0` come back as the row has them).
+pub(crate) fn argmax(row: &[f32]) -> (usize, f32) {
+    const LANES: usize = 8;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = row.chunks_exact(LANES);
+    for chunk in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(chunk) {
+            *m = if v > *m { v } else { *m };
+        }
+    }
+    let mut max = f32::NEG_INFINITY;
+    for &v in lanes.iter().chain(chunks.remainder()) {
+        max = if v > max { v } else { max };
+    }
+    if max == f32::NEG_INFINITY {
+        return (0, max);
+    }
+    // An entry equal to `max` exists: it was taken from the row.
+    let i = row.iter().position(|&v| v == max).unwrap_or(0);
+    (i, row[i])
+}
+
 /// Indices of the `k` largest values, largest first (ties: lower index first).
 ///
 /// Each value is packed with its index into one `u64` whose integer order is
@@ -74,6 +101,46 @@ fn total_order_key(v: f32) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The scan [`argmax`] must agree with.
+    fn argmax_scan(row: &[f32]) -> (usize, f32) {
+        row.iter()
+            .enumerate()
+            .fold((0usize, f32::NEG_INFINITY), |best, (i, &v)| {
+                if v > best.1 {
+                    (i, v)
+                } else {
+                    best
+                }
+            })
+    }
+
+    #[test]
+    fn argmax_is_the_first_largest_as_a_scan_finds_it() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let specials = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, 0.0, -0.0, 1.0];
+        for case in 0..20_000 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let len = (x % 70) as usize;
+            let row: Vec<f32> = (0..len)
+                .map(|i| {
+                    let h = (x >> (i % 50)) ^ (i as u64).wrapping_mul(0x2545_f491);
+                    match h % 11 {
+                        0 => specials[(h / 11 % 6) as usize],
+                        // Few distinct values, so ties are common.
+                        k => (k % 4) as f32 - 2.0 + if case % 2 == 0 { 0.0 } else { 0.5 },
+                    }
+                })
+                .collect();
+            let (i, v) = argmax(&row);
+            let (wi, wv) = argmax_scan(&row);
+            assert_eq!((i, v.to_bits()), (wi, wv.to_bits()), "{row:?}");
+        }
+        assert_eq!(argmax(&[]), (0, f32::NEG_INFINITY));
+        assert_eq!(argmax(&[f32::NAN; 9]).0, 0);
+    }
 
     #[test]
     fn top_k_of_orders_by_value_then_index_as_total_cmp_does() {

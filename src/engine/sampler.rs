@@ -36,7 +36,8 @@ use std::collections::HashMap;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use super::rank::top_k_of;
+use super::exp::{exp_into, sum_exp, sum_weights};
+use super::rank::{argmax, top_k_of};
 use crate::backend::SamplingParams;
 use crate::config::LogprobsMode;
 
@@ -81,8 +82,8 @@ pub struct Sampler {
     prompt_seen: Vec<u32>,
     scratch: Vec<f32>,
     /// `exp(z - max)` of each entry of `scratch` before truncation, for a
-    /// step that truncates (read by the top-p walk, the kept mass and the
-    /// draw); empty otherwise.
+    /// step that draws (read by the top-p walk, the kept mass and the
+    /// draw); empty at temperature 0.
     weights: Vec<f64>,
     order: Vec<u32>,
     values: Vec<f32>,
@@ -198,9 +199,9 @@ impl Sampler {
             }
             processed = true;
         }
-        // Truncation reads each weight again and again: keep them. Greedy
-        // needs none, and a plain draw stops partway: recompute those.
-        let (argmax, max, whole) = if self.temperature > 0.0 && self.truncates() {
+        // A draw reads the weights again (a truncation many times): keep
+        // them, computed in one vectorised pass. Greedy needs only their sum.
+        let (argmax, max, whole) = if self.temperature > 0.0 {
             max_and_weights(&self.scratch, &mut self.weights)
         } else {
             self.weights.clear();
@@ -215,7 +216,7 @@ impl Sampler {
                 sum_exp = kept;
                 truncated = true;
             }
-            self.draw(max, sum_exp, argmax)
+            self.draw(sum_exp, argmax)
         };
         // The distribution the logprobs come from, and its log-sum-exp. An
         // unprocessed `z` was `logits` before truncation: its sum serves raw.
@@ -245,20 +246,14 @@ impl Sampler {
         })
     }
 
-    /// Whether min-p, top-k or top-p may exclude tokens (the comparisons
-    /// [`Sampler::truncate`] makes, so a NaN parameter truncates in neither).
-    fn truncates(&self) -> bool {
-        self.top_p < 1.0 || self.top_k > 0 || self.min_p > 0.0
-    }
-
     /// min-p, top-k, then top-p on `z` (vLLM's order), each over what the
     /// previous left: excluded tokens become `-inf`. Returns the mass kept,
     /// `sum(exp(z - max))`, or `None` when nothing was excluded. The most
     /// likely token is always kept, so `max` stays the row's maximum.
     fn truncate(&mut self, max: f32, sum_exp: f64) -> Option<f64> {
         debug_assert!(
-            self.weights.len() == self.scratch.len() || !self.truncates(),
-            "a truncating step keeps its weights"
+            self.weights.len() == self.scratch.len(),
+            "a step that draws keeps its weights"
         );
         let z = &mut self.scratch;
         let w = &self.weights;
@@ -360,58 +355,57 @@ impl Sampler {
         excluded.then_some(kept)
     }
 
-    /// One draw from `softmax(z)`, whose mass is `sum_exp` relative to `max`
-    /// (the weights kept for a truncation, or computed again: the same numbers).
-    fn draw(&mut self, max: f32, sum_exp: f64, argmax: usize) -> u32 {
+    /// One draw from `softmax(z)`, whose mass is `sum_exp`, by the weights
+    /// kept for this step (`exp(z - max)`; those of tokens a truncation
+    /// excluded are skipped). The walk adds them in row order; `sum_exp` of
+    /// a whole row is summed in lanes ([`sum_weights`]), another rounding
+    /// of the same sum, so a target in the last ulps above the walk's total
+    /// takes the last token with weight, as the walk would with its own.
+    fn draw(&mut self, sum_exp: f64, argmax: usize) -> u32 {
         let target = self.rng.random::<f64>() * sum_exp;
-        let kept = self.weights.len() == self.scratch.len();
-        let mut acc = 0.0f64;
-        for (i, &v) in self.scratch.iter().enumerate() {
-            if v == f32::NEG_INFINITY {
-                continue;
-            }
-            acc += if kept {
-                self.weights[i]
-            } else {
-                f64::from(v - max).exp()
-            };
-            if acc > target {
-                return i as u32;
-            }
-        }
-        argmax as u32
+        let weights = self
+            .scratch
+            .iter()
+            .zip(&self.weights)
+            .enumerate()
+            .filter(|(_, (&v, _))| v != f32::NEG_INFINITY)
+            .map(|(i, (_, &w))| (i, w));
+        walk_to(target, weights).unwrap_or(argmax) as u32
     }
 }
 
+/// The first index where the running sum of `weights` passes `target`; past
+/// the end, the last index with weight (`None` if none has any).
+fn walk_to(target: f64, weights: impl Iterator<Item = (usize, f64)>) -> Option<usize> {
+    let mut acc = 0.0f64;
+    let mut last = None;
+    for (i, w) in weights {
+        if w > 0.0 {
+            last = Some(i);
+        }
+        acc += w;
+        if acc > target {
+            return Some(i);
+        }
+    }
+    last
+}
+
 /// [`max_and_sum_exp`] that leaves each `exp(v - max)` in `weights`; the sum
-/// is theirs in row order, so the same number.
+/// is [`sum_weights`] of them, so the same number.
 fn max_and_weights(row: &[f32], weights: &mut Vec<f64>) -> (usize, f32, f64) {
     let (argmax, max) = argmax(row);
     weights.clear();
-    weights.extend(row.iter().map(|&v| f64::from(v - max).exp()));
-    (argmax, max, weights.iter().sum())
-}
-
-/// The first index of the largest value, and that value (`-inf` for an
-/// all-`-inf` row).
-fn argmax(row: &[f32]) -> (usize, f32) {
-    row.iter()
-        .enumerate()
-        .fold((0usize, f32::NEG_INFINITY), |best, (i, &v)| {
-            if v > best.1 {
-                (i, v)
-            } else {
-                best
-            }
-        })
+    weights.resize(row.len(), 0.0);
+    exp_into(row, max, weights);
+    (argmax, max, sum_weights(weights))
 }
 
 /// `(argmax, max, sum(exp(v - max)))` of a non-empty row; the log-sum-exp
 /// is `max + ln(sum)`.
 pub(crate) fn max_and_sum_exp(row: &[f32]) -> (usize, f32, f64) {
     let (argmax, max) = argmax(row);
-    let sum_exp: f64 = row.iter().map(|&v| f64::from(v - max).exp()).sum();
-    (argmax, max, sum_exp)
+    (argmax, max, sum_exp(row, max))
 }
 
 #[cfg(test)]
@@ -450,6 +444,61 @@ mod tests {
             logprobs: Some(2),
             ..Default::default()
         }
+    }
+
+    /// The vectorised `exp` and the sums in lanes are another rounding of
+    /// the same log-sum-exp: against the sampler's formula before them (the
+    /// standard library's `exp`, summed in row order), a logprob (an f32) is
+    /// the same bits or one ulp away.
+    #[test]
+    fn logprobs_match_a_row_order_std_exp_reference_within_one_f32_ulp() {
+        let log_softmax = |row: &[f32]| -> Vec<f32> {
+            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let sum: f64 = row.iter().map(|&v| f64::from(v - max).exp()).sum();
+            let lse = max + sum.ln() as f32;
+            row.iter().map(|&v| v - lse).collect()
+        };
+        let mut x = 0x0123_4567_89ab_cdefu64;
+        let (mut same, mut one_ulp, mut worst) = (0usize, 0usize, 0u32);
+        for case in 0..60 {
+            // Flat rows (a random prompt) and peaked ones (text), at the
+            // vocabulary widths of SmolLM2 and Qwen3.
+            let n = if case % 2 == 0 { 49_152 } else { 151_936 };
+            let spread = [2.0f32, 8.0, 30.0][case % 3];
+            let logits: Vec<f32> = (0..n)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    let u = (x >> 40) as f32 / (1u64 << 24) as f32;
+                    spread * u * u * u - 5.0
+                })
+                .collect();
+            let want = log_softmax(&logits);
+            let mut p = params(0.0);
+            p.logprobs = Some(20);
+            let out = Sampler::new(&p, &[], RAW).sample(&logits).expect("row");
+            let got = std::iter::once((out.token, out.logprob)).chain(out.top);
+            for (id, l) in got {
+                let d = l.to_bits().abs_diff(want[id as usize].to_bits());
+                worst = worst.max(d);
+                same += usize::from(d == 0);
+                one_ulp += usize::from(d == 1);
+            }
+        }
+        eprintln!("{same} logprobs the same bits, {one_ulp} one ulp away, worst {worst} ulps");
+        assert!(worst <= 1, "{worst} ulps");
+    }
+
+    #[test]
+    fn a_draw_past_the_walks_total_takes_the_last_token_with_weight() {
+        let w = [(0, 0.25), (2, 0.5), (3, 0.25), (5, 0.0)];
+        assert_eq!(walk_to(0.1, w.into_iter()), Some(0));
+        assert_eq!(walk_to(0.25, w.into_iter()), Some(2));
+        assert_eq!(walk_to(0.9, w.into_iter()), Some(3));
+        // A total summed in another order may exceed the walk's by an ulp.
+        assert_eq!(walk_to(1.0, w.into_iter()), Some(3));
+        assert_eq!(walk_to(0.5, [(1, 0.0), (4, 0.0)].into_iter()), None);
     }
 
     #[test]
