@@ -216,7 +216,8 @@ pub struct EngineConfig {
     /// KV-cache size in tokens shared by all running sequences (0 = model's
     /// training context, capped at 8192).
     pub n_ctx: u32,
-    /// CPU threads for decode (0 = all cores).
+    /// CPU threads for decode on the CPU, and for a step's sampling on any
+    /// device (0 = all cores).
     pub threads: u32,
     /// Requests waiting for a batch slot before new ones get 503.
     pub max_queue: u32,

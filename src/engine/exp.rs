@@ -19,7 +19,7 @@
 /// `1.5 * 2^52`: adding it rounds a double in `(-2^51, 2^51)` to an integer
 /// kept in the low bits of the sum's mantissa.
 const SHIFTER: f64 = 6_755_399_441_055_744.0;
-/// `ln 2` in two parts; the first has 11 trailing zero bits, so `n * LN2_HI`
+/// `ln 2` in two parts; the first has 21 trailing zero bits, so `n * LN2_HI`
 /// is exact for the `|n| <= 1022` used here (Cody and Waite's reduction).
 const LN2_HI: f64 = f64::from_bits(0x3fe6_2e42_fee0_0000);
 const LN2_LO: f64 = f64::from_bits(0x3dea_39ef_3579_3c76);

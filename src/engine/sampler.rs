@@ -375,7 +375,8 @@ impl Sampler {
 }
 
 /// The first index where the running sum of `weights` passes `target`; past
-/// the end, the last index with weight (`None` if none has any).
+/// the end, the last index with weight (`None` if none has any, or if a
+/// weight was NaN: the caller then takes the argmax, as it always did).
 fn walk_to(target: f64, weights: impl Iterator<Item = (usize, f64)>) -> Option<usize> {
     let mut acc = 0.0f64;
     let mut last = None;
@@ -387,6 +388,9 @@ fn walk_to(target: f64, weights: impl Iterator<Item = (usize, f64)>) -> Option<u
         if acc > target {
             return Some(i);
         }
+    }
+    if acc.is_nan() {
+        return None;
     }
     last
 }
@@ -499,6 +503,23 @@ mod tests {
         // A total summed in another order may exceed the walk's by an ulp.
         assert_eq!(walk_to(1.0, w.into_iter()), Some(3));
         assert_eq!(walk_to(0.5, [(1, 0.0), (4, 0.0)].into_iter()), None);
+        // A NaN weight (a NaN logit) never passes: the argmax, as before.
+        let nan = [(0, 1.0), (1, f64::NAN), (2, 0.5)];
+        assert_eq!(walk_to(0.7, nan.into_iter()), Some(0));
+        assert_eq!(walk_to(1.2, nan.into_iter()), None);
+    }
+
+    #[test]
+    fn a_nan_logit_draws_the_argmax_as_it_did() {
+        let mut logits = vec![-20.0f32; 100];
+        logits[0] = 5.0;
+        logits[1] = f32::NAN;
+        for seed in 0..20 {
+            let mut p = params(1.0);
+            p.seed = Some(seed);
+            let out = Sampler::new(&p, &[], RAW).sample(&logits).expect("row");
+            assert_eq!(out.token, 0, "seed {seed}");
+        }
     }
 
     #[test]
