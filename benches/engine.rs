@@ -300,8 +300,9 @@ fn sampling_cost(row: &[f32]) -> [f64; 3] {
 /// with its own sampler, on 1 thread and on `threads` threads.
 fn step_sampling_cost(row: &[f32], n: usize, threads: usize) -> (f64, f64) {
     use tito::engine::sampler::Sampler;
-    use tito::engine::step_sample::{sample_rows, Row};
+    use tito::engine::step_sample::{Row, Sampling};
     let time = |threads: usize| {
+        let sampling = Sampling::new(threads);
         let mut samplers: Vec<Sampler> = (0..n)
             .map(|i| {
                 let params = SamplingParams {
@@ -324,7 +325,7 @@ fn step_sampling_cost(row: &[f32], n: usize, threads: usize) -> (f64, f64) {
                     out: None,
                 })
                 .collect();
-            sample_rows(&mut rows, threads);
+            sampling.run(&mut rows);
             std::hint::black_box(&rows);
         }
         t0.elapsed().as_secs_f64() * 1e6 / steps as f64

@@ -8,11 +8,10 @@
 //! (`cargo bench --bench engine`, the `sampler` line; 0.3 ms before the
 //! vectorised `exp`), a few ms a step on a GPU once a dozen sequences run.
 //!
-//! Owns: splitting rows over scoped threads. Must not: touch llama.cpp (the
-//! grammar masks are computed before, on the engine thread, since llama.cpp's
-//! samplers are not thread-safe) or send anything (the worker does, after).
-
-use std::sync::{Mutex, PoisonError};
+//! Owns: the sampling threads and splitting rows over them. Must not: touch
+//! llama.cpp (the grammar masks are computed before, on the engine thread,
+//! since llama.cpp's samplers are not thread-safe) or send anything (the
+//! worker does, after).
 
 use super::sampler::{Sampled, Sampler};
 
@@ -34,45 +33,41 @@ impl Row<'_> {
     }
 }
 
-/// Rows a thread is started for: starting one costs about 30 µs (and is
-/// paid one after another on the calling thread), a row about 130 µs.
-const ROWS_PER_THREAD: usize = 4;
+/// The threads a step's rows are sampled on, started once with the engine
+/// and parked between steps (rayon's pool: work-stealing, so a slow row, a
+/// top-p cut on a flat distribution, does not hold back the rest).
+pub struct Sampling {
+    /// `None` with one thread, or if the system refused to start them: the
+    /// calling thread samples every row.
+    pool: Option<rayon::ThreadPool>,
+}
 
-/// Samples every row, on up to `threads` threads (the calling one among
-/// them), one per [`ROWS_PER_THREAD`] rows. Threads take the next unsampled
-/// row as they finish one, so a slow row (a top-p cut on a flat
-/// distribution) does not hold back the rest. A thread the system refuses
-/// to start is done without: the others, the calling one included, sample
-/// its share.
-pub fn sample_rows(rows: &mut [Row<'_>], threads: usize) {
-    let helpers = threads
-        .min(rows.len().div_ceil(ROWS_PER_THREAD))
-        .saturating_sub(1);
-    if helpers == 0 {
-        rows.iter_mut().for_each(Row::run);
-        return;
+impl Sampling {
+    pub fn new(threads: usize) -> Sampling {
+        let pool = (threads > 1)
+            .then(|| {
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name(|i| format!("tito-sample-{i}"))
+                    .build()
+                    .ok()
+            })
+            .flatten();
+        Sampling { pool }
     }
-    let next = Mutex::new(rows.iter_mut());
-    let work = || loop {
-        // The guard is dropped at the end of this statement, before the row
-        // is sampled.
-        let Some(row) = next.lock().unwrap_or_else(PoisonError::into_inner).next() else {
-            break;
-        };
-        row.run();
-    };
-    std::thread::scope(|s| {
-        for _ in 0..helpers {
-            if std::thread::Builder::new()
-                .name("tito-sample".into())
-                .spawn_scoped(s, work)
-                .is_err()
-            {
-                break;
+
+    /// Samples every row: on the pool when there are two or more.
+    pub fn run(&self, rows: &mut [Row<'_>]) {
+        match &self.pool {
+            Some(pool) if rows.len() > 1 => {
+                use rayon::iter::{
+                    IndexedParallelIterator, IntoParallelRefMutIterator, ParallelIterator,
+                };
+                pool.install(|| rows.par_iter_mut().with_max_len(1).for_each(Row::run));
             }
+            _ => rows.iter_mut().for_each(Row::run),
         }
-        work();
-    });
+    }
 }
 
 #[cfg(test)]
@@ -113,6 +108,7 @@ mod tests {
     /// Ten steps of `n` sequences sampled on `threads` threads: each step's
     /// tokens and logprobs, observed as the worker does between steps.
     fn run(n: usize, threads: usize) -> Vec<Vec<Option<Sampled>>> {
+        let sampling = Sampling::new(threads);
         let mut samplers = samplers(n);
         let mut steps = Vec::new();
         for step in 0..10u64 {
@@ -131,7 +127,7 @@ mod tests {
                     out: None,
                 })
                 .collect();
-            sample_rows(&mut rows, threads);
+            sampling.run(&mut rows);
             let outs: Vec<Option<Sampled>> = rows.into_iter().map(|r| r.out).collect();
             for (s, out) in samplers.iter_mut().zip(&outs) {
                 if let Some(o) = out {
@@ -178,7 +174,7 @@ mod tests {
                 out: None,
             })
             .collect();
-        sample_rows(&mut rows, 4);
+        Sampling::new(4).run(&mut rows);
         let none: Vec<bool> = rows.iter().map(|r| r.out.is_none()).collect();
         assert_eq!(none, [false, false, true, false]);
     }

@@ -202,11 +202,14 @@ pub(crate) struct Worker {
     rows: Vec<(usize, i32)>,
     /// (index into `running`, position, batch row) of scoring jobs' rows.
     score_rows: Vec<(usize, usize, i32)>,
+    /// The threads a step's rows are sampled on (`settings.threads`).
+    sampling: step_sample::Sampling,
 }
 
 impl Worker {
     pub(crate) fn new(info: EngineInfo, settings: EngineSettings, shared: Arc<Shared>) -> Worker {
         let n_batch = super::lifecycle::batch_rows(&settings);
+        let sampling = step_sample::Sampling::new(settings.threads as usize);
         Worker {
             batch: LlamaBatch::new(n_batch as usize, 1),
             cells: Cells::new(
@@ -221,6 +224,7 @@ impl Worker {
             waiting: VecDeque::new(),
             rows: Vec::new(),
             score_rows: Vec::new(),
+            sampling,
         }
     }
 
@@ -625,7 +629,7 @@ impl Worker {
                 out: None,
             });
         }
-        step_sample::sample_rows(&mut rows, self.settings.threads as usize);
+        self.sampling.run(&mut rows);
         index
             .into_iter()
             .zip(rows.into_iter().map(|r| r.out))
