@@ -274,18 +274,22 @@ async fn conversation(engine: &Arc<EngineBackend>, turns: usize) -> Vec<Duration
     times
 }
 
+/// A raw-logprobs sampler, as the engine makes one for a request.
+fn sampler(temperature: f32, top_p: f32, seed: i64) -> tito::engine::sampler::Sampler {
+    let params = SamplingParams {
+        temperature: Some(temperature),
+        top_p: Some(top_p),
+        seed: Some(seed),
+        ..Default::default()
+    };
+    tito::engine::sampler::Sampler::new(&params, &[], tito::config::LogprobsMode::RawLogprobs)
+}
+
 /// Mean µs of one `Sampler::sample` on `row`: greedy, temperature 1 (what
 /// RL rollouts use), and temperature 1 with top-p 0.9.
 fn sampling_cost(row: &[f32]) -> [f64; 3] {
-    use tito::engine::sampler::Sampler;
     let time = |temperature: f32, top_p: f32| {
-        let params = SamplingParams {
-            temperature: Some(temperature),
-            top_p: Some(top_p),
-            seed: Some(1),
-            ..Default::default()
-        };
-        let mut s = Sampler::new(&params, &[], tito::config::LogprobsMode::RawLogprobs);
+        let mut s = sampler(temperature, top_p, 1);
         let rows = 2000;
         let t0 = Instant::now();
         for _ in 0..rows {
@@ -299,20 +303,10 @@ fn sampling_cost(row: &[f32]) -> [f64; 3] {
 /// Mean µs of one step's sampling for `n` sequences at temperature 1, each
 /// with its own sampler, on 1 thread and on `threads` threads.
 fn step_sampling_cost(row: &[f32], n: usize, threads: usize) -> (f64, f64) {
-    use tito::engine::sampler::Sampler;
     use tito::engine::step_sample::{Row, Sampling};
     let time = |threads: usize| {
         let sampling = Sampling::new(threads);
-        let mut samplers: Vec<Sampler> = (0..n)
-            .map(|i| {
-                let params = SamplingParams {
-                    temperature: Some(1.0),
-                    seed: Some(i as i64),
-                    ..Default::default()
-                };
-                Sampler::new(&params, &[], tito::config::LogprobsMode::RawLogprobs)
-            })
-            .collect();
+        let mut samplers: Vec<_> = (0..n).map(|i| sampler(1.0, 1.0, i as i64)).collect();
         let steps = 200;
         let t0 = Instant::now();
         for _ in 0..steps {

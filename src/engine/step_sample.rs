@@ -21,7 +21,8 @@ pub struct Row<'a> {
     pub logits: &'a [f32],
     /// The output constraint's mask, if the sequence has one.
     pub allowed: Option<Vec<bool>>,
-    /// Set by [`sample_rows`]: `None` when the constraint allows no token.
+    /// Set by [`Sampling::run`]: `None` when no allowed token is left
+    /// ([`Sampler::sample_allowed`]).
     pub out: Option<Sampled>,
 }
 
