@@ -45,9 +45,21 @@ pub use trajectories::StoreState;
 /// Context window used when neither the config nor the model files say.
 pub const DEFAULT_MAX_MODEL_LEN: u32 = 32768;
 
-/// Shared state, grouped by module.
+/// Shared state, grouped by module: one `Arc`, so the clone each request's
+/// handler takes is one reference count, not one per part
+/// ([`AppParts`]).
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<AppParts>);
+
+impl std::ops::Deref for AppState {
+    type Target = AppParts;
+    fn deref(&self) -> &AppParts {
+        &self.0
+    }
+}
+
+/// What [`AppState`] shares.
+pub struct AppParts {
     pub config: Arc<Config>,
     pub renderer: Arc<Renderer>,
     pub router: Arc<Router>,
@@ -143,7 +155,7 @@ impl AppState {
             max_model_len,
             config.model.default_max_tokens,
         ));
-        Ok(AppState {
+        Ok(AppState(Arc::new(AppParts {
             started: unix_now(),
             calls,
             auth: Arc::new(auth::Auth::from_config(&config)?),
@@ -157,7 +169,7 @@ impl AppState {
                 decode: Some(decode),
                 on_finish: Some(on_finish),
             },
-        })
+        })))
     }
 
     /// Takes up what the store remembers of the last run: the fleet's
