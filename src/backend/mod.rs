@@ -61,6 +61,52 @@ pub enum StructuredOutput {
     JsonSchema(serde_json::Value),
 }
 
+/// The sampling fields vLLM's `/v1/completions` body and SGLang's
+/// `sampling_params` name alike, serialized straight from the request (no
+/// JSON tree is built per call). Each `f32` is written in its shortest form:
+/// `0.7` as the client sent it, not the `0.699999988079071` that widening it
+/// to a JSON number (`f64`) gave.
+#[derive(Serialize)]
+pub(crate) struct SharedSampling<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    temperature: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_p: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_k: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    min_p: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    presence_penalty: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    frequency_penalty: Option<f32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    repetition_penalty: Option<f32>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    stop: &'a [String],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    stop_token_ids: &'a [u32],
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    ignore_eos: bool,
+}
+
+impl<'a> SharedSampling<'a> {
+    pub(crate) fn of(p: &'a SamplingParams) -> Self {
+        SharedSampling {
+            temperature: p.temperature,
+            top_p: p.top_p,
+            top_k: p.top_k,
+            min_p: p.min_p,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            repetition_penalty: p.repetition_penalty,
+            stop: &p.stop,
+            stop_token_ids: &p.stop_token_ids,
+            ignore_eos: p.ignore_eos,
+        }
+    }
+}
+
 /// One generation request for one sequence. The caller always consumes a
 /// stream of events; HTTP backends always stream from the backend.
 #[derive(Debug, Clone)]

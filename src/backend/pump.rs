@@ -139,7 +139,7 @@ pub async fn send_and_pump<D: EventDecoder + Unpin>(
     backend: &str,
     transport: &Transport,
     path: &str,
-    body: &serde_json::Value,
+    body: &impl serde::Serialize,
     timeouts: StreamTimeouts,
     decoder: D,
 ) -> Result<GenStream, BackendError> {

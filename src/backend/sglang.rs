@@ -39,15 +39,44 @@
 //!   and slices the logprob lists to match. `meta_info.completion_tokens` is
 //!   the running total in both modes, which is what tells them apart here.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value as Json};
 
 use super::pump::{EventDecoder, StreamTimeouts, Transport};
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
-    PositionLogprob, ScoreRequest, StructuredOutput, TokenLogprob,
+    PositionLogprob, ScoreRequest, SharedSampling, StructuredOutput, TokenLogprob,
 };
 use crate::config::{BackendConfig, RouterConfig};
+
+/// The body of one `/generate` request ([`SglangBackend::request_body`]).
+#[derive(Serialize)]
+pub struct SglangBody<'a> {
+    input_ids: &'a [u32],
+    sampling_params: SglangSampling<'a>,
+    stream: bool,
+    rid: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    return_logprob: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    top_logprobs_num: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprob_start_len: Option<i32>,
+}
+
+#[derive(Serialize)]
+struct SglangSampling<'a> {
+    max_new_tokens: u32,
+    #[serde(flatten)]
+    shared: SharedSampling<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sampling_seed: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    json_schema: Option<String>,
+    skip_special_tokens: bool,
+    spaces_between_special_tokens: bool,
+    no_stop_trim: bool,
+}
 
 pub struct SglangBackend {
     name: String,
@@ -73,69 +102,31 @@ impl SglangBackend {
     }
 
     /// The JSON body sent to SGLang's `/generate` for one request.
-    pub fn request_body(&self, req: &GenerateRequest) -> Json {
+    pub fn request_body<'a>(&self, req: &'a GenerateRequest) -> SglangBody<'a> {
         let p = &req.params;
-        let mut sp = serde_json::Map::new();
-        let mut put = |k: &str, v: Json| {
-            sp.insert(k.to_string(), v);
-        };
-        put("max_new_tokens", json!(p.max_tokens));
-        if let Some(v) = p.temperature {
-            put("temperature", json!(v));
-        }
-        if let Some(v) = p.top_p {
-            put("top_p", json!(v));
-        }
-        if let Some(v) = p.top_k {
-            put("top_k", json!(v));
-        }
-        if let Some(v) = p.min_p {
-            put("min_p", json!(v));
-        }
-        if let Some(v) = p.seed {
-            put("sampling_seed", json!(v));
-        }
-        if let Some(v) = p.presence_penalty {
-            put("presence_penalty", json!(v));
-        }
-        if let Some(v) = p.frequency_penalty {
-            put("frequency_penalty", json!(v));
-        }
-        if let Some(v) = p.repetition_penalty {
-            put("repetition_penalty", json!(v));
-        }
-        if !p.stop.is_empty() {
-            put("stop", json!(p.stop));
-        }
-        if !p.stop_token_ids.is_empty() {
-            put("stop_token_ids", json!(p.stop_token_ids));
-        }
-        if p.ignore_eos {
-            put("ignore_eos", json!(true));
-        }
-        match &p.structured {
-            // SGLang takes the schema as a JSON string.
-            Some(StructuredOutput::JsonObject) => put("json_schema", json!(r#"{"type":"object"}"#)),
-            Some(StructuredOutput::JsonSchema(s)) => put("json_schema", json!(s.to_string())),
-            None => {}
-        }
-        // Token in, token out: keep every sampled token, trim nothing.
-        put("skip_special_tokens", json!(false));
-        put("spaces_between_special_tokens", json!(false));
-        put("no_stop_trim", json!(true));
-        let mut body = json!({
-            "input_ids": &*req.prompt_ids,
-            "sampling_params": Json::Object(sp),
-            "stream": true,
-            "rid": req.request_id,
-        });
-        if let (Some(k), Some(obj)) = (p.logprobs, body.as_object_mut()) {
-            obj.insert("return_logprob".into(), json!(true));
-            obj.insert("top_logprobs_num".into(), json!(k));
+        SglangBody {
+            input_ids: &req.prompt_ids,
+            sampling_params: SglangSampling {
+                max_new_tokens: p.max_tokens,
+                shared: SharedSampling::of(p),
+                sampling_seed: p.seed,
+                // SGLang takes the schema as a JSON string.
+                json_schema: p.structured.as_ref().map(|s| match s {
+                    StructuredOutput::JsonObject => r#"{"type":"object"}"#.to_string(),
+                    StructuredOutput::JsonSchema(s) => s.to_string(),
+                }),
+                // Token in, token out: keep every sampled token, trim nothing.
+                skip_special_tokens: false,
+                spaces_between_special_tokens: false,
+                no_stop_trim: true,
+            },
+            stream: true,
+            rid: &req.request_id,
+            return_logprob: p.logprobs.map(|_| true),
+            top_logprobs_num: p.logprobs,
             // Output tokens only: no prompt logprobs computed or sent.
-            obj.insert("logprob_start_len".into(), json!(-1));
+            logprob_start_len: p.logprobs.map(|_| -1),
         }
-        body
     }
 
     /// The body of a teacher-forced pass: the sequence as `input_ids`, no

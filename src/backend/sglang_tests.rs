@@ -229,7 +229,7 @@ fn expected_logprobs() -> Vec<TokenLogprob> {
 #[test]
 fn request_body_matches_sglang_native_api() {
     let b = backend_at("http://127.0.0.1:1/");
-    let body = b.request_body(&request(Some(2)));
+    let body = serde_json::to_value(b.request_body(&request(Some(2)))).expect("json");
     assert_eq!(
         body,
         json!({
@@ -247,7 +247,7 @@ fn request_body_matches_sglang_native_api() {
             "logprob_start_len": -1
         })
     );
-    let plain = b.request_body(&request(None));
+    let plain = serde_json::to_value(b.request_body(&request(None))).expect("json");
     assert!(plain.get("return_logprob").is_none());
     assert_eq!(plain["stream"], json!(true));
 }
@@ -580,7 +580,7 @@ fn structured_outputs_are_sglang_json_schema_strings() {
     let mut req = request(None);
     let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
     req.params.structured = Some(crate::backend::StructuredOutput::JsonSchema(schema.clone()));
-    let body = b.request_body(&req);
+    let body = serde_json::to_value(b.request_body(&req)).expect("json");
     let sent: serde_json::Value = serde_json::from_str(
         body["sampling_params"]["json_schema"]
             .as_str()
@@ -589,7 +589,7 @@ fn structured_outputs_are_sglang_json_schema_strings() {
     .expect("json");
     assert_eq!(sent, schema);
     req.params.structured = Some(crate::backend::StructuredOutput::JsonObject);
-    let body = b.request_body(&req);
+    let body = serde_json::to_value(b.request_body(&req)).expect("json");
     assert_eq!(
         body["sampling_params"]["json_schema"],
         json!(r#"{"type":"object"}"#)

@@ -18,15 +18,48 @@
 //! -inf written as -9999.0; rank 1 is the argmax), checked against vLLM's
 //! `CompletionResponseChoice` and `clamp_prompt_logprobs`.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value as Json};
 
 use super::pump::{EventDecoder, StreamTimeouts, Transport};
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
-    PositionLogprob, ScoreRequest, StructuredOutput, TokenLogprob,
+    PositionLogprob, ScoreRequest, SharedSampling, StructuredOutput, TokenLogprob,
 };
 use crate::config::{BackendConfig, RouterConfig};
+
+/// The body of one `/v1/completions` request ([`VllmBackend::request_body`]).
+#[derive(Serialize)]
+pub struct VllmBody<'a> {
+    prompt: &'a [u32],
+    max_tokens: u32,
+    n: u32,
+    stream: bool,
+    return_token_ids: bool,
+    skip_special_tokens: bool,
+    spaces_between_special_tokens: bool,
+    request_id: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<&'a str>,
+    #[serde(flatten)]
+    sampling: SharedSampling<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seed: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    structured_outputs: Option<VllmStructured<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    logprobs: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    return_tokens_as_token_ids: Option<bool>,
+}
+
+/// vLLM's `structured_outputs`: `{"json_object": true}` or `{"json": SCHEMA}`.
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum VllmStructured<'a> {
+    JsonObject(bool),
+    Json(&'a Json),
+}
 
 pub struct VllmBackend {
     name: String,
@@ -54,68 +87,27 @@ impl VllmBackend {
     }
 
     /// The JSON body sent to vLLM for one request.
-    pub fn request_body(&self, req: &GenerateRequest) -> Json {
+    pub fn request_body<'a>(&'a self, req: &'a GenerateRequest) -> VllmBody<'a> {
         let p = &req.params;
-        let mut obj = serde_json::Map::new();
-        let mut put = |k: &str, v: Json| {
-            obj.insert(k.to_string(), v);
-        };
-        put("prompt", json!(&*req.prompt_ids));
-        put("max_tokens", json!(p.max_tokens));
-        put("n", json!(1));
-        put("stream", json!(true));
-        put("return_token_ids", json!(true));
-        put("skip_special_tokens", json!(false));
-        put("spaces_between_special_tokens", json!(false));
-        put("request_id", json!(req.request_id));
-        if let Some(m) = &self.model {
-            put("model", json!(m));
+        VllmBody {
+            prompt: &req.prompt_ids,
+            max_tokens: p.max_tokens,
+            n: 1,
+            stream: true,
+            return_token_ids: true,
+            skip_special_tokens: false,
+            spaces_between_special_tokens: false,
+            request_id: &req.request_id,
+            model: self.model.as_deref(),
+            sampling: SharedSampling::of(p),
+            seed: p.seed,
+            structured_outputs: p.structured.as_ref().map(|s| match s {
+                StructuredOutput::JsonObject => VllmStructured::JsonObject(true),
+                StructuredOutput::JsonSchema(s) => VllmStructured::Json(s),
+            }),
+            logprobs: p.logprobs,
+            return_tokens_as_token_ids: p.logprobs.map(|_| true),
         }
-        if let Some(v) = p.temperature {
-            put("temperature", json!(v));
-        }
-        if let Some(v) = p.top_p {
-            put("top_p", json!(v));
-        }
-        if let Some(v) = p.top_k {
-            put("top_k", json!(v));
-        }
-        if let Some(v) = p.min_p {
-            put("min_p", json!(v));
-        }
-        if let Some(v) = p.seed {
-            put("seed", json!(v));
-        }
-        if let Some(v) = p.presence_penalty {
-            put("presence_penalty", json!(v));
-        }
-        if let Some(v) = p.frequency_penalty {
-            put("frequency_penalty", json!(v));
-        }
-        if let Some(v) = p.repetition_penalty {
-            put("repetition_penalty", json!(v));
-        }
-        if !p.stop.is_empty() {
-            put("stop", json!(p.stop));
-        }
-        if !p.stop_token_ids.is_empty() {
-            put("stop_token_ids", json!(p.stop_token_ids));
-        }
-        if p.ignore_eos {
-            put("ignore_eos", json!(true));
-        }
-        match &p.structured {
-            Some(StructuredOutput::JsonObject) => {
-                put("structured_outputs", json!({"json_object": true}))
-            }
-            Some(StructuredOutput::JsonSchema(s)) => put("structured_outputs", json!({"json": s})),
-            None => {}
-        }
-        if let Some(k) = p.logprobs {
-            put("logprobs", json!(k));
-            put("return_tokens_as_token_ids", json!(true));
-        }
-        Json::Object(obj)
     }
 
     /// The body of a teacher-forced pass: the sequence as the prompt, one

@@ -52,7 +52,7 @@ fn unknown() -> TokenLogprob {
 fn request_body_always_streams_and_asks_logprobs_by_id() {
     let b = backend();
     assert_eq!(
-        b.request_body(&request(Some(0))),
+        serde_json::to_value(b.request_body(&request(Some(0)))).expect("json"),
         json!({
             "prompt": [1, 2, 3], "max_tokens": 4, "n": 1, "stream": true,
             "return_token_ids": true, "skip_special_tokens": false,
@@ -61,7 +61,7 @@ fn request_body_always_streams_and_asks_logprobs_by_id() {
             "logprobs": 0, "return_tokens_as_token_ids": true
         })
     );
-    let plain = b.request_body(&request(None));
+    let plain = serde_json::to_value(b.request_body(&request(None))).expect("json");
     assert_eq!(plain["stream"], json!(true));
     assert!(plain.get("logprobs").is_none());
     assert!(plain.get("return_tokens_as_token_ids").is_none());
@@ -273,16 +273,52 @@ fn structured_outputs_use_vllms_structured_outputs_field() {
     let schema = json!({"type": "object", "required": ["a"]});
     req.params.structured = Some(crate::backend::StructuredOutput::JsonSchema(schema.clone()));
     assert_eq!(
-        b.request_body(&req)["structured_outputs"],
+        serde_json::to_value(b.request_body(&req)).expect("json")["structured_outputs"],
         json!({"json": schema})
     );
     req.params.structured = Some(crate::backend::StructuredOutput::JsonObject);
     assert_eq!(
-        b.request_body(&req)["structured_outputs"],
+        serde_json::to_value(b.request_body(&req)).expect("json")["structured_outputs"],
         json!({"json_object": true})
     );
     req.params.structured = None;
-    assert!(b.request_body(&req).get("structured_outputs").is_none());
+    assert!(serde_json::to_value(b.request_body(&req))
+        .expect("json")
+        .get("structured_outputs")
+        .is_none());
+}
+
+/// The backend reads the sampling numbers the client wrote: an `f32` goes
+/// out in its shortest form, which a JSON reader (Python's `float`) reads
+/// back as the client's decimal. Widened to a JSON number first, 0.7
+/// went out as 0.699999988079071.
+#[test]
+fn sampling_numbers_go_out_as_the_client_wrote_them() {
+    let b = backend();
+    let mut req = request(None);
+    req.params.temperature = Some(0.7);
+    req.params.top_p = Some(0.95);
+    req.params.min_p = Some(0.05);
+    req.params.presence_penalty = Some(0.1);
+    req.params.frequency_penalty = Some(-0.3);
+    req.params.repetition_penalty = Some(1.1);
+    let text = serde_json::to_string(&b.request_body(&req)).unwrap();
+    let sent: serde_json::Value = serde_json::from_str(&text).unwrap();
+    for (key, decimal) in [
+        ("temperature", 0.7),
+        ("top_p", 0.95),
+        ("min_p", 0.05),
+        ("presence_penalty", 0.1),
+        ("frequency_penalty", -0.3),
+        ("repetition_penalty", 1.1),
+    ] {
+        assert_eq!(sent[key].as_f64(), Some(decimal), "{key} in {text}");
+    }
+    assert_ne!(
+        json!(0.7f32).as_f64(),
+        Some(0.7),
+        "the widened form this replaced"
+    );
 }
 
 fn score_request(ids: Vec<u32>) -> ScoreRequest {
