@@ -293,16 +293,52 @@ fn begin_run(conn: &Connection, queued: bool, now: i64) -> Result<u64, StoreErro
     Ok(marked)
 }
 
-/// Inserts an empty active trajectory unless one with this id exists; its
-/// seq when inserted.
-fn create_new(conn: &Connection, id: &str, now: i64) -> Result<Option<i64>, StoreError> {
+/// What a call adds to its trajectory's row (all zero for a row that starts
+/// without a call).
+#[derive(Default)]
+struct Added {
+    calls: i64,
+    next_call: i64,
+    next_sample: i64,
+    tokens: i64,
+    drifts: i64,
+}
+
+impl Added {
+    fn by(call: &CallRecord) -> Added {
+        Added {
+            calls: 1,
+            next_call: i64::from(call.call_index) + 1,
+            next_sample: i64::from(call.sample_index) + 1,
+            tokens: (call.prompt_delta_ids.len() + call.sampled_ids.len()) as i64,
+            drifts: i64::from(call.drift.is_some()),
+        }
+    }
+}
+
+/// Inserts an active trajectory, counting what `added` adds, unless one
+/// with this id exists; its seq when inserted.
+fn create_new(
+    conn: &Connection,
+    id: &str,
+    now: i64,
+    added: &Added,
+) -> Result<Option<i64>, StoreError> {
     let inserted = conn
         .prepare_cached(
             "INSERT INTO trajectories (id, status, created_at, updated_at, reward, num_calls, \
-             next_call_index, next_sample_index) VALUES (?1, 0, ?2, ?2, NULL, 0, 0, 0) \
-             ON CONFLICT(id) DO NOTHING",
+             next_call_index, next_sample_index, num_tokens, drift_count) \
+             VALUES (?1, 0, ?2, ?2, NULL, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(id) DO NOTHING",
         )?
-        .execute(params![id, now])?;
+        .execute(params![
+            id,
+            now,
+            added.calls,
+            added.next_call,
+            added.next_sample,
+            added.tokens,
+            added.drifts
+        ])?;
     Ok((inserted == 1).then(|| conn.last_insert_rowid()))
 }
 
@@ -323,14 +359,21 @@ fn open_slot(conn: &Connection, id: &str) -> Result<Option<i64>, StoreError> {
 
 fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreError> {
     let id = &call.trajectory_id;
-    let seq = match call.parent_call {
-        // A root call usually starts its trajectory: insert the row first,
-        // and look it up only when it already exists.
-        None => match create_new(conn, id, now)? {
-            Some(seq) => seq,
-            None => open_slot(conn, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?,
+    let added = Added::by(call);
+    // A root call usually starts its trajectory: insert the row, already
+    // counting this call, and look it up only when it exists.
+    let (seq, counted) = match call.parent_call {
+        None => match create_new(conn, id, now, &added)? {
+            Some(seq) => (seq, true),
+            None => (
+                open_slot(conn, id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?,
+                false,
+            ),
         },
-        Some(_) => open_slot(conn, id)?.ok_or_else(|| missing_parent(call))?,
+        Some(_) => (
+            open_slot(conn, id)?.ok_or_else(|| missing_parent(call))?,
+            false,
+        ),
     };
     if let Some(parent) = call.parent_call {
         let exists = conn
@@ -389,19 +432,23 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
         }
         Err(e) => return Err(e.into()),
     }
+    if counted {
+        return Ok(());
+    }
     conn.prepare_cached(
-        "UPDATE trajectories SET updated_at = max(updated_at, ?2), num_calls = num_calls + 1, \
-         next_call_index = max(next_call_index, ?3), \
-         next_sample_index = max(next_sample_index, ?4), num_tokens = num_tokens + ?5, \
-         drift_count = drift_count + ?6 WHERE seq = ?1",
+        "UPDATE trajectories SET updated_at = max(updated_at, ?2), num_calls = num_calls + ?3, \
+         next_call_index = max(next_call_index, ?4), \
+         next_sample_index = max(next_sample_index, ?5), num_tokens = num_tokens + ?6, \
+         drift_count = drift_count + ?7 WHERE seq = ?1",
     )?
     .execute(params![
         seq,
         now,
-        i64::from(call.call_index) + 1,
-        i64::from(call.sample_index) + 1,
-        (call.prompt_delta_ids.len() + call.sampled_ids.len()) as i64,
-        i64::from(call.drift.is_some()),
+        added.calls,
+        added.next_call,
+        added.next_sample,
+        added.tokens,
+        added.drifts
     ])?;
     Ok(())
 }
@@ -429,7 +476,8 @@ fn set_metadata(
         None => {
             // Only this connection writes: nothing can have inserted the row
             // since the lookup.
-            let seq = create_new(conn, id, now)?.ok_or_else(|| StoreError::NotFound(id.into()))?;
+            let seq = create_new(conn, id, now, &Added::default())?
+                .ok_or_else(|| StoreError::NotFound(id.into()))?;
             (seq, TrajectoryMetadata::default())
         }
     };
