@@ -9,6 +9,8 @@ use axum::body::Bytes;
 use axum::extract::{RawPathParams, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
+use serde::ser::{SerializeMap, Serializer};
+use serde::Serialize;
 use serde_json::{json, Value as Json};
 
 use super::logprobs::chat_logprobs;
@@ -224,49 +226,106 @@ fn cut_after_final_message(mut text: String, messages: &[Json]) -> Result<String
     }
 }
 
-fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
-    let choices: Vec<Json> = answer
+/// A `chat.completion` body, serialized straight from the answer: no JSON
+/// tree is built per call, and the served messages are borrowed.
+#[derive(Serialize)]
+struct Completion<'a> {
+    id: &'a str,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    system_fingerprint: String,
+    choices: Vec<CompletionChoice<'a>>,
+    usage: Json,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prompt_token_ids: Option<&'a [u32]>,
+}
+
+#[derive(Serialize)]
+struct CompletionChoice<'a> {
+    index: u32,
+    message: Message<'a>,
+    logprobs: Json,
+    finish_reason: &'static str,
+    stop_reason: Json,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_ids: Option<&'a [u32]>,
+}
+
+/// A served message as OpenAI shapes it: with `refusal: null` (tito never
+/// refuses; what it served is recorded without the field), and in the
+/// deprecated function-calling shape when the request used `functions`.
+enum Message<'a> {
+    Served(&'a Json),
+    Legacy(Json),
+}
+
+impl Serialize for Message<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        let served = match self {
+            Message::Legacy(m) => return m.serialize(s),
+            Message::Served(m) => m,
+        };
+        let Some(fields) = served.as_object() else {
+            return served.serialize(s);
+        };
+        let has_refusal = fields.contains_key("refusal");
+        let mut map = s.serialize_map(Some(fields.len() + usize::from(!has_refusal)))?;
+        for (k, v) in fields {
+            match k.as_str() {
+                "refusal" => map.serialize_entry(k, &Json::Null)?,
+                _ => map.serialize_entry(k, v)?,
+            }
+        }
+        if !has_refusal {
+            map.serialize_entry("refusal", &Json::Null)?;
+        }
+        map.end()
+    }
+}
+
+fn response_body<'a>(state: &'a AppState, answer: &'a Answer, shape: Shape) -> Completion<'a> {
+    let choices = answer
         .choices
         .iter()
         .map(|r| {
-            let mut c = json!({
-                "index": r.index,
-                "message": r.served,
-                "logprobs": Json::Null,
-                "finish_reason": r.finish_reason,
-                "stop_reason": r.stop_reason_json(),
-            });
-            // OpenAI's shape; tito never refuses (what it served is recorded
-            // without this field).
-            c["message"]["refusal"] = Json::Null;
-            if shape.legacy_functions {
-                as_function_call(&mut c["message"]);
-                c["finish_reason"] = json!(legacy_finish(r.finish_reason));
+            let (message, finish_reason) = if shape.legacy_functions {
+                let mut m = r.served.clone();
+                if let Some(obj) = m.as_object_mut() {
+                    obj.insert("refusal".into(), Json::Null);
+                }
+                as_function_call(&mut m);
+                (Message::Legacy(m), legacy_finish(r.finish_reason))
+            } else {
+                (Message::Served(&r.served), r.finish_reason)
+            };
+            CompletionChoice {
+                index: r.index,
+                message,
+                logprobs: match shape.logprobs {
+                    true => chat_logprobs(&state.renderer, &r.ids, &r.logprobs),
+                    false => Json::Null,
+                },
+                finish_reason,
+                stop_reason: r.stop_reason_json(),
+                token_ids: shape.token_ids.then_some(r.ids.as_slice()),
             }
-            if shape.logprobs {
-                c["logprobs"] = chat_logprobs(&state.renderer, &r.ids, &r.logprobs);
-            }
-            if shape.token_ids {
-                c["token_ids"] = json!(r.ids);
-            }
-            c
         })
         .collect();
-    let mut body = json!({
-        "id": answer.request_id,
-        "object": "chat.completion",
-        "created": answer.created,
-        "model": state.config.model.name,
-        "system_fingerprint": state.system_fingerprint(),
-        "choices": choices,
-        "usage": usage(answer.prompt_tokens(), answer.completion_tokens()),
-    });
-    if shape.token_ids {
-        if let Some(p) = answer.prompts.first() {
-            body["prompt_token_ids"] = json!(**p);
-        }
+    Completion {
+        id: &answer.request_id,
+        object: "chat.completion",
+        created: answer.created,
+        model: &state.config.model.name,
+        system_fingerprint: state.system_fingerprint(),
+        choices,
+        usage: usage(answer.prompt_tokens(), answer.completion_tokens()),
+        prompt_token_ids: answer
+            .prompts
+            .first()
+            .filter(|_| shape.token_ids)
+            .map(|p| p.as_slice()),
     }
-    body
 }
 
 /// Formats `chat.completion.chunk` objects.
