@@ -33,8 +33,9 @@ fn call(traj: &str, i: u32, delta: u32, sampled: u32) -> CallRecord {
         sampled_ids: (0..sampled).map(|k| (k * 104_729 + i) % 151_000).collect(),
         logprobs: (0..sampled).map(|k| Some(-(k as f32) / 1000.0)).collect(),
         finish_reason: "stop".into(),
-        request: json!({"messages": [{"role": "tool", "content": "result"}], "temperature": 1.0}),
-        response: json!({"role": "assistant", "content": "text"}),
+        request: json!({"messages": [{"role": "tool", "content": "result"}], "temperature": 1.0})
+            .into(),
+        response: json!({"role": "assistant", "content": "text"}).into(),
         drift: None,
         parse_outcome: Some("ok".into()),
         moved_from: None,

@@ -124,7 +124,7 @@ async fn handle(
     let plan = state.calls.plan(PlanRequest {
         ctx: CallContext {
             trajectory_id: tid.clone(),
-            request: body_json,
+            request: Arc::new(body_json),
             messages: (!req.continue_final_message.unwrap_or(false))
                 .then(|| Arc::new(req.messages.clone())),
             started_at,

@@ -87,6 +87,7 @@ async fn handle(
     let (req, body_json): (CompletionRequest, _) = parse_body(&body)?;
     req.check()?;
     super::unsupported::completions(&body_json)?;
+    let body_json = Arc::new(body_json);
     state.check_model(req.model.as_deref())?;
     let named = super::named_trajectory_id(path.tid, headers, req.trajectory_id.as_deref())?;
     let tag = super::named_metadata(

@@ -75,9 +75,9 @@ pub struct CallRecord {
     pub finish_reason: String,
     /// The request as received (messages + sampling params); `null` when
     /// `request_of` points at the call that holds it.
-    pub request: serde_json::Value,
+    pub request: std::sync::Arc<serde_json::Value>,
     /// The message returned to the client.
-    pub response: serde_json::Value,
+    pub response: std::sync::Arc<serde_json::Value>,
     pub drift: Option<Drift>,
     /// Tool-call / reasoning parse outcome, e.g. `ok` or an error string.
     pub parse_outcome: Option<String>,

@@ -94,7 +94,7 @@ pub struct ChoiceOutcome {
 #[derive(Debug, Clone)]
 pub struct CallContext {
     pub trajectory_id: String,
-    pub request: Json,
+    pub request: Arc<Json>,
     /// The request's messages, normalized; None for a call no later turn
     /// continues: a /v1/completions call, or a `continue_final_message` one
     /// (its prompt ends inside the final message, not after a served turn).
@@ -308,7 +308,7 @@ impl Trajectories {
                     hashes.last().copied().unwrap_or(0)
                 }),
                 context: messages::RenderContext::of_request(request).hash(),
-                served: rec.response.clone(),
+                served: Json::clone(&rec.response),
                 response_used: used + rec.sampled_ids.len(),
                 sampled_ids: rec.sampled_ids.clone(),
                 sampled_text: hot::kept_text(info.text),
@@ -423,9 +423,9 @@ impl Trajectories {
                     .to_string(),
                 request: match request_of {
                     None => ctx.request.clone(),
-                    Some(_) => Json::Null,
+                    Some(_) => Arc::new(Json::Null),
                 },
-                response: choice.served.clone(),
+                response: Arc::new(choice.served.clone()),
                 drift: prepared.drift.clone(),
                 parse_outcome: choice.parse_outcome.clone(),
                 moved_from: choice.moved_from.clone(),

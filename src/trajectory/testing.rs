@@ -15,7 +15,7 @@ use super::{CallContext, ChoiceOutcome};
 pub fn context(tid: &str, request: Json, messages: Option<Vec<Json>>) -> CallContext {
     CallContext {
         trajectory_id: tid.into(),
-        request,
+        request: request.into(),
         messages: messages.map(Arc::new),
         started_at: 0,
         weight_version: None,
