@@ -290,7 +290,7 @@ fn response_body<'a>(state: &'a AppState, answer: &'a Answer, shape: Shape) -> C
         .iter()
         .map(|r| {
             let (message, finish_reason) = if shape.legacy_functions {
-                let mut m = r.served.clone();
+                let mut m = Json::clone(&r.served);
                 if let Some(obj) = m.as_object_mut() {
                     obj.insert("refusal".into(), Json::Null);
                 }

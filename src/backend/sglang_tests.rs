@@ -249,6 +249,12 @@ fn request_body_matches_sglang_native_api() {
     );
     let plain = serde_json::to_value(b.request_body(&request(None))).expect("json");
     assert!(plain.get("return_logprob").is_none());
+    // An f32 goes out as the client wrote it (vllm_tests has every field).
+    let mut req = request(None);
+    req.params.temperature = Some(0.7);
+    let text = serde_json::to_string(&b.request_body(&req)).expect("json");
+    let sent: Json = serde_json::from_str(&text).expect("json");
+    assert_eq!(sent["sampling_params"]["temperature"].as_f64(), Some(0.7));
     assert_eq!(plain["stream"], json!(true));
 }
 

@@ -49,7 +49,7 @@ pub struct ChoiceResult {
     /// The weights of that backend when the choice started.
     pub weight_version: Option<String>,
     /// The message (chat) or `{"text": ..}` (completions) returned.
-    pub served: serde_json::Value,
+    pub served: std::sync::Arc<serde_json::Value>,
     /// The client-facing finish reason (`tool_calls` when calls were parsed).
     pub finish_reason: &'static str,
     /// Tool-call / reasoning parse outcome, when a parser ran.

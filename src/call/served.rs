@@ -145,29 +145,30 @@ pub fn serve(output: &Output, r: &mut ChoiceResult) {
         .map_or("stop", crate::backend::FinishReason::as_str);
     match output {
         Output::Text => {
-            r.served = json!({"text": r.text});
+            r.served = json!({"text": r.text}).into();
             r.finish_reason = backend_finish;
         }
         Output::Chat(None) => {
-            r.served = json!({"role": "assistant", "content": r.text});
+            r.served = json!({"role": "assistant", "content": r.text}).into();
             r.finish_reason = backend_finish;
         }
         Output::ForcedTools(name) => match forced_calls(name.as_deref(), &r.text) {
             Ok(calls) => {
                 let n = calls.len();
-                r.served = json!({"role": "assistant", "content": null, "tool_calls": calls});
+                r.served =
+                    json!({"role": "assistant", "content": null, "tool_calls": calls}).into();
                 r.finish_reason = "tool_calls";
                 r.parse_outcome = Some(crate::parse::ParseOutcome::Calls(n).to_string());
             }
             Err(why) => {
-                r.served = json!({"role": "assistant", "content": r.text});
+                r.served = json!({"role": "assistant", "content": r.text}).into();
                 r.finish_reason = backend_finish;
                 r.parse_outcome = Some(crate::parse::ParseOutcome::Malformed(why).to_string());
             }
         },
         Output::Chat(Some(p)) => {
             let o = p.parse(r.index, &r.text);
-            r.served = message_json(&o);
+            r.served = message_json(&o).into();
             r.finish_reason = finish_reason(&o, backend_finish);
             r.parse_outcome = Some(o.outcome.to_string());
         }

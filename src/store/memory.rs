@@ -138,6 +138,12 @@ impl SpanStore for MemoryStore {
                 *x = None;
             }
         }
+        // As a durable store keeps what it wrote, this one keeps copies of
+        // the request and the served message, not the caller's shared
+        // values (the hot view holds the served message it was given, and
+        // what it holds must not depend on which store is configured).
+        call.request = Arc::new(serde_json::Value::clone(&call.request));
+        call.response = Arc::new(serde_json::Value::clone(&call.response));
         let now = now_ms();
         let mut inner = self.lock();
         if call.parent_call.is_some() && !inner.seq_of.contains_key(&call.trajectory_id) {

@@ -150,6 +150,8 @@ pub(super) fn call_bytes(c: &HotCall) -> u64 {
         + texts
         + segs
         + messages
+        + ARC
+        + size_of::<Json>()
         + json_heap_bytes(&c.served)
         + lists) as u64
 }

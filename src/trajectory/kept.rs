@@ -127,7 +127,7 @@ pub(super) struct NewCall {
     pub prompt: KeptPrompt,
     pub messages_hash: u64,
     pub context: ContextHash,
-    pub served: Json,
+    pub served: Arc<Json>,
     pub sampled_ids: Vec<u32>,
     pub sampled_text: Arc<String>,
     pub response_used: usize,
@@ -147,8 +147,8 @@ pub struct HotCall {
     pub messages_hash: u64,
     /// The tools and template kwargs the call was rendered with.
     pub context: ContextHash,
-    /// The assistant message tito returned.
-    pub served: Json,
+    /// The assistant message tito returned (shared with its record).
+    pub served: Arc<Json>,
     pub sampled_ids: Arc<Vec<u32>>,
     /// The decoded text of `sampled_ids` (special tokens kept).
     pub sampled_text: Arc<String>,
@@ -444,7 +444,7 @@ mod tests {
             prompt,
             messages_hash: 0,
             context: ContextHash::default(),
-            served: json!({"role": "assistant", "content": sampled_text}),
+            served: json!({"role": "assistant", "content": sampled_text}).into(),
             sampled_ids: sampled.to_vec(),
             sampled_text: Arc::new(sampled_text.to_string()),
             response_used: 0,

@@ -82,7 +82,7 @@ pub struct ChoiceOutcome {
     pub logprobs: Vec<Option<f32>>,
     pub finish_reason: Option<FinishReason>,
     /// The message returned to the client (chat) or `{"text": ...}`.
-    pub served: Json,
+    pub served: Arc<Json>,
     pub backend: String,
     pub moved_from: Option<String>,
     /// The weights of the backend that generated it.
@@ -308,7 +308,7 @@ impl Trajectories {
                     hashes.last().copied().unwrap_or(0)
                 }),
                 context: messages::RenderContext::of_request(request).hash(),
-                served: Json::clone(&rec.response),
+                served: rec.response.clone(),
                 response_used: used + rec.sampled_ids.len(),
                 sampled_ids: rec.sampled_ids.clone(),
                 sampled_text: hot::kept_text(info.text),
@@ -425,7 +425,7 @@ impl Trajectories {
                     None => ctx.request.clone(),
                     Some(_) => Arc::new(Json::Null),
                 },
-                response: Arc::new(choice.served.clone()),
+                response: choice.served.clone(),
                 drift: prepared.drift.clone(),
                 parse_outcome: choice.parse_outcome.clone(),
                 moved_from: choice.moved_from.clone(),

@@ -30,7 +30,7 @@ pub fn stopped(sampled_ids: Vec<u32>, served: Json) -> ChoiceOutcome {
         sampled_ids,
         logprobs: Vec::new(),
         finish_reason: Some(crate::backend::FinishReason::Stop),
-        served,
+        served: served.into(),
         backend: "b".into(),
         moved_from: None,
         weight_version: None,
