@@ -18,7 +18,7 @@ use std::cell::Cell;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use rusqlite::hooks::Wal;
-use rusqlite::{params, Connection, ErrorCode, OptionalExtension};
+use rusqlite::{params, Connection, ErrorCode, OptionalExtension, ToSql};
 use tokio::sync::mpsc;
 
 use super::checkpoint::Checkpointer;
@@ -314,6 +314,20 @@ impl Added {
             drifts: i64::from(call.drift.is_some()),
         }
     }
+
+    /// The parameters of the statements that write these counts: `?1` the
+    /// row's key, `?2` the time, `?3` to `?7` the counts.
+    fn bound<'a>(&'a self, key: &'a dyn ToSql, now: &'a i64) -> [&'a dyn ToSql; 7] {
+        [
+            key,
+            now,
+            &self.calls,
+            &self.next_call,
+            &self.next_sample,
+            &self.tokens,
+            &self.drifts,
+        ]
+    }
 }
 
 /// Inserts an active trajectory, counting what `added` adds, unless one
@@ -330,15 +344,7 @@ fn create_new(
              next_call_index, next_sample_index, num_tokens, drift_count) \
              VALUES (?1, 0, ?2, ?2, NULL, ?3, ?4, ?5, ?6, ?7) ON CONFLICT(id) DO NOTHING",
         )?
-        .execute(params![
-            id,
-            now,
-            added.calls,
-            added.next_call,
-            added.next_sample,
-            added.tokens,
-            added.drifts
-        ])?;
+        .execute(&added.bound(&id, &now)[..])?;
     Ok((inserted == 1).then(|| conn.last_insert_rowid()))
 }
 
@@ -441,15 +447,7 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
          next_sample_index = max(next_sample_index, ?5), num_tokens = num_tokens + ?6, \
          drift_count = drift_count + ?7 WHERE seq = ?1",
     )?
-    .execute(params![
-        seq,
-        now,
-        added.calls,
-        added.next_call,
-        added.next_sample,
-        added.tokens,
-        added.drifts
-    ])?;
+    .execute(&added.bound(&seq, &now)[..])?;
     Ok(())
 }
 
@@ -570,233 +568,5 @@ fn missing_parent(call: &CallRecord) -> StoreError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::group_commit::Writer;
-    use crate::store::sqlite::checkpoint::WAL_LIMIT_FRAMES;
-    use crate::store::Ack;
-    use serde_json::json;
-    use tokio::sync::oneshot;
-
-    fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
-        CallRecord {
-            trajectory_id: traj.into(),
-            call_index: index,
-            sample_index: 0,
-            parent_call: parent,
-            backend: "b".into(),
-            started_at: 1,
-            finished_at: 2,
-            prompt_delta_ids: vec![1, 2],
-            sampled_ids: vec![3],
-            logprobs: vec![Some(-0.5)],
-            finish_reason: "stop".into(),
-            request: json!({}).into(),
-            response: json!({}).into(),
-            drift: None,
-            parse_outcome: None,
-            moved_from: None,
-            weight_version: None,
-            tokenizer_sha256: String::new(),
-            template_sha256: String::new(),
-            reward: None,
-            truncated: false,
-            normalized: Vec::new(),
-            request_of: None,
-        }
-    }
-
-    /// A bad job in a batch fails alone: the optimistic whole-batch commit
-    /// rolls back and the savepoint path keeps every good job.
-    #[test]
-    fn one_bad_job_fails_alone_and_the_rest_of_the_batch_commits() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut conn = Connection::open(dir.path().join("s.db")).expect("open");
-        super::super::schema::migrate(&mut conn).expect("migrate");
-        let ops = [
-            call("t", 0, None),
-            call("t", 0, None),    // duplicate
-            call("t", 1, Some(0)), // continues call 0 of this batch
-            call("u", 1, Some(0)), // parent never stored
-            call("v", 0, None),
-        ];
-        let (jobs, _acks): (Vec<Job>, Vec<_>) = ops
-            .into_iter()
-            .map(|c| {
-                let (ack, rx) = oneshot::channel();
-                let op = Op::Append(Box::new(c));
-                (Job { op, ack: Some(ack) }, rx)
-            })
-            .unzip();
-        let outcomes = commit_batch(&mut conn, &jobs);
-        let ok: Vec<bool> = outcomes.iter().map(Result::is_ok).collect();
-        assert_eq!(ok, [true, false, true, false, true]);
-        assert!(matches!(outcomes[1], Err(StoreError::Duplicate { .. })));
-        let stored: i64 = conn
-            .query_row("SELECT count(*) FROM calls", [], |r| r.get(0))
-            .expect("count");
-        assert_eq!(stored, 3);
-
-        // An all-good batch takes the fast path and commits every job.
-        let (jobs, _acks): (Vec<Job>, Vec<_>) = (2..6)
-            .map(|i| {
-                let (ack, rx) = oneshot::channel();
-                let op = Op::Append(Box::new(call("t", i, Some(i - 1))));
-                (Job { op, ack: Some(ack) }, rx)
-            })
-            .unzip();
-        assert!(commit_all(&mut conn, &jobs).is_some());
-        let stored: i64 = conn
-            .query_row("SELECT count(*) FROM calls", [], |r| r.get(0))
-            .expect("count");
-        assert_eq!(stored, 7);
-    }
-
-    /// A queued append carries no receiver, so a failure of it is marked
-    /// however soon the writer gets to it (its receiver, dropped only once
-    /// the append was queued, could still be open when the writer failed
-    /// it); a caller still waiting hears of its failure instead.
-    #[test]
-    fn a_failed_append_nobody_waits_for_is_lost() {
-        let job = |traj: &str, ack| Job {
-            op: Op::Append(Box::new(call(traj, 0, None))),
-            ack,
-        };
-        let (waiting, _rx) = oneshot::channel();
-        let (cancelled, gone) = oneshot::channel();
-        drop(gone);
-        let batch = [
-            job("queued", None),
-            job("waited", Some(waiting)),
-            job("cancelled", Some(cancelled)),
-        ];
-        let failed = || Err(StoreError::Invalid("refused".into()));
-        let lost = lost_appends(&batch, &[failed(), failed(), failed()]);
-        assert_eq!(lost, ["queued", "cancelled"]);
-    }
-
-    /// The writing connection on a WAL database, as the store opens it.
-    fn shared(dir: &std::path::Path) -> Arc<Shared> {
-        let mut conn = Connection::open(dir.join("s.db")).expect("open");
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-            .expect("wal");
-        assert_eq!(mode, "wal");
-        conn.pragma_update(None, "synchronous", "NORMAL")
-            .expect("sync");
-        super::super::schema::migrate(&mut conn).expect("migrate");
-        let checkpointer = Checkpointer::start(&dir.join("s.db"), "NORMAL").expect("checkpointer");
-        Arc::new(Shared::new(conn, checkpointer))
-    }
-
-    fn calls_stored(dir: &std::path::Path) -> i64 {
-        let conn = Connection::open(dir.join("s.db")).expect("open");
-        conn.query_row("SELECT count(*) FROM calls", [], |r| r.get(0))
-            .expect("count")
-    }
-
-    /// With nothing queued, a job commits on the caller's thread (here no
-    /// writer thread runs at all); with a job queued, the next one queues
-    /// behind it and commits after it, on the writer thread.
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_lone_job_commits_here_and_one_behind_queued_work_waits_its_turn() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let shared = shared(dir.path());
-        let (tx, rx) = mpsc::channel(16);
-        let committed = Writer::with_direct(tx.clone(), Ack::Committed, shared.clone());
-        let mut queued = Writer::with_direct(tx, Ack::Queued, shared.clone());
-
-        // No writer thread runs: only a direct commit can answer.
-        let direct = committed.append(call("t", 0, None));
-        tokio::time::timeout(std::time::Duration::from_secs(30), direct)
-            .await
-            .expect("the append waited for a writer thread")
-            .expect("direct append");
-        assert_eq!(calls_stored(dir.path()), 1);
-
-        // Queued (nobody runs the writer yet), then one that must wait.
-        queued.append(call("t", 1, Some(0))).await.expect("queued");
-        let committed = Arc::new(committed);
-        let behind = tokio::spawn({
-            let w = committed.clone();
-            async move { w.append(call("t", 2, Some(1))).await }
-        });
-        tokio::task::yield_now().await;
-        assert!(
-            !behind.is_finished(),
-            "a job behind queued work committed out of turn"
-        );
-        assert_eq!(calls_stored(dir.path()), 1);
-
-        let thread = std::thread::spawn(move || run(shared, rx));
-        // Its parent is call 1: stored only if call 1 committed first.
-        behind
-            .await
-            .expect("join")
-            .expect("append behind the queue");
-        committed
-            .append(call("t", 3, Some(2)))
-            .await
-            .expect("append after");
-        queued.close();
-        drop(committed);
-        thread.join().expect("writer thread");
-        assert_eq!(calls_stored(dir.path()), 4);
-    }
-
-    /// Commits no longer checkpoint by themselves (the WAL hook replaces
-    /// SQLite's automatic checkpoint), so pages reach the database file only
-    /// through the checkpointer (or the writing connection past
-    /// [`WAL_LIMIT_FRAMES`]): after direct commits and after the thread's
-    /// batches alike. Commits back to back keep the checkpointer from ever
-    /// finding the WAL all copied at a commit, so the WAL starts over only at
-    /// the limit: it never holds more than the limit and the frames of the
-    /// commit that crossed it.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn commits_are_checkpointed_whoever_makes_them() {
-        let frame = 4096 + 24;
-        // About 8 pages a call: 1,200 calls write some 9,600 frames.
-        let big = |traj: &str, i: u32| CallRecord {
-            sampled_ids: vec![7; 4000],
-            logprobs: vec![Some(-0.5); 4000],
-            ..call(traj, i, i.checked_sub(1))
-        };
-        for ack in [Ack::Committed, Ack::Queued] {
-            let dir = tempfile::tempdir().expect("tempdir");
-            let shared = shared(dir.path());
-            let (tx, rx) = mpsc::channel(1024);
-            let mut writer = Writer::with_direct(tx, ack, shared.clone());
-            let kept = shared.clone();
-            let thread = std::thread::spawn(move || run(shared, rx));
-            for i in 0..1200 {
-                writer.append(big("t", i)).await.expect("append");
-            }
-            writer.close();
-            thread.join().expect("writer thread");
-            kept.checkpointer.run_now();
-            assert_eq!(calls_stored(dir.path()), 1200);
-            let size = |name: &str| {
-                std::fs::metadata(dir.path().join(name))
-                    .map(|m| m.len())
-                    .unwrap_or(0)
-            };
-            // What is past the last checkpoint is under 1,000 frames.
-            let db = size("s.db");
-            assert!(
-                db > 8000 * 4096,
-                "{ack:?}: a database file of {db} bytes after 9,600 frames: no checkpoint ran"
-            );
-            if ack == Ack::Committed {
-                // Past the limit by at most two calls of 12 frames (the WAL
-                // hook's count grows by 12 a call): the one that crossed it,
-                // and one the writer thread may commit before the checkpoint
-                // holds the connection.
-                let wal = size("s.db-wal");
-                assert!(
-                    wal <= (WAL_LIMIT_FRAMES as u64 + 2 * 12) * frame,
-                    "a WAL of {wal} bytes after 9,600 frames of lone commits"
-                );
-            }
-        }
-    }
-}
+#[path = "writer_tests.rs"]
+mod tests;
