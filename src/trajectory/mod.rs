@@ -478,7 +478,7 @@ impl Trajectories {
                 prompt: prompt.clone(),
                 messages_hash: prepared.messages_hash,
                 context: prepared.context,
-                served: std::mem::take(&mut choice.served),
+                served: choice.served.clone(),
                 sampled_ids: std::mem::take(&mut choice.sampled_ids),
                 sampled_text: hot::kept_text(info.text),
                 response_used,
