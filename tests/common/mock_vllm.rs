@@ -177,7 +177,8 @@ impl MockVllm {
         format!("http://{}", self.addr)
     }
 
-    /// For benchmarks: stop recording request bodies and paths.
+    /// For benchmarks: stop recording request bodies, paths and completed
+    /// answers.
     pub fn quiet(&self) {
         self.state.quiet.store(true, Ordering::SeqCst);
     }
@@ -603,18 +604,25 @@ async fn completions(State(s): State<Arc<MockState>>, Json(body): Json<Value>) -
     let guard = CancelGuard {
         state: s.clone(),
         finished: false,
-        sample: Some((prompt.clone(), ids.clone())),
+        // Quiet (benchmarks): nothing kept, as for requests.
+        sample: (!s.quiet.load(Ordering::Relaxed)).then(|| (prompt.clone(), ids.clone())),
     };
     let delay = std::time::Duration::from_millis(script.token_delay_ms);
     let pace = Pace {
         hang_after,
         hold_after: script.hold_after,
         delay,
-        null_optionals: script.null_optionals,
         state: s.clone(),
     };
-    let stream = async_stream_events(ids, lps, k, finish, prompt, pace, guard);
-    Sse::new(stream).into_response()
+    let answer = Answer {
+        ids,
+        lps,
+        k,
+        finish,
+        prompt,
+        null_optionals: script.null_optionals,
+    };
+    stream_answer(answer, pace, guard)
 }
 
 /// When a streamed answer stalls: forever after `hang_after` tokens, and
@@ -623,75 +631,146 @@ struct Pace {
     hang_after: Option<usize>,
     hold_after: Option<usize>,
     delay: std::time::Duration,
-    null_optionals: bool,
     state: Arc<MockState>,
 }
 
-fn async_stream_events(
+/// What every chunk of one streamed answer is written from.
+struct Answer {
     ids: Vec<u32>,
     lps: Vec<f32>,
     k: Option<u64>,
     finish: String,
     prompt: Vec<u32>,
-    pace: Pace,
-    guard: CancelGuard,
-) -> impl futures::Stream<Item = Result<Event, Infallible>> {
+    null_optionals: bool,
+}
+
+/// Writes `v` as JSON text.
+fn put_json(out: &mut Vec<u8>, v: &impl serde::Serialize) {
+    serde_json::to_writer(&mut *out, v).expect("JSON of a number or string");
+}
+
+/// Writes a logprob as vLLM does (a float32 value as a Python float: widened
+/// to f64), `null` when not finite.
+fn put_logprob(out: &mut Vec<u8>, lp: f32) {
+    put_json(out, &f64::from(lp));
+}
+
+fn put_ids(out: &mut Vec<u8>, ids: &[u32]) {
+    out.push(b'[');
+    for (j, id) in ids.iter().enumerate() {
+        if j > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(id.to_string().as_bytes());
+    }
+    out.push(b']');
+}
+
+impl Answer {
+    /// The SSE event of step `i`: token `i`, or the finish chunk at the end.
+    /// The same bytes as the `json!` tree of the same fields (key order
+    /// included), without building one for every token.
+    fn event(&self, i: usize) -> bytes::Bytes {
+        let mut o = Vec::with_capacity(256);
+        o.extend_from_slice(b"data: {\"choices\":[{\"index\":0,");
+        if i == self.ids.len() {
+            o.extend_from_slice(b"\"text\":\"\",\"token_ids\":[],\"finish_reason\":");
+            put_json(&mut o, &self.finish);
+            o.extend_from_slice(b"}]}\n\n");
+            return o.into();
+        }
+        let id = self.ids[i];
+        o.extend_from_slice(b"\"text\":\"x\",\"token_ids\":[");
+        o.extend_from_slice(id.to_string().as_bytes());
+        o.extend_from_slice(b"],\"finish_reason\":null");
+        if i == 0 {
+            o.extend_from_slice(b",\"prompt_token_ids\":");
+            put_ids(&mut o, &self.prompt);
+        }
+        if let Some(k) = self.k {
+            let lp = self.lps[i];
+            o.extend_from_slice(b",\"logprobs\":{\"tokens\":");
+            if self.null_optionals {
+                o.extend_from_slice(b"null");
+            } else {
+                o.extend_from_slice(format!("[\"token_id:{id}\"]").as_bytes());
+            }
+            o.extend_from_slice(b",\"token_logprobs\":[");
+            put_logprob(&mut o, lp);
+            o.extend_from_slice(b"],\"top_logprobs\":");
+            if self.null_optionals {
+                o.extend_from_slice(b"null");
+            } else {
+                o.extend_from_slice(b"[{");
+                for j in 0..k.max(1) {
+                    if j > 0 {
+                        o.push(b',');
+                    }
+                    o.extend_from_slice(format!("\"token_id:{}\":", id + j as u32).as_bytes());
+                    put_logprob(&mut o, lp - j as f32);
+                }
+                o.extend_from_slice(b"}]");
+            }
+            o.extend_from_slice(b",\"text_offset\":");
+            o.extend_from_slice(if self.null_optionals { b"null" } else { b"[0]" });
+            o.push(b'}');
+            if self.null_optionals {
+                o.extend_from_slice(b",\"stop_reason\":null");
+            }
+        }
+        o.extend_from_slice(b"}]}\n\n");
+        o.into()
+    }
+}
+
+/// The streamed answer's SSE body: one event per token, the finish chunk,
+/// `[DONE]` and a closing comment, paced by `pace`.
+fn stream_answer(answer: Answer, pace: Pace, guard: CancelGuard) -> Response {
     let Pace {
         hang_after,
         hold_after,
         delay,
-        null_optionals,
         state,
     } = pace;
-    let n = ids.len();
-    let steps = futures::stream::iter(0..=n);
-    steps
-        .then(move |i| {
-            let ids = ids.clone();
-            let lps = lps.clone();
-            let finish = finish.clone();
-            let prompt = prompt.clone();
-            let state = state.clone();
-            async move {
-                if hang_after == Some(i) {
-                    std::future::pending::<()>().await;
-                }
-                if hold_after == Some(i) {
-                    state.held.fetch_add(1, Ordering::SeqCst);
-                    state.held_notify.notify_waiters();
-                    wait_until(&state.release_notify, || {
-                        state.released.load(Ordering::SeqCst)
-                    })
-                    .await;
-                }
-                if !delay.is_zero() {
-                    tokio::time::sleep(delay).await;
-                }
-                if i == n {
-                    return json!({"choices": [{"index": 0, "text": "", "token_ids": [], "finish_reason": finish}]});
-                }
-                let mut c = json!({"index": 0, "text": "x", "token_ids": [ids[i]], "finish_reason": null});
-                if i == 0 {
-                    c["prompt_token_ids"] = json!(prompt);
-                }
-                if let Some(k) = k {
-                    c["logprobs"] = logprobs_json(&ids[i..=i], &lps[i..=i], k);
-                    if null_optionals {
-                        for field in ["tokens", "top_logprobs", "text_offset"] {
-                            c["logprobs"][field] = Value::Null;
-                        }
-                        c["stop_reason"] = Value::Null;
-                    }
-                }
-                json!({"choices": [c]})
+    let answer = Arc::new(answer);
+    let n = answer.ids.len();
+    let steps = futures::stream::iter(0..=n).then(move |i| {
+        let answer = answer.clone();
+        let state = state.clone();
+        async move {
+            if hang_after == Some(i) {
+                std::future::pending::<()>().await;
             }
-        })
-        .map(|v| Ok(Event::default().data(v.to_string())))
-        .chain(futures::stream::once(async { Ok(Event::default().data("[DONE]")) }))
+            if hold_after == Some(i) {
+                state.held.fetch_add(1, Ordering::SeqCst);
+                state.held_notify.notify_waiters();
+                wait_until(&state.release_notify, || {
+                    state.released.load(Ordering::SeqCst)
+                })
+                .await;
+            }
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            Ok::<_, Infallible>(answer.event(i))
+        }
+    });
+    let body = steps
+        .chain(futures::stream::once(async {
+            Ok(bytes::Bytes::from_static(b"data: [DONE]\n\n"))
+        }))
         .chain(futures::stream::once(async move {
             let mut g = guard;
             g.finished = true;
             drop(g);
-            Ok(Event::default().comment("end"))
-        }))
+            Ok(bytes::Bytes::from_static(b": end\n\n"))
+        }));
+    (
+        [
+            ("content-type", "text/event-stream"),
+            ("cache-control", "no-cache"),
+        ],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
 }
