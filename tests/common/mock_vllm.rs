@@ -72,11 +72,13 @@ pub struct MockState {
     pub healthy: std::sync::atomic::AtomicBool,
     /// Every request's path (and query), in arrival order.
     pub log: Mutex<Vec<String>>,
-    /// Benchmarks: keep no request bodies or log (they would grow unbounded).
+    /// Benchmarks: keep no request bodies, log, sampled-token table or
+    /// completed answers (they would grow unbounded).
     pub quiet: std::sync::atomic::AtomicBool,
     /// Content of the text `/v1/chat/completions` answer ("ok" when unset).
     pub chat_content: Mutex<Option<String>>,
-    /// (prompt, sampled ids) of every streamed answer sent to its end.
+    /// (prompt, sampled ids) of every streamed answer sent to its end (none
+    /// when quiet).
     pub completed: Mutex<Vec<(Vec<u32>, Vec<u32>)>>,
     /// The answer to a request carrying `structured_outputs`, as a backend
     /// honouring the constraint would give (unset: the script applies).
@@ -208,7 +210,8 @@ impl MockVllm {
         self.state.log.lock().expect("lock").clone()
     }
 
-    /// (prompt, sampled ids) of every streamed answer sent to its end.
+    /// (prompt, sampled ids) of every streamed answer sent to its end (none
+    /// when quiet).
     pub fn completed(&self) -> Vec<(Vec<u32>, Vec<u32>)> {
         self.state.completed.lock().expect("lock").clone()
     }
