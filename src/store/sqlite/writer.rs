@@ -16,6 +16,7 @@
 
 use std::cell::Cell;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use rusqlite::hooks::Wal;
 use rusqlite::{params, Connection, ErrorCode, OptionalExtension, ToSql};
@@ -123,12 +124,8 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
     let mut run_begun = false;
     while let Some(first) = rx.blocking_recv() {
         batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
+        take_queued(&mut rx, &mut batch);
+        linger(&mut rx, &mut batch);
         run_begun |= batch.iter().any(|j| matches!(j.op, Op::BeginRun { .. }));
         let mut conn = shared.lock();
         let outcomes = commit_batch(&mut conn, &batch);
@@ -156,6 +153,52 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
         if let Err(e) = conn.execute("UPDATE gateway_run SET clean = 1 WHERE id = 1", []) {
             tracing::error!(error = %e, "could not record the clean end of this run");
         }
+    }
+}
+
+/// Adds what is queued to `batch`, up to [`MAX_BATCH`] jobs.
+fn take_queued(rx: &mut mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
+    while batch.len() < MAX_BATCH {
+        match rx.try_recv() {
+            Ok(job) => batch.push(job),
+            Err(_) => break,
+        }
+    }
+}
+
+/// How long the writer gathers a batch that nobody waits for (`[store] ack
+/// = "queued"` appends, answered before their commit) before committing it:
+/// the loss window grows by as much, and each commit carries more calls.
+const QUEUED_LINGER: Duration = Duration::from_millis(1);
+/// How often a lingering writer looks at its queue.
+const LINGER_STEP: Duration = Duration::from_micros(250);
+
+/// While every job of `batch` is one nobody waits for, gathers more for up
+/// to [`QUEUED_LINGER`]; a job someone waits for ends the wait.
+fn linger(rx: &mut mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
+    let until = Instant::now() + QUEUED_LINGER;
+    linger_until(rx, batch, until, std::thread::sleep);
+}
+
+/// [`linger`] until `until`, waiting with `wait` between looks at the queue.
+fn linger_until(
+    rx: &mut mpsc::Receiver<Job>,
+    batch: &mut Vec<Job>,
+    until: Instant,
+    mut wait: impl FnMut(Duration),
+) {
+    let mut seen = 0;
+    loop {
+        if batch[seen..].iter().any(|j| j.ack.is_some()) || batch.len() >= MAX_BATCH {
+            return;
+        }
+        seen = batch.len();
+        let now = Instant::now();
+        if now >= until || rx.is_closed() && rx.is_empty() {
+            return;
+        }
+        wait((until - now).min(LINGER_STEP));
+        take_queued(rx, batch);
     }
 }
 

@@ -105,6 +105,69 @@ fn a_failed_append_nobody_waits_for_is_lost() {
     assert_eq!(lost, ["queued", "cancelled"]);
 }
 
+fn append_job(traj: &str, ack: Option<oneshot::Sender<Outcome>>) -> Job {
+    Job {
+        op: Op::Append(Box::new(call(traj, 0, None))),
+        ack,
+    }
+}
+
+/// A batch of appends nobody waits for (`ack = "queued"`) waits for more
+/// jobs: what arrives while it waits joins it, until a job someone waits
+/// for arrives, which ends the wait at once.
+#[test]
+fn a_queued_batch_gathers_until_a_job_someone_waits_for() {
+    let (tx, mut rx) = mpsc::channel(16);
+    let mut batch = vec![append_job("a", None)];
+    let (waiting, _outcome) = oneshot::channel();
+    let mut arrivals = vec![append_job("c", Some(waiting)), append_job("b", None)];
+    let mut waits = 0;
+    let until = Instant::now() + Duration::from_secs(3600);
+    linger_until(&mut rx, &mut batch, until, |_| {
+        waits += 1;
+        assert!(waits <= 2, "kept waiting after a job someone waits for");
+        if let Some(job) = arrivals.pop() {
+            tx.try_send(job).map_err(|_| "full").expect("send");
+        }
+    });
+    let trajs: Vec<&str> = batch
+        .iter()
+        .map(|j| match &j.op {
+            Op::Append(c) => c.trajectory_id.as_str(),
+            _ => "?",
+        })
+        .collect();
+    assert_eq!(trajs, ["a", "b", "c"]);
+    assert_eq!(waits, 2, "the waited-for job ends the wait");
+
+    // A batch with a job someone waits for commits without waiting, and
+    // takes nothing more.
+    tx.try_send(append_job("d", None))
+        .map_err(|_| "full")
+        .expect("send");
+    let (waiting, _outcome) = oneshot::channel();
+    let mut batch = vec![append_job("e", Some(waiting))];
+    linger_until(&mut rx, &mut batch, until, |_| panic!("waited"));
+    assert_eq!(batch.len(), 1);
+}
+
+/// The wait ends at its deadline with nothing more arriving, and at once
+/// when every sender is gone.
+#[test]
+fn a_queued_batch_waits_no_longer_than_its_deadline_or_its_senders() {
+    let (tx, mut rx) = mpsc::channel::<Job>(16);
+    let mut batch = vec![append_job("a", None)];
+    let start = Instant::now();
+    linger(&mut rx, &mut batch);
+    assert!(start.elapsed() >= QUEUED_LINGER);
+    assert_eq!(batch.len(), 1);
+    drop(tx);
+    let far = Instant::now() + Duration::from_secs(3600);
+    linger_until(&mut rx, &mut batch, far, |_| {
+        panic!("waited on a closed queue")
+    });
+}
+
 /// The writing connection on a WAL database, as the store opens it.
 fn shared(dir: &std::path::Path) -> Arc<Shared> {
     let mut conn = Connection::open(dir.join("s.db")).expect("open");
