@@ -7,7 +7,9 @@
 //! and only then acknowledges every job. Under load many appends share one
 //! commit; idle, a lone append commits at once (no timer, no added latency),
 //! on the submitter's thread when nothing else is queued or committing and
-//! the submissions before it found the writer idle too.
+//! the submissions before it found the writer idle too. The exception is a
+//! batch nobody waits for (`[store] ack = "queued"` appends): it gathers
+//! for up to [`QUEUED_LINGER`] first (see [`linger`]).
 //!
 //! Checkpoints stay off this connection: SQLite's automatic checkpoint
 //! (which runs inside the commit that crosses its limit, and `fsync`s) is
@@ -176,6 +178,9 @@ const LINGER_STEP: Duration = Duration::from_micros(250);
 /// While every job of `batch` is one nobody waits for, gathers more for up
 /// to [`QUEUED_LINGER`]; a job someone waits for ends the wait.
 fn linger(rx: &mut mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
+    if batch.iter().any(|j| j.ack.is_some()) {
+        return;
+    }
     let until = Instant::now() + QUEUED_LINGER;
     linger_until(rx, batch, until, std::thread::sleep);
 }

@@ -149,6 +149,13 @@ fn a_queued_batch_gathers_until_a_job_someone_waits_for() {
     let mut batch = vec![append_job("e", Some(waiting))];
     linger_until(&mut rx, &mut batch, until, |_| panic!("waited"));
     assert_eq!(batch.len(), 1);
+
+    // A full batch commits without waiting.
+    let mut batch: Vec<Job> = (0..MAX_BATCH).map(|_| append_job("f", None)).collect();
+    linger_until(&mut rx, &mut batch, until, |_| {
+        panic!("waited with a full batch")
+    });
+    assert_eq!(batch.len(), MAX_BATCH);
 }
 
 /// The wait ends at its deadline with nothing more arriving, and at once
@@ -158,7 +165,13 @@ fn a_queued_batch_waits_no_longer_than_its_deadline_or_its_senders() {
     let (tx, mut rx) = mpsc::channel::<Job>(16);
     let mut batch = vec![append_job("a", None)];
     let start = Instant::now();
-    linger(&mut rx, &mut batch);
+    let mut waits = 0;
+    let step = |d: Duration| {
+        waits += 1;
+        assert!(waits <= 100, "waited past the deadline");
+        std::thread::sleep(d);
+    };
+    linger_until(&mut rx, &mut batch, start + QUEUED_LINGER, step);
     assert!(start.elapsed() >= QUEUED_LINGER);
     assert_eq!(batch.len(), 1);
     drop(tx);
