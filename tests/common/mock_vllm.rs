@@ -448,25 +448,12 @@ impl Drop for CancelGuard {
     }
 }
 
+/// vLLM's `logprobs` object of a non-streamed answer (the same writer as
+/// the streamed events').
 fn logprobs_json(ids: &[u32], lps: &[f32], k: u64) -> Value {
-    let top: Vec<Value> = ids
-        .iter()
-        .zip(lps)
-        .map(|(id, lp)| {
-            let mut m = serde_json::Map::new();
-            m.insert(format!("token_id:{id}"), json!(lp));
-            for j in 1..k {
-                m.insert(format!("token_id:{}", id + j as u32), json!(lp - j as f32));
-            }
-            Value::Object(m)
-        })
-        .collect();
-    json!({
-        "tokens": ids.iter().map(|i| format!("token_id:{i}")).collect::<Vec<_>>(),
-        "token_logprobs": lps,
-        "top_logprobs": top,
-        "text_offset": vec![0; ids.len()],
-    })
+    let mut o = Vec::new();
+    put_logprobs(&mut o, ids, lps, k, false);
+    serde_json::from_slice(&o).expect("the logprobs object is JSON")
 }
 
 /// Remembers that `ids` were sampled after `prompt` (when not quiet).
@@ -648,7 +635,7 @@ struct Answer {
 }
 
 /// Writes `v` as JSON text.
-fn put_json(out: &mut Vec<u8>, v: &impl serde::Serialize) {
+fn put_json(out: &mut Vec<u8>, v: &(impl serde::Serialize + ?Sized)) {
     serde_json::to_writer(&mut *out, v).expect("JSON of a number or string");
 }
 
@@ -658,21 +645,56 @@ fn put_logprob(out: &mut Vec<u8>, lp: f32) {
     put_json(out, &f64::from(lp));
 }
 
-fn put_ids(out: &mut Vec<u8>, ids: &[u32]) {
-    out.push(b'[');
-    for (j, id) in ids.iter().enumerate() {
-        if j > 0 {
+/// vLLM's `logprobs` object for `ids` sampled with logprobs `lps`, with `k`
+/// alternatives a token (at least the sampled one); `null_optionals`: every
+/// field but the numbers `null`.
+fn put_logprobs(out: &mut Vec<u8>, ids: &[u32], lps: &[f32], k: u64, null_optionals: bool) {
+    let list = |out: &mut Vec<u8>, each: &dyn Fn(&mut Vec<u8>, usize)| {
+        if null_optionals {
+            out.extend_from_slice(b"null");
+            return;
+        }
+        out.push(b'[');
+        for t in 0..ids.len() {
+            if t > 0 {
+                out.push(b',');
+            }
+            each(out, t);
+        }
+        out.push(b']');
+    };
+    out.extend_from_slice(b"{\"tokens\":");
+    list(out, &|out, t| {
+        put_json(out, &format!("token_id:{}", ids[t]))
+    });
+    out.extend_from_slice(b",\"token_logprobs\":[");
+    for (t, &lp) in lps.iter().enumerate() {
+        if t > 0 {
             out.push(b',');
         }
-        out.extend_from_slice(id.to_string().as_bytes());
+        put_logprob(out, lp);
     }
-    out.push(b']');
+    out.extend_from_slice(b"],\"top_logprobs\":");
+    list(out, &|out, t| {
+        out.push(b'{');
+        for j in 0..k.max(1) {
+            if j > 0 {
+                out.push(b',');
+            }
+            put_json(out, &format!("token_id:{}", ids[t] + j as u32));
+            out.push(b':');
+            put_logprob(out, lps[t] - j as f32);
+        }
+        out.push(b'}');
+    });
+    out.extend_from_slice(b",\"text_offset\":");
+    list(out, &|out, _| out.push(b'0'));
+    out.push(b'}');
 }
 
 impl Answer {
-    /// The SSE event of step `i`: token `i`, or the finish chunk at the end.
-    /// The same bytes as the `json!` tree of the same fields (key order
-    /// included), without building one for every token.
+    /// The SSE event of step `i`: token `i`, or the finish chunk at the end,
+    /// written as text in vLLM's key order (no JSON tree for every token).
     fn event(&self, i: usize) -> bytes::Bytes {
         let mut o = Vec::with_capacity(256);
         o.extend_from_slice(b"data: {\"choices\":[{\"index\":0,");
@@ -682,41 +704,17 @@ impl Answer {
             o.extend_from_slice(b"}]}\n\n");
             return o.into();
         }
-        let id = self.ids[i];
-        o.extend_from_slice(b"\"text\":\"x\",\"token_ids\":[");
-        o.extend_from_slice(id.to_string().as_bytes());
-        o.extend_from_slice(b"],\"finish_reason\":null");
+        o.extend_from_slice(b"\"text\":\"x\",\"token_ids\":");
+        put_json(&mut o, &self.ids[i..=i]);
+        o.extend_from_slice(b",\"finish_reason\":null");
         if i == 0 {
             o.extend_from_slice(b",\"prompt_token_ids\":");
-            put_ids(&mut o, &self.prompt);
+            put_json(&mut o, &self.prompt);
         }
         if let Some(k) = self.k {
-            let lp = self.lps[i];
-            o.extend_from_slice(b",\"logprobs\":{\"tokens\":");
-            if self.null_optionals {
-                o.extend_from_slice(b"null");
-            } else {
-                o.extend_from_slice(format!("[\"token_id:{id}\"]").as_bytes());
-            }
-            o.extend_from_slice(b",\"token_logprobs\":[");
-            put_logprob(&mut o, lp);
-            o.extend_from_slice(b"],\"top_logprobs\":");
-            if self.null_optionals {
-                o.extend_from_slice(b"null");
-            } else {
-                o.extend_from_slice(b"[{");
-                for j in 0..k.max(1) {
-                    if j > 0 {
-                        o.push(b',');
-                    }
-                    o.extend_from_slice(format!("\"token_id:{}\":", id + j as u32).as_bytes());
-                    put_logprob(&mut o, lp - j as f32);
-                }
-                o.extend_from_slice(b"}]");
-            }
-            o.extend_from_slice(b",\"text_offset\":");
-            o.extend_from_slice(if self.null_optionals { b"null" } else { b"[0]" });
-            o.push(b'}');
+            o.extend_from_slice(b",\"logprobs\":");
+            let (ids, lps) = (&self.ids[i..=i], &self.lps[i..=i]);
+            put_logprobs(&mut o, ids, lps, k, self.null_optionals);
             if self.null_optionals {
                 o.extend_from_slice(b",\"stop_reason\":null");
             }

@@ -178,9 +178,6 @@ const LINGER_STEP: Duration = Duration::from_micros(250);
 /// While every job of `batch` is one nobody waits for, gathers more for up
 /// to [`QUEUED_LINGER`]; a job someone waits for ends the wait.
 fn linger(rx: &mut mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
-    if batch.iter().any(|j| j.ack.is_some()) {
-        return;
-    }
     let until = Instant::now() + QUEUED_LINGER;
     linger_until(rx, batch, until, std::thread::sleep);
 }
