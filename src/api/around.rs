@@ -7,8 +7,8 @@
 //! One middleware, not four: each `from_fn` layer clones the router's boxed
 //! service and boxes a future for every request. Four layers took 2 to 36
 //! µs more gateway CPU per call at 64 concurrent than this one does, in
-//! four A/B runs (docs/benchmarks-history.md, "One middleware around each
-//! request").
+//! four A/B runs (docs/benchmarks-history-early.md, "One middleware around
+//! each request").
 //!
 //! Owns: the request's span, `X-Request-Id` on the answer,
 //! `tito_requests_total`, `tito_request_duration_seconds`,
