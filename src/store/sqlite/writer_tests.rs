@@ -1,4 +1,4 @@
-//! Tests of the SQLite writer: a failing job in a batch, a failed append
+//! Tests of the SQLite writer: a failed COMMIT, a failing job in a batch, a failed append
 //! nobody waits for, direct commits, and checkpoints.
 
 use super::*;
@@ -34,6 +34,45 @@ fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
         normalized: Vec::new(),
         request_of: None,
     }
+}
+
+/// A COMMIT that fails leaves nothing open: the dropped transaction rolls
+/// back, and the next one begins and commits.
+#[test]
+fn a_failed_commit_rolls_back_and_the_next_batch_begins() {
+    let conn = Connection::open_in_memory().expect("open");
+    conn.execute_batch(
+        "PRAGMA foreign_keys = ON;
+         CREATE TABLE parent (id INTEGER PRIMARY KEY);
+         CREATE TABLE child (p INTEGER REFERENCES parent(id) DEFERRABLE INITIALLY DEFERRED);",
+    )
+    .expect("schema");
+    let tx = CachedTx::begin(&conn).expect("begin");
+    conn.execute("INSERT INTO child (p) VALUES (7)", [])
+        .expect("an orphan is allowed until COMMIT");
+    assert!(
+        tx.commit().is_err(),
+        "the deferred foreign key fails the COMMIT"
+    );
+    assert!(
+        conn.is_autocommit(),
+        "the failed transaction was rolled back"
+    );
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM child", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(rows, 0);
+
+    let tx = CachedTx::begin(&conn).expect("begin again");
+    conn.execute("INSERT INTO parent (id) VALUES (7)", [])
+        .expect("parent");
+    conn.execute("INSERT INTO child (p) VALUES (7)", [])
+        .expect("child");
+    tx.commit().expect("commit");
+    let rows: i64 = conn
+        .query_row("SELECT count(*) FROM child", [], |r| r.get(0))
+        .expect("count");
+    assert_eq!(rows, 1);
 }
 
 /// A bad job in a batch fails alone: the optimistic whole-batch commit
