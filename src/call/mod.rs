@@ -181,7 +181,8 @@ impl Running {
             // without registering this task's waker on the channel: each
             // send would otherwise wake the very task that is running it,
             // and Tokio polls a task woken during its own poll once more,
-            // as a yield (docs/benchmarks.md). The pump's own wakers
+            // as a yield (docs/benchmarks-history-early.md, "A call's reader
+            // no longer wakes its own task"). The pump's own wakers
             // (backend sockets, the store's acknowledgement, the channel's
             // free capacity) wake this task.
             if let Some(pump) = self.pump.as_mut() {
