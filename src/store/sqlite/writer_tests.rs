@@ -1,5 +1,5 @@
-//! Tests of the SQLite writer: a failed COMMIT, a failing job in a batch, a failed append
-//! nobody waits for, direct commits, and checkpoints.
+//! Tests of the SQLite writer: a failed COMMIT, a failing job in a batch,
+//! a failed append nobody waits for, direct commits, and checkpoints.
 
 use super::*;
 use crate::store::group_commit::Writer;
