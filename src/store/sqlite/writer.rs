@@ -235,10 +235,10 @@ fn commit_all(conn: &mut Connection, batch: &[Job]) -> Option<Vec<Outcome>> {
 /// A transaction whose `BEGIN` and `COMMIT` come from the connection's
 /// statement cache. `Connection::transaction` parses both anew for every
 /// batch: `sqlite3_prepare` was 9% of a lone call's direct commit
-/// (docs/benchmarks.md). Dropped uncommitted, it rolls back.
+/// (docs/benchmarks.md). Dropped with its transaction still open (not
+/// committed, and not already rolled back by SQLite), it rolls back.
 struct CachedTx<'c> {
     conn: &'c Connection,
-    open: bool,
 }
 
 impl<'c> CachedTx<'c> {
@@ -249,12 +249,11 @@ impl<'c> CachedTx<'c> {
             conn.execute_batch("ROLLBACK")?;
         }
         conn.prepare_cached("BEGIN")?.execute([])?;
-        Ok(CachedTx { conn, open: true })
+        Ok(CachedTx { conn })
     }
 
-    fn commit(mut self) -> rusqlite::Result<()> {
+    fn commit(self) -> rusqlite::Result<()> {
         self.conn.prepare_cached("COMMIT")?.execute([])?;
-        self.open = false;
         Ok(())
     }
 }
@@ -263,7 +262,7 @@ impl Drop for CachedTx<'_> {
     fn drop(&mut self) {
         // A failed COMMIT may leave the transaction open (busy, a deferred
         // constraint); SQLite rolls back by itself after some errors.
-        if self.open && !self.conn.is_autocommit() {
+        if !self.conn.is_autocommit() {
             if let Err(e) = self.conn.execute_batch("ROLLBACK") {
                 tracing::error!(error = %e, "could not roll back a failed batch");
             }
