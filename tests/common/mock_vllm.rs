@@ -639,6 +639,13 @@ fn put_json(out: &mut Vec<u8>, v: &(impl serde::Serialize + ?Sized)) {
     serde_json::to_writer(&mut *out, v).expect("JSON of a number or string");
 }
 
+/// Writes `"token_id:ID"` (vLLM's token string with
+/// `return_tokens_as_token_ids`; nothing in it needs escaping).
+fn put_token_id(out: &mut Vec<u8>, id: u32) {
+    use std::io::Write;
+    write!(out, "\"token_id:{id}\"").expect("writing to a Vec");
+}
+
 /// Writes a logprob as vLLM does (a float32 value as a Python float: widened
 /// to f64), `null` when not finite.
 fn put_logprob(out: &mut Vec<u8>, lp: f32) {
@@ -664,9 +671,7 @@ fn put_logprobs(out: &mut Vec<u8>, ids: &[u32], lps: &[f32], k: u64, null_option
         out.push(b']');
     };
     out.extend_from_slice(b"{\"tokens\":");
-    list(out, &|out, t| {
-        put_json(out, &format!("token_id:{}", ids[t]))
-    });
+    list(out, &|out, t| put_token_id(out, ids[t]));
     out.extend_from_slice(b",\"token_logprobs\":[");
     for (t, &lp) in lps.iter().enumerate() {
         if t > 0 {
@@ -681,7 +686,7 @@ fn put_logprobs(out: &mut Vec<u8>, ids: &[u32], lps: &[f32], k: u64, null_option
             if j > 0 {
                 out.push(b',');
             }
-            put_json(out, &format!("token_id:{}", ids[t] + j as u32));
+            put_token_id(out, ids[t] + j as u32);
             out.push(b':');
             put_logprob(out, lps[t] - j as f32);
         }
