@@ -187,6 +187,12 @@ impl Pending {
     pub(crate) fn done(&self, n: usize) {
         self.jobs.fetch_sub(n, Ordering::AcqRel);
     }
+
+    /// Nothing queued or committing.
+    #[cfg(test)]
+    pub(crate) fn idle(&self) -> bool {
+        self.jobs.load(Ordering::Acquire) == 0
+    }
 }
 
 /// Counts a job as pending until it is in the writer's queue or given up

@@ -182,12 +182,14 @@ impl SqliteStore {
 
         let checkpointer = checkpoint::Checkpointer::start(path, sync)?;
         let (tx, rx) = mpsc::channel(QUEUE);
-        let shared = Arc::new(writer::Shared::new(conn, checkpointer));
         // With `synchronous=FULL` every commit `fsync`s: milliseconds that
         // must not block a runtime thread, so all of them go to the writer.
-        let jobs = match synchronous {
-            Synchronous::Normal => Writer::with_direct(tx, ack, shared.clone()),
-            Synchronous::Full => Writer::new(tx, ack),
+        let direct = matches!(synchronous, Synchronous::Normal);
+        let shared = Arc::new(writer::Shared::new(conn, checkpointer, direct));
+        let jobs = if direct {
+            Writer::with_direct(tx, ack, shared.clone())
+        } else {
+            Writer::new(tx, ack)
         };
         let writer = std::thread::Builder::new()
             .name("tito-store-writer".into())

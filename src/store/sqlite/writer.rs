@@ -50,14 +50,19 @@ fn note_wal_frames(_: &Wal, frames: i32) -> rusqlite::Result<()> {
 /// The writing connection, shared by the writer thread and direct commits.
 pub(crate) struct Shared {
     conn: Mutex<Connection>,
+    /// Whether jobs may also commit on their submitter's thread (the store's
+    /// `Writer::with_direct`); only then do [`Shared::pending`]'s counts go
+    /// up, so only then does the writer count its batches down.
+    direct: bool,
     pending: Pending,
     checkpointer: Checkpointer,
 }
 
 impl Shared {
     /// Takes over `conn`: its commits no longer checkpoint by themselves but
-    /// ask `checkpointer`.
-    pub(crate) fn new(conn: Connection, checkpointer: Checkpointer) -> Self {
+    /// ask `checkpointer`. `direct`: whether the store's writer lets jobs
+    /// commit here ([`Direct`]).
+    pub(crate) fn new(conn: Connection, checkpointer: Checkpointer, direct: bool) -> Self {
         conn.wal_hook(Some(note_wal_frames));
         // The writing connection caches 27 statements (14 in writer.rs, 11
         // in consumers.rs, two from rows.rs), more than rusqlite's default
@@ -65,6 +70,7 @@ impl Shared {
         conn.set_prepared_statement_cache_capacity(64);
         Shared {
             conn: Mutex::new(conn),
+            direct,
             pending: Pending::default(),
             checkpointer,
         }
@@ -151,7 +157,9 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
         }
         // Counted down before the acknowledgements, so that a caller's next
         // job finds the writer idle.
-        shared.pending.done(batch.len());
+        if shared.direct {
+            shared.pending.done(batch.len());
+        }
         acknowledge(&mut batch, outcomes);
     }
     if run_begun {

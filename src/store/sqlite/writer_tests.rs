@@ -220,8 +220,13 @@ fn a_queued_batch_waits_no_longer_than_its_deadline_or_its_senders() {
     });
 }
 
-/// The writing connection on a WAL database, as the store opens it.
+/// The writing connection on a WAL database, as the store opens it with
+/// `synchronous = NORMAL` (direct commits allowed).
 fn shared(dir: &std::path::Path) -> Arc<Shared> {
+    shared_with(dir, true)
+}
+
+fn shared_with(dir: &std::path::Path, direct: bool) -> Arc<Shared> {
     let mut conn = Connection::open(dir.join("s.db")).expect("open");
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
@@ -231,7 +236,7 @@ fn shared(dir: &std::path::Path) -> Arc<Shared> {
         .expect("sync");
     super::super::schema::migrate(&mut conn).expect("migrate");
     let checkpointer = Checkpointer::start(&dir.join("s.db"), "NORMAL").expect("checkpointer");
-    Arc::new(Shared::new(conn, checkpointer))
+    Arc::new(Shared::new(conn, checkpointer, direct))
 }
 
 fn calls_stored(dir: &std::path::Path) -> i64 {
@@ -287,6 +292,28 @@ async fn a_lone_job_commits_here_and_one_behind_queued_work_waits_its_turn() {
     drop(committed);
     thread.join().expect("writer thread");
     assert_eq!(calls_stored(dir.path()), 4);
+}
+
+/// With direct commits off (`synchronous = FULL`), nothing counts jobs up,
+/// so the writer must not count its batches down: the count would wrap.
+#[tokio::test(flavor = "current_thread")]
+async fn a_writer_without_direct_commits_leaves_the_pending_count_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shared = shared_with(dir.path(), false);
+    let (tx, rx) = mpsc::channel(16);
+    let writer = Writer::new(tx, Ack::Committed);
+    let thread = std::thread::spawn({
+        let shared = shared.clone();
+        move || run(shared, rx)
+    });
+    for i in 0..3u32 {
+        let parent = i.checked_sub(1);
+        writer.append(call("t", i, parent)).await.expect("append");
+    }
+    drop(writer);
+    thread.join().expect("writer thread");
+    assert_eq!(calls_stored(dir.path()), 3);
+    assert!(shared.pending.idle(), "the pending count moved");
 }
 
 /// Commits no longer checkpoint by themselves (the WAL hook replaces
