@@ -625,6 +625,33 @@ fn parquet_logprobs_are_a_list_of_optional_floats() {
     assert_eq!(got, lists);
 }
 
+/// JSON has no infinities: a real `-inf` logprob (the store keeps it) is
+/// `null` in JSONL, like a missing one, and stays `-inf` in Parquet, the
+/// format that tells them apart (docs/export.md).
+#[test]
+fn a_minus_infinity_logprob_is_kept_by_parquet_and_null_in_jsonl() {
+    let lp = vec![Some(f32::NEG_INFINITY), None, Some(-0.5)];
+    let mut written = Vec::new();
+    for format in [Format::Parquet, Format::Jsonl] {
+        let opts = ExportOptions::new(format, Layout::Trajectory);
+        let mut out = Vec::new();
+        {
+            let mut sink = tito::export::sink(&opts, &mut out).expect("sink");
+            sink.write_row(&export_row(lp.clone())).expect("row");
+            sink.finish().expect("finish");
+        }
+        written.push(out);
+    }
+    let (def, _, vals) = logprob_column(written[0].clone(), Layout::Trajectory);
+    assert_eq!(def, [2, 1, 2], "-inf is a value, the missing one is null");
+    assert_eq!(vals, [f32::NEG_INFINITY, -0.5]);
+    let line: Value = serde_json::from_slice(&written[1]).expect("one JSON line");
+    assert_eq!(
+        line["response_logprobs"],
+        serde_json::json!([null, null, -0.5])
+    );
+}
+
 #[tokio::test]
 async fn missing_logprobs_and_observations_export_as_null() {
     let dir = tempfile::tempdir().expect("tempdir");
