@@ -268,12 +268,13 @@ fn raw_is_log_softmax_of_the_logits_under_every_processing() {
 
 /// The tokens a truncated step may draw: the finite entries of `z`.
 fn kept_after(p: &SamplingParams, logits: &[f32]) -> Vec<u32> {
-    let mut s = Sampler::new(p, &[], PROCESSED);
-    s.process(logits);
-    let (_, max, sum) = max_and_weights(&s.scratch, &mut s.weights);
-    s.truncate(max, sum);
+    let sampler = Sampler::new(p, &[], PROCESSED);
+    let mut s = Scratch::default();
+    sampler.process(&mut s, logits);
+    let (_, max, sum) = max_and_weights(&s.z, &mut s.weights);
+    sampler.truncate(&mut s, max, sum);
     (0..logits.len() as u32)
-        .filter(|&i| s.scratch[i as usize].is_finite())
+        .filter(|&i| s.z[i as usize].is_finite())
         .collect()
 }
 
@@ -389,5 +390,46 @@ fn a_tiny_temperature_is_clamped_not_overflowed() {
         let z: Vec<f32> = logits.iter().map(|l| l / MIN_TEMPERATURE).collect();
         assert!((processed.logprob - log_softmax(&z)[1]).abs() < 1e-5);
         assert!((raw.logprob - log_softmax(&logits)[1]).abs() < 1e-6);
+    }
+}
+
+/// The scratch rows are the thread's, shared by every sequence sampled on
+/// it: a sequence's tokens and logprobs must not depend on what another
+/// sequence (a longer row, top-k, top-p, penalties) left in them.
+#[test]
+fn sequences_sharing_a_thread_scratch_sample_as_if_alone() {
+    let row = |n: usize, step: usize| -> Vec<f32> {
+        (0..n)
+            .map(|i| ((i * 7919 + step * 104_729) % 1000) as f32 / 100.0 - 5.0)
+            .collect()
+    };
+    let a_params = SamplingParams {
+        top_p: Some(0.8),
+        ..params(0.9)
+    };
+    let b_params = SamplingParams {
+        top_k: Some(5),
+        frequency_penalty: Some(0.5),
+        repetition_penalty: Some(1.3),
+        seed: Some(11),
+        ..params(1.2)
+    };
+    let steps = 12;
+    let mut alone = Sampler::new(&a_params, &[1, 2, 3], PROCESSED);
+    let alone: Vec<_> = (0..steps)
+        .map(|t| {
+            let out = alone.sample(&row(500, t)).expect("row");
+            alone.observe(out.token);
+            out
+        })
+        .collect();
+    let mut a = Sampler::new(&a_params, &[1, 2, 3], PROCESSED);
+    let mut b = Sampler::new(&b_params, &[4, 5], RAW);
+    for (t, want) in alone.iter().enumerate() {
+        let other = b.sample(&row(2000, t + 100)).expect("row");
+        b.observe(other.token);
+        let out = a.sample(&row(500, t)).expect("row");
+        a.observe(out.token);
+        assert_eq!(&out, want, "step {t}");
     }
 }
