@@ -84,8 +84,9 @@ pub struct Sampler {
     prompt_seen: Vec<u32>,
 }
 
-/// One step's working rows, as long as the vocabulary: 16 bytes per entry
-/// (about 2.4 MB for Qwen3's 151,936). Kept per thread ([`SCRATCH`]) and
+/// One step's working rows, as long as the vocabulary: 12 bytes per entry,
+/// up to 20 with top-k and a top-p walk over the whole row (1.8 to 3.0 MB
+/// for Qwen3's 151,936 entries). Kept per thread ([`SCRATCH`]) and
 /// reused by every sequence that thread samples, rather than per sequence,
 /// so a running sequence costs its RNG and penalty counts only.
 #[derive(Default)]
