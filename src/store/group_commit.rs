@@ -121,7 +121,8 @@ pub(crate) fn lost_appends(batch: &[Job], outcomes: &[Outcome]) -> Vec<String> {
 /// queued or committing and the writer is calm (see [`Pending`]). A lone
 /// call then skips the hand-off to the writer and back: two thread
 /// wake-ups, about 50 µs of a call's latency and CPU on the 2-core bench
-/// machine (docs/benchmarks.md). With concurrent callers jobs queue as
+/// machine (docs/benchmarks-history.md, "A lone call commits on its own
+/// thread"). With concurrent callers jobs queue as
 /// before and share the writer's transactions.
 pub(crate) trait Direct: Send + Sync {
     /// Commits `job` (a batch of one) on this thread and sends its outcome;
@@ -145,7 +146,7 @@ const CALM_SUBMISSIONS: u32 = 16;
 /// is a sign of concurrent callers; then jobs queue even when the writer is
 /// briefly idle, until [`CALM_SUBMISSIONS`] in a row find it idle. With
 /// concurrent callers a direct commit takes a runtime thread from the other
-/// requests and splits the writer's batches (measured in docs/benchmarks.md).
+/// requests and splits the writer's batches (measured in the same section).
 #[derive(Debug, Default)]
 pub(crate) struct Pending {
     jobs: AtomicUsize,
