@@ -51,8 +51,8 @@ fn note_wal_frames(_: &Wal, frames: i32) -> rusqlite::Result<()> {
 pub(crate) struct Shared {
     conn: Mutex<Connection>,
     /// Whether jobs may also commit on their submitter's thread (the store's
-    /// `Writer::with_direct`); only then do [`Shared::pending`]'s counts go
-    /// up, so only then does the writer count its batches down.
+    /// `Writer::with_direct`); only then does `pending` count jobs up, so
+    /// only then does the writer count its batches down.
     direct: bool,
     pending: Pending,
     checkpointer: Checkpointer,
