@@ -66,7 +66,7 @@ pub struct Sampled {
 }
 
 /// Per-request sampling state: RNG and penalty counts. The rows a step
-/// works on are [`Scratch`], one per sampling thread.
+/// works on belong to the sampling thread (`Scratch`).
 pub struct Sampler {
     rng: StdRng,
     temperature: f32,

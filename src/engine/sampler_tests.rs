@@ -395,7 +395,9 @@ fn a_tiny_temperature_is_clamped_not_overflowed() {
 
 /// The scratch rows are the thread's, shared by every sequence sampled on
 /// it: a sequence's tokens and logprobs must not depend on what another
-/// sequence (a longer row, top-k, top-p, penalties) left in them.
+/// sequence (a longer or shorter row, other top-k and top-p cuts,
+/// penalties) left in them. Each of two sequences is sampled alone, then
+/// the two in turn on one thread.
 #[test]
 fn sequences_sharing_a_thread_scratch_sample_as_if_alone() {
     let row = |n: usize, step: usize| -> Vec<f32> {
@@ -405,31 +407,34 @@ fn sequences_sharing_a_thread_scratch_sample_as_if_alone() {
     };
     let a_params = SamplingParams {
         top_p: Some(0.8),
+        top_k: Some(50),
         ..params(0.9)
     };
     let b_params = SamplingParams {
         top_k: Some(5),
+        top_p: Some(0.9),
         frequency_penalty: Some(0.5),
         repetition_penalty: Some(1.3),
         seed: Some(11),
         ..params(1.2)
     };
+    let a_new = || Sampler::new(&a_params, &[1, 2, 3], PROCESSED);
+    let b_new = || Sampler::new(&b_params, &[4, 5], RAW);
+    let a_row = |t: usize| row(500, t);
+    let b_row = |t: usize| row(2000, t + 100);
+    let step = |s: &mut Sampler, logits: &[f32]| {
+        let out = s.sample(logits).expect("row");
+        s.observe(out.token);
+        out
+    };
     let steps = 12;
-    let mut alone = Sampler::new(&a_params, &[1, 2, 3], PROCESSED);
-    let alone: Vec<_> = (0..steps)
-        .map(|t| {
-            let out = alone.sample(&row(500, t)).expect("row");
-            alone.observe(out.token);
-            out
-        })
-        .collect();
-    let mut a = Sampler::new(&a_params, &[1, 2, 3], PROCESSED);
-    let mut b = Sampler::new(&b_params, &[4, 5], RAW);
-    for (t, want) in alone.iter().enumerate() {
-        let other = b.sample(&row(2000, t + 100)).expect("row");
-        b.observe(other.token);
-        let out = a.sample(&row(500, t)).expect("row");
-        a.observe(out.token);
-        assert_eq!(&out, want, "step {t}");
+    let mut a = a_new();
+    let a_alone: Vec<_> = (0..steps).map(|t| step(&mut a, &a_row(t))).collect();
+    let mut b = b_new();
+    let b_alone: Vec<_> = (0..steps).map(|t| step(&mut b, &b_row(t))).collect();
+    let (mut a, mut b) = (a_new(), b_new());
+    for t in 0..steps {
+        assert_eq!(step(&mut b, &b_row(t)), b_alone[t], "b, step {t}");
+        assert_eq!(step(&mut a, &a_row(t)), a_alone[t], "a, step {t}");
     }
 }
