@@ -94,35 +94,36 @@ fn tool_calls(m: &Json) -> &[Json] {
         .map_or(&[], Vec::as_slice)
 }
 
-/// A canonical form of a message for hashing: role, trimmed content, tool
-/// call names + parsed arguments, tool_call_id, name.
-pub fn normalize(m: &Json) -> Json {
-    let mut out = serde_json::Map::new();
+/// Feeds a message's canonical form to `h`: role, trimmed content (its
+/// reasoning stripped on an assistant message), tool call names and parsed
+/// arguments, `tool_call_id`, `name`. Other keys, their order and nulls do
+/// not count. Each field is tagged and each string ends in a terminator
+/// (`str`'s `Hash`), so two different forms feed different bytes.
+fn hash_canonical(m: &Json, h: &mut impl Hasher) {
     let role = m.get("role").and_then(Json::as_str).unwrap_or_default();
-    out.insert("role".into(), Json::String(role.to_string()));
+    role.hash(h);
     let text = content_text(m);
-    let text = if role == "assistant" {
-        strip_reasoning(&text)
+    if role == "assistant" {
+        strip_reasoning(&text).trim().hash(h);
     } else {
-        text
-    };
-    out.insert("content".into(), Json::String(text.trim().to_string()));
-    let calls: Vec<Json> = tool_calls(m)
-        .iter()
-        .map(|c| {
-            let (name, args) = tool_call_key(c);
-            serde_json::json!([name, args])
-        })
-        .collect();
-    if !calls.is_empty() {
-        out.insert("tool_calls".into(), Json::Array(calls));
+        text.trim().hash(h);
+    }
+    let calls = tool_calls(m);
+    calls.len().hash(h);
+    for c in calls {
+        let (name, args) = tool_call_key(c);
+        name.hash(h);
+        args.to_string().hash(h);
     }
     for key in ["tool_call_id", "name"] {
-        if let Some(Json::String(v)) = m.get(key) {
-            out.insert(key.into(), Json::String(v.clone()));
+        match m.get(key) {
+            Some(Json::String(v)) => {
+                1u8.hash(h);
+                v.hash(h);
+            }
+            _ => 0u8.hash(h),
         }
     }
-    Json::Object(out)
 }
 
 /// Heap bytes below a JSON value (its own inline size not counted), as
@@ -277,7 +278,7 @@ pub fn prefix_hashes(messages: &[Json]) -> Vec<u64> {
     let mut out = Vec::with_capacity(messages.len() + 1);
     out.push(h.finish());
     for m in messages {
-        normalize(m).to_string().hash(&mut h);
+        hash_canonical(m, &mut h);
         out.push(h.finish());
     }
     out
@@ -407,5 +408,51 @@ mod tests {
         assert_eq!(prefix_hashes(&a), prefix_hashes(&b));
         let c = vec![json!({"role": "user", "content": "hi!"})];
         assert_ne!(prefix_hashes(&a)[1], prefix_hashes(&c)[1]);
+    }
+
+    /// What counts in a message's hash, and what does not.
+    #[test]
+    fn prefix_hashes_see_the_canonical_form_only() {
+        let h = |m: Json| prefix_hashes(&[m])[1];
+        let call = |name: &str, args: &str| json!({"id": "c1", "type": "function", "function": {"name": name, "arguments": args}});
+        // Same canonical form.
+        assert_eq!(
+            h(
+                json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b "}]})
+            ),
+            h(json!({"role": "user", "content": "ab"}))
+        );
+        assert_eq!(
+            h(json!({"role": "assistant", "content": "<think>x</think> ok"})),
+            h(json!({"role": "assistant", "content": "ok"}))
+        );
+        assert_eq!(
+            h(
+                json!({"role": "assistant", "content": null, "tool_calls": [call("f", "{\"a\": 1}")]})
+            ),
+            h(json!({"role": "assistant", "content": "", "tool_calls": [call("f", "{\"a\":1}")]}))
+        );
+        // Different canonical forms.
+        let base = json!({"role": "tool", "content": "r", "tool_call_id": "c1"});
+        for other in [
+            json!({"role": "tool", "content": "r", "tool_call_id": "c2"}),
+            json!({"role": "tool", "content": "r"}),
+            json!({"role": "tool", "content": "r", "tool_call_id": "c1", "name": "f"}),
+            json!({"role": "user", "content": "r", "tool_call_id": "c1"}),
+            json!({"role": "tool", "content": "<think>x</think>r", "tool_call_id": "c1"}),
+        ] {
+            assert_ne!(h(base.clone()), h(other.clone()), "{other}");
+        }
+        let calls = |c: Vec<Json>| h(json!({"role": "assistant", "content": "", "tool_calls": c}));
+        assert_ne!(calls(vec![call("f", "{}")]), calls(vec![call("g", "{}")]));
+        assert_ne!(
+            calls(vec![call("f", "{}")]),
+            calls(vec![call("f", "{\"a\": 1}")])
+        );
+        assert_ne!(
+            calls(vec![call("f", "{}")]),
+            calls(vec![call("f", "{}"), call("f", "{}")])
+        );
+        assert_ne!(calls(vec![]), calls(vec![call("", "{}")]));
     }
 }
