@@ -273,6 +273,8 @@ impl ContextHash {
 }
 
 /// Hashes of every prefix of `messages`: `out[i]` covers `messages[..i]`.
+/// In-process only (the hot view rebuilds them from the store): never
+/// persist them or compare them across builds.
 pub fn prefix_hashes(messages: &[Json]) -> Vec<u64> {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     let mut out = Vec::with_capacity(messages.len() + 1);
@@ -414,23 +416,30 @@ mod tests {
     #[test]
     fn prefix_hashes_see_the_canonical_form_only() {
         let h = |m: Json| prefix_hashes(&[m])[1];
-        let call = |name: &str, args: &str| json!({"id": "c1", "type": "function", "function": {"name": name, "arguments": args}});
+        let call_as = |id: &str, name: &str, args: Json| {
+            let function = json!({"name": name, "arguments": args});
+            json!({"id": id, "type": "function", "function": function})
+        };
+        let call = |name: &str, args: &str| call_as("c1", name, json!(args));
+        let calls = |c: Vec<Json>| h(json!({"role": "assistant", "content": "", "tool_calls": c}));
         // Same canonical form.
+        let parts = json!([{"type": "text", "text": "a"}, {"type": "text", "text": "b "}]);
         assert_eq!(
-            h(
-                json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b "}]})
-            ),
+            h(json!({"role": "user", "content": parts})),
             h(json!({"role": "user", "content": "ab"}))
         );
         assert_eq!(
             h(json!({"role": "assistant", "content": "<think>x</think> ok"})),
             h(json!({"role": "assistant", "content": "ok"}))
         );
+        let with_null =
+            json!({"role": "assistant", "content": null, "tool_calls": [call("f", "{}")]});
+        assert_eq!(h(with_null), calls(vec![call("f", "{}")]));
+        // A tool call's id does not count; its arguments count by value
+        // (a JSON string or an object, 1 or 1.0).
         assert_eq!(
-            h(
-                json!({"role": "assistant", "content": null, "tool_calls": [call("f", "{\"a\": 1}")]})
-            ),
-            h(json!({"role": "assistant", "content": "", "tool_calls": [call("f", "{\"a\":1}")]}))
+            calls(vec![call_as("c1", "f", json!("{\"a\": 1}"))]),
+            calls(vec![call_as("c9", "f", json!({"a": 1.0}))])
         );
         // Different canonical forms.
         let base = json!({"role": "tool", "content": "r", "tool_call_id": "c1"});
@@ -443,16 +452,15 @@ mod tests {
         ] {
             assert_ne!(h(base.clone()), h(other.clone()), "{other}");
         }
-        let calls = |c: Vec<Json>| h(json!({"role": "assistant", "content": "", "tool_calls": c}));
-        assert_ne!(calls(vec![call("f", "{}")]), calls(vec![call("g", "{}")]));
         assert_ne!(
-            calls(vec![call("f", "{}")]),
-            calls(vec![call("f", "{\"a\": 1}")])
+            h(json!({"role": "tool", "content": "r", "tool_call_id": "x"})),
+            h(json!({"role": "tool", "content": "r", "name": "x"})),
+            "one string as tool_call_id and as name"
         );
-        assert_ne!(
-            calls(vec![call("f", "{}")]),
-            calls(vec![call("f", "{}"), call("f", "{}")])
-        );
+        let one = || vec![call("f", "{}")];
+        assert_ne!(calls(one()), calls(vec![call("g", "{}")]));
+        assert_ne!(calls(one()), calls(vec![call("f", "{\"a\": 1}")]));
+        assert_ne!(calls(one()), calls(vec![call("f", "{}"), call("f", "{}")]));
         assert_ne!(calls(vec![]), calls(vec![call("", "{}")]));
     }
 }
