@@ -119,7 +119,7 @@ async fn conversation(
         }
         if call_tool {
             text.push_str(&format!(
-                "<tool_call>\n{{\"name\":   \"lookup\", \"arguments\": {{\"q\":\"{}\"}}}}\n</tool_call>",
+                "<tool_call>\n{{\"name\":   \"lookup\", \"arguments\": {{\"q\":\"{}\", \"n\": 2}}}}\n</tool_call>",
                 rng.pick(&["a b", "wonderful", "x"])
             ));
         } else {
@@ -137,15 +137,17 @@ async fn conversation(
         let msg = &out["choices"][0]["message"];
         assert_eq!(out["choices"][0]["token_ids"], json!(reply));
         // The client re-serializes: keys reordered, reasoning dropped,
-        // tool-call arguments re-encoded with other spacing.
+        // tool-call arguments re-encoded with other spacing and their keys
+        // in another order (as Go's encoding/json sorts a map's keys).
         let mut echo = json!({"content": msg["content"], "role": "assistant"});
         if let Some(calls) = msg["tool_calls"].as_array() {
             let calls: Vec<Value> = calls
                 .iter()
                 .map(|c| {
-                    let args: Value =
+                    let args: serde_json::Map<String, Value> =
                         serde_json::from_str(c["function"]["arguments"].as_str().expect("args"))
                             .expect("json");
+                    let args: serde_json::Map<String, Value> = args.into_iter().rev().collect();
                     json!({"type": "function", "id": c["id"], "function": {
                         "arguments": serde_json::to_string_pretty(&args).expect("json"),
                         "name": c["function"]["name"]}})
