@@ -127,7 +127,10 @@ async fn conversation(
         }
         let reply = [non_canonical(&r, &mut rng, &text), vec![eot]].concat();
         mock.push(Scripted::ids(reply.clone()));
-        let mut body = json!({"messages": messages, "return_token_ids": true});
+        // Each turn the client writes its history anew; on odd turns the
+        // earlier tool calls' argument keys come in reverse order.
+        let history: Vec<Value> = messages.iter().map(|m| rewritten(m, t % 2 == 1)).collect();
+        let mut body = json!({"messages": history, "return_token_ids": true});
         if tools {
             body["tools"] = tool_defs.clone();
         }
@@ -163,6 +166,25 @@ async fn conversation(
         turns.push(Turn { reply });
     }
     (tid, turns)
+}
+
+/// `m` with each tool call's arguments written again, their keys reversed
+/// when `reverse`.
+fn rewritten(m: &Value, reverse: bool) -> Value {
+    let mut m = m.clone();
+    if let Some(calls) = m["tool_calls"].as_array_mut() {
+        for c in calls {
+            let text = c["function"]["arguments"].as_str().expect("args");
+            let args: serde_json::Map<String, Value> = serde_json::from_str(text).expect("json");
+            let args: serde_json::Map<String, Value> = if reverse {
+                args.into_iter().rev().collect()
+            } else {
+                args
+            };
+            c["function"]["arguments"] = json!(serde_json::to_string(&args).expect("json"));
+        }
+    }
+    m
 }
 
 async fn check(g: &Gateway, mock: &MockVllm, tid: &str, turns: &[Turn]) {

@@ -113,7 +113,7 @@ fn hash_canonical(m: &Json, h: &mut impl Hasher) {
     for c in calls {
         let (name, args) = tool_call_key(c);
         name.hash(h);
-        args.to_string().hash(h);
+        hash_value(&args, h);
     }
     for key in ["tool_call_id", "name"] {
         match m.get(key) {
@@ -269,6 +269,42 @@ impl ContextHash {
             out.push("chat_template_kwargs");
         }
         out
+    }
+}
+
+/// Feeds a JSON value to `h` with object keys in sorted order, so that two
+/// values `==` calls equal (it ignores key order) feed the same bytes. Each
+/// value is tagged with its kind; arrays and objects with their length.
+fn hash_value(v: &Json, h: &mut impl Hasher) {
+    match v {
+        Json::Null => 0u8.hash(h),
+        Json::Bool(b) => {
+            1u8.hash(h);
+            b.hash(h);
+        }
+        Json::Number(n) => {
+            2u8.hash(h);
+            n.to_string().hash(h);
+        }
+        Json::String(s) => {
+            3u8.hash(h);
+            s.hash(h);
+        }
+        Json::Array(items) => {
+            4u8.hash(h);
+            items.len().hash(h);
+            items.iter().for_each(|x| hash_value(x, h));
+        }
+        Json::Object(fields) => {
+            5u8.hash(h);
+            fields.len().hash(h);
+            let mut sorted: Vec<_> = fields.iter().collect();
+            sorted.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (k, x) in sorted {
+                k.hash(h);
+                hash_value(x, h);
+            }
+        }
     }
 }
 
@@ -441,6 +477,17 @@ mod tests {
             calls(vec![call_as("c1", "f", json!("{\"a\": 1}"))]),
             calls(vec![call_as("c9", "f", json!({"a": 1.0}))])
         );
+        // ... and their keys in any order, at any depth.
+        assert_eq!(
+            calls(vec![call(
+                "f",
+                "{\"a\": 1, \"b\": {\"x\": [1, {\"p\": 0, \"q\": 1}], \"y\": null}}"
+            )]),
+            calls(vec![call(
+                "f",
+                "{\"b\": {\"y\": null, \"x\": [1, {\"q\": 1, \"p\": 0}]}, \"a\": 1}"
+            )])
+        );
         // Different canonical forms.
         let base = json!({"role": "tool", "content": "r", "tool_call_id": "c1"});
         for other in [
@@ -462,5 +509,19 @@ mod tests {
         assert_ne!(calls(one()), calls(vec![call("f", "{\"a\": 1}")]));
         assert_ne!(calls(one()), calls(vec![call("f", "{}"), call("f", "{}")]));
         assert_ne!(calls(vec![]), calls(vec![call("", "{}")]));
+        for (x, y) in [
+            ("{\"a\": [1, 2]}", "{\"a\": [2, 1]}"),
+            ("{\"a\": 1}", "{\"a\": \"1\"}"),
+            ("{\"a\": null}", "{}"),
+            ("{\"a\": [[]]}", "{\"a\": [[], []]}"),
+            ("{\"a\": {\"b\": 1}}", "{\"a\": {\"b\": 1}, \"b\": 1}"),
+            ("[true]", "[false]"),
+        ] {
+            assert_ne!(
+                calls(vec![call("f", x)]),
+                calls(vec![call("f", y)]),
+                "{x} {y}"
+            );
+        }
     }
 }
