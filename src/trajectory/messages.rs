@@ -97,8 +97,9 @@ fn tool_calls(m: &Json) -> &[Json] {
 /// Feeds a message's canonical form to `h`: role, trimmed content (its
 /// reasoning stripped on an assistant message), tool call names and parsed
 /// arguments, `tool_call_id`, `name`. Other keys, their order and nulls do
-/// not count. Each field is tagged and each string ends in a terminator
-/// (`str`'s `Hash`), so two different forms feed different bytes.
+/// not count. The fields come in a fixed order, the optional ones tagged,
+/// and each string ends in a terminator (`str`'s `Hash`), so two different
+/// forms feed different bytes.
 fn hash_canonical(m: &Json, h: &mut impl Hasher) {
     let role = m.get("role").and_then(Json::as_str).unwrap_or_default();
     role.hash(h);
@@ -116,13 +117,8 @@ fn hash_canonical(m: &Json, h: &mut impl Hasher) {
         hash_value(&args, h);
     }
     for key in ["tool_call_id", "name"] {
-        match m.get(key) {
-            Some(Json::String(v)) => {
-                1u8.hash(h);
-                v.hash(h);
-            }
-            _ => 0u8.hash(h),
-        }
+        // `Option`'s hash tags `None` and `Some` apart.
+        m.get(key).and_then(Json::as_str).hash(h);
     }
 }
 
@@ -278,18 +274,9 @@ impl ContextHash {
 fn hash_value(v: &Json, h: &mut impl Hasher) {
     match v {
         Json::Null => 0u8.hash(h),
-        Json::Bool(b) => {
-            1u8.hash(h);
-            b.hash(h);
-        }
-        Json::Number(n) => {
-            2u8.hash(h);
-            n.to_string().hash(h);
-        }
-        Json::String(s) => {
-            3u8.hash(h);
-            s.hash(h);
-        }
+        Json::Bool(b) => (1u8, b).hash(h),
+        Json::Number(n) => (2u8, n.to_string()).hash(h),
+        Json::String(s) => (3u8, s).hash(h),
         Json::Array(items) => {
             4u8.hash(h);
             items.len().hash(h);
