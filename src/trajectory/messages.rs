@@ -491,6 +491,11 @@ mod tests {
             h(json!({"role": "tool", "content": "r", "name": "x"})),
             "one string as tool_call_id and as name"
         );
+        assert_ne!(
+            h(json!({"role": "tool", "content": "r", "tool_call_id": ""})),
+            h(json!({"role": "tool", "content": "r"})),
+            "an empty tool_call_id and none"
+        );
         let one = || vec![call("f", "{}")];
         assert_ne!(calls(one()), calls(vec![call("g", "{}")]));
         assert_ne!(calls(one()), calls(vec![call("f", "{\"a\": 1}")]));
