@@ -147,12 +147,9 @@ async fn conversation(
             let calls: Vec<Value> = calls
                 .iter()
                 .map(|c| {
-                    let args: serde_json::Map<String, Value> =
-                        serde_json::from_str(c["function"]["arguments"].as_str().expect("args"))
-                            .expect("json");
-                    let args: serde_json::Map<String, Value> = args.into_iter().rev().collect();
+                    let args = c["function"]["arguments"].as_str().expect("args");
                     json!({"type": "function", "id": c["id"], "function": {
-                        "arguments": serde_json::to_string_pretty(&args).expect("json"),
+                        "arguments": args_written(args, true, true),
                         "name": c["function"]["name"]}})
                 })
                 .collect();
@@ -168,6 +165,23 @@ async fn conversation(
     (tid, turns)
 }
 
+/// Tool-call arguments `text` written again, their keys reversed when
+/// `reverse`, indented when `pretty`.
+fn args_written(text: &str, reverse: bool, pretty: bool) -> String {
+    let args: serde_json::Map<String, Value> = serde_json::from_str(text).expect("json");
+    let args: serde_json::Map<String, Value> = if reverse {
+        args.into_iter().rev().collect()
+    } else {
+        args
+    };
+    let written = if pretty {
+        serde_json::to_string_pretty(&args)
+    } else {
+        serde_json::to_string(&args)
+    };
+    written.expect("json")
+}
+
 /// `m` with each tool call's arguments written again, their keys reversed
 /// when `reverse`.
 fn rewritten(m: &Value, reverse: bool) -> Value {
@@ -175,13 +189,7 @@ fn rewritten(m: &Value, reverse: bool) -> Value {
     if let Some(calls) = m["tool_calls"].as_array_mut() {
         for c in calls {
             let text = c["function"]["arguments"].as_str().expect("args");
-            let args: serde_json::Map<String, Value> = serde_json::from_str(text).expect("json");
-            let args: serde_json::Map<String, Value> = if reverse {
-                args.into_iter().rev().collect()
-            } else {
-                args
-            };
-            c["function"]["arguments"] = json!(serde_json::to_string(&args).expect("json"));
+            c["function"]["arguments"] = json!(args_written(text, reverse, false));
         }
     }
     m
