@@ -3,20 +3,24 @@
 //! on byte equality (SDKs re-order keys, drop nulls, re-encode tool-call
 //! arguments, strip reasoning).
 
+use std::borrow::Cow;
 use std::hash::{Hash, Hasher};
 
 use serde_json::Value as Json;
 
-/// The text of a message's content (string, or the text parts of an array).
-pub fn content_text(m: &Json) -> String {
+/// The text of a message's content (string, or the text parts of an array);
+/// a string content is borrowed, not copied.
+pub fn content_text(m: &Json) -> Cow<'_, str> {
     match m.get("content") {
-        Some(Json::String(s)) => s.clone(),
-        Some(Json::Array(parts)) => parts
-            .iter()
-            .filter_map(|p| p.get("text").and_then(Json::as_str))
-            .collect::<Vec<_>>()
-            .join(""),
-        _ => String::new(),
+        Some(Json::String(s)) => Cow::Borrowed(s),
+        Some(Json::Array(parts)) => Cow::Owned(
+            parts
+                .iter()
+                .filter_map(|p| p.get("text").and_then(Json::as_str))
+                .collect::<Vec<_>>()
+                .join(""),
+        ),
+        _ => Cow::Borrowed(""),
     }
 }
 
