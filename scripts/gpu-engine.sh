@@ -14,6 +14,9 @@
 #   scripts/gpu-engine.sh build DIR   (GPU machine) llama.cpp with CUDA into $GPU_BUILD
 #   scripts/gpu-engine.sh run DIR     (GPU machine) the engine bench on cuda, then
 #                                     one chat call through `tito serve` on cuda
+# A/B on the GPU: `BASE_BENCH=<an engine bench binary built the same way from
+# another commit> scripts/gpu-engine.sh pack DIR` adds DIR/engine-bench-base.xz,
+# and `run` then runs that bench before this one, in the same session.
 # Env: GPU_BUILD (default /tmp/llama-cuda), CUDA_ARCH (default 90: H100/H200),
 # TITO_BENCH_* as in benches/engine.rs (the bench threads default to 2).
 set -euo pipefail
@@ -42,6 +45,11 @@ for l in sys.stdin:
     strip -o "$dir/tito" "$target/release/tito"
     strip -o "$dir/engine-bench" "$bench"
     xz -f -T0 "$dir/tito" "$dir/engine-bench"
+    rm -f "$dir/engine-bench-base.xz"
+    if [ -n "${BASE_BENCH:-}" ]; then
+        strip -o "$dir/engine-bench-base" "$BASE_BENCH"
+        xz -f -T0 "$dir/engine-bench-base"
+    fi
     ls -la "$dir"
     ;;
 build)
@@ -63,13 +71,19 @@ build)
     ls "$build/out/bin"
     ;;
 run)
-    for f in tito engine-bench; do
+    for f in tito engine-bench engine-bench-base; do
+        [ -f "$dir/$f.xz" ] || { rm -f "$build/$f"; continue; }
         xz -dc "$dir/$f.xz" >"$build/$f.new"
         chmod +x "$build/$f.new"
         mv "$build/$f.new" "$build/$f"
     done
     export LD_LIBRARY_PATH=$build/out/bin
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    if [ -x "$build/engine-bench-base" ]; then
+        echo "== base engine bench"
+        TITO_BENCH_DEVICE=cuda TITO_BENCH_MODEL=$PWD/$model "$build/engine-bench-base" --bench
+        echo "== this engine bench"
+    fi
     TITO_BENCH_DEVICE=cuda TITO_BENCH_MODEL=$PWD/$model "$build/engine-bench" --bench
     echo "engine bench exited with status 0"
     port=18000
