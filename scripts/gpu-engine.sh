@@ -15,11 +15,13 @@
 #   scripts/gpu-engine.sh run DIR     (GPU machine) the engine bench on cuda, then
 #                                     one chat call through `tito serve` on cuda
 # A/B on the GPU: `BASE_BENCH=<an engine bench binary built the same way from
-# another commit> scripts/gpu-engine.sh pack DIR` adds DIR/engine-bench-base.xz,
-# and `run` then runs that bench before this one, in the same session.
+# another commit with the same llama-cpp-sys-2> scripts/gpu-engine.sh pack DIR`
+# adds DIR/engine-bench-base.xz, and `run` then runs that bench before this
+# one, on the same CUDA build (a failing base bench stops the run).
 # Env: GPU_BUILD (default /tmp/llama-cuda), CUDA_ARCH (default 90: H100/H200),
 # TITO_BENCH_* as in benches/engine.rs (the bench threads default to 2).
 set -euo pipefail
+base_bench=${BASE_BENCH:+$(realpath "$BASE_BENCH")}
 cd "$(dirname "$0")/.."
 cmd=${1:?pack, build or run}
 dir=${2:?a folder}
@@ -46,8 +48,8 @@ for l in sys.stdin:
     strip -o "$dir/engine-bench" "$bench"
     xz -f -T0 "$dir/tito" "$dir/engine-bench"
     rm -f "$dir/engine-bench-base.xz"
-    if [ -n "${BASE_BENCH:-}" ]; then
-        strip -o "$dir/engine-bench-base" "$BASE_BENCH"
+    if [ -n "$base_bench" ]; then
+        strip -o "$dir/engine-bench-base" "$base_bench"
         xz -f -T0 "$dir/engine-bench-base"
     fi
     ls -la "$dir"
@@ -71,8 +73,10 @@ build)
     ls "$build/out/bin"
     ;;
 run)
+    rm -f "$build/engine-bench-base"
     for f in tito engine-bench engine-bench-base; do
-        [ -f "$dir/$f.xz" ] || { rm -f "$build/$f"; continue; }
+        # The base bench is optional; the other two must be there.
+        [ "$f" = engine-bench-base ] && [ ! -f "$dir/$f.xz" ] && continue
         xz -dc "$dir/$f.xz" >"$build/$f.new"
         chmod +x "$build/$f.new"
         mv "$build/$f.new" "$build/$f"
