@@ -147,6 +147,8 @@ pub fn with_direct_seqs<R>(
         .map_err(|e| EngineError::Load(format!("cannot create context: {e}")))?;
     let mut direct = Direct {
         ctx,
+        // One sequence id a token: the second argument bounds the ids a
+        // token may carry, not the sequences.
         batch: LlamaBatch::new(n_batch as usize, 1),
         pos: vec![0; n_seqs.max(1) as usize],
     };
