@@ -4,7 +4,9 @@
 //!    4, 8 and 16 concurrent requests, with `batch_invariant` on and off,
 //!    against llama.cpp driven directly: one sequence in a plain decode loop,
 //!    and 16 sequences decoding together (one `llama_decode` a step), a
-//!    reference for the engine's decode at 16 concurrent.
+//!    reference for the engine's decode at 16 concurrent. Each round at 16
+//!    concurrent also prints the engine's mean step: in `llama_decode`,
+//!    sampling, and the rest (`EngineStats`).
 //! 2. Batch invariance: 8 prompts alone, then all at once; the largest
 //!    |difference| between a token's logprob alone and batched, per mode.
 //! 3. Multi-turn KV reuse: a 10-turn conversation (about 200 new prompt
@@ -210,16 +212,43 @@ fn engine_config(
     }
 }
 
+/// The engine's step counters: steps, and nanoseconds in all, in
+/// `llama_decode`, sampling.
+fn step_counters(engine: &EngineBackend) -> [u64; 4] {
+    use std::sync::atomic::Ordering::Relaxed;
+    let s = engine.stats();
+    [
+        s.steps.load(Relaxed),
+        s.step_ns.load(Relaxed),
+        s.decode_ns.load(Relaxed),
+        s.sample_ns.load(Relaxed),
+    ]
+}
+
 /// One throughput round at each concurrency: the best row so far is kept.
+/// At [`BATCHED`] concurrent it prints where the engine's steps went.
 async fn throughput_round(
-    engine: &Arc<EngineBackend>,
+    (invariant, engine): &(bool, Arc<EngineBackend>),
     best: &mut [Option<Row>],
     p: usize,
     gen: usize,
     salt: usize,
 ) {
     for (k, conc) in CONCURRENCY.into_iter().enumerate() {
+        let before = step_counters(engine);
         let r = run_engine(engine, conc, p, gen, salt + 1000 * (k + 1)).await;
+        if conc == BATCHED {
+            let after = step_counters(engine);
+            let [steps, all, decode, sample] = [0, 1, 2, 3].map(|i| after[i] - before[i]);
+            let ms = |ns: u64| ns as f64 / 1e6 / steps.max(1) as f64;
+            println!(
+                "batch_invariant = {invariant}, {conc} concurrent: {steps} steps, {:.2} ms a step: llama_decode {:.2}, sampling {:.2}, the rest {:.2} (prefills and the thinning batch included)",
+                ms(all),
+                ms(decode),
+                ms(sample),
+                ms(all.saturating_sub(decode + sample))
+            );
+        }
         let prefill = r.prompt_tokens as f64 / r.all_first.as_secs_f64();
         let decode_time = (r.wall - r.all_first).as_secs_f64().max(1e-9);
         let per_stream = (gen as f64 - 1.0) / decode_time;
@@ -498,7 +527,7 @@ fn main() {
             if agg > batched {
                 (batched, batched_step, batched_pick) = (agg, step, pick);
             }
-            for ((_, engine), best) in engines.iter().zip(&mut best) {
+            for (engine, best) in engines.iter().zip(&mut best) {
                 throughput_round(engine, best, p, gen, 100 * rep).await;
             }
         }

@@ -329,3 +329,22 @@ fn direct_sequences_decoding_together_each_follow_their_own_prompt() {
     // fails; checked with both).
     assert!(own < 0.05 && other > 1.0, "own {own}, other {other}");
 }
+
+/// The step counters a bench reads split each step: `llama_decode` and
+/// sampling are parts of the step's whole time, and every step counts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_counters_split_the_steps_time() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let engine = start(2);
+    let g = collect(&engine, &encode(PROMPTS[0]), greedy(6)).await;
+    assert_eq!(g.ids.len(), 6);
+    let s = engine.stats();
+    let (steps, all) = (s.steps.load(Relaxed), s.step_ns.load(Relaxed));
+    let (decode, sample) = (s.decode_ns.load(Relaxed), s.sample_ns.load(Relaxed));
+    assert!(steps >= 6, "{steps} steps for 6 tokens");
+    assert!(
+        decode > 0 && sample > 0,
+        "decode {decode} ns, sample {sample} ns"
+    );
+    assert!(decode + sample <= all, "{decode} + {sample} > {all} ns");
+}

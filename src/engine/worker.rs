@@ -29,6 +29,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
@@ -148,6 +149,17 @@ pub struct EngineStats {
     /// Batch-invariant mode: cache clears that recomputed the running
     /// sequences to free parked cells.
     pub compactions: AtomicU64,
+    /// Nanoseconds of the counted steps (those `steps` counts), in all:
+    /// planning to releasing the finished sequences.
+    pub step_ns: AtomicU64,
+    /// Of `step_ns`: in `llama_decode` until its logits are ready.
+    pub decode_ns: AtomicU64,
+    /// Of `step_ns`: sampling the step's rows (grammar masks included).
+    pub sample_ns: AtomicU64,
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// State the handle and the thread share.
@@ -481,6 +493,7 @@ impl Worker {
     }
 
     fn step(&mut self, ctx: &mut LlamaContext<'_>) {
+        let started = Instant::now();
         let n_ctx = self.info.n_ctx as usize;
         let mut plan = self.plan();
         loop {
@@ -530,8 +543,13 @@ impl Worker {
                 prefilled += take as u64;
             }
         }
+        let decoding = Instant::now();
         match ctx.decode(&mut self.batch) {
-            Ok(()) => {}
+            Ok(()) => {
+                // The logits' first read would wait here for the device
+                // anyway; waiting now times the model apart.
+                ctx.synchronize();
+            }
             Err(DecodeError::NoKvCacheSlot) if self.cells.can_compact(self.running_cells()) => {
                 // Parked cells fill the cache: free them, recompute, retry.
                 self.compact(ctx);
@@ -548,9 +566,11 @@ impl Worker {
                 return;
             }
         }
+        let decoded = decoding.elapsed();
         self.cells.appended(self.batch.n_tokens().max(0) as usize);
         let stats = &self.shared.stats;
         stats.steps.fetch_add(1, Ordering::Relaxed);
+        stats.decode_ns.fetch_add(nanos(decoded), Ordering::Relaxed);
         stats.prefill_tokens.fetch_add(prefilled, Ordering::Relaxed);
         crate::metrics::engine_step(
             &self.settings.name,
@@ -562,7 +582,10 @@ impl Worker {
             self.running[i].fed += take;
         }
         let mut finished = self.finish_scored(ctx);
-        for (i, out) in self.sample_rows(ctx) {
+        let sampling = Instant::now();
+        let sampled = self.sample_rows(ctx);
+        let sampled_in = sampling.elapsed();
+        for (i, out) in sampled {
             match self.took(i, out) {
                 Ok(None) => {}
                 Ok(Some(reason)) => {
@@ -582,6 +605,13 @@ impl Worker {
             let seq = self.running.remove(i);
             self.release(ctx, &seq);
         }
+        let stats = &self.shared.stats;
+        stats
+            .sample_ns
+            .fetch_add(nanos(sampled_in), Ordering::Relaxed);
+        stats
+            .step_ns
+            .fetch_add(nanos(started.elapsed()), Ordering::Relaxed);
     }
 
     /// Scores this step's rows of scoring jobs (row `p` gives the logprob of
