@@ -242,7 +242,7 @@ async fn throughput_round(
             let [steps, all, decode, sample] = [0, 1, 2, 3].map(|i| after[i] - before[i]);
             let ms = |ns: u64| ns as f64 / 1e6 / steps.max(1) as f64;
             println!(
-                "batch_invariant = {invariant}, {conc} concurrent: {steps} steps, {:.2} ms a step: llama_decode {:.2}, sampling {:.2}, the rest {:.2} (prefills and the thinning batch included)",
+                "batch_invariant = {invariant}, {conc} concurrent: {steps} steps, {:.2} ms a step (a mean over the round, prefills and the thinning batch included): llama_decode {:.2}, sampling {:.2}, the rest {:.2}",
                 ms(all),
                 ms(decode),
                 ms(sample),

@@ -331,7 +331,8 @@ fn direct_sequences_decoding_together_each_follow_their_own_prompt() {
 }
 
 /// The step counters a bench reads split each step: `llama_decode` and
-/// sampling are parts of the step's whole time, and every step counts.
+/// sampling are parts of the step's whole time, all of them published by
+/// the time the stream ends (read right after it, as the bench does).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn step_counters_split_the_steps_time() {
     use std::sync::atomic::Ordering::Relaxed;

@@ -149,12 +149,14 @@ pub struct EngineStats {
     /// Batch-invariant mode: cache clears that recomputed the running
     /// sequences to free parked cells.
     pub compactions: AtomicU64,
-    /// Nanoseconds of the counted steps (those `steps` counts), in all:
-    /// planning to releasing the finished sequences.
+    /// Nanoseconds of the counted steps (those `steps` counts; a failed
+    /// decode's try is in none), in all: planning to releasing the finished
+    /// sequences.
     pub step_ns: AtomicU64,
     /// Of `step_ns`: in `llama_decode` until its logits are ready.
     pub decode_ns: AtomicU64,
-    /// Of `step_ns`: sampling the step's rows (grammar masks included).
+    /// Of `step_ns`: sampling the step's rows (their grammar masks
+    /// included; a grammar's advance on the drawn token is not).
     pub sample_ns: AtomicU64,
 }
 
@@ -570,7 +572,14 @@ impl Worker {
         self.cells.appended(self.batch.n_tokens().max(0) as usize);
         let stats = &self.shared.stats;
         stats.steps.fetch_add(1, Ordering::Relaxed);
+        // Each part of the step's time is published before the events that
+        // part leads to, so a reader woken by a stream's end sees the
+        // step's decode and sampling inside its whole.
+        stats
+            .step_ns
+            .fetch_add(nanos(started.elapsed()), Ordering::Relaxed);
         stats.decode_ns.fetch_add(nanos(decoded), Ordering::Relaxed);
+        let mut part = Instant::now();
         stats.prefill_tokens.fetch_add(prefilled, Ordering::Relaxed);
         crate::metrics::engine_step(
             &self.settings.name,
@@ -584,7 +593,15 @@ impl Worker {
         let mut finished = self.finish_scored(ctx);
         let sampling = Instant::now();
         let sampled = self.sample_rows(ctx);
-        let sampled_in = sampling.elapsed();
+        let now = Instant::now();
+        let stats = &self.shared.stats;
+        let sampled_in = now.duration_since(sampling);
+        stats
+            .sample_ns
+            .fetch_add(nanos(sampled_in), Ordering::Relaxed);
+        let since = now.duration_since(part);
+        stats.step_ns.fetch_add(nanos(since), Ordering::Relaxed);
+        part = now;
         for (i, out) in sampled {
             match self.took(i, out) {
                 Ok(None) => {}
@@ -605,13 +622,10 @@ impl Worker {
             let seq = self.running.remove(i);
             self.release(ctx, &seq);
         }
-        let stats = &self.shared.stats;
-        stats
-            .sample_ns
-            .fetch_add(nanos(sampled_in), Ordering::Relaxed);
-        stats
+        self.shared
+            .stats
             .step_ns
-            .fetch_add(nanos(started.elapsed()), Ordering::Relaxed);
+            .fetch_add(nanos(part.elapsed()), Ordering::Relaxed);
     }
 
     /// Scores this step's rows of scoring jobs (row `p` gives the logprob of
