@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tito::backend::{Backend, GenEvent, GenerateRequest, SamplingParams};
 use tito::config::{Device, EngineConfig};
+use tito::engine::direct::argmax;
 use tito::engine::EngineBackend;
 
 fn env_usize(key: &str, default: usize) -> usize {
@@ -180,17 +181,6 @@ fn direct_batched(cfg: &EngineConfig, p: usize, gen: usize, n: usize) -> (f64, f
         },
     )
     .expect("direct llama.cpp")
-}
-
-fn argmax(logits: &[f32]) -> u32 {
-    logits
-        .iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
-        )
-        .0 as u32
 }
 
 fn engine_config(

@@ -15,6 +15,7 @@ mod engine_support;
 use engine_support::{assert_bitwise_same, collect, encode, greedy, request, start};
 use futures::StreamExt;
 use tito::backend::{Backend, BackendError, GenEvent, Generation, SamplingParams};
+use tito::engine::direct::argmax;
 
 const PROMPTS: &[&str] = &[
     "The capital of France is",
@@ -234,16 +235,6 @@ async fn logprobs_are_log_softmax_of_the_logits() {
             );
         }
     }
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    row.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
-        )
-        .0 as u32
 }
 
 /// A sequence's logits rows: its prompt's last, then one a greedy step.

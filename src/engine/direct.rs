@@ -155,6 +155,20 @@ pub fn with_direct_seqs<R>(
     Ok(f(&mut direct))
 }
 
+/// The greedy pick of the reference loops (benches, tests): the first
+/// largest logit, found by a plain scan, deliberately not the engine's own
+/// (`rank::argmax`).
+pub fn argmax(logits: &[f32]) -> u32 {
+    logits
+        .iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+        )
+        .0 as u32
+}
+
 /// llama.cpp's own tokenization of `text` (special tokens in the text are
 /// parsed, nothing is added), for checking the GGUF tokenizer.
 pub fn llama_tokenize(model: &Path, texts: &[&str]) -> Result<Vec<Vec<u32>>, EngineError> {
