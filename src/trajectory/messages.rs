@@ -52,17 +52,28 @@ pub fn strip_reasoning(s: &str) -> String {
     }
 }
 
-/// Tool-call arguments as a JSON value, whether sent as a string or object.
-fn arguments_value(call: &Json) -> Json {
+/// Tool-call arguments as the served-message match compares them.
+#[derive(Debug, PartialEq)]
+pub enum ToolArgs {
+    /// Parsed, whether sent as a string or as an object (missing: null),
+    /// every number as a float ([`numbers_by_value`]).
+    Json(Json),
+    /// A string that is not JSON, kept as sent: the text `x` is not the
+    /// JSON string `"x"`.
+    Text(String),
+}
+
+fn arguments_value(call: &Json) -> ToolArgs {
     let mut v = match call.pointer("/function/arguments") {
-        Some(Json::String(s)) => {
-            serde_json::from_str(s).unwrap_or_else(|_| Json::String(s.clone()))
-        }
+        Some(Json::String(s)) => match serde_json::from_str(s) {
+            Ok(v) => v,
+            Err(_) => return ToolArgs::Text(s.clone()),
+        },
         Some(v) => v.clone(),
         None => Json::Null,
     };
     numbers_by_value(&mut v);
-    v
+    ToolArgs::Json(v)
 }
 
 /// Every number as a float, so `1`, `1.0` and `1e0` compare equal: a client
@@ -83,7 +94,7 @@ fn numbers_by_value(v: &mut Json) {
 
 /// Identity of a tool call: name and parsed arguments (ids are compared
 /// separately because some clients drop them).
-pub fn tool_call_key(call: &Json) -> (String, Json) {
+pub fn tool_call_key(call: &Json) -> (String, ToolArgs) {
     let name = call
         .pointer("/function/name")
         .and_then(Json::as_str)
@@ -118,7 +129,11 @@ fn hash_canonical(m: &Json, h: &mut impl Hasher) {
     for c in calls {
         let (name, args) = tool_call_key(c);
         name.hash(h);
-        hash_value(&args, h);
+        match &args {
+            ToolArgs::Json(v) => hash_value(v, h),
+            // A tag no JSON value starts with.
+            ToolArgs::Text(s) => (6u8, s).hash(h),
+        }
     }
     for key in ["tool_call_id", "name"] {
         // `Option`'s hash tags `None` and `Some` apart.
@@ -411,6 +426,16 @@ mod tests {
             "tool_calls": [{"id": "c", "type": "function",
                             "function": {"name": "f", "arguments": "{\"x\":1,\"y\":[2]}"}}]});
         assert!(is_served_message(&echoed, &float));
+        // Arguments the model wrote as non-JSON text match only that text:
+        // the JSON string of the same characters is another call.
+        let text = |args: &str| {
+            json!({"role": "assistant",
+                "tool_calls": [{"id": "c", "type": "function",
+                                "function": {"name": "f", "arguments": args}}]})
+        };
+        assert!(is_served_message(&text("x"), &text("x")));
+        assert!(!is_served_message(&text("\"x\""), &text("x")));
+        assert!(!is_served_message(&text("x"), &text("\"x\"")));
     }
 
     #[test]
@@ -512,6 +537,9 @@ mod tests {
             ("{\"a\": [[]]}", "{\"a\": [[], []]}"),
             ("{\"a\": {\"b\": 1}}", "{\"a\": {\"b\": 1}, \"b\": 1}"),
             ("[true]", "[false]"),
+            // Arguments that are not JSON are text, not a JSON string.
+            ("x", "\"x\""),
+            ("x", "\"\\\"x\\\"\""),
         ] {
             assert_ne!(
                 calls(vec![call("f", x)]),
