@@ -1,6 +1,6 @@
 //! One choice's assembly from backend events: exact ids and logprobs as the
 //! backend sent them, text released incrementally (stop strings applied, see
-//! [`super::detok`]), and the finish reason. A backend that overshoots
+//! [`crate::render::detok`]), and the finish reason. A backend that overshoots
 //! `max_tokens` is cut here; a stop string ends the choice at the token that
 //! completed it. A choice that stopped says why as vLLM does ([`StopReason`]).
 

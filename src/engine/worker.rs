@@ -3,7 +3,9 @@
 //!
 //! Owns: admission, the per-step batch (running sequences' next tokens plus
 //! chunks of newcomers' prompts, in one `llama_decode`), stop conditions, and
-//! sending events to each request's channel. Which cells a sequence may reuse
+//! sending events to each request's channel. The step itself (plan, decode,
+//! score, sample, send) is in [`step`]; this file keeps the loop around it:
+//! receiving, admitting, preempting and releasing sequences. Which cells a sequence may reuse
 //! and when cells are freed is [`super::cells`]'s. Must not:
 //! block on anything but its own command channel when idle, or touch async
 //! code (it talks to tokio only through unbounded, non-blocking senders).
@@ -20,7 +22,7 @@
 //!
 //! A scoring job (the replay check's teacher-forced pass) is a sequence that
 //! only prefills: every one of its rows asks for logits, row `p` scores token
-//! `p + 1` ([`score_row`]), and once the whole sequence is fed its scores are
+//! `p + 1` ([`super::score::score_row`]), and once the whole sequence is fed its scores are
 //! sent and it leaves the batch without sampling anything. It is batched and
 //! chunked exactly like a prompt, next to running decodes.
 
@@ -29,24 +31,22 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_batch::LlamaBatch;
 use llama_cpp_2::model::LlamaModel;
 use llama_cpp_2::sampling::LlamaSampler;
-use llama_cpp_2::token::data::LlamaTokenData;
-use llama_cpp_2::token::data_array::LlamaTokenDataArray;
-use llama_cpp_2::token::LlamaToken;
-use llama_cpp_2::DecodeError;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::cells::Cells;
-use super::sampler::{Sampled, Sampler};
-use super::score::{score_row, PositionScore};
+use super::sampler::Sampler;
+use super::score::PositionScore;
 use super::step_sample;
 use super::{EngineInfo, EngineSettings};
-use crate::backend::{BackendError, FinishReason, GenEvent, SamplingParams, TokenLogprob};
+use crate::backend::{BackendError, GenEvent, SamplingParams};
+
+mod step;
 
 pub(crate) type EventTx = UnboundedSender<Result<GenEvent, BackendError>>;
 /// Every position's score of a scoring job (position 0: `None`), sent once.
@@ -471,299 +471,4 @@ impl Worker {
             .fetch_add(1, Ordering::Relaxed);
         crate::metrics::engine_compaction(&self.settings.name);
     }
-
-    /// Plans `(running index, tokens to feed)` for this step: every sequence
-    /// with one token left (decode) first, then prompt chunks, oldest first,
-    /// up to `prefill_chunk` prompt tokens in all.
-    fn plan(&self) -> Vec<(usize, usize)> {
-        let mut plan = Vec::with_capacity(self.running.len());
-        for (i, s) in self.running.iter().enumerate() {
-            if s.tokens.len() - s.fed == 1 {
-                plan.push((i, 1));
-            }
-        }
-        let mut budget = self.settings.prefill_chunk as usize;
-        for (i, s) in self.running.iter().enumerate() {
-            let left = s.tokens.len() - s.fed;
-            if left > 1 && budget > 0 {
-                let take = left.min(budget);
-                budget -= take;
-                plan.push((i, take));
-            }
-        }
-        plan
-    }
-
-    fn step(&mut self, ctx: &mut LlamaContext<'_>) {
-        let started = Instant::now();
-        let n_ctx = self.info.n_ctx as usize;
-        let mut plan = self.plan();
-        loop {
-            let planned: usize = plan.iter().map(|p| p.1).sum();
-            let running = self.running_cells();
-            if self.cells.in_use(running) + planned <= n_ctx {
-                break;
-            }
-            if self.cells.can_evict() {
-                self.cells.evict_oldest(ctx);
-                continue;
-            }
-            if self.cells.can_compact(running) {
-                self.compact(ctx);
-            } else if !self.preempt_newest(ctx) {
-                break;
-            }
-            plan = self.plan();
-        }
-        self.batch.clear();
-        self.rows.clear();
-        self.score_rows.clear();
-        let mut prefilled = 0u64;
-        for &(i, take) in &plan {
-            let s = &self.running[i];
-            let scoring = s.scoring();
-            let end = s.fed + take;
-            for (pos, &t) in s.tokens.iter().enumerate().take(end).skip(s.fed) {
-                let last = pos + 1 == s.tokens.len();
-                let tok = LlamaToken::new(t as i32);
-                if self
-                    .batch
-                    .add(tok, pos as i32, &[s.slot], last || scoring)
-                    .is_err()
-                {
-                    // Cannot happen: the batch holds prefill_chunk + max_batch.
-                    break;
-                }
-                let row = self.batch.n_tokens() - 1;
-                if scoring {
-                    self.score_rows.push((i, pos, row));
-                } else if last {
-                    self.rows.push((i, row));
-                }
-            }
-            if take > 1 || s.fed < s.prompt_len {
-                prefilled += take as u64;
-            }
-        }
-        let decoding = Instant::now();
-        match ctx.decode(&mut self.batch) {
-            Ok(()) => {
-                // The logits' first read would wait here for the device
-                // anyway; waiting now times the model apart.
-                ctx.synchronize();
-            }
-            Err(DecodeError::NoKvCacheSlot) if self.cells.can_compact(self.running_cells()) => {
-                // Parked cells fill the cache: free them, recompute, retry.
-                self.compact(ctx);
-                return;
-            }
-            Err(DecodeError::NoKvCacheSlot) if self.preempt_newest(ctx) => {
-                // Fragmented cache: retry next step with fewer sequences. The
-                // preempted sequence lost its cells; survivors' cells from this
-                // failed call were never written.
-                return;
-            }
-            Err(e) => {
-                self.fail_planned(ctx, &plan, &format!("llama_decode failed: {e}"));
-                return;
-            }
-        }
-        let decoded = decoding.elapsed();
-        self.cells.appended(self.batch.n_tokens().max(0) as usize);
-        let stats = &self.shared.stats;
-        stats.steps.fetch_add(1, Ordering::Relaxed);
-        // Each part of the step's time is published before the events that
-        // part leads to, so a reader woken by a stream's end sees the
-        // step's decode and sampling inside its whole.
-        stats
-            .step_ns
-            .fetch_add(nanos(started.elapsed()), Ordering::Relaxed);
-        stats.decode_ns.fetch_add(nanos(decoded), Ordering::Relaxed);
-        let mut part = Instant::now();
-        stats.prefill_tokens.fetch_add(prefilled, Ordering::Relaxed);
-        crate::metrics::engine_step(
-            &self.settings.name,
-            prefilled,
-            self.running.len(),
-            self.shared.queued.load(Ordering::Relaxed),
-        );
-        for &(i, take) in &plan {
-            self.running[i].fed += take;
-        }
-        let mut finished = self.finish_scored(ctx);
-        let sampling = Instant::now();
-        let sampled = self.sample_rows(ctx);
-        let now = Instant::now();
-        let stats = &self.shared.stats;
-        let sampled_in = now.duration_since(sampling);
-        stats
-            .sample_ns
-            .fetch_add(nanos(sampled_in), Ordering::Relaxed);
-        let since = now.duration_since(part);
-        stats.step_ns.fetch_add(nanos(since), Ordering::Relaxed);
-        part = now;
-        for (i, out) in sampled {
-            match self.took(i, out) {
-                Ok(None) => {}
-                Ok(Some(reason)) => {
-                    self.running[i].tx.event(GenEvent::Done {
-                        finish_reason: reason,
-                    });
-                    finished.push(i);
-                }
-                Err(e) => {
-                    self.running[i].tx.fail(e);
-                    finished.push(i);
-                }
-            }
-        }
-        finished.sort_unstable();
-        for i in finished.into_iter().rev() {
-            let seq = self.running.remove(i);
-            self.release(ctx, &seq);
-        }
-        self.shared
-            .stats
-            .step_ns
-            .fetch_add(nanos(part.elapsed()), Ordering::Relaxed);
-    }
-
-    /// Scores this step's rows of scoring jobs (row `p` gives the logprob of
-    /// token `p + 1`), sends the scores of every job now fed to its end, and
-    /// returns those jobs' indices into `running`.
-    fn finish_scored(&mut self, ctx: &LlamaContext<'_>) -> Vec<usize> {
-        for &(i, pos, row) in &self.score_rows {
-            let s = &mut self.running[i];
-            if let Some(&next) = s.tokens.get(pos + 1) {
-                if let Some(slot) = s.scores.get_mut(pos + 1) {
-                    *slot = score_row(ctx.get_logits_ith(row), next);
-                }
-            }
-        }
-        let mut done = Vec::new();
-        for (i, s) in self.running.iter_mut().enumerate() {
-            if let Reply::Score(tx) = &s.tx {
-                if s.fed == s.tokens.len() {
-                    let _ = tx.send(Ok(std::mem::take(&mut s.scores)));
-                    done.push(i);
-                }
-            }
-        }
-        done
-    }
-
-    /// Samples the next token of every sequence with a row this step, in
-    /// parallel ([`step_sample`]): `(index into running, what it drew)`.
-    /// The grammar masks are computed here first, on this thread.
-    fn sample_rows(&mut self, ctx: &LlamaContext<'_>) -> Vec<(usize, Option<Sampled>)> {
-        let mut row_of: Vec<Option<i32>> = vec![None; self.running.len()];
-        for &(i, row) in &self.rows {
-            row_of[i] = Some(row);
-        }
-        let (mut index, mut rows) = (Vec::new(), Vec::new());
-        for (i, s) in self.running.iter_mut().enumerate() {
-            let Some(row) = row_of[i] else { continue };
-            let logits = ctx.get_logits_ith(row);
-            let allowed = s.grammar.as_mut().map(|g| allowed_by(g, logits));
-            index.push(i);
-            rows.push(step_sample::Row {
-                sampler: &mut s.sampler,
-                logits,
-                allowed,
-                out: None,
-            });
-        }
-        self.sampling.run(&mut rows);
-        index
-            .into_iter()
-            .zip(rows.into_iter().map(|r| r.out))
-            .collect()
-    }
-
-    /// Takes the token `running[i]` drew (`None`: its output constraint
-    /// allowed none), sends it, and returns the finish reason if the
-    /// sequence is done. An output constraint that allows no token is the
-    /// request's dead end, not an abort (which a client would retry into
-    /// the same dead end).
-    fn took(
-        &mut self,
-        i: usize,
-        out: Option<Sampled>,
-    ) -> Result<Option<FinishReason>, BackendError> {
-        let max_seq_len = self.info.max_seq_len as usize;
-        let s = &mut self.running[i];
-        let Some(out) = out else {
-            return Err(BackendError::Rejected {
-                backend: self.settings.name.clone(),
-                message: "the output constraint (response_format or a forced tool call) \
-                          allows no next token"
-                    .into(),
-            });
-        };
-        if let Some(g) = s.grammar.as_mut() {
-            g.accept(LlamaToken::new(out.token as i32));
-        }
-        self.shared
-            .stats
-            .sampled_tokens
-            .fetch_add(1, Ordering::Relaxed);
-        s.sampler.observe(out.token);
-        s.tokens.push(out.token);
-        // Always the sampled token's logprob (every call records it); the
-        // top alternatives only when the request asked for k > 0.
-        let logprobs = vec![TokenLogprob {
-            logprob: Some(out.logprob),
-            top: out.top,
-        }];
-        let sent = s.tx.event(GenEvent::Tokens {
-            ids: vec![out.token],
-            logprobs,
-        });
-        if !sent {
-            return Ok(Some(FinishReason::Abort));
-        }
-        let p = &s.params;
-        if p.stop_token_ids.contains(&out.token)
-            || (!p.ignore_eos && self.info.eog_ids.binary_search(&out.token).is_ok())
-        {
-            return Ok(Some(FinishReason::Stop));
-        }
-        if s.generated() >= p.max_tokens as usize || s.tokens.len() >= max_seq_len {
-            return Ok(Some(FinishReason::Length));
-        }
-        Ok(None)
-    }
-
-    fn fail_planned(&mut self, ctx: &mut LlamaContext<'_>, plan: &[(usize, usize)], message: &str) {
-        let mut idx: Vec<usize> = plan.iter().map(|p| p.0).collect();
-        idx.sort_unstable();
-        idx.dedup();
-        for i in idx.into_iter().rev() {
-            let seq = self.running.remove(i);
-            seq.tx.fail(BackendError::Status {
-                backend: self.settings.name.clone(),
-                status: 500,
-                message: message.to_string(),
-            });
-            self.release(ctx, &seq);
-        }
-    }
-}
-
-/// Which tokens the grammar allows next: llama.cpp's grammar sampler sets
-/// the logit of every other candidate to -inf, in place and in order.
-fn allowed_by(grammar: &mut LlamaSampler, logits: &[f32]) -> Vec<bool> {
-    let mut candidates = LlamaTokenDataArray::from_iter(
-        logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| LlamaTokenData::new(LlamaToken::new(i as i32), l, 0.0)),
-        false,
-    );
-    candidates.apply_sampler(grammar);
-    candidates
-        .data
-        .iter()
-        .map(|d| d.logit() != f32::NEG_INFINITY)
-        .collect()
 }

@@ -1,6 +1,6 @@
 //! The teacher-forced replay check: each recorded sample's full sequence
 //! (prompt ids, then response ids) is sent back to a backend as a prompt
-//! with prompt logprobs ([`Backend::prompt_logprobs`]), and the logprob the
+//! with prompt logprobs ([`crate::backend::Backend::prompt_logprobs`]), and the logprob the
 //! backend computes for every sampled token, given exactly the recorded
 //! prefix, is compared with the logprob recorded when it was sampled.
 //!
