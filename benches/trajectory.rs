@@ -32,6 +32,34 @@ fn words(seed: usize, n: usize) -> String {
         .join(" ")
 }
 
+/// Bytes of the recorded calls' columns as the SQLite store writes them:
+/// each request body as JSON text; prompt-delta and sampled ids, 4 bytes
+/// each, and a 4-byte logprob per sampled id.
+struct StoreBytes {
+    requests: usize,
+    tokens: usize,
+    last_request: usize,
+}
+
+async fn store_bytes(traj: &Trajectories) -> StoreBytes {
+    let t = traj
+        .store()
+        .get_trajectory("bench")
+        .await
+        .expect("read")
+        .expect("stored");
+    let sizes: Vec<usize> = t.calls.iter().map(|c| c.request.to_string().len()).collect();
+    StoreBytes {
+        requests: sizes.iter().sum(),
+        tokens: t
+            .calls
+            .iter()
+            .map(|c| 4 * (c.prompt_delta_ids.len() + 2 * c.sampled_ids.len()))
+            .sum(),
+        last_request: sizes.last().copied().unwrap_or(0),
+    }
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort_unstable();
     v[v.len() / 2]
@@ -67,7 +95,9 @@ async fn main() {
         let prepared = traj.prepare_chat("bench", input).await.expect("prepare");
         let reply = words(t + 1000, 300);
         let sampled = [renderer.encode(&reply).expect("enc"), vec![im_end]].concat();
-        let ctx = testing::context("bench", Value::Null, Some(messages.clone()));
+        // The body a client sends (its whole history), as a call stores it.
+        let body = json!({"model": "qwen3", "messages": messages});
+        let ctx = testing::context("bench", body, Some(messages.clone()));
         let served = json!({"role": "assistant", "content": reply});
         let outcome = testing::stopped(sampled, served);
         traj.commit(&ctx, &prepared, vec![outcome], None)
@@ -76,6 +106,7 @@ async fn main() {
         messages.push(json!({"role": "assistant", "content": reply}));
     }
     let served = served.elapsed();
+    let stored = store_bytes(&traj).await;
     messages.push(json!({"role": "user", "content": words(TURNS, 300)}));
     let input = ChatInput {
         messages: &messages,
@@ -116,6 +147,13 @@ async fn main() {
         "{} turns prepared and recorded (memory store, sampled ids encoded by the bench): {:.1} ms",
         TURNS - 1,
         served.as_secs_f64() * 1000.0
+    );
+    println!(
+        "what a durable store writes for them: request bodies {:.2} MB, token ids and logprobs {:.2} MB ({:.1}x); the last call's body {:.0} KB",
+        stored.requests as f64 / 1e6,
+        stored.tokens as f64 / 1e6,
+        stored.requests as f64 / stored.tokens as f64,
+        stored.last_request as f64 / 1e3
     );
     println!("turn {TURNS} of a {tokens}-token trajectory (qwen3), median of {REPS}");
     println!("| method | ms | vs exact |");
