@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use tito::config::{ModelConfig, TrajectoryConfig};
 use tito::render::{RenderInput, Renderer};
+use tito::store::CallRecord;
 use tito::trajectory::{testing, ChatInput, Trajectories};
 
 const TURNS: usize = 50;
@@ -32,24 +33,28 @@ fn words(seed: usize, n: usize) -> String {
         .join(" ")
 }
 
-/// Bytes of the recorded calls' columns as the SQLite store writes them:
-/// each request body as JSON text; prompt-delta and sampled ids, 4 bytes
-/// each, and a 4-byte logprob per sampled id.
+/// Bytes of the recorded calls: each request body as JSON text (what a
+/// store that keeps bodies whole writes); prompt-delta and sampled ids,
+/// 4 bytes each, and a 4-byte logprob per sampled id (the stores' layout).
 struct StoreBytes {
     requests: usize,
     tokens: usize,
     last_request: usize,
 }
 
-async fn store_bytes(traj: &Trajectories) -> StoreBytes {
+async fn store_bytes(traj: &Trajectories) -> (StoreBytes, Vec<CallRecord>) {
     let t = traj
         .store()
         .get_trajectory("bench")
         .await
         .expect("read")
         .expect("stored");
-    let sizes: Vec<usize> = t.calls.iter().map(|c| c.request.to_string().len()).collect();
-    StoreBytes {
+    let sizes: Vec<usize> = t
+        .calls
+        .iter()
+        .map(|c| c.request.to_string().len())
+        .collect();
+    let bytes = StoreBytes {
         requests: sizes.iter().sum(),
         tokens: t
             .calls
@@ -57,7 +62,36 @@ async fn store_bytes(traj: &Trajectories) -> StoreBytes {
             .map(|c| 4 * (c.prompt_delta_ids.len() + 2 * c.sampled_ids.len()))
             .sum(),
         last_request: sizes.last().copied().unwrap_or(0),
+    };
+    (bytes, t.calls)
+}
+
+/// The same calls appended one by one to a new SQLite store: the time the
+/// appends took, the database's size once the store is closed, and the
+/// time to read the trajectory back from it reopened.
+async fn sqlite_of(calls: &[CallRecord]) -> (Duration, u64, Duration) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("spans.db");
+    let store = tito::store::open(&format!("sqlite://{}", path.display())).expect("sqlite");
+    let started = Instant::now();
+    for c in calls {
+        store.append_call(c.clone()).await.expect("append");
     }
+    let took = started.elapsed();
+    drop(store);
+    let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+    let wal = dir.path().join("spans.db-wal");
+    let bytes = size(&path) + size(&wal);
+    let store = tito::store::open(&format!("sqlite://{}", path.display())).expect("reopen");
+    let started = Instant::now();
+    let read = store.get_trajectory("bench").await.expect("read");
+    let read_took = started.elapsed();
+    assert_eq!(
+        read.map(|t| t.calls).as_deref(),
+        Some(calls),
+        "read back whole"
+    );
+    (took, bytes, read_took)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -106,7 +140,8 @@ async fn main() {
         messages.push(json!({"role": "assistant", "content": reply}));
     }
     let served = served.elapsed();
-    let stored = store_bytes(&traj).await;
+    let (stored, calls) = store_bytes(&traj).await;
+    let (appended, sqlite_bytes, read) = sqlite_of(&calls).await;
     messages.push(json!({"role": "user", "content": words(TURNS, 300)}));
     let input = ChatInput {
         messages: &messages,
@@ -149,11 +184,17 @@ async fn main() {
         served.as_secs_f64() * 1000.0
     );
     println!(
-        "what a durable store writes for them: request bodies {:.2} MB, token ids and logprobs {:.2} MB ({:.1}x); the last call's body {:.0} KB",
+        "their request bodies as JSON text {:.2} MB (what a store keeping each body whole writes), token ids and logprobs {:.2} MB ({:.1}x); the last call's body {:.0} KB",
         stored.requests as f64 / 1e6,
         stored.tokens as f64 / 1e6,
         stored.requests as f64 / stored.tokens as f64,
         stored.last_request as f64 / 1e3
+    );
+    println!(
+        "the same calls appended to a new SQLite store: {:.1} ms; its file once closed {:.2} MB; the trajectory read back from it {:.1} ms",
+        appended.as_secs_f64() * 1000.0,
+        sqlite_bytes as f64 / 1e6,
+        read.as_secs_f64() * 1000.0
     );
     println!("turn {TURNS} of a {tokens}-token trajectory (qwen3), median of {REPS}");
     println!("| method | ms | vs exact |");

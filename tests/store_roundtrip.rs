@@ -565,3 +565,128 @@ async fn sqlite_counts_tokens_and_drift_of_existing_trajectories_when_migrating(
     let meta = store.get_meta("seven").await.expect("meta").expect("kept");
     assert_eq!((meta.num_tokens, meta.drift_count), (6, 1));
 }
+
+/// An agent's calls, each sending the whole history (the SQLite store keeps
+/// each message once): bodies of every shape a call can carry.
+fn history_calls(traj: &str) -> Vec<tito::store::CallRecord> {
+    use serde_json::json;
+    let sys = json!({"role": "system", "content": "You are an agent."});
+    let u1 = json!({"role": "user", "content": [{"type": "text", "text": "add 1.0 and 2"}]});
+    let a1 = json!({"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "add", "arguments": "{\"a\": 1.0, \"b\": 2}"}}]});
+    let t1 = json!({"role": "tool", "tool_call_id": "c1", "content": "3.0"});
+    let bodies = [
+        // A root call's body is stored whole.
+        json!({"model": "m", "messages": [sys, u1], "temperature": 0.5}),
+        json!({"model": "m", "messages": [sys, u1, a1, t1], "temperature": 0.5}),
+        // `messages` first, a message sent twice, keys after it.
+        json!({"messages": [sys, u1, a1, t1, t1], "model": "m", "tools": [{"type": "function"}]}),
+        json!({"model": "m", "prompt": "no messages here"}),
+        json!({"model": "m", "messages": []}),
+        json!({"model": "m", "messages": "not a list"}),
+        json!(null),
+    ];
+    bodies
+        .into_iter()
+        .enumerate()
+        .map(|(i, body)| {
+            let i = i as u32;
+            let mut c = call(
+                traj,
+                i,
+                0,
+                i.checked_sub(1),
+                ids(10 * i, 2),
+                ids(100 * i, 2),
+            );
+            c.request = body.into();
+            c
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_history_sent_with_every_call_reads_back_exactly_from_every_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, store) in stores(&dir) {
+        let calls = history_calls("t-h");
+        for c in &calls {
+            store.append_call(c.clone()).await.expect("append");
+        }
+        let t = store
+            .get_trajectory("t-h")
+            .await
+            .expect("get")
+            .expect("stored");
+        assert_eq!(t.calls, calls, "{name}");
+        // The same text too: keys in their order, numbers as written.
+        for (got, sent) in t.calls.iter().zip(&calls) {
+            assert_eq!(got.request.to_string(), sent.request.to_string(), "{name}");
+        }
+        let latest = store.latest_calls("t-h", 6).await.expect("latest");
+        assert_eq!(latest[..], calls[1..], "{name}");
+    }
+}
+
+#[tokio::test]
+async fn sqlite_stores_each_message_of_a_trajectory_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("spans.db");
+    let url = format!("sqlite://{}", path.display());
+    let calls = history_calls("t-h");
+    {
+        let store = tito::store::open(&url).expect("open");
+        for c in calls.iter().cloned().chain(history_calls("t-other")) {
+            store.append_call(c).await.expect("append");
+        }
+    }
+    let conn = rusqlite::Connection::open(&path).expect("open raw");
+    // system, user, assistant, tool: once per trajectory.
+    let per_traj: Vec<i64> = conn
+        .prepare("SELECT count(*) FROM request_messages GROUP BY traj ORDER BY traj")
+        .expect("count")
+        .query_map([], |r| r.get(0))
+        .expect("rows")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert_eq!(per_traj, [4, 4]);
+    let stored: Vec<(String, Option<Vec<u8>>)> = conn
+        .prepare(
+            "SELECT c.request, c.message_refs FROM calls c JOIN trajectories t ON t.seq = c.traj \
+                  WHERE t.id = 't-h' ORDER BY c.call_index",
+        )
+        .expect("calls")
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+        .expect("rows")
+        .collect::<Result<_, _>>()
+        .expect("rows");
+    assert_eq!(stored[0], (calls[0].request.to_string(), None));
+    assert_eq!(
+        stored[1].0,
+        r#"{"model":"m","messages":null,"temperature":0.5}"#
+    );
+    assert_eq!(stored[1].1.as_ref().map(Vec::len), Some(32));
+    assert_eq!(stored[2].1.as_ref().map(Vec::len), Some(40));
+    assert!(!stored[2].0.contains("agent"), "{}", stored[2].0);
+    // Bodies without a message list are stored whole.
+    for (text, refs) in &stored[3..] {
+        assert!(refs.is_none(), "{text}");
+    }
+    assert_eq!(stored[6].0, "null");
+    // A row stored before this layout (its body whole) still reads back.
+    let whole = calls[2].request.to_string();
+    conn.execute(
+        "UPDATE calls SET request = ?1, message_refs = NULL WHERE call_index = 2 \
+         AND traj = (SELECT seq FROM trajectories WHERE id = 't-h')",
+        [&whole],
+    )
+    .expect("old layout");
+    drop(conn);
+    let store = tito::store::open(&url).expect("reopen");
+    let t = store
+        .get_trajectory("t-h")
+        .await
+        .expect("get")
+        .expect("stored");
+    assert_eq!(t.calls, calls);
+}

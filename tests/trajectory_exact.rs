@@ -330,7 +330,7 @@ async fn history_continues_exactly_after_a_restart() {
     let m1 = json!([{"role": "user", "content": "hi"}]);
     chat(&first, "traj-r", &m1).await;
     // A new gateway (empty in-memory view) on the same store.
-    let second = common::start_gateway_on(config(&[mock.url()], ""), renderer, store).await;
+    let second = common::start_gateway_on(config(&[mock.url()], ""), renderer, store.clone()).await;
     mock.push(Scripted::ids(vec![b'k'.into(), IM_END]));
     let m2 = json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"},
                     {"role": "user", "content": "more"}]);
@@ -344,6 +344,27 @@ async fn history_continues_exactly_after_a_restart() {
     let t = trajectory(&second, "traj-r").await;
     assert_eq!(t["calls"][1]["parent_call"], 0);
     assert_eq!(t["calls"][1]["drift"]["cause"], "bpe_retokenization");
+    // A third gateway rebuilds from a call that continued another (the
+    // SQLite store keeps that body's messages apart) and continues it.
+    let renderer = second.renderer.clone();
+    let third = common::start_gateway_on(config(&[mock.url()], ""), renderer, store).await;
+    mock.push(Scripted::ids(vec![b'z'.into(), IM_END]));
+    let m3 = json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello"},
+                    {"role": "user", "content": "more"}, {"role": "assistant", "content": "k"},
+                    {"role": "user", "content": "again"}]);
+    let r3 = chat(&third, "traj-r", &m3).await;
+    let observation = third
+        .renderer
+        .encode("\n<|im_start|>user\nagain<|im_end|>\n<|im_start|>assistant\n")
+        .expect("enc");
+    let r2_prompt: Vec<u32> = serde_json::from_value(r2["prompt_token_ids"].clone()).expect("ids");
+    let expected = [r2_prompt, vec![b'k'.into(), IM_END], observation].concat();
+    assert_eq!(r3["prompt_token_ids"], json!(expected));
+    let t = trajectory(&third, "traj-r").await;
+    assert_eq!(t["calls"][2]["parent_call"], 1);
+    // The kept "Hello" bytes, as in call 1: not a history the client edited.
+    assert_eq!(t["calls"][2]["drift"]["cause"], "bpe_retokenization");
+    assert_eq!(t["calls"][1]["request"]["messages"], m2);
 }
 
 /// One HTTP request stores its body once: the other calls it started point
@@ -398,7 +419,7 @@ async fn a_request_body_is_stored_once_per_request() {
     }
     // Continue choice 2's branch from a gateway that rebuilds history from
     // the store: its messages are found through `request_of`.
-    let second = common::start_gateway_on(config(&[mock.url()], ""), renderer, store).await;
+    let second = common::start_gateway_on(config(&[mock.url()], ""), renderer, store.clone()).await;
     mock.push(Scripted::ids(vec![b'k'.into(), IM_END]));
     let reply = answer["choices"][2]["message"]["content"].clone();
     assert_eq!(reply, "Cc");

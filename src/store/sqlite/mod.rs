@@ -23,6 +23,7 @@
 
 mod checkpoint;
 mod consumers;
+mod requests;
 mod rows;
 pub mod schema;
 mod writer;

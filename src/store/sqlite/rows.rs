@@ -96,9 +96,14 @@ pub(crate) fn meta_from_row(row: &Row<'_>) -> rusqlite::Result<(i64, TrajectoryM
 pub(crate) const CALL_COLS: &str = "call_index, sample_index, parent_call, backend, started_at, \
      finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, response, \
      drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, template_sha256, reward, \
-     truncated, normalized, request_of";
+     truncated, normalized, request_of, message_refs";
 
-fn call_from_row(row: &Row<'_>, trajectory_id: &str) -> rusqlite::Result<CallRecord> {
+/// A call as read from its row, and its message ids when its body's
+/// messages are stored apart (see [`super::requests`]).
+fn call_from_row(
+    row: &Row<'_>,
+    trajectory_id: &str,
+) -> rusqlite::Result<(CallRecord, Option<Vec<u8>>)> {
     let drift: Option<String> = row.get(12)?;
     let drift =
         match drift {
@@ -107,7 +112,7 @@ fn call_from_row(row: &Row<'_>, trajectory_id: &str) -> rusqlite::Result<CallRec
             })?),
             None => None,
         };
-    Ok(CallRecord {
+    let call = CallRecord {
         trajectory_id: trajectory_id.to_string(),
         call_index: row.get(0)?,
         sample_index: row.get(1)?,
@@ -131,7 +136,8 @@ fn call_from_row(row: &Row<'_>, trajectory_id: &str) -> rusqlite::Result<CallRec
         truncated: row.get(19)?,
         normalized: json_opt_col(row, 20)?.unwrap_or_default(),
         request_of: row.get(21)?,
-    })
+    };
+    Ok((call, row.get(22)?))
 }
 
 pub(crate) fn meta_by_id(
@@ -161,7 +167,7 @@ pub(crate) fn calls_of(
     trajectory_id: &str,
     limit: Option<usize>,
 ) -> Result<Vec<CallRecord>, StoreError> {
-    let mut calls = match limit {
+    let calls: Vec<(CallRecord, Option<Vec<u8>>)> = match limit {
         None => {
             let sql = format!("SELECT {CALL_COLS} FROM calls WHERE traj = ?1 ORDER BY call_index");
             let mut stmt = conn.prepare_cached(&sql)?;
@@ -180,8 +186,20 @@ pub(crate) fn calls_of(
             v
         }
     };
-    calls.shrink_to_fit();
-    Ok(calls)
+    let mut messages = None;
+    let mut out = Vec::with_capacity(calls.len());
+    for (mut call, refs) in calls {
+        if let Some(refs) = refs {
+            let messages = match &mut messages {
+                Some(m) => m,
+                None => messages.insert(super::requests::messages_of(conn, seq)?),
+            };
+            let shell = std::sync::Arc::unwrap_or_clone(call.request);
+            call.request = super::requests::rebuild(shell, &refs, messages)?.into();
+        }
+        out.push(call);
+    }
+    Ok(out)
 }
 
 /// Reads one trajectory (meta + calls) in one read transaction.

@@ -141,6 +141,21 @@ const MIGRATIONS: &[&str] = &[
         mark INTEGER NOT NULL
     ) WITHOUT ROWID;
     "#,
+    // 11: each distinct chat message of a trajectory stored once; a call
+    // that continues another and whose body has a message list stores the
+    // body with `messages` null and the ids of its messages (little-endian
+    // i64s) in `message_refs` (`requests.rs`). Rows stored before keep
+    // their bodies whole.
+    r#"
+    CREATE TABLE request_messages (
+        id INTEGER PRIMARY KEY,
+        traj INTEGER NOT NULL REFERENCES trajectories(seq),
+        sha256 BLOB NOT NULL,
+        body TEXT NOT NULL
+    );
+    CREATE UNIQUE INDEX request_messages_digest ON request_messages(traj, sha256);
+    ALTER TABLE calls ADD COLUMN message_refs BLOB;
+    "#,
 ];
 
 /// The schema version this build writes.

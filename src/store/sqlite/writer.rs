@@ -484,6 +484,7 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             return Err(missing_parent(call));
         }
     }
+    let request = super::requests::store(conn, seq, &call.request, call.parent_call.is_some())?;
     let drift = match &call.drift {
         Some(d) => Some(serde_json::to_string(d).map_err(|e| StoreError::Invalid(e.to_string()))?),
         None => None,
@@ -493,9 +494,9 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             "INSERT INTO calls (traj, call_index, sample_index, parent_call, backend, started_at, \
              finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
              response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
-             template_sha256, reward, truncated, normalized, request_of) VALUES (?1, ?2, ?3, ?4, \
-             ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, \
-             ?23)",
+             template_sha256, reward, truncated, normalized, request_of, message_refs) VALUES (?1, \
+             ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
+             ?20, ?21, ?22, ?23, ?24)",
         )?
         .execute(params![
             seq,
@@ -509,7 +510,7 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             ids_to_bytes(&call.sampled_ids),
             logprobs_to_bytes(&call.logprobs),
             call.finish_reason,
-            call.request.to_string(),
+            request.text,
             call.response.to_string(),
             drift,
             call.parse_outcome,
@@ -522,6 +523,7 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             (!call.normalized.is_empty())
                 .then(|| serde_json::Value::from(call.normalized.clone()).to_string()),
             call.request_of,
+            request.refs,
         ]);
     match inserted {
         Ok(_) => {}
