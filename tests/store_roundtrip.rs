@@ -690,3 +690,44 @@ async fn sqlite_stores_each_message_of_a_trajectory_once() {
         .expect("stored");
     assert_eq!(t.calls, calls);
 }
+
+#[tokio::test]
+async fn postgres_stores_each_message_of_a_trajectory_once() {
+    let url = store_support::postgres_url();
+    let store = tito::store::open(&url).expect("open");
+    let calls = history_calls("t-h");
+    for c in calls.iter().cloned().chain(history_calls("t-other")) {
+        store.append_call(c).await.expect("append");
+    }
+    let db = store_support::pg_session(&url).await;
+    let rows = db
+        .query(
+            "SELECT count(*) FROM request_messages GROUP BY traj ORDER BY traj",
+            &[],
+        )
+        .await
+        .expect("count");
+    let per_traj: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(per_traj, [4, 4]);
+    let rows = db
+        .query(
+            "SELECT c.request, c.message_refs FROM calls c JOIN trajectories t \
+             ON t.seq = c.traj WHERE t.id = 't-h' ORDER BY c.call_index",
+            &[],
+        )
+        .await
+        .expect("calls");
+    let stored: Vec<(String, Option<Vec<u8>>)> =
+        rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(stored[0], (calls[0].request.to_string(), None));
+    assert_eq!(
+        stored[1].0,
+        r#"{"model":"m","messages":null,"temperature":0.5}"#
+    );
+    // SHA-256 digests, 32 bytes a message.
+    assert_eq!(stored[1].1.as_ref().map(Vec::len), Some(4 * 32));
+    assert_eq!(stored[2].1.as_ref().map(Vec::len), Some(5 * 32));
+    for (text, refs) in &stored[3..] {
+        assert!(refs.is_none(), "{text}");
+    }
+}

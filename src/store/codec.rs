@@ -122,7 +122,7 @@ pub(crate) fn join_request(
     match shell.get_mut("messages") {
         Some(slot) => *slot = serde_json::Value::Array(messages),
         None => {
-            return Err(StoreError::Invalid(
+            return Err(StoreError::Corrupt(
                 "stored request: a body whose messages are stored apart has no `messages`".into(),
             ))
         }

@@ -39,9 +39,14 @@ const PARENTS_MANY: &str = "SELECT c.traj, c.call_index FROM calls c \
 const COPY_CALLS: &str = "COPY calls (traj, call_index, sample_index, parent_call, backend, \
      started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
      response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
-     template_sha256, reward, truncated, normalized, request_of) FROM STDIN (FORMAT binary)";
+     template_sha256, reward, truncated, normalized, request_of, message_refs) \
+     FROM STDIN (FORMAT binary)";
 
-const COPY_TYPES: [Type; 23] = [
+/// The messages the run's bodies keep apart (see the writer's `APPEND_SQL`).
+const MESSAGES_MANY: &str = "INSERT INTO request_messages (traj, sha256, body) \
+     SELECT * FROM unnest($1::BIGINT[], $2::BYTEA[], $3::TEXT[]) ON CONFLICT DO NOTHING";
+
+const COPY_TYPES: [Type; 24] = [
     Type::INT8,
     Type::INT8,
     Type::INT8,
@@ -65,6 +70,7 @@ const COPY_TYPES: [Type; 23] = [
     Type::BOOL,
     Type::TEXT,
     Type::INT8,
+    Type::BYTEA,
 ];
 
 const COUNT_MANY: &str = "UPDATE trajectories t SET updated_at = GREATEST(t.updated_at, $7), \
@@ -158,7 +164,7 @@ pub(super) async fn append_many(
     let mut counts: BTreeMap<i64, Counts> = BTreeMap::new();
     for (c, p) in calls.iter().zip(&params) {
         let seq = seq_of(c)?;
-        let mut row: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(23);
+        let mut row: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(24);
         row.push(&seq);
         row.extend(p.columns());
         writer.as_mut().write(&row).await?;
@@ -171,6 +177,22 @@ pub(super) async fn append_many(
     }
     // A call slot already taken fails here, on the primary key.
     writer.finish().await?;
+
+    let (mut trajs, mut digests, mut bodies) = (Vec::new(), Vec::new(), Vec::new());
+    for (c, p) in calls.iter().zip(&params) {
+        let seq = seq_of(c)?;
+        for (d, b) in p.message_digests.iter().zip(&p.message_bodies) {
+            trajs.push(seq);
+            digests.push(d);
+            bodies.push(b);
+        }
+    }
+    if !trajs.is_empty() {
+        let messages = conn.prep(MESSAGES_MANY).await?;
+        conn.client
+            .execute(&messages, &[&trajs, &digests, &bodies])
+            .await?;
+    }
 
     let mut cols: [Vec<i64>; 6] = Default::default();
     for (seq, k) in counts {

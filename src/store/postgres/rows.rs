@@ -1,10 +1,13 @@
 //! Row <-> record mapping for the PostgreSQL store and the SELECTs every
 //! reader shares. No writes here.
 
+use std::collections::HashMap;
+
+use serde_json::Value;
 use tokio_postgres::Row;
 
 use super::Conn;
-use crate::store::codec::{ids_from_bytes, logprobs_from_bytes};
+use crate::store::codec::{ids_from_bytes, join_request, logprobs_from_bytes};
 use crate::store::{
     CallRecord, Drift, SampleReplay, StoreError, Trajectory, TrajectoryFilter, TrajectoryMeta,
     TrajectoryMetadata, TrajectoryStatus,
@@ -87,7 +90,7 @@ pub(crate) fn meta_from_row(row: &Row) -> Result<(i64, TrajectoryMeta), StoreErr
 const CALL_COLS: &str = "call_index, sample_index, parent_call, backend, started_at, \
      finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, response, \
      drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, template_sha256, reward, \
-     truncated, normalized, request_of";
+     truncated, normalized, request_of, message_refs";
 
 fn call_from_row(row: &Row, trajectory_id: &str) -> Result<CallRecord, StoreError> {
     let bytes = |col: &str| -> Result<&[u8], StoreError> { Ok(row.try_get(col)?) };
@@ -156,9 +159,58 @@ pub(crate) async fn calls_of(
             rows
         }
     };
-    rows.iter()
-        .map(|r| call_from_row(r, trajectory_id))
-        .collect()
+    let mut messages = None;
+    let mut calls = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let mut call = call_from_row(row, trajectory_id)?;
+        if let Some(refs) = row.try_get::<_, Option<&[u8]>>("message_refs")? {
+            if messages.is_none() {
+                messages = Some(messages_of(conn, seq).await?);
+            }
+            let shell = std::sync::Arc::unwrap_or_clone(call.request);
+            call.request = rebuild(shell, refs, messages.as_ref())?.into();
+        }
+        calls.push(call);
+    }
+    Ok(calls)
+}
+
+/// Every message trajectory `seq` keeps apart, parsed, by digest.
+async fn messages_of(conn: &mut Conn, seq: i64) -> Result<HashMap<Vec<u8>, Value>, StoreError> {
+    let stmt = conn
+        .prep("SELECT sha256, body FROM request_messages WHERE traj = $1")
+        .await?;
+    let mut out = HashMap::new();
+    for row in conn.client.query(&stmt, &[&seq]).await? {
+        let body: &str = row.try_get(1)?;
+        let body = serde_json::from_str(body).map_err(|e| corrupt("request_messages", e))?;
+        out.insert(row.try_get(0)?, body);
+    }
+    Ok(out)
+}
+
+/// A split body from its stored text and its messages' digests.
+fn rebuild(
+    shell: Value,
+    refs: &[u8],
+    messages: Option<&HashMap<Vec<u8>, Value>>,
+) -> Result<Value, StoreError> {
+    if refs.len() % 32 != 0 {
+        return Err(corrupt(
+            "message_refs",
+            format!("{} bytes is not a whole number of digests", refs.len()),
+        ));
+    }
+    let list = refs
+        .chunks_exact(32)
+        .map(|d| {
+            messages
+                .and_then(|m| m.get(d))
+                .cloned()
+                .ok_or_else(|| corrupt("message_refs", "a message is not stored"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    join_request(shell, list)
 }
 
 /// The stored replay checks of a trajectory.

@@ -5,7 +5,7 @@
 //! or the new version, never in between. Only append to [`MIGRATIONS`].
 //!
 //! The layout follows the SQLite schema (`store::sqlite::schema`; version 1
-//! here is its version 8, version 2 its 9 and 10): every integer is
+//! here is its version 8, version 2 its 9 and 10, version 4 its 11): every integer is
 //! `BIGINT`, token ids and logprobs are `BYTEA` in the
 //! [`crate::store::codec`] layout, and JSON is `TEXT`, not `JSONB`, so a
 //! stored request keeps its key order byte for byte.
@@ -126,6 +126,19 @@ const MIGRATIONS: &[&str] = &[
                   (SELECT COALESCE(max(seq), 0) + 1 FROM trajectories), false);
     CREATE UNIQUE INDEX trajectories_lseq ON trajectories(lseq);
     CREATE INDEX trajectories_unlisted ON trajectories(seq) WHERE lseq IS NULL;
+    "#,
+    // 4: SQLite's migration 11, each distinct chat message of a trajectory
+    // once (`crate::store::codec::SplitRequest`); here a split body's
+    // `message_refs` are its messages' SHA-256 digests in order, 32 bytes
+    // each, so a replica inserts messages without reading ids back.
+    r#"
+    CREATE TABLE request_messages (
+        traj BIGINT NOT NULL REFERENCES trajectories(seq),
+        sha256 BYTEA NOT NULL,
+        body TEXT NOT NULL,
+        PRIMARY KEY (traj, sha256)
+    );
+    ALTER TABLE calls ADD COLUMN message_refs BYTEA;
     "#,
 ];
 

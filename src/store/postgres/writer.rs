@@ -18,7 +18,7 @@ use tokio_postgres::types::ToSql;
 use super::rows::{meta_by_id, replays_of, status_code};
 use super::settle::{settle, Xact, XACT_SQL};
 use super::{consumers, Conn};
-use crate::store::codec::{ids_to_bytes, logprobs_to_bytes};
+use crate::store::codec::{ids_to_bytes, logprobs_to_bytes, split_request};
 use crate::store::group_commit::{acknowledge, Done, Job, Op, Outcome, MAX_BATCH, WEIGHT_VERSION};
 use crate::store::{
     now_ms, CallRecord, SampleReplay, StoreError, TrajectoryMeta, TrajectoryMetadata,
@@ -358,18 +358,21 @@ const APPEND_SQL: &str =
      ins AS (INSERT INTO calls (traj, call_index, sample_index, parent_call, backend, \
        started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
        response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
-       template_sha256, reward, truncated, normalized, request_of) \
+       template_sha256, reward, truncated, normalized, request_of, message_refs) \
      SELECT t.seq, $2::BIGINT, $3::BIGINT, $4::BIGINT, $5::TEXT, $6::BIGINT, $7::BIGINT, \
        $8::BYTEA, $9::BYTEA, $10::BYTEA, $11::TEXT, $12::TEXT, $13::TEXT, $14::TEXT, $15::TEXT, \
        $16::TEXT, $17::TEXT, $18::TEXT, $19::TEXT, $20::FLOAT8, $21::BOOLEAN, $22::TEXT, \
-       $23::BIGINT FROM t \
+       $23::BIGINT, $24::BYTEA FROM t \
      WHERE t.status = 0 AND ($4::BIGINT IS NULL OR EXISTS \
        (SELECT 1 FROM calls p WHERE p.traj = t.seq AND p.call_index = $4::BIGINT)) \
      RETURNING traj), \
-     up AS (UPDATE trajectories SET updated_at = GREATEST(updated_at, $24::BIGINT), \
+     msgs AS (INSERT INTO request_messages (traj, sha256, body) \
+       SELECT ins.traj, m.d, m.b FROM ins, unnest($28::BYTEA[], $29::TEXT[]) AS m(d, b) \
+       ON CONFLICT DO NOTHING), \
+     up AS (UPDATE trajectories SET updated_at = GREATEST(updated_at, $25::BIGINT), \
        num_calls = num_calls + 1, next_call_index = GREATEST(next_call_index, $2::BIGINT + 1), \
        next_sample_index = GREATEST(next_sample_index, $3::BIGINT + 1), \
-       num_tokens = num_tokens + $25::BIGINT, drift_count = drift_count + $26::BIGINT \
+       num_tokens = num_tokens + $26::BIGINT, drift_count = drift_count + $27::BIGINT \
      WHERE seq IN (SELECT traj FROM ins) RETURNING seq) \
      SELECT t.status, EXISTS (SELECT 1 FROM up) AS stored FROM t";
 
@@ -399,6 +402,11 @@ pub(super) struct AppendParams {
     pub truncated: bool,
     pub normalized: Option<String>,
     pub request_of: Option<i64>,
+    /// The digests of the body's messages when they are stored apart.
+    pub message_refs: Option<Vec<u8>>,
+    /// Those messages, digests and texts, for `request_messages`.
+    pub message_digests: Vec<Vec<u8>>,
+    pub message_bodies: Vec<String>,
     pub now: i64,
     pub tokens: i64,
     pub drifted: i64,
@@ -412,6 +420,8 @@ impl AppendParams {
             }
             None => None,
         };
+        let request = split_request(&call.request, call.parent_call.is_some())?;
+        let messages = request.messages.unwrap_or_default();
         Ok(AppendParams {
             id: call.trajectory_id.clone(),
             call_index: i64::from(call.call_index),
@@ -424,7 +434,7 @@ impl AppendParams {
             sampled: ids_to_bytes(&call.sampled_ids),
             logprobs: logprobs_to_bytes(&call.logprobs),
             finish_reason: call.finish_reason.clone(),
-            request: call.request.to_string(),
+            request: request.text,
             response: call.response.to_string(),
             drift,
             parse_outcome: call.parse_outcome.clone(),
@@ -437,15 +447,19 @@ impl AppendParams {
             normalized: (!call.normalized.is_empty())
                 .then(|| serde_json::Value::from(call.normalized.clone()).to_string()),
             request_of: call.request_of.map(i64::from),
+            message_refs: (!messages.is_empty())
+                .then(|| messages.iter().flat_map(|m| m.1).collect()),
+            message_digests: messages.iter().map(|m| m.1.to_vec()).collect(),
+            message_bodies: messages.into_iter().map(|m| m.0).collect(),
             now,
             tokens: (call.prompt_delta_ids.len() + call.sampled_ids.len()) as i64,
             drifted: i64::from(call.drift.is_some()),
         })
     }
 
-    /// The `calls` columns after `traj`, in table order: `$2`..`$23` of
+    /// The `calls` columns after `traj`, in table order: `$2`..`$24` of
     /// [`APPEND_SQL`], and the bulk `COPY`'s columns after its first.
-    pub(super) fn columns(&self) -> [&(dyn ToSql + Sync); 22] {
+    pub(super) fn columns(&self) -> [&(dyn ToSql + Sync); 23] {
         [
             &self.call_index,
             &self.sample_index,
@@ -469,17 +483,20 @@ impl AppendParams {
             &self.truncated,
             &self.normalized,
             &self.request_of,
+            &self.message_refs,
         ]
     }
 
-    /// `$1`..`$26` of [`APPEND_SQL`].
+    /// `$1`..`$29` of [`APPEND_SQL`].
     fn values(&self) -> Vec<&(dyn ToSql + Sync)> {
-        let mut v: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(26);
+        let mut v: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(29);
         v.push(&self.id);
         v.extend(self.columns());
         v.push(&self.now);
         v.push(&self.tokens);
         v.push(&self.drifted);
+        v.push(&self.message_digests);
+        v.push(&self.message_bodies);
         v
     }
 }

@@ -73,7 +73,7 @@ pub(crate) fn messages_of(conn: &Connection, traj: i64) -> Result<HashMap<i64, V
     while let Some(row) = rows.next()? {
         let text = row.get_ref(1)?.as_str().map_err(rusqlite::Error::from)?;
         let body: Value =
-            serde_json::from_str(text).map_err(|e| StoreError::Invalid(e.to_string()))?;
+            serde_json::from_str(text).map_err(|e| StoreError::Corrupt(e.to_string()))?;
         out.insert(row.get(0)?, body);
     }
     Ok(out)
@@ -85,7 +85,7 @@ pub(crate) fn rebuild(
     refs: &[u8],
     messages: &HashMap<i64, Value>,
 ) -> Result<Value, StoreError> {
-    let corrupt = |what: String| StoreError::Invalid(format!("stored request: {what}"));
+    let corrupt = |what: String| StoreError::Corrupt(format!("stored request: {what}"));
     if refs.len() % 8 != 0 {
         return Err(corrupt(format!(
             "{} bytes of message ids is not a whole number of ids",
@@ -124,7 +124,7 @@ mod tests {
         for refs in [&two[..], &one[..7]] {
             assert!(matches!(
                 rebuild(shell.clone(), refs, &messages),
-                Err(StoreError::Invalid(_))
+                Err(StoreError::Corrupt(_))
             ));
         }
         assert!(rebuild(json!({"model": "m"}), &one, &messages).is_err());
