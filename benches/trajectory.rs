@@ -7,6 +7,11 @@
 //! - Python `transformers` `apply_chat_template(tokenize=True)` (when
 //!   `.venv` exists), on the same messages.
 //!
+//! The 49 turns before it are recorded with the body a client sends (the
+//! whole history each time); the bench prints those bodies' bytes against
+//! the token data's, and appends the same calls to a new SQLite store:
+//! the appends' time, the file's size, and reading the trajectory back.
+//!
 //! Run: `scripts/fetch-tokenizers.sh && scripts/setup-python.sh`, then
 //! `cargo bench --bench trajectory`.
 
