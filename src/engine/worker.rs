@@ -5,10 +5,11 @@
 //! chunks of newcomers' prompts, in one `llama_decode`), stop conditions, and
 //! sending events to each request's channel. The step itself (plan, decode,
 //! score, sample, send) is in [`step`]; this file keeps the loop around it:
-//! receiving, admitting, preempting and releasing sequences. Which cells a sequence may reuse
-//! and when cells are freed is [`super::cells`]'s. Must not:
-//! block on anything but its own command channel when idle, or touch async
-//! code (it talks to tokio only through unbounded, non-blocking senders).
+//! receiving, admitting, preempting and releasing sequences. Which cells a
+//! sequence may reuse and when cells are freed is [`super::cells`]'s. Must
+//! not: block on anything but its own command channel when idle, or touch
+//! async code (it talks to tokio only through unbounded, non-blocking
+//! senders).
 //!
 //! One sequence's state is `tokens` (prompt + generated) and `fed` (how many
 //! of them are in the KV cache). Each step feeds `tokens[fed..]` (whole or a
@@ -22,9 +23,9 @@
 //!
 //! A scoring job (the replay check's teacher-forced pass) is a sequence that
 //! only prefills: every one of its rows asks for logits, row `p` scores token
-//! `p + 1` ([`super::score::score_row`]), and once the whole sequence is fed its scores are
-//! sent and it leaves the batch without sampling anything. It is batched and
-//! chunked exactly like a prompt, next to running decodes.
+//! `p + 1` ([`super::score::score_row`]), and once the whole sequence is fed
+//! its scores are sent and it leaves the batch without sampling anything. It
+//! is batched and chunked exactly like a prompt, next to running decodes.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;

@@ -114,16 +114,34 @@ pub(crate) fn split_request(
 }
 
 /// The body a call was made with, from its stored text (`messages` null)
-/// and its messages in order.
-pub(crate) fn join_request(
+/// and `refs`, its messages' keys in order, `width` bytes each, which
+/// `message` looks up among the trajectory's stored messages.
+pub(crate) fn join_request<'m>(
     mut shell: serde_json::Value,
-    messages: Vec<serde_json::Value>,
+    refs: &[u8],
+    width: usize,
+    message: impl Fn(&[u8]) -> Option<&'m serde_json::Value>,
 ) -> Result<serde_json::Value, StoreError> {
+    let corrupt = |what: String| StoreError::Corrupt(format!("stored request: {what}"));
+    if width == 0 || refs.len() % width != 0 {
+        return Err(corrupt(format!(
+            "{} bytes of message keys is not a whole number of {width}-byte keys",
+            refs.len()
+        )));
+    }
+    let list = refs
+        .chunks_exact(width)
+        .map(|key| {
+            message(key)
+                .cloned()
+                .ok_or_else(|| corrupt(format!("message {key:02x?} is not stored")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     match shell.get_mut("messages") {
-        Some(slot) => *slot = serde_json::Value::Array(messages),
+        Some(slot) => *slot = serde_json::Value::Array(list),
         None => {
-            return Err(StoreError::Corrupt(
-                "stored request: a body whose messages are stored apart has no `messages`".into(),
+            return Err(corrupt(
+                "a body whose messages are stored apart has no `messages`".into(),
             ))
         }
     }

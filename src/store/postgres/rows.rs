@@ -168,7 +168,9 @@ pub(crate) async fn calls_of(
                 messages = Some(messages_of(conn, seq).await?);
             }
             let shell = std::sync::Arc::unwrap_or_clone(call.request);
-            call.request = rebuild(shell, refs, messages.as_ref())?.into();
+            // Keys are the messages' 32-byte SHA-256 digests.
+            let stored = messages.as_ref();
+            call.request = join_request(shell, refs, 32, |d| stored.and_then(|m| m.get(d)))?.into();
         }
         calls.push(call);
     }
@@ -187,30 +189,6 @@ async fn messages_of(conn: &mut Conn, seq: i64) -> Result<HashMap<Vec<u8>, Value
         out.insert(row.try_get(0)?, body);
     }
     Ok(out)
-}
-
-/// A split body from its stored text and its messages' digests.
-fn rebuild(
-    shell: Value,
-    refs: &[u8],
-    messages: Option<&HashMap<Vec<u8>, Value>>,
-) -> Result<Value, StoreError> {
-    if refs.len() % 32 != 0 {
-        return Err(corrupt(
-            "message_refs",
-            format!("{} bytes is not a whole number of digests", refs.len()),
-        ));
-    }
-    let list = refs
-        .chunks_exact(32)
-        .map(|d| {
-            messages
-                .and_then(|m| m.get(d))
-                .cloned()
-                .ok_or_else(|| corrupt("message_refs", "a message is not stored"))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    join_request(shell, list)
 }
 
 /// The stored replay checks of a trajectory.

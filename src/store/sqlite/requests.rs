@@ -85,24 +85,10 @@ pub(crate) fn rebuild(
     refs: &[u8],
     messages: &HashMap<i64, Value>,
 ) -> Result<Value, StoreError> {
-    let corrupt = |what: String| StoreError::Corrupt(format!("stored request: {what}"));
-    if refs.len() % 8 != 0 {
-        return Err(corrupt(format!(
-            "{} bytes of message ids is not a whole number of ids",
-            refs.len()
-        )));
-    }
-    let list = refs
-        .chunks_exact(8)
-        .map(|c| {
-            let id = i64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]);
-            messages
-                .get(&id)
-                .cloned()
-                .ok_or_else(|| corrupt(format!("message {id} is not stored")))
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    join_request(shell, list)
+    join_request(shell, refs, 8, |key| {
+        let id = i64::from_le_bytes(key.try_into().ok()?);
+        messages.get(&id)
+    })
 }
 
 #[cfg(test)]
