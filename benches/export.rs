@@ -9,6 +9,12 @@
 //! scan alone (read + decode), scan + row building (sample reconstruction,
 //! padding, verl columns), and the full export (+ encoding).
 //!
+//! Each call's request body is what an agent sends: the whole conversation
+//! so far (a system and a user message, then each earlier turn's assistant
+//! message and tool result, about 4 characters a token), the served
+//! message as its response. `TITO_BENCH_BODIES=small` gives every call a
+//! one-message body instead (the bench as it was before 2026-11-28).
+//!
 //! `cargo bench --bench export` (release profile). `TITO_BENCH_SAMPLES=N`
 //! changes the sample count.
 
@@ -24,8 +30,44 @@ const SAMPLED: u32 = 300;
 const OBSERVATION: u32 = 112;
 const RESPONSE: u32 = TURNS * SAMPLED + (TURNS - 1) * OBSERVATION;
 
-fn call(traj: &str, i: u32) -> CallRecord {
+/// About `tokens` tokens of text (4 characters each), different per `seed`.
+fn text(tokens: u32, seed: u32) -> String {
+    const WORDS: [&str; 8] = [
+        "the", "tool", "returned", "rows", "while", "agent", "plans", "next",
+    ];
+    let mut s = String::with_capacity(tokens as usize * 4 + 8);
+    let mut k = seed;
+    while s.len() < tokens as usize * 4 {
+        k = k.wrapping_mul(1_103_515_245).wrapping_add(12_345);
+        s.push_str(WORDS[(k >> 16) as usize % WORDS.len()]);
+        s.push(' ');
+    }
+    s
+}
+
+/// The request and served message of turn `i` as an agent sends them: the
+/// whole history each time (`small`: one tool message).
+fn bodies(i: u32, small: bool) -> (serde_json::Value, serde_json::Value) {
+    let reply = json!({"role": "assistant", "content": text(SAMPLED, 2 * i + 1)});
+    if small {
+        let request = json!({"messages": [{"role": "tool", "content": "result"}]});
+        return (request, json!({"role": "assistant", "content": "text"}));
+    }
+    let mut messages = vec![
+        json!({"role": "system", "content": "You are an agent with a shell tool."}),
+        json!({"role": "user", "content": text(PROMPT - 16, 0)}),
+    ];
+    for j in 0..i {
+        messages.push(json!({"role": "assistant", "content": text(SAMPLED, 2 * j + 1)}));
+        messages.push(json!({"role": "tool", "content": text(OBSERVATION, 2 * j + 2)}));
+    }
+    let request = json!({"model": "agent", "temperature": 1.0, "messages": messages});
+    (request, reply)
+}
+
+fn call(traj: &str, i: u32, small: bool) -> CallRecord {
     let delta = if i == 0 { PROMPT } else { OBSERVATION };
+    let (request, response) = bodies(i, small);
     CallRecord {
         trajectory_id: traj.into(),
         call_index: i,
@@ -38,8 +80,8 @@ fn call(traj: &str, i: u32) -> CallRecord {
         sampled_ids: (0..SAMPLED).map(|k| (k * 104_729 + i) % 151_000).collect(),
         logprobs: (0..SAMPLED).map(|k| Some(-(k as f32) / 1000.0)).collect(),
         finish_reason: "stop".into(),
-        request: json!({"messages": [{"role": "tool", "content": "result"}]}).into(),
-        response: json!({"role": "assistant", "content": "text"}).into(),
+        request: request.into(),
+        response: response.into(),
         drift: None,
         parse_outcome: Some("ok".into()),
         moved_from: None,
@@ -78,6 +120,11 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10_000);
+    let small = match std::env::var("TITO_BENCH_BODIES").as_deref() {
+        Ok("small") => true,
+        Ok("history") | Err(_) => false,
+        Ok(other) => panic!("TITO_BENCH_BODIES={other}: expected history or small"),
+    };
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -94,7 +141,7 @@ fn main() {
                 for s in (w..samples).step_by(64) {
                     let id = format!("t-{s:06}");
                     for i in 0..TURNS {
-                        if let Err(e) = store.append_call(call(&id, i)).await {
+                        if let Err(e) = store.append_call(call(&id, i, small)).await {
                             panic!("append: {e}");
                         }
                     }
@@ -107,7 +154,12 @@ fn main() {
     });
     let per_sample = PROMPT + RESPONSE;
     println!(
-        "stored {samples} samples x {per_sample} tokens in {:.1} s",
+        "stored {samples} samples x {per_sample} tokens ({} bodies) in {:.1} s",
+        if small {
+            "one-message"
+        } else {
+            "whole-history"
+        },
         t.elapsed().as_secs_f64()
     );
 

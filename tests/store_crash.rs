@@ -126,7 +126,13 @@ async fn crash_kill9_keeps_every_acknowledged_call() {
     let store = tito::store::open(&format!("sqlite://{}", db.display())).expect("reopen");
     let mut stored = BTreeSet::new();
     for t in store.scan(&TrajectoryFilter::default()).expect("scan") {
-        let t = t.expect("trajectory reads");
+        // The scan leaves bodies out: read each trajectory whole.
+        let id = t.expect("trajectory reads").meta.id;
+        let t = store
+            .get_trajectory(&id)
+            .await
+            .expect("get")
+            .expect("stored");
         let w: u32 = t
             .meta
             .id
@@ -188,7 +194,12 @@ async fn crash_of_a_queued_run_marks_its_active_trajectories_incomplete() {
     assert!(active >= 1);
     assert_eq!(marked as i64, active, "every active trajectory is marked");
     for t in store.scan(&TrajectoryFilter::default()).expect("scan") {
-        let t = t.expect("trajectory reads");
+        let id = t.expect("trajectory reads").meta.id;
+        let t = store
+            .get_trajectory(&id)
+            .await
+            .expect("get")
+            .expect("stored");
         assert_eq!(t.meta.incomplete, t.meta.id != "w-99", "{}", t.meta.id);
         for c in &t.calls {
             let w: u32 = t

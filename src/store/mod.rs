@@ -45,6 +45,7 @@ pub use sample::{
     segments, Sample, Segment, SegmentKind,
 };
 pub use sqlite::SqliteStore;
+pub(crate) use types::Bodies;
 pub use types::{
     now_ms, Acked, CallRecord, Drift, Lease, ListQuery, Page, ReplayPosition, SampleReplay,
     Trajectory, TrajectoryFilter, TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
@@ -186,12 +187,15 @@ pub trait SpanStore: Send + Sync + 'static {
     /// Blocking. Number of trajectories matching `filter` (for progress bars).
     fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError>;
 
-    /// Blocking. Streams matching trajectories in creation order; each one is
-    /// read consistently (its meta and calls in one read transaction).
+    /// Blocking, for the export. Streams matching trajectories in creation
+    /// order; each one is read consistently (its meta and calls in one read
+    /// transaction). Calls come without their bodies: `request` and
+    /// `response` are `null` ([`Bodies::Skip`]); `get_trajectory` reads them.
     fn scan(&self, filter: &TrajectoryFilter) -> Result<TrajectoryIter, StoreError>;
 
-    /// Blocking. Streams the named trajectories in the order given, skipping
-    /// ids that do not exist.
+    /// Blocking, for the export. Streams the named trajectories in the order
+    /// given, skipping ids that do not exist; calls without their bodies, as
+    /// [`SpanStore::scan`].
     fn scan_ids(&self, ids: Vec<String>) -> Result<TrajectoryIter, StoreError>;
 
     /// Whether the store takes writes now (`GET /ready`): for SQLite, a job

@@ -21,7 +21,8 @@ pub(crate) trait Reader: Send + 'static {
         limit: usize,
     ) -> Result<Vec<i64>, StoreError>;
 
-    /// One trajectory, read consistently (its meta and calls together).
+    /// One trajectory, read consistently (its meta and calls together), its
+    /// calls without their bodies ([`super::Bodies::Skip`]).
     fn by_key(&mut self, key: i64) -> Result<Option<Trajectory>, StoreError>;
 
     /// [`Reader::by_key`] by trajectory id.

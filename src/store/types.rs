@@ -231,6 +231,18 @@ pub struct Trajectory {
     pub replays: Vec<SampleReplay>,
 }
 
+/// Whether a read of a trajectory's calls includes their bodies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Bodies {
+    /// Each call's `request` and `response` as stored.
+    Read,
+    /// Neither is read; both are `null`. The export scans read this way:
+    /// no export column holds a body, and an agent's request carries its
+    /// whole history, so the bodies outweigh the token ids they would be
+    /// read with (`cargo bench --bench export`, docs/benchmarks.md).
+    Skip,
+}
+
 /// Which trajectories a listing or an export covers.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct TrajectoryFilter {

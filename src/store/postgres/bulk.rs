@@ -219,7 +219,7 @@ mod tests {
     use super::super::{rows, schema, writer, Conn};
     use super::{CREATE_MANY, STATUS_MANY};
     use crate::store::group_commit::{Job, Op};
-    use crate::store::{CallRecord, StoreError, Trajectory, TrajectoryFilter};
+    use crate::store::{Bodies, CallRecord, StoreError, Trajectory, TrajectoryFilter};
 
     /// A fresh database on the test cluster (`TITO_TEST_POSTGRES`, started by
     /// scripts/test.sh), connected and migrated.
@@ -336,7 +336,7 @@ mod tests {
             let out = writer::commit_batch(&mut conn, &jobs(vec![c])).await;
             assert!(out[0].is_ok(), "{out:?}");
         }
-        let single = load(&mut conn, Key::Id("single"))
+        let single = load(&mut conn, Key::Id("single"), Bodies::Read)
             .await
             .expect("load")
             .expect("one");
@@ -344,7 +344,7 @@ mod tests {
         assert_eq!(single.meta.num_tokens, 30);
         assert_eq!(single.meta.drift_count, 1);
         for t in ["z-bulk", "a-bulk"] {
-            let bulk = load(&mut conn, Key::Id(t))
+            let bulk = load(&mut conn, Key::Id(t), Bodies::Read)
                 .await
                 .expect("load")
                 .expect("bulk");
@@ -519,7 +519,7 @@ mod tests {
             retries, 0,
             "no transaction was rolled back to break a deadlock"
         );
-        let t: Trajectory = load(&mut other, Key::Id("slot"))
+        let t: Trajectory = load(&mut other, Key::Id("slot"), Bodies::Read)
             .await
             .expect("load")
             .expect("one");
@@ -556,7 +556,7 @@ mod tests {
         let ids: Vec<&str> = next.iter().map(|(_, m)| m.id.as_str()).collect();
         assert_eq!(ids, ["slow"], "the late commit is after the cursor");
         // A scan by listing key loads it.
-        let t = load(&mut reader, Key::Listed(next[0].0))
+        let t = load(&mut reader, Key::Listed(next[0].0), Bodies::Skip)
             .await
             .expect("load")
             .expect("found");

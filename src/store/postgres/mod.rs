@@ -39,7 +39,7 @@ use super::group_commit::{Writer, QUEUE};
 use super::scan::{self, listing_page};
 use super::types::{clamp_limit, cursor_key};
 use super::{
-    Ack, Acked, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
+    Ack, Acked, Bodies, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
     Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
 };
 use rows::Key;
@@ -377,7 +377,7 @@ impl SpanStore for PgStore {
 
     async fn get_trajectory(&self, trajectory_id: &str) -> Result<Option<Trajectory>, StoreError> {
         let mut c = self.readers.take().await?;
-        let out = rows::load(&mut c.conn, Key::Id(trajectory_id)).await;
+        let out = rows::load(&mut c.conn, Key::Id(trajectory_id), Bodies::Read).await;
         c.done(out)
     }
 
@@ -388,7 +388,9 @@ impl SpanStore for PgStore {
     ) -> Result<Vec<CallRecord>, StoreError> {
         let mut c = self.readers.take().await?;
         let out = match rows::meta_by_id(&mut c.conn, trajectory_id).await {
-            Ok(Some((seq, _))) => rows::calls_of(&mut c.conn, seq, trajectory_id, Some(n)).await,
+            Ok(Some((seq, _))) => {
+                rows::calls_of(&mut c.conn, seq, trajectory_id, Some(n), Bodies::Read).await
+            }
             Ok(None) => Err(StoreError::NotFound(trajectory_id.to_string())),
             Err(e) => Err(e),
         };
@@ -435,10 +437,10 @@ impl super::scan::Reader for Conn {
     }
 
     fn by_key(&mut self, key: i64) -> Result<Option<Trajectory>, StoreError> {
-        futures::executor::block_on(rows::load(self, Key::Listed(key)))
+        futures::executor::block_on(rows::load(self, Key::Listed(key), Bodies::Skip))
     }
 
     fn by_id(&mut self, id: &str) -> Result<Option<Trajectory>, StoreError> {
-        futures::executor::block_on(rows::load(self, Key::Id(id)))
+        futures::executor::block_on(rows::load(self, Key::Id(id), Bodies::Skip))
     }
 }

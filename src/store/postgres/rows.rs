@@ -9,8 +9,8 @@ use tokio_postgres::Row;
 use super::Conn;
 use crate::store::codec::{ids_from_bytes, join_request, logprobs_from_bytes};
 use crate::store::{
-    CallRecord, Drift, SampleReplay, StoreError, Trajectory, TrajectoryFilter, TrajectoryMeta,
-    TrajectoryMetadata, TrajectoryStatus,
+    Bodies, CallRecord, Drift, SampleReplay, StoreError, Trajectory, TrajectoryFilter,
+    TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
 };
 
 pub(crate) fn status_code(s: TrajectoryStatus) -> i64 {
@@ -87,13 +87,35 @@ pub(crate) fn meta_from_row(row: &Row) -> Result<(i64, TrajectoryMeta), StoreErr
     ))
 }
 
-const CALL_COLS: &str = "call_index, sample_index, parent_call, backend, started_at, \
-     finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, response, \
-     drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, template_sha256, reward, \
-     truncated, normalized, request_of, message_refs";
+/// A call's columns (read by name), the three that hold its bodies
+/// (request, response, message digests) left out as typed NULLs for
+/// [`Bodies::Skip`].
+fn call_cols(bodies: Bodies) -> &'static str {
+    macro_rules! cols {
+        ($bodies:literal) => {
+            concat!(
+                "call_index, sample_index, parent_call, backend, started_at, finished_at, \
+                 prompt_delta_ids, sampled_ids, logprobs, finish_reason, drift, parse_outcome, \
+                 moved_from, weight_version, tokenizer_sha256, template_sha256, reward, \
+                 truncated, normalized, request_of, ",
+                $bodies
+            )
+        };
+    }
+    match bodies {
+        Bodies::Read => cols!("request, response, message_refs"),
+        Bodies::Skip => {
+            cols!("NULL::text AS request, NULL::text AS response, NULL::bytea AS message_refs")
+        }
+    }
+}
 
-fn call_from_row(row: &Row, trajectory_id: &str) -> Result<CallRecord, StoreError> {
+fn call_from_row(row: &Row, trajectory_id: &str, bodies: Bodies) -> Result<CallRecord, StoreError> {
     let bytes = |col: &str| -> Result<&[u8], StoreError> { Ok(row.try_get(col)?) };
+    let body = |col| match bodies {
+        Bodies::Read => json_col(row, col),
+        Bodies::Skip => Ok(std::sync::Arc::new(Value::Null)),
+    };
     Ok(CallRecord {
         trajectory_id: trajectory_id.to_string(),
         call_index: u32_col(row, "call_index")?,
@@ -108,8 +130,8 @@ fn call_from_row(row: &Row, trajectory_id: &str) -> Result<CallRecord, StoreErro
             .map_err(|e| corrupt("sampled_ids", e))?,
         logprobs: logprobs_from_bytes(bytes("logprobs")?).map_err(|e| corrupt("logprobs", e))?,
         finish_reason: row.try_get("finish_reason")?,
-        request: json_col(row, "request")?,
-        response: json_col(row, "response")?,
+        request: body("request")?,
+        response: body("response")?,
         drift: json_opt_col::<Drift>(row, "drift")?,
         parse_outcome: row.try_get("parse_outcome")?,
         moved_from: row.try_get("moved_from")?,
@@ -141,16 +163,18 @@ pub(crate) async fn calls_of(
     seq: i64,
     trajectory_id: &str,
     limit: Option<usize>,
+    bodies: Bodies,
 ) -> Result<Vec<CallRecord>, StoreError> {
+    let cols = call_cols(bodies);
     let rows = match limit {
         None => {
-            let sql = format!("SELECT {CALL_COLS} FROM calls WHERE traj = $1 ORDER BY call_index");
+            let sql = format!("SELECT {cols} FROM calls WHERE traj = $1 ORDER BY call_index");
             let stmt = conn.prep(&sql).await?;
             conn.client.query(&stmt, &[&seq]).await?
         }
         Some(n) => {
             let sql = format!(
-                "SELECT {CALL_COLS} FROM calls WHERE traj = $1 ORDER BY call_index DESC LIMIT $2"
+                "SELECT {cols} FROM calls WHERE traj = $1 ORDER BY call_index DESC LIMIT $2"
             );
             let stmt = conn.prep(&sql).await?;
             let n = i64::try_from(n).unwrap_or(i64::MAX);
@@ -162,7 +186,7 @@ pub(crate) async fn calls_of(
     let mut messages = None;
     let mut calls = Vec::with_capacity(rows.len());
     for row in &rows {
-        let mut call = call_from_row(row, trajectory_id)?;
+        let mut call = call_from_row(row, trajectory_id, bodies)?;
         if let Some(refs) = row.try_get::<_, Option<&[u8]>>("message_refs")? {
             if messages.is_none() {
                 messages = Some(messages_of(conn, seq).await?);
@@ -203,11 +227,15 @@ pub(crate) async fn replays_of(conn: &mut Conn, seq: i64) -> Result<Vec<SampleRe
 }
 
 /// Reads one trajectory (meta, calls, replay checks) in one snapshot.
-pub(crate) async fn load(conn: &mut Conn, key: Key<'_>) -> Result<Option<Trajectory>, StoreError> {
+pub(crate) async fn load(
+    conn: &mut Conn,
+    key: Key<'_>,
+    bodies: Bodies,
+) -> Result<Option<Trajectory>, StoreError> {
     conn.client
         .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
         .await?;
-    let result = load_in_snapshot(conn, key).await;
+    let result = load_in_snapshot(conn, key, bodies).await;
     conn.client.batch_execute("COMMIT").await?;
     result
 }
@@ -219,7 +247,11 @@ pub(crate) enum Key<'a> {
     Listed(i64),
 }
 
-async fn load_in_snapshot(conn: &mut Conn, key: Key<'_>) -> Result<Option<Trajectory>, StoreError> {
+async fn load_in_snapshot(
+    conn: &mut Conn,
+    key: Key<'_>,
+    bodies: Bodies,
+) -> Result<Option<Trajectory>, StoreError> {
     let found = match key {
         Key::Id(id) => meta_by_id(conn, id).await?,
         Key::Listed(lseq) => {
@@ -234,7 +266,7 @@ async fn load_in_snapshot(conn: &mut Conn, key: Key<'_>) -> Result<Option<Trajec
     let Some((seq, meta)) = found else {
         return Ok(None);
     };
-    let calls = calls_of(conn, seq, &meta.id, None).await?;
+    let calls = calls_of(conn, seq, &meta.id, None, bodies).await?;
     let replays = replays_of(conn, seq).await?;
     Ok(Some(Trajectory {
         meta,

@@ -41,7 +41,7 @@ use super::group_commit::{Writer, QUEUE};
 use super::scan::{self, listing_page};
 use super::types::{clamp_limit, cursor_key};
 use super::{
-    Ack, Acked, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
+    Ack, Acked, Bodies, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
     Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
 };
 
@@ -317,7 +317,8 @@ impl SpanStore for SqliteStore {
 
     async fn get_trajectory(&self, trajectory_id: &str) -> Result<Option<Trajectory>, StoreError> {
         let id = trajectory_id.to_string();
-        self.read(move |c| rows::load_by_id(c, &id)).await
+        self.read(move |c| rows::load_by_id(c, &id, Bodies::Read))
+            .await
     }
 
     async fn latest_calls(
@@ -329,7 +330,7 @@ impl SpanStore for SqliteStore {
         self.read(move |c| {
             let (seq, _) =
                 rows::meta_by_id(c, &id)?.ok_or_else(|| StoreError::NotFound(id.clone()))?;
-            rows::calls_of(c, seq, &id, Some(n))
+            rows::calls_of(c, seq, &id, Some(n), Bodies::Read)
         })
         .await
     }
@@ -374,10 +375,10 @@ impl super::scan::Reader for Connection {
     }
 
     fn by_key(&mut self, key: i64) -> Result<Option<Trajectory>, StoreError> {
-        rows::load_by_seq(self, key)
+        rows::load_by_seq(self, key, Bodies::Skip)
     }
 
     fn by_id(&mut self, id: &str) -> Result<Option<Trajectory>, StoreError> {
-        rows::load_by_id(self, id)
+        rows::load_by_id(self, id, Bodies::Skip)
     }
 }

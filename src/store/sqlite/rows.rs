@@ -7,8 +7,8 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use crate::store::codec::{ids_from_bytes, logprobs_from_bytes};
 use crate::store::{
-    CallRecord, Drift, SampleReplay, StoreError, Trajectory, TrajectoryFilter, TrajectoryMeta,
-    TrajectoryMetadata, TrajectoryStatus,
+    Bodies, CallRecord, Drift, SampleReplay, StoreError, Trajectory, TrajectoryFilter,
+    TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
 };
 
 fn conversion(col: usize, e: String) -> rusqlite::Error {
@@ -93,17 +93,43 @@ pub(crate) fn meta_from_row(row: &Row<'_>) -> rusqlite::Result<(i64, TrajectoryM
     ))
 }
 
-pub(crate) const CALL_COLS: &str = "call_index, sample_index, parent_call, backend, started_at, \
-     finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, response, \
-     drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, template_sha256, reward, \
-     truncated, normalized, request_of, message_refs";
+/// A call's columns, in the order [`call_from_row`] reads them, with the
+/// three that hold its bodies (request, response, message ids) given.
+macro_rules! call_cols {
+    ($request:literal, $response:literal, $refs:literal) => {
+        concat!(
+            "call_index, sample_index, parent_call, backend, started_at, finished_at, \
+             prompt_delta_ids, sampled_ids, logprobs, finish_reason, ",
+            $request,
+            ", ",
+            $response,
+            ", drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
+             template_sha256, reward, truncated, normalized, request_of, ",
+            $refs
+        )
+    };
+}
 
-/// A call as read from its row, and its message ids when its body's
-/// messages are stored apart (see [`super::requests`]).
+/// The columns of a call as [`call_from_row`] reads them.
+fn call_cols(bodies: Bodies) -> &'static str {
+    match bodies {
+        Bodies::Read => call_cols!("request", "response", "message_refs"),
+        Bodies::Skip => call_cols!("NULL", "NULL", "NULL"),
+    }
+}
+
+/// A call as read from its row (selected with [`call_cols`] of `bodies`),
+/// and its message ids when its body's messages are stored apart (see
+/// [`super::requests`]).
 fn call_from_row(
     row: &Row<'_>,
     trajectory_id: &str,
+    bodies: Bodies,
 ) -> rusqlite::Result<(CallRecord, Option<Vec<u8>>)> {
+    let body = |col| match bodies {
+        Bodies::Read => json_col(row, col),
+        Bodies::Skip => Ok(std::sync::Arc::new(serde_json::Value::Null)),
+    };
     let drift: Option<String> = row.get(12)?;
     let drift =
         match drift {
@@ -124,8 +150,8 @@ fn call_from_row(
         sampled_ids: ids_col(row, 7)?,
         logprobs: logprobs_col(row, 8)?,
         finish_reason: row.get(9)?,
-        request: json_col(row, 10)?,
-        response: json_col(row, 11)?,
+        request: body(10)?,
+        response: body(11)?,
         drift,
         parse_outcome: row.get(13)?,
         moved_from: row.get(14)?,
@@ -166,21 +192,24 @@ pub(crate) fn calls_of(
     seq: i64,
     trajectory_id: &str,
     limit: Option<usize>,
+    bodies: Bodies,
 ) -> Result<Vec<CallRecord>, StoreError> {
+    let cols = call_cols(bodies);
+    let read = |r: &Row<'_>| call_from_row(r, trajectory_id, bodies);
     let calls: Vec<(CallRecord, Option<Vec<u8>>)> = match limit {
         None => {
-            let sql = format!("SELECT {CALL_COLS} FROM calls WHERE traj = ?1 ORDER BY call_index");
+            let sql = format!("SELECT {cols} FROM calls WHERE traj = ?1 ORDER BY call_index");
             let mut stmt = conn.prepare_cached(&sql)?;
-            let rows = stmt.query_map(params![seq], |r| call_from_row(r, trajectory_id))?;
+            let rows = stmt.query_map(params![seq], read)?;
             rows.collect::<Result<Vec<_>, _>>()?
         }
         Some(n) => {
             let sql = format!(
-                "SELECT {CALL_COLS} FROM calls WHERE traj = ?1 ORDER BY call_index DESC LIMIT ?2"
+                "SELECT {cols} FROM calls WHERE traj = ?1 ORDER BY call_index DESC LIMIT ?2"
             );
             let mut stmt = conn.prepare_cached(&sql)?;
             let n = i64::try_from(n).unwrap_or(i64::MAX);
-            let rows = stmt.query_map(params![seq, n], |r| call_from_row(r, trajectory_id))?;
+            let rows = stmt.query_map(params![seq, n], read)?;
             let mut v = rows.collect::<Result<Vec<_>, _>>()?;
             v.reverse();
             v
@@ -203,13 +232,17 @@ pub(crate) fn calls_of(
 }
 
 /// Reads one trajectory (meta + calls) in one read transaction.
-pub(crate) fn load_by_seq(conn: &Connection, seq: i64) -> Result<Option<Trajectory>, StoreError> {
+pub(crate) fn load_by_seq(
+    conn: &Connection,
+    seq: i64,
+    bodies: Bodies,
+) -> Result<Option<Trajectory>, StoreError> {
     conn.execute_batch("BEGIN")?;
     let result = (|| {
         let Some(meta) = meta_by_seq(conn, seq)? else {
             return Ok(None);
         };
-        let calls = calls_of(conn, seq, &meta.id, None)?;
+        let calls = calls_of(conn, seq, &meta.id, None, bodies)?;
         let replays = replays_of(conn, seq)?;
         Ok(Some(Trajectory {
             meta,
@@ -231,9 +264,13 @@ pub(crate) fn replays_of(conn: &Connection, seq: i64) -> Result<Vec<SampleReplay
         .unwrap_or_default())
 }
 
-pub(crate) fn load_by_id(conn: &Connection, id: &str) -> Result<Option<Trajectory>, StoreError> {
+pub(crate) fn load_by_id(
+    conn: &Connection,
+    id: &str,
+    bodies: Bodies,
+) -> Result<Option<Trajectory>, StoreError> {
     match meta_by_id(conn, id)? {
-        Some((seq, _)) => load_by_seq(conn, seq),
+        Some((seq, _)) => load_by_seq(conn, seq, bodies),
         None => Ok(None),
     }
 }
