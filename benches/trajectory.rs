@@ -10,7 +10,9 @@
 //! The 49 turns before it are recorded with the body a client sends (the
 //! whole history each time); the bench prints those bodies' bytes against
 //! the token data's, and appends the same calls to a new SQLite store:
-//! the appends' time, the file's size, and reading the trajectory back.
+//! the appends' time, the file's size, and reading the trajectory back; and
+//! turn 50 on a fresh `Trajectories` over that store (a gateway that just
+//! started: the history rebuilt from the store, then the prepare).
 //!
 //! Run: `scripts/fetch-tokenizers.sh && scripts/setup-python.sh`, then
 //! `cargo bench --bench trajectory`.
@@ -71,11 +73,10 @@ async fn store_bytes(traj: &Trajectories) -> (StoreBytes, Vec<CallRecord>) {
     (bytes, t.calls)
 }
 
-/// The same calls appended one by one to a new SQLite store: the time the
-/// appends took, the database's size once the store is closed, and the
-/// time to read the trajectory back from it reopened.
-async fn sqlite_of(calls: &[CallRecord]) -> (Duration, u64, Duration) {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// The same calls appended one by one to a new SQLite store (left in
+/// `dir`): the time the appends took, the database's size once the store is
+/// closed, and the time to read the trajectory back from it reopened.
+async fn sqlite_of(dir: &tempfile::TempDir, calls: &[CallRecord]) -> (Duration, u64, Duration) {
     let path = dir.path().join("spans.db");
     let store = tito::store::open(&format!("sqlite://{}", path.display())).expect("sqlite");
     let started = Instant::now();
@@ -146,7 +147,8 @@ async fn main() {
     }
     let served = served.elapsed();
     let (stored, calls) = store_bytes(&traj).await;
-    let (appended, sqlite_bytes, read) = sqlite_of(&calls).await;
+    let dir_db = tempfile::tempdir().expect("tempdir");
+    let (appended, sqlite_bytes, read) = sqlite_of(&dir_db, &calls).await;
     messages.push(json!({"role": "user", "content": words(TURNS, 300)}));
     let input = ChatInput {
         messages: &messages,
@@ -166,6 +168,22 @@ async fn main() {
         }
         v
     };
+    // The same turn on a gateway that just started: its hot view rebuilt
+    // from the SQLite store holding the 49 calls, then the prepare.
+    let url = format!("sqlite://{}", dir_db.path().join("spans.db").display());
+    let mut cold = Vec::new();
+    let cold_reps: usize = std::env::var("COLD_REPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(REPS);
+    for _ in 0..cold_reps {
+        let store = tito::store::open(&url).expect("reopen");
+        let fresh = Trajectories::new(store, renderer.clone(), TrajectoryConfig::default());
+        let t = Instant::now();
+        let p = fresh.prepare_chat("bench", input).await.expect("prepare");
+        cold.push(t.elapsed());
+        assert_eq!(p.prompt_ids, prepared.prompt_ids, "rebuilt == hot");
+    }
     let full: Vec<Duration> = (0..REPS)
         .map(|_| {
             let t = Instant::now();
@@ -205,6 +223,12 @@ async fn main() {
     println!("| method | ms | vs exact |");
     println!("|---|---|---|");
     println!("| tito exact (prepare_chat) | {:.2} | 1.00x |", ms(e));
+    let c = median(cold);
+    println!(
+        "| tito exact, first call after a restart (history rebuilt from SQLite) | {:.2} | {:.1}x |",
+        ms(c),
+        ms(c) / ms(e)
+    );
     println!(
         "| tito full re-render + tokenize | {:.2} | {:.1}x |",
         ms(f),

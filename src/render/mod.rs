@@ -271,6 +271,12 @@ impl Renderer {
         self.detok.decode(ids, skip_special_tokens)
     }
 
+    /// [`Renderer::decode`] of `ids` when it can be joined to another such
+    /// text (see [`detok::Detokenizer::decode_joinable`]); None otherwise.
+    pub fn decode_joinable(&self, ids: &[u32], skip_special_tokens: bool) -> Option<String> {
+        self.detok.decode_joinable(ids, skip_special_tokens)
+    }
+
     /// Whether [`Renderer::decode`] runs the table decoder.
     pub fn has_fast_decoder(&self) -> bool {
         self.detok.has_table()

@@ -318,14 +318,30 @@ fn hash_value(v: &Json, h: &mut impl Hasher) {
 /// In-process only (the hot view rebuilds them from the store): never
 /// persist them or compare them across builds.
 pub fn prefix_hashes(messages: &[Json]) -> Vec<u64> {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    let mut h = PrefixHasher::default();
     let mut out = Vec::with_capacity(messages.len() + 1);
     out.push(h.finish());
     for m in messages {
-        hash_canonical(m, &mut h);
+        h.push(m);
         out.push(h.finish());
     }
     out
+}
+
+/// The running hash behind [`prefix_hashes`]: after `push`ing a list's
+/// messages, `finish` is that list's last prefix hash. A clone continues
+/// it over a longer list.
+#[derive(Clone, Default)]
+pub struct PrefixHasher(std::collections::hash_map::DefaultHasher);
+
+impl PrefixHasher {
+    pub fn push(&mut self, message: &Json) {
+        hash_canonical(message, &mut self.0);
+    }
+
+    pub fn finish(&self) -> u64 {
+        self.0.finish()
+    }
 }
 
 /// Whether the client's echo of an assistant message is the one tito served.

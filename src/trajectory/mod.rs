@@ -13,6 +13,7 @@ mod kept;
 pub mod messages;
 pub mod normalize;
 mod prepare;
+mod rebuild;
 pub mod testing;
 
 use std::collections::{HashMap, HashSet};
@@ -245,79 +246,6 @@ impl Trajectories {
             self.rebuild(st, t)?;
         }
         st.loaded = true;
-        Ok(())
-    }
-
-    /// Rebuilds the hot view from stored calls (after a restart or eviction).
-    fn rebuild(
-        &self,
-        st: &mut TrajState,
-        t: crate::store::Trajectory,
-    ) -> Result<(), TrajectoryError> {
-        st.finished = t.meta.status == crate::store::TrajectoryStatus::Finished;
-        st.metadata = t.meta.metadata.clone();
-        st.next_call = t.meta.next_call_index;
-        st.next_sample = t.meta.next_sample_index;
-        let mut by_index: HashMap<u32, Arc<HotCall>> = HashMap::new();
-        for rec in &t.calls {
-            let parent = rec.parent_call.and_then(|p| by_index.get(&p).cloned());
-            // The stored request is as received: normalize it as the live
-            // call was, so history matches the same messages.
-            let request = crate::store::request_of(&t.calls, rec);
-            let continues_final = request.get("continue_final_message") == Some(&Json::Bool(true));
-            let messages = request.get("messages").and_then(Json::as_array);
-            let messages = messages.filter(|_| !continues_final).map(|m| {
-                let mut m = m.clone();
-                normalize::messages(&mut m, self.renderer.content_format());
-                Arc::new(m)
-            });
-            let (prompt_ids, segments, used) = match &parent {
-                Some(p) => {
-                    let mut ids = Vec::with_capacity(p.full_len() + rec.prompt_delta_ids.len());
-                    p.extend_full_ids(&mut ids);
-                    ids.extend_from_slice(&rec.prompt_delta_ids);
-                    let segs = extend_segments(p, rec.prompt_delta_ids.len());
-                    (ids, segs, p.response_used + rec.prompt_delta_ids.len())
-                }
-                // A root's one segment is named by its call (HotCall::segments).
-                None => (rec.prompt_delta_ids.clone(), Vec::new(), 0),
-            };
-            if let Some(p) = &parent {
-                if p.sample_index == rec.sample_index {
-                    st.continued.insert(p.call_index);
-                }
-            }
-            let prompt_text = self.renderer.decode(&prompt_ids, false)?;
-            let info = self.inspect_sampled(&rec.response, &rec.sampled_ids)?;
-            st.served.insert(rec.call_index, info.served);
-            let prompt = KeptPrompt::new(
-                parent.as_deref(),
-                WholePrompt {
-                    messages: messages.as_ref(),
-                    ids: &Arc::new(prompt_ids),
-                    text: &hot::kept_text(prompt_text),
-                    segments: &segments,
-                },
-            );
-            let call = Arc::new(HotCall::new(NewCall {
-                call_index: rec.call_index,
-                sample_index: rec.sample_index,
-                prompt,
-                messages_hash: messages.as_ref().map_or(0, |m| {
-                    let hashes = messages::prefix_hashes(m);
-                    hashes.last().copied().unwrap_or(0)
-                }),
-                context: messages::RenderContext::of_request(request).hash(),
-                served: rec.response.clone(),
-                response_used: used + rec.sampled_ids.len(),
-                sampled_ids: rec.sampled_ids.clone(),
-                sampled_text: hot::kept_text(info.text),
-                parent: parent.clone(),
-                truncated: rec.truncated,
-            }));
-            by_index.insert(rec.call_index, call.clone());
-            st.push(call);
-        }
         Ok(())
     }
 
