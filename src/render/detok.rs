@@ -70,8 +70,8 @@ impl Detokenizer {
     }
 
     /// [`Detokenizer::decode`] of `ids` when it can be joined to another
-    /// such text: the table decoder, and bytes that are valid UTF-8. For any
-    /// `a` and `b` it returns both of, the text of `a` then `b` is the two
+    /// such text: the table decoder, and bytes that are valid UTF-8. When it
+    /// gives texts for both `a` and `b`, the text of `a` then `b` is the two
     /// texts joined. None otherwise (call [`Detokenizer::decode`]).
     pub fn decode_joinable(&self, ids: &[u32], skip_special_tokens: bool) -> Option<String> {
         self.table.as_ref()?.decode_utf8(ids, skip_special_tokens)

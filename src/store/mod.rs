@@ -190,7 +190,7 @@ pub trait SpanStore: Send + Sync + 'static {
     /// Blocking, for the export. Streams matching trajectories in creation
     /// order; each one is read consistently (its meta and calls in one read
     /// transaction). Calls come without their bodies: `request` and
-    /// `response` are `null` ([`Bodies::Skip`]); `get_trajectory` reads them.
+    /// `response` are `null`; `get_trajectory` reads them.
     fn scan(&self, filter: &TrajectoryFilter) -> Result<TrajectoryIter, StoreError>;
 
     /// Blocking, for the export. Streams the named trajectories in the order

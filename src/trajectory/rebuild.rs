@@ -1,14 +1,15 @@
 //! The hot view rebuilt from the store's calls (after a restart or an
 //! eviction), as the live calls built it.
 //!
-//! A trajectory's calls each carry their whole prompt and request history,
-//! so what a call adds is found without redoing its parent's work: its
-//! prompt's text is its parent's text and the text of its new ids (when the
-//! two can be joined, see [`Renderer::decode_joinable`]), and its messages'
-//! hash continues its parent's over the messages it adds. The work of a
-//! rebuild then grows with the trajectory's tokens and messages, not with
-//! its turns times them (`cargo bench --bench trajectory`, the first call
-//! after a restart).
+//! A call continues its parent's prompt and request history, so the
+//! costly parts are not redone for the parent's share: a prompt's text is
+//! its parent's text and the text of its new ids (when the two can be
+//! joined, see [`Renderer::decode_joinable`]), and its messages' hash
+//! continues its parent's over the messages it adds. Decoding and hashing
+//! then grow with the trajectory's tokens and messages; copying each call's
+//! whole prompt and normalizing its whole message list still grow with the
+//! turns times them (`cargo bench --bench trajectory`, the first call after
+//! a restart).
 
 use std::collections::HashMap;
 use std::sync::Arc;
