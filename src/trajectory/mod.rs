@@ -70,6 +70,8 @@ impl TrajState {
 /// What the hot view derives from a call's sampled ids.
 struct SampledInfo {
     text: String,
+    /// The text can be joined to (see [`Renderer::decode_joinable`]).
+    joinable: bool,
     served: Served,
 }
 
@@ -257,7 +259,10 @@ impl Trajectories {
         served: &Json,
         sampled: &[u32],
     ) -> Result<SampledInfo, TrajectoryError> {
-        let text = self.renderer.decode(sampled, false)?;
+        let (text, joinable) = match self.renderer.decode_joinable(sampled, false) {
+            Some(text) => (text, true),
+            None => (self.renderer.decode(sampled, false)?, false),
+        };
         let served = Served {
             reasoning: text.contains("<think>")
                 || text.contains("</think>")
@@ -269,7 +274,11 @@ impl Trajectories {
                 .and_then(Json::as_array)
                 .is_some_and(|a| !a.is_empty()),
         };
-        Ok(SampledInfo { text, served })
+        Ok(SampledInfo {
+            text,
+            joinable,
+            served,
+        })
     }
 
     /// Records a finished call (one record per choice); returns once durable.

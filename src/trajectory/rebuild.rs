@@ -72,11 +72,7 @@ impl Trajectories {
             let (prompt_text, prompt_joinable) =
                 prompt_text(&self.renderer, parent, &prompt_ids, &rec.prompt_delta_ids)?;
             let info = self.inspect_sampled(&rec.response, &rec.sampled_ids)?;
-            let sampled_joinable = prompt_joinable
-                && self
-                    .renderer
-                    .decode_joinable(&rec.sampled_ids, false)
-                    .is_some();
+            let joinable = prompt_joinable && info.joinable;
             st.served.insert(rec.call_index, info.served);
             let prompt = KeptPrompt::new(
                 parent.map(|b| &*b.call),
@@ -106,7 +102,7 @@ impl Trajectories {
                 rec.call_index,
                 Built {
                     call,
-                    joinable: sampled_joinable,
+                    joinable,
                     hasher,
                 },
             );
