@@ -15,7 +15,8 @@
 //! started: the history rebuilt from the store, then the prepare).
 //!
 //! Run: `scripts/fetch-tokenizers.sh && scripts/setup-python.sh`, then
-//! `cargo bench --bench trajectory`.
+//! `cargo bench --bench trajectory`. `TITO_BENCH_COLD_REPS=N` repeats the
+//! first call after a restart N times (default 15), e.g. for a profile.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -172,7 +173,7 @@ async fn main() {
     // from the SQLite store holding the 49 calls, then the prepare.
     let url = format!("sqlite://{}", dir_db.path().join("spans.db").display());
     let mut cold = Vec::new();
-    let cold_reps: usize = std::env::var("COLD_REPS")
+    let cold_reps: usize = std::env::var("TITO_BENCH_COLD_REPS")
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(REPS);
