@@ -125,14 +125,7 @@ async fn crash_kill9_keeps_every_acknowledged_call() {
 
     let store = tito::store::open(&format!("sqlite://{}", db.display())).expect("reopen");
     let mut stored = BTreeSet::new();
-    for t in store.scan(&TrajectoryFilter::default()).expect("scan") {
-        // The scan leaves bodies out: read each trajectory whole.
-        let id = t.expect("trajectory reads").meta.id;
-        let t = store
-            .get_trajectory(&id)
-            .await
-            .expect("get")
-            .expect("stored");
+    for t in stored_whole(&store).await {
         let w: u32 = t
             .meta
             .id
@@ -151,6 +144,18 @@ async fn crash_kill9_keeps_every_acknowledged_call() {
     let missing: Vec<_> = acked.difference(&stored).collect();
     assert!(missing.is_empty(), "acknowledged but lost: {missing:?}");
     assert!(stored.len() >= acked.len());
+}
+
+/// Every stored trajectory, bodies included (the export scan that lists
+/// them leaves bodies out).
+async fn stored_whole(store: &tito::store::DynStore) -> Vec<tito::store::Trajectory> {
+    let mut out = Vec::new();
+    for t in store.scan(&TrajectoryFilter::default()).expect("scan") {
+        let id = t.expect("trajectory reads").meta.id;
+        let t = store.get_trajectory(&id).await.expect("get");
+        out.push(t.expect("stored"));
+    }
+    out
 }
 
 fn parse_ack(line: &str) -> Option<(u32, u32)> {
@@ -193,13 +198,7 @@ async fn crash_of_a_queued_run_marks_its_active_trajectories_incomplete() {
     let marked = store.begin_run(Ack::Committed).await.expect("begin");
     assert!(active >= 1);
     assert_eq!(marked as i64, active, "every active trajectory is marked");
-    for t in store.scan(&TrajectoryFilter::default()).expect("scan") {
-        let id = t.expect("trajectory reads").meta.id;
-        let t = store
-            .get_trajectory(&id)
-            .await
-            .expect("get")
-            .expect("stored");
+    for t in stored_whole(&store).await {
         assert_eq!(t.meta.incomplete, t.meta.id != "w-99", "{}", t.meta.id);
         for c in &t.calls {
             let w: u32 = t
