@@ -71,27 +71,23 @@ impl ByteDecoder {
 
     /// What `Tokenizer::decode(ids, skip_special_tokens)` returns.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> String {
-        match String::from_utf8(self.bytes_of(ids, skip_special_tokens)) {
-            Ok(s) => s,
-            Err(e) => String::from_utf8_lossy(e.as_bytes()).into_owned(),
-        }
+        self.decode_checked(ids, skip_special_tokens).0
     }
 
-    /// [`ByteDecoder::decode`] when the ids' bytes are valid UTF-8, else
-    /// None. The text is each id's bytes in turn, so two such texts joined
-    /// are the text of the two id sequences joined.
-    pub fn decode_utf8(&self, ids: &[u32], skip_special_tokens: bool) -> Option<String> {
-        String::from_utf8(self.bytes_of(ids, skip_special_tokens)).ok()
-    }
-
-    fn bytes_of(&self, ids: &[u32], skip_special_tokens: bool) -> Vec<u8> {
+    /// [`ByteDecoder::decode`], and whether the ids' bytes were valid UTF-8
+    /// (no byte replaced). The text is each id's bytes in turn, so two such
+    /// texts joined are the text of the two id sequences joined.
+    pub fn decode_checked(&self, ids: &[u32], skip_special_tokens: bool) -> (String, bool) {
         let mut out = Vec::with_capacity(ids.len() * 4);
         for &id in ids {
             if let Some(piece) = self.piece(id, skip_special_tokens) {
                 out.extend_from_slice(piece);
             }
         }
-        out
+        match String::from_utf8(out) {
+            Ok(s) => (s, true),
+            Err(e) => (String::from_utf8_lossy(e.as_bytes()).into_owned(), false),
+        }
     }
 
     fn piece(&self, id: u32, skip_special_tokens: bool) -> Option<&[u8]> {

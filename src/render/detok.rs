@@ -69,12 +69,19 @@ impl Detokenizer {
         }
     }
 
-    /// [`Detokenizer::decode`] of `ids` when it can be joined to another
-    /// such text: the table decoder, and bytes that are valid UTF-8. When it
-    /// gives texts for both `a` and `b`, the text of `a` then `b` is the two
-    /// texts joined. None otherwise (call [`Detokenizer::decode`]).
-    pub fn decode_joinable(&self, ids: &[u32], skip_special_tokens: bool) -> Option<String> {
-        self.table.as_ref()?.decode_utf8(ids, skip_special_tokens)
+    /// [`Detokenizer::decode`], and whether the text can be joined to
+    /// another such text: the table decoder, and bytes that are valid UTF-8.
+    /// When both `a`'s and `b`'s texts can, the text of `a` then `b` is the
+    /// two texts joined.
+    pub fn decode_joinable(
+        &self,
+        ids: &[u32],
+        skip_special_tokens: bool,
+    ) -> Result<(String, bool), RenderError> {
+        match &self.table {
+            Some(table) => Ok(table.decode_checked(ids, skip_special_tokens)),
+            None => Ok((self.decode_reference(ids, skip_special_tokens)?, false)),
+        }
     }
 
     /// Whether [`Detokenizer::decode`] runs the table decoder.

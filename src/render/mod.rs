@@ -271,9 +271,13 @@ impl Renderer {
         self.detok.decode(ids, skip_special_tokens)
     }
 
-    /// [`Renderer::decode`] of `ids` when it can be joined to another such
-    /// text (see [`detok::Detokenizer::decode_joinable`]); None otherwise.
-    pub fn decode_joinable(&self, ids: &[u32], skip_special_tokens: bool) -> Option<String> {
+    /// [`Renderer::decode`], and whether the text can be joined to another
+    /// such text (see [`detok::Detokenizer::decode_joinable`]).
+    pub fn decode_joinable(
+        &self,
+        ids: &[u32],
+        skip_special_tokens: bool,
+    ) -> Result<(String, bool), RenderError> {
         self.detok.decode_joinable(ids, skip_special_tokens)
     }
 

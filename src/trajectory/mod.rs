@@ -259,10 +259,7 @@ impl Trajectories {
         served: &Json,
         sampled: &[u32],
     ) -> Result<SampledInfo, TrajectoryError> {
-        let (text, joinable) = match self.renderer.decode_joinable(sampled, false) {
-            Some(text) => (text, true),
-            None => (self.renderer.decode(sampled, false)?, false),
-        };
+        let (text, joinable) = self.renderer.decode_joinable(sampled, false)?;
         let served = Served {
             reasoning: text.contains("<think>")
                 || text.contains("</think>")

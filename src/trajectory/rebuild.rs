@@ -121,17 +121,15 @@ fn prompt_text(
     delta: &[u32],
 ) -> Result<(String, bool), TrajectoryError> {
     if let Some(b) = parent.filter(|b| b.joinable) {
-        if let Some(added) = renderer.decode_joinable(delta, false) {
+        let (added, joinable) = renderer.decode_joinable(delta, false)?;
+        if joinable {
             let mut text = String::with_capacity(b.call.full_text_len() + added.len());
             b.call.extend_full_text(&mut text);
             text.push_str(&added);
             return Ok((text, true));
         }
     }
-    match renderer.decode_joinable(prompt_ids, false) {
-        Some(text) => Ok((text, true)),
-        None => Ok((renderer.decode(prompt_ids, false)?, false)),
-    }
+    Ok(renderer.decode_joinable(prompt_ids, false)?)
 }
 
 /// The hash of a call's messages ([`messages::prefix_hashes`]' last),
