@@ -263,7 +263,7 @@ fn direct_rows(prompts: &[Vec<u32>], steps: usize) -> (Vec<Rows>, Vec<Rows>) {
         })
         .collect();
     let n = prompts.len() as u32;
-    let together = with_direct_seqs(&path, Device::Cpu, 2048, 512, n, 2, |d| {
+    let together = with_direct_seqs(&path, Device::Cpu, 2048, 512, n, true, 2, |d| {
         let mut rows: Vec<Rows> = prompts
             .iter()
             .enumerate()

@@ -116,17 +116,20 @@ pub fn with_direct<R>(
     threads: u32,
     f: impl FnOnce(&mut Direct<'_>) -> R,
 ) -> Result<R, EngineError> {
-    with_direct_seqs(model, device, n_ctx, n_batch, 1, threads, f)
+    with_direct_seqs(model, device, n_ctx, n_batch, 1, true, threads, f)
 }
 
 /// [`with_direct`] with `n_seqs` sequences sharing the context's `n_ctx`
-/// cells, the cache unified as the engine's is.
+/// cells: one cache for all of them where `unified` (as the engine's is),
+/// else llama.cpp's split cache, `n_ctx / n_seqs` cells a sequence.
+#[allow(clippy::too_many_arguments)]
 pub fn with_direct_seqs<R>(
     model: &Path,
     device: Device,
     n_ctx: u32,
     n_batch: u32,
     n_seqs: u32,
+    unified: bool,
     threads: u32,
     f: impl FnOnce(&mut Direct<'_>) -> R,
 ) -> Result<R, EngineError> {
@@ -139,7 +142,7 @@ pub fn with_direct_seqs<R>(
         .with_n_batch(n_batch)
         .with_n_ubatch(n_batch)
         .with_n_seq_max(n_seqs.max(1))
-        .with_kv_unified(true)
+        .with_kv_unified(unified)
         .with_n_threads(threads as i32)
         .with_n_threads_batch(threads as i32);
     let ctx = model
