@@ -121,7 +121,7 @@ pub(crate) fn lost_appends(batch: &[Job], outcomes: &[Outcome]) -> Vec<String> {
 /// queued or committing and the writer is calm (see [`Pending`]). A lone
 /// call then skips the hand-off to the writer and back: two thread
 /// wake-ups, about 50 µs of a call's latency and CPU on the 2-core bench
-/// machine (docs/benchmarks-history.md, "A lone call commits on its own
+/// machine (docs/benchmarks-history-mid.md, "A lone call commits on its own
 /// thread"). With concurrent callers jobs queue as
 /// before and share the writer's transactions.
 pub(crate) trait Direct: Send + Sync {

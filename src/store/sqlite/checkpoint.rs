@@ -6,7 +6,7 @@
 //! database file and `fsync`s, milliseconds during which that connection
 //! commits nothing. At 1 concurrent call, checkpoints run after the commit
 //! on that connection made about one commit in 210 take 1 to 10 ms
-//! (docs/benchmarks-history.md, "Checkpoints beside the commits"). A
+//! (docs/benchmarks-history-mid.md, "Checkpoints beside the commits"). A
 //! passive checkpoint on another
 //! connection runs beside the writer instead: it copies only frames that
 //! are already committed, and the writer goes on appending to the WAL
