@@ -17,6 +17,9 @@
 //! Run: `scripts/fetch-tokenizers.sh && scripts/setup-python.sh`, then
 //! `cargo bench --bench trajectory`. `TITO_BENCH_COLD_REPS=N` repeats the
 //! first call after a restart N times (default 15), e.g. for a profile.
+//! `TITO_BENCH_POSTGRES=<url>` adds turn 50 on a gateway replica whose view
+//! is one call behind a PostgreSQL store (another replica served turn 49),
+//! e.g. with `scripts/postgres.sh start DIR`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -99,6 +102,59 @@ async fn sqlite_of(dir: &tempfile::TempDir, calls: &[CallRecord]) -> (Duration, 
         "read back whole"
     );
     (took, bytes, read_took)
+}
+
+/// Turn 50 on a gateway replica that served turn 48 while another replica
+/// served turn 49, over one PostgreSQL store at `url`: the replica's view
+/// holds 48 calls and the store 49, so it reads what it lacks, then
+/// prepares. The median of [`REPS`], each on a trajectory of its own.
+async fn replica_behind(
+    url: &str,
+    renderer: &Arc<Renderer>,
+    calls: &[CallRecord],
+    messages: &[Value],
+    want: &[u32],
+) -> Duration {
+    let store = tito::store::open(url).expect("postgres");
+    let input = |messages| ChatInput {
+        messages,
+        tools: None,
+        kwargs: None,
+        add_generation_prompt: true,
+    };
+    let (last, before) = calls.split_last().expect("calls");
+    let run = std::process::id();
+    let mut took = Vec::new();
+    for rep in 0..REPS {
+        let tid = format!("bench-behind-{run}-{rep}");
+        let as_tid = |c: &CallRecord| CallRecord {
+            trajectory_id: tid.clone(),
+            ..c.clone()
+        };
+        for c in before {
+            store.append_call(as_tid(c)).await.expect("append");
+        }
+        let replica =
+            Trajectories::new(store.clone(), renderer.clone(), TrajectoryConfig::default());
+        // Its view of the 48 calls, as when it prepared turn 49 (the
+        // system message, 48 turns and turn 49's user message).
+        let turn_49 = &messages[..messages.len() - 2];
+        drop(
+            replica
+                .prepare_chat(&tid, input(turn_49))
+                .await
+                .expect("prepare"),
+        );
+        store.append_call(as_tid(last)).await.expect("append");
+        let t = Instant::now();
+        let p = replica
+            .prepare_chat(&tid, input(messages))
+            .await
+            .expect("prepare");
+        took.push(t.elapsed());
+        assert_eq!(p.prompt_ids[..], *want, "caught up == hot");
+    }
+    median(took)
 }
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -185,6 +241,12 @@ async fn main() {
         cold.push(t.elapsed());
         assert_eq!(p.prompt_ids, prepared.prompt_ids, "rebuilt == hot");
     }
+    let behind = match std::env::var("TITO_BENCH_POSTGRES") {
+        Ok(url) => {
+            Some(replica_behind(&url, &renderer, &calls, &messages, &prepared.prompt_ids).await)
+        }
+        Err(_) => None,
+    };
     let full: Vec<Duration> = (0..REPS)
         .map(|_| {
             let t = Instant::now();
@@ -230,6 +292,13 @@ async fn main() {
         ms(c),
         ms(c) / ms(e)
     );
+    if let Some(b) = behind {
+        println!(
+            "| tito exact, a replica one call behind (the call read from PostgreSQL) | {:.2} | {:.1}x |",
+            ms(b),
+            ms(b) / ms(e)
+        );
+    }
     println!(
         "| tito full re-render + tokenize | {:.2} | {:.1}x |",
         ms(f),

@@ -1,7 +1,8 @@
 //! Gateway replicas on one PostgreSQL store: a trajectory whose turns
 //! alternate between two gateways keeps exact history, because a replica
 //! whose view is behind the store (the other one served the last turn)
-//! reloads the trajectory before it prepares the call.
+//! reads the calls it lacks before it prepares the call (from turn 2 on,
+//! each replica's view is one call behind: a catch-up, not a reload).
 
 mod common;
 mod store_support;
@@ -42,10 +43,10 @@ async fn turns_alternating_between_replicas_continue_the_exact_tokens() {
 
     // Non-canonical samples ("Hello" as single bytes), so only the exact
     // history, not a fresh render, gives the expected prompts.
-    let replies = ["Hello", "Again", "Done"];
+    let replies = ["Hello", "Again", "More", "Later", "Done"];
     let mut messages = vec![json!({"role": "user", "content": "turn 0"})];
     let mut expected_prompt: Vec<u32> = Vec::new();
-    for (turn, (gateway, text)) in [&a, &b, &a].into_iter().zip(replies).enumerate() {
+    for (turn, (gateway, text)) in [&a, &b, &a, &b, &a].into_iter().zip(replies).enumerate() {
         let sampled = [bytes_of(text), vec![IM_END]].concat();
         mock.push(Scripted::ids(sampled.clone()));
         let r = chat(gateway, &json!(messages)).await;
@@ -64,7 +65,7 @@ async fn turns_alternating_between_replicas_continue_the_exact_tokens() {
         messages.push(json!({"role": "user", "content": format!("turn {}", turn + 1)}));
     }
 
-    // One chain of three calls, one sample, read the same from both.
+    // One chain of five calls, one sample, read the same from both.
     let t = a.get_json("/v1/trajectories/shared-1").await;
     assert_eq!(b.get_json("/v1/trajectories/shared-1").await, t);
     let parents: Vec<Value> = t["calls"]
@@ -73,8 +74,9 @@ async fn turns_alternating_between_replicas_continue_the_exact_tokens() {
         .iter()
         .map(|c| c["parent_call"].clone())
         .collect();
-    assert_eq!(parents, [Value::Null, json!(0), json!(1)], "{t}");
+    let chain = [Value::Null, json!(0), json!(1), json!(2), json!(3)];
+    assert_eq!(parents, chain, "{t}");
     let rows = b.export_jsonl("layout=trajectory").await;
     assert_eq!(rows.len(), 1, "one sample");
-    assert_eq!(rows[0]["num_turns"], 3);
+    assert_eq!(rows[0]["num_turns"], 5);
 }

@@ -21,7 +21,7 @@ pub struct SegRange {
 }
 
 /// What tito served in a call, as far as drift causes go.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Served {
     pub reasoning: bool,
     pub tool_calls: bool,

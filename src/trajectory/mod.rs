@@ -29,7 +29,9 @@ pub use prepare::{ChatInput, Prepared};
 use crate::backend::FinishReason;
 use crate::config::{HistoryMode, TrajectoryConfig};
 use crate::render::Renderer;
-use crate::store::{now_ms, CallRecord, DynStore, SegmentKind, StoreError, TrajectoryMetadata};
+use crate::store::{
+    now_ms, CallRecord, DynStore, SegmentKind, StoreError, TrajectoryMeta, TrajectoryMetadata,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrajectoryError {
@@ -39,6 +41,15 @@ pub enum TrajectoryError {
     Render(#[from] crate::render::RenderError),
     #[error("span store: {0}")]
     Store(#[from] StoreError),
+}
+
+/// How a view stands against a shared store.
+enum Standing {
+    Current,
+    /// The store holds calls (or a finish) the view has not seen.
+    Behind(Box<TrajectoryMeta>),
+    /// The store holds fewer calls than the view, or none.
+    Diverged,
 }
 
 #[derive(Default)]
@@ -212,11 +223,19 @@ impl Trajectories {
             let mut st = state.lock().await;
             // Only the first try: a retry after a failed first call asks.
             let unseen = std::mem::take(&mut st.named_here) && st.next_call == 0;
-            let stale =
-                st.loaded && !unseen && self.store.shared() && self.behind_store(tid, &st).await?;
-            if stale {
-                crate::metrics::hot_stale_reloads(1);
-                *st = TrajState::default();
+            if st.loaded && !unseen && self.store.shared() {
+                match self.standing(tid, &st).await? {
+                    Standing::Current => {}
+                    Standing::Behind(meta) => {
+                        crate::metrics::hot_stale_reloads(1);
+                        self.catch_up(tid, &mut st, &meta).await?;
+                        self.resized(tid, &st);
+                    }
+                    Standing::Diverged => {
+                        crate::metrics::hot_stale_reloads(1);
+                        *st = TrajState::default();
+                    }
+                }
             }
             if !st.loaded {
                 self.reload(tid, &mut st).await?;
@@ -229,15 +248,18 @@ impl Trajectories {
         Ok(state)
     }
 
-    /// Whether a shared store holds calls (or a finish) of `tid` that the
-    /// view has not seen: another replica served the trajectory meanwhile.
-    async fn behind_store(&self, tid: &str, st: &TrajState) -> Result<bool, TrajectoryError> {
+    /// How the view of `tid` stands against a shared store, where another
+    /// replica may have served the trajectory meanwhile.
+    async fn standing(&self, tid: &str, st: &TrajState) -> Result<Standing, TrajectoryError> {
+        let finished = |m: &TrajectoryMeta| m.status == crate::store::TrajectoryStatus::Finished;
         Ok(match self.store.get_meta(tid).await? {
-            Some(m) => {
-                m.next_call_index != st.next_call
-                    || (m.status == crate::store::TrajectoryStatus::Finished) != st.finished
+            Some(m) if m.next_call_index == st.next_call && finished(&m) == st.finished => {
+                Standing::Current
             }
-            None => st.next_call != 0,
+            Some(m) if m.next_call_index >= st.next_call => Standing::Behind(Box::new(m)),
+            Some(_) => Standing::Diverged,
+            None if st.next_call == 0 => Standing::Current,
+            None => Standing::Diverged,
         })
     }
 

@@ -1,5 +1,6 @@
 //! The hot view rebuilt from the store's calls (after a restart or an
-//! eviction), as the live calls built it.
+//! eviction), as the live calls built it, and a view another replica's
+//! calls left behind brought up to date with only the calls it lacks.
 //!
 //! A call continues its parent's prompt and request history, so the
 //! costly parts are not redone for the parent's share: a prompt's text is
@@ -9,7 +10,8 @@
 //! then grow with the trajectory's tokens and messages; copying each call's
 //! whole prompt and normalizing its whole message list still grow with the
 //! turns times them (`cargo bench --bench trajectory`, the first call after
-//! a restart).
+//! a restart). A catch-up builds only the calls it reads, the first of them
+//! decoded and hashed whole.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -20,7 +22,7 @@ use super::kept::{HotCall, KeptPrompt, NewCall, Own, WholePrompt};
 use super::messages::{self, PrefixHasher};
 use super::{extend_segments, hot, normalize, TrajState, Trajectories, TrajectoryError};
 use crate::render::Renderer;
-use crate::store::{Trajectory, TrajectoryStatus};
+use crate::store::{CallRecord, Trajectory, TrajectoryMeta, TrajectoryStatus};
 
 /// What the rebuild knows of a call that later calls may continue.
 struct Built {
@@ -35,80 +37,168 @@ struct Built {
 impl Trajectories {
     /// Rebuilds the hot view of `st` from `t`'s stored calls.
     pub(super) fn rebuild(&self, st: &mut TrajState, t: Trajectory) -> Result<(), TrajectoryError> {
-        st.finished = t.meta.status == TrajectoryStatus::Finished;
-        st.metadata = t.meta.metadata.clone();
-        st.next_call = t.meta.next_call_index;
-        st.next_sample = t.meta.next_sample_index;
-        let mut built: HashMap<u32, Built> = HashMap::new();
+        set_meta(st, &t.meta);
+        let mut built = HashMap::new();
         for rec in &t.calls {
-            let parent = rec.parent_call.and_then(|p| built.get(&p));
-            // The stored request is as received: normalize it as the live
-            // call was, so history matches the same messages.
-            let request = crate::store::request_of(&t.calls, rec);
-            let continues_final = request.get("continue_final_message") == Some(&Json::Bool(true));
-            let messages = request.get("messages").and_then(Json::as_array);
-            let messages = messages.filter(|_| !continues_final).map(|m| {
-                let mut m = m.clone();
-                normalize::messages(&mut m, self.renderer.content_format());
-                Arc::new(m)
-            });
-            let (prompt_ids, segments, used) = match parent {
-                Some(b) => {
-                    let p = &b.call;
-                    let mut ids = Vec::with_capacity(p.full_len() + rec.prompt_delta_ids.len());
-                    p.extend_full_ids(&mut ids);
-                    ids.extend_from_slice(&rec.prompt_delta_ids);
-                    let segs = extend_segments(p, rec.prompt_delta_ids.len());
-                    (ids, segs, p.response_used + rec.prompt_delta_ids.len())
-                }
-                // A root's one segment is named by its call (HotCall::segments).
-                None => (rec.prompt_delta_ids.clone(), Vec::new(), 0),
-            };
-            if let Some(b) = parent {
-                if b.call.sample_index == rec.sample_index {
-                    st.continued.insert(b.call.call_index);
-                }
-            }
-            let (prompt_text, prompt_joinable) =
-                prompt_text(&self.renderer, parent, &prompt_ids, &rec.prompt_delta_ids)?;
-            let info = self.inspect_sampled(&rec.response, &rec.sampled_ids)?;
-            let joinable = prompt_joinable && info.joinable;
-            st.served.insert(rec.call_index, info.served);
-            let prompt = KeptPrompt::new(
-                parent.map(|b| &*b.call),
-                WholePrompt {
-                    messages: messages.as_ref(),
-                    ids: &Arc::new(prompt_ids),
-                    text: &hot::kept_text(prompt_text),
-                    segments: &segments,
-                },
-            );
-            let hasher = messages_hasher(parent, &prompt, messages.as_deref());
-            let call = Arc::new(HotCall::new(NewCall {
-                call_index: rec.call_index,
-                sample_index: rec.sample_index,
-                prompt,
-                messages_hash: hasher.as_ref().map_or(0, PrefixHasher::finish),
-                context: messages::RenderContext::of_request(request).hash(),
-                served: rec.response.clone(),
-                response_used: used + rec.sampled_ids.len(),
-                sampled_ids: rec.sampled_ids.clone(),
-                sampled_text: hot::kept_text(info.text),
-                parent: parent.map(|b| b.call.clone()),
-                truncated: rec.truncated,
-            }));
-            st.push(call.clone());
-            built.insert(
-                rec.call_index,
-                Built {
-                    call,
-                    joinable,
-                    hasher,
-                },
-            );
+            self.rebuild_call(st, &mut built, &t.calls, rec)?;
         }
         Ok(())
     }
+
+    /// Brings a view that another replica's calls left behind up to
+    /// `meta`: reads only the calls it has not seen and builds them on the
+    /// calls it holds, as [`Trajectories::rebuild`] would have built them.
+    /// When the store moved on between reading `meta` and the calls (or the
+    /// calls do not continue the view), the view is reloaded whole.
+    pub(super) async fn catch_up(
+        &self,
+        tid: &str,
+        st: &mut TrajState,
+        meta: &TrajectoryMeta,
+    ) -> Result<(), TrajectoryError> {
+        let missing = meta.next_call_index.saturating_sub(st.next_call) as usize;
+        let calls = match missing {
+            0 => Vec::new(), // only finished meanwhile
+            n => self.store.latest_calls(tid, n).await?,
+        };
+        if !continues_view(st, &calls, meta) {
+            return self.reload(tid, st).await;
+        }
+        set_meta(st, meta);
+        let mut built = HashMap::new();
+        for rec in &calls {
+            if let Err(e) = self.rebuild_call(st, &mut built, &calls, rec) {
+                // Half extended: the next call reloads it whole.
+                *st = TrajState::default();
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Builds `rec`, one of `calls` (sorted by index), on its parent: one
+    /// built before it (in `built`), or one the view already holds.
+    fn rebuild_call(
+        &self,
+        st: &mut TrajState,
+        built: &mut HashMap<u32, Built>,
+        calls: &[CallRecord],
+        rec: &CallRecord,
+    ) -> Result<(), TrajectoryError> {
+        if let Some(p) = rec.parent_call.filter(|p| !built.contains_key(p)) {
+            // A call of the view: its text is taken as not joinable and its
+            // messages' hash is not kept, so this call's prompt is decoded
+            // and its messages hashed whole, once.
+            if let Some(call) = held(st, p) {
+                let held = Built {
+                    call: call.clone(),
+                    joinable: false,
+                    hasher: None,
+                };
+                built.insert(p, held);
+            }
+        }
+        let parent = rec.parent_call.and_then(|p| built.get(&p));
+        // The stored request is as received: normalize it as the live
+        // call was, so history matches the same messages.
+        let request = crate::store::request_of(calls, rec);
+        let continues_final = request.get("continue_final_message") == Some(&Json::Bool(true));
+        let messages = request.get("messages").and_then(Json::as_array);
+        let messages = messages.filter(|_| !continues_final).map(|m| {
+            let mut m = m.clone();
+            normalize::messages(&mut m, self.renderer.content_format());
+            Arc::new(m)
+        });
+        let (prompt_ids, segments, used) = match parent {
+            Some(b) => {
+                let p = &b.call;
+                let mut ids = Vec::with_capacity(p.full_len() + rec.prompt_delta_ids.len());
+                p.extend_full_ids(&mut ids);
+                ids.extend_from_slice(&rec.prompt_delta_ids);
+                let segs = extend_segments(p, rec.prompt_delta_ids.len());
+                (ids, segs, p.response_used + rec.prompt_delta_ids.len())
+            }
+            // A root's one segment is named by its call (HotCall::segments).
+            None => (rec.prompt_delta_ids.clone(), Vec::new(), 0),
+        };
+        if let Some(b) = parent {
+            if b.call.sample_index == rec.sample_index {
+                st.continued.insert(b.call.call_index);
+            }
+        }
+        let (prompt_text, prompt_joinable) =
+            prompt_text(&self.renderer, parent, &prompt_ids, &rec.prompt_delta_ids)?;
+        let info = self.inspect_sampled(&rec.response, &rec.sampled_ids)?;
+        let joinable = prompt_joinable && info.joinable;
+        st.served.insert(rec.call_index, info.served);
+        let prompt = KeptPrompt::new(
+            parent.map(|b| &*b.call),
+            WholePrompt {
+                messages: messages.as_ref(),
+                ids: &Arc::new(prompt_ids),
+                text: &hot::kept_text(prompt_text),
+                segments: &segments,
+            },
+        );
+        let hasher = messages_hasher(parent, &prompt, messages.as_deref());
+        let call = Arc::new(HotCall::new(NewCall {
+            call_index: rec.call_index,
+            sample_index: rec.sample_index,
+            prompt,
+            messages_hash: hasher.as_ref().map_or(0, PrefixHasher::finish),
+            context: messages::RenderContext::of_request(request).hash(),
+            served: rec.response.clone(),
+            response_used: used + rec.sampled_ids.len(),
+            sampled_ids: rec.sampled_ids.clone(),
+            sampled_text: hot::kept_text(info.text),
+            parent: parent.map(|b| b.call.clone()),
+            truncated: rec.truncated,
+        }));
+        st.push(call.clone());
+        built.insert(
+            rec.call_index,
+            Built {
+                call,
+                joinable,
+                hasher,
+            },
+        );
+        Ok(())
+    }
+}
+
+/// The view's state that the trajectory's stored row gives.
+fn set_meta(st: &mut TrajState, meta: &TrajectoryMeta) {
+    st.finished = meta.status == TrajectoryStatus::Finished;
+    st.metadata = meta.metadata.clone();
+    st.next_call = meta.next_call_index;
+    st.next_sample = meta.next_sample_index;
+}
+
+/// The view's call `index`, if it holds it (its calls are in index order).
+fn held(st: &TrajState, index: u32) -> Option<&Arc<HotCall>> {
+    let at = st.calls.binary_search_by_key(&index, |c| c.call_index);
+    at.ok().map(|i| &st.calls[i])
+}
+
+/// Whether `calls` are exactly the calls the view lacks to reach `meta`:
+/// the next indices in order, each built on a call the view holds or on
+/// one of them, each request body found among them.
+fn continues_view(st: &TrajState, calls: &[CallRecord], meta: &TrajectoryMeta) -> bool {
+    let first = st.next_call;
+    let indices_follow = calls
+        .iter()
+        .zip(first..)
+        .all(|(c, want)| c.call_index == want);
+    indices_follow
+        && first as usize + calls.len() == meta.next_call_index as usize
+        && calls.iter().all(|c| {
+            let parent_known = c
+                .parent_call
+                .is_none_or(|p| p < c.call_index && (p >= first || held(st, p).is_some()));
+            let body_known = c.request_of.is_none_or(|r| r >= first && r < c.call_index);
+            parent_known && body_known
+        })
 }
 
 /// The text of a call's prompt ids, and whether it can be joined to: its
@@ -273,5 +363,193 @@ mod tests {
             }
         }
         assert!(cut, "a prompt holds the cut character");
+    }
+
+    /// One call of `tid` on `traj`: the chat so far, the ids each choice
+    /// sampled (the test tokenizer's ids are bytes); the replies are added
+    /// to `messages`, the first choice's as the conversation goes on.
+    async fn serve(traj: &Trajectories, tid: &str, messages: &mut Vec<Json>, choices: &[Vec<u32>]) {
+        let renderer = chatml_renderer();
+        let input = ChatInput {
+            messages,
+            tools: None,
+            kwargs: None,
+            add_generation_prompt: true,
+        };
+        let prepared = traj.prepare_chat(tid, input).await.expect("prepare");
+        let texts: Vec<String> = choices
+            .iter()
+            .map(|ids| renderer.decode(ids, true).expect("decode"))
+            .collect();
+        let outcomes = choices
+            .iter()
+            .zip(&texts)
+            .map(|(ids, text)| {
+                testing::stopped(ids.clone(), json!({"role": "assistant", "content": text}))
+            })
+            .collect();
+        let body = json!({"messages": messages});
+        let ctx = testing::context(tid, body, Some(messages.clone()));
+        traj.commit(&ctx, &prepared, outcomes, None)
+            .await
+            .expect("commit");
+        messages.push(json!({"role": "assistant", "content": texts[0]}));
+    }
+
+    /// Two views hold the same calls, field by field, and the same
+    /// trajectory state.
+    fn assert_same_view(got: &TrajState, want: &TrajState) {
+        assert_eq!(got.calls.len(), want.calls.len());
+        for (g, w) in got.calls.iter().zip(&want.calls) {
+            let at = format!("call {}", w.call_index);
+            assert_eq!(g.call_index, w.call_index);
+            assert_eq!(g.sample_index, w.sample_index, "{at}");
+            assert_eq!(g.full_ids(), w.full_ids(), "{at}");
+            assert_eq!(g.prompt_len(), w.prompt_len(), "{at}");
+            let (mut gt, mut wt) = (String::new(), String::new());
+            g.extend_full_text(&mut gt);
+            w.extend_full_text(&mut wt);
+            assert_eq!(gt, wt, "{at}");
+            assert_eq!(g.sampled_text, w.sampled_text, "{at}");
+            assert_eq!(g.messages(), w.messages(), "{at}");
+            assert_eq!(g.messages_hash, w.messages_hash, "{at}");
+            assert_eq!(g.context, w.context, "{at}");
+            assert_eq!(g.served, w.served, "{at}");
+            assert_eq!(g.response_used, w.response_used, "{at}");
+            assert_eq!(g.segments(), w.segments(), "{at}");
+            assert_eq!(g.truncated, w.truncated, "{at}");
+            let parent = |c: &HotCall| c.parent.as_ref().map(|p| p.call_index);
+            assert_eq!(parent(g), parent(w), "{at}");
+        }
+        assert_eq!(got.continued, want.continued);
+        assert_eq!(got.served, want.served);
+        assert_eq!(
+            (got.next_call, got.next_sample, got.finished),
+            (want.next_call, want.next_sample, want.finished)
+        );
+    }
+
+    /// A view left behind by another gateway's calls, brought up to date
+    /// from the calls it lacks, holds what a whole rebuild from the store
+    /// holds (replies cut inside a character, one completed by the first
+    /// call read, a call of two choices whose second records its body by
+    /// reference), and keeps the calls it had;
+    /// told of fewer calls than the store has by then, it reloads whole.
+    #[tokio::test]
+    async fn a_view_caught_up_holds_what_a_whole_rebuild_holds() {
+        let store = crate::store::open("memory://").expect("store");
+        let gateway = || {
+            Trajectories::new(
+                store.clone(),
+                chatml_renderer(),
+                TrajectoryConfig::default(),
+            )
+        };
+        let (serving, behind) = (gateway(), gateway());
+        let euro = "€".as_bytes();
+        let end = |b: &[u8]| [bytes(b), vec![IM_END]].concat();
+        let mut messages = vec![json!({"role": "system", "content": "You are an agent."})];
+        for (turn, reply) in [end(b"Hello"), bytes(&euro[..2])].iter().enumerate() {
+            messages.push(json!({"role": "user", "content": format!("turn {turn} ü")}));
+            serve(&serving, "t", &mut messages, std::slice::from_ref(reply)).await;
+        }
+        let mut view = TrajState::default();
+        behind.reload("t", &mut view).await.expect("load");
+        let held = view.calls.clone();
+        assert_eq!(held.len(), 2);
+        let later: [&[Vec<u32>]; 3] = [
+            &[end("ok € and 🎉".as_bytes())],
+            &[bytes(&euro[1..]), end(b"other")],
+            &[end(b"done")],
+        ];
+        for (turn, choices) in later.into_iter().enumerate() {
+            messages.push(json!({"role": "user", "content": format!("later {turn}")}));
+            serve(&serving, "t", &mut messages, choices).await;
+        }
+        let stored = store.get_trajectory("t").await.expect("get").expect("t");
+        assert_eq!(stored.calls.len(), 6);
+        assert!(stored.calls.iter().any(|c| c.request_of.is_some()));
+        let mut whole = TrajState::default();
+        behind.rebuild(&mut whole, stored.clone()).expect("rebuild");
+
+        behind
+            .catch_up("t", &mut view, &stored.meta)
+            .await
+            .expect("catch up");
+        assert_same_view(&view, &whole);
+        for (kept, had) in view.calls.iter().zip(&held) {
+            assert!(
+                Arc::ptr_eq(kept, had),
+                "call {} was rebuilt",
+                had.call_index
+            );
+        }
+
+        // Token-id prompts: the held call's prompt ends inside a character
+        // its reply completes, so its prompt text then reply text is not
+        // the text of its ids, and the call read cannot be joined to it.
+        let prompt = bytes(&[b"Say ", &euro[..1]].concat());
+        let reply = bytes(&[&euro[1..], b" ok"].concat());
+        let next = [prompt.clone(), reply.clone(), bytes(b" more")].concat();
+        let steps = [(prompt, reply)];
+        let mut view = TrajState::default();
+        for (i, (prompt, sampled)) in steps.into_iter().chain([(next, bytes(b"x"))]).enumerate() {
+            let prepared = serving
+                .prepare_completion("c", prompt.clone())
+                .await
+                .expect("prepare");
+            let ctx = testing::context("c", json!({"prompt": prompt}), None);
+            let outcome = testing::stopped(sampled, json!({"text": ""}));
+            serving
+                .commit(&ctx, &prepared, vec![outcome], None)
+                .await
+                .expect("commit");
+            if i == 0 {
+                behind.reload("c", &mut view).await.expect("load");
+            }
+        }
+        let c = store.get_trajectory("c").await.expect("get").expect("c");
+        behind
+            .catch_up("c", &mut view, &c.meta)
+            .await
+            .expect("catch up");
+        let mut whole = TrajState::default();
+        behind.rebuild(&mut whole, c).expect("rebuild");
+        assert_same_view(&view, &whole);
+
+        // One call behind a view that was loaded whole: the one call read
+        // is built on the loaded calls.
+        let mut view = TrajState::default();
+        behind.reload("t", &mut view).await.expect("load");
+        let held = view.calls.clone();
+        messages.push(json!({"role": "user", "content": "one more"}));
+        serve(&serving, "t", &mut messages, &[end(b"last")]).await;
+        let mut told_more = stored.meta.clone();
+        told_more.next_call_index += 1;
+        behind
+            .catch_up("t", &mut view, &told_more)
+            .await
+            .expect("catch up");
+        let stored = store.get_trajectory("t").await.expect("get").expect("t");
+        let mut whole = TrajState::default();
+        behind.rebuild(&mut whole, stored.clone()).expect("rebuild");
+        assert_same_view(&view, &whole);
+        assert!(Arc::ptr_eq(&view.calls[0], &held[0]));
+
+        // Told of fewer calls than the store holds by then: the calls read
+        // (the store's last) do not follow the view, which is reloaded whole.
+        let mut view = TrajState::default();
+        behind.reload("t", &mut view).await.expect("load");
+        view.next_call -= 2; // as if it had not seen the last two calls
+        let (first, dropped) = (view.calls[0].clone(), view.calls.split_off(5));
+        assert_eq!(dropped.len(), 2);
+        let mut told_less = stored.meta.clone();
+        told_less.next_call_index -= 1;
+        behind
+            .catch_up("t", &mut view, &told_less)
+            .await
+            .expect("reload");
+        assert_same_view(&view, &whole);
+        assert!(!Arc::ptr_eq(&view.calls[0], &first), "reloaded whole");
     }
 }
