@@ -18,8 +18,9 @@
 //! `cargo bench --bench trajectory`. `TITO_BENCH_COLD_REPS=N` repeats the
 //! first call after a restart N times (default 15), e.g. for a profile.
 //! `TITO_BENCH_POSTGRES=<url>` adds turn 50 on a gateway replica whose view
-//! is one call behind a PostgreSQL store (another replica served turn 49),
-//! e.g. with `scripts/postgres.sh start DIR`.
+//! is one call behind a PostgreSQL store (another replica served turn 49);
+//! the URL names a database, e.g. the `postgres` one of the cluster that
+//! `scripts/postgres.sh start DIR` prints.
 
 use std::path::PathBuf;
 use std::sync::Arc;

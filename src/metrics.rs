@@ -127,7 +127,7 @@ fn describe() {
         ),
         (
             HOT_STALE_RELOADS,
-            "Trajectories reloaded because another replica wrote them (shared store)",
+            "Trajectory views brought up to date (or reloaded) because another replica wrote to them (shared store)",
         ),
         (
             STORE_TRANSIENT_RETRIES,
@@ -356,7 +356,8 @@ pub fn export_skipped(consumer: &str, rows: u64) {
     counter!(EXPORT_SKIPPED, "consumer" => consumer.to_string()).increment(rows);
 }
 
-/// Trajectories reloaded from a shared store that another replica wrote.
+/// Trajectory views brought up to date from a shared store (reading the
+/// calls they lack, or reloaded whole) because another replica wrote to them.
 pub fn hot_stale_reloads(n: u64) {
     counter!(HOT_STALE_RELOADS).increment(n);
 }
