@@ -646,7 +646,7 @@ async fn queued_acks_answer_before_the_commit_and_still_record_in_order() {
 }
 
 #[tokio::test]
-async fn a_call_slot_taken_by_another_gateway_reloads_instead_of_failing() {
+async fn a_call_slot_taken_by_another_gateway_catches_up_instead_of_failing() {
     // Two gateways over one store: each keeps its own hot view, so the
     // second to record a turn finds its call slot taken.
     let dir = tempfile::tempdir().expect("tempdir");
@@ -665,7 +665,7 @@ async fn a_call_slot_taken_by_another_gateway_reloads_instead_of_failing() {
     // B loads the trajectory (one call) and records call 1.
     assert_eq!(b.post(path, json!({"messages": m2})).await.status(), 200);
     // A still thinks slot 1 is free: its commit meets the store's call 1,
-    // reloads, and records in slot 2.
+    // reads the call it lacks, and records in slot 2.
     let resp = a.post(path, json!({"messages": m2})).await;
     assert_eq!(resp.status(), 200);
     let calls = calls_of(&a, "shared-1").await;

@@ -406,8 +406,13 @@ impl Trajectories {
                 Err(StoreError::Duplicate { .. }) if reloads < MAX_RELOADS => {
                     reloads += 1;
                     tracing::warn!(trajectory = %ctx.trajectory_id, call = call_index,
-                        "call slot already taken in the store; reloading the trajectory");
-                    self.reload(&ctx.trajectory_id, &mut st).await?;
+                        "call slot already taken in the store; reading the calls the view lacks");
+                    match self.standing(&ctx.trajectory_id, &st).await? {
+                        Standing::Behind(meta) => {
+                            self.catch_up(&ctx.trajectory_id, &mut st, &meta).await?
+                        }
+                        _ => self.reload(&ctx.trajectory_id, &mut st).await?,
+                    }
                     if st.finished {
                         return Err(TrajectoryError::Finished(ctx.trajectory_id.clone()));
                     }
