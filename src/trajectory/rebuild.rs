@@ -280,22 +280,7 @@ mod tests {
         let mut messages = vec![json!({"role": "system", "content": "You are an agent."})];
         for (turn, sampled) in replies.iter().enumerate() {
             messages.push(json!({"role": "user", "content": format!("turn {turn} ü")}));
-            let input = ChatInput {
-                messages: &messages,
-                tools: None,
-                kwargs: None,
-                add_generation_prompt: true,
-            };
-            let prepared = traj.prepare_chat("t", input).await.expect("prepare");
-            let text = renderer.decode(sampled, true).expect("decode");
-            let body = json!({"messages": messages});
-            let ctx = testing::context("t", body, Some(messages.clone()));
-            let served = json!({"role": "assistant", "content": text});
-            let outcome = testing::stopped(sampled.clone(), served);
-            traj.commit(&ctx, &prepared, vec![outcome], None)
-                .await
-                .expect("commit");
-            messages.push(json!({"role": "assistant", "content": text}));
+            serve(&traj, "t", &mut messages, std::slice::from_ref(sampled)).await;
         }
         // Token-id prompts. In `c` the second prompt completes, in its own
         // first ids, the character its parent's reply was cut inside; in `d`
@@ -323,15 +308,7 @@ mod tests {
         ];
         for (tid, mut prompt, steps) in completions {
             for (sampled, then) in steps {
-                let prepared = traj
-                    .prepare_completion(tid, prompt.clone())
-                    .await
-                    .expect("prepare");
-                let ctx = testing::context(tid, json!({"prompt": prompt}), None);
-                let outcome = testing::stopped(sampled.clone(), json!({"text": ""}));
-                traj.commit(&ctx, &prepared, vec![outcome], None)
-                    .await
-                    .expect("commit");
+                complete(&traj, tid, &prompt, &sampled).await;
                 prompt = [prompt, sampled, then].concat();
             }
         }
@@ -394,6 +371,20 @@ mod tests {
             .await
             .expect("commit");
         messages.push(json!({"role": "assistant", "content": texts[0]}));
+    }
+
+    /// One call of `tid` on `traj` with a token-id prompt that sampled
+    /// `sampled`.
+    async fn complete(traj: &Trajectories, tid: &str, prompt: &[u32], sampled: &[u32]) {
+        let prepared = traj
+            .prepare_completion(tid, prompt.to_vec())
+            .await
+            .expect("prepare");
+        let ctx = testing::context(tid, json!({"prompt": prompt}), None);
+        let outcome = testing::stopped(sampled.to_vec(), json!({"text": ""}));
+        traj.commit(&ctx, &prepared, vec![outcome], None)
+            .await
+            .expect("commit");
     }
 
     /// Two views hold the same calls, field by field, and the same
@@ -491,23 +482,10 @@ mod tests {
         let prompt = bytes(&[b"Say ", &euro[..1]].concat());
         let reply = bytes(&[&euro[1..], b" ok"].concat());
         let next = [prompt.clone(), reply.clone(), bytes(b" more")].concat();
-        let steps = [(prompt, reply)];
+        complete(&serving, "c", &prompt, &reply).await;
         let mut view = TrajState::default();
-        for (i, (prompt, sampled)) in steps.into_iter().chain([(next, bytes(b"x"))]).enumerate() {
-            let prepared = serving
-                .prepare_completion("c", prompt.clone())
-                .await
-                .expect("prepare");
-            let ctx = testing::context("c", json!({"prompt": prompt}), None);
-            let outcome = testing::stopped(sampled, json!({"text": ""}));
-            serving
-                .commit(&ctx, &prepared, vec![outcome], None)
-                .await
-                .expect("commit");
-            if i == 0 {
-                behind.reload("c", &mut view).await.expect("load");
-            }
-        }
+        behind.reload("c", &mut view).await.expect("load");
+        complete(&serving, "c", &next, &bytes(b"x")).await;
         let c = store.get_trajectory("c").await.expect("get").expect("c");
         behind
             .catch_up("c", &mut view, &c.meta)
