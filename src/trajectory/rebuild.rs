@@ -8,9 +8,9 @@
 //! joined, see [`Renderer::decode_joinable`]), and its messages' hash
 //! continues its parent's over the messages it adds. Decoding and hashing
 //! then grow with the trajectory's tokens and messages; copying each call's
-//! whole prompt and normalizing its whole message list still grow with the
-//! turns times them (`cargo bench --bench trajectory`, the first call after
-//! a restart). A catch-up builds only the calls it reads, the first of them
+//! whole prompt and normalizing its whole message list (taken out of its
+//! stored body, not copied) still grow with the turns times them (`cargo
+//! bench --bench trajectory`, the first call after a restart). A catch-up builds only the calls it reads, the first of them
 //! decoded and hashed whole.
 
 use std::collections::HashMap;
@@ -38,11 +38,8 @@ impl Trajectories {
     /// Rebuilds the hot view of `st` from `t`'s stored calls.
     pub(super) fn rebuild(&self, st: &mut TrajState, t: Trajectory) -> Result<(), TrajectoryError> {
         set_meta(st, &t.meta);
-        let mut built = HashMap::new();
-        for rec in &t.calls {
-            self.rebuild_call(st, &mut built, &t.calls, rec)?;
-        }
-        Ok(())
+        let mut calls = t.calls;
+        self.build_calls(st, &mut calls)
     }
 
     /// Brings a view that another replica's calls left behind up to
@@ -57,7 +54,7 @@ impl Trajectories {
         meta: &TrajectoryMeta,
     ) -> Result<(), TrajectoryError> {
         let missing = meta.next_call_index.saturating_sub(st.next_call) as usize;
-        let calls = match missing {
+        let mut calls = match missing {
             0 => Vec::new(), // only finished meanwhile
             n => self.store.latest_calls(tid, n).await?,
         };
@@ -65,25 +62,66 @@ impl Trajectories {
             return self.reload(tid, st).await;
         }
         set_meta(st, meta);
+        let built = self.build_calls(st, &mut calls);
+        if built.is_err() {
+            // Half extended: the next call reloads it whole.
+            *st = TrajState::default();
+        }
+        built
+    }
+
+    /// Builds `calls` (sorted by index) on the view, each on its parent:
+    /// one built before it, or one the view already holds. Each body's
+    /// messages are taken out of it (not copied, where the body is not
+    /// shared) and normalized once, for its choices together.
+    fn build_calls(
+        &self,
+        st: &mut TrajState,
+        calls: &mut [CallRecord],
+    ) -> Result<(), TrajectoryError> {
         let mut built = HashMap::new();
-        for rec in &calls {
-            if let Err(e) = self.rebuild_call(st, &mut built, &calls, rec) {
-                // Half extended: the next call reloads it whole.
-                *st = TrajState::default();
-                return Err(e);
-            }
+        let mut bodies: HashMap<u32, Option<Arc<Vec<Json>>>> = HashMap::new();
+        for i in 0..calls.len() {
+            let messages = match calls[i].request_of {
+                Some(first) => bodies.get(&first).cloned().flatten(),
+                None => {
+                    let m = self.messages_of(&mut calls[i].request);
+                    bodies.insert(calls[i].call_index, m.clone());
+                    m
+                }
+            };
+            let rec = &calls[i];
+            let request = crate::store::request_of(calls, rec);
+            self.rebuild_call(st, &mut built, rec, request, messages)?;
         }
         Ok(())
     }
 
-    /// Builds `rec`, one of `calls` (sorted by index), on its parent: one
-    /// built before it (in `built`), or one the view already holds.
+    /// The messages of a stored `request`, normalized as the live call
+    /// normalized them (so history matches the same messages), taken out
+    /// of it; None for a call no later turn continues.
+    fn messages_of(&self, request: &mut Arc<Json>) -> Option<Arc<Vec<Json>>> {
+        if request.get("continue_final_message") == Some(&Json::Bool(true)) {
+            return None;
+        }
+        let mut list = match Arc::get_mut(request).and_then(|r| r.get_mut("messages")) {
+            Some(Json::Array(m)) => std::mem::take(m),
+            // Shared with its reader (the memory store): copied.
+            _ => request.get("messages")?.as_array()?.clone(),
+        };
+        normalize::messages(&mut list, self.renderer.content_format());
+        Some(Arc::new(list))
+    }
+
+    /// Builds `rec` with its `request` (its messages taken out into
+    /// `messages`) on its parent.
     fn rebuild_call(
         &self,
         st: &mut TrajState,
         built: &mut HashMap<u32, Built>,
-        calls: &[CallRecord],
         rec: &CallRecord,
+        request: &Json,
+        messages: Option<Arc<Vec<Json>>>,
     ) -> Result<(), TrajectoryError> {
         if let Some(p) = rec.parent_call.filter(|p| !built.contains_key(p)) {
             // A call of the view: its text is taken as not joinable and its
@@ -99,16 +137,6 @@ impl Trajectories {
             }
         }
         let parent = rec.parent_call.and_then(|p| built.get(&p));
-        // The stored request is as received: normalize it as the live
-        // call was, so history matches the same messages.
-        let request = crate::store::request_of(calls, rec);
-        let continues_final = request.get("continue_final_message") == Some(&Json::Bool(true));
-        let messages = request.get("messages").and_then(Json::as_array);
-        let messages = messages.filter(|_| !continues_final).map(|m| {
-            let mut m = m.clone();
-            normalize::messages(&mut m, self.renderer.content_format());
-            Arc::new(m)
-        });
         let (prompt_ids, segments, used) = match parent {
             Some(b) => {
                 let p = &b.call;
@@ -266,7 +294,12 @@ mod tests {
     async fn a_rebuilt_view_holds_what_whole_decodes_and_hashes_give() {
         let renderer = chatml_renderer();
         assert!(renderer.has_fast_decoder(), "the joined path is exercised");
-        let store = crate::store::open("memory://").expect("store");
+        // SQLite: its reads give bodies of their own, whose messages the
+        // rebuild takes out instead of copying (the memory store's are
+        // shared, and copied: the other test).
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite://{}", dir.path().join("spans.db").display());
+        let store = crate::store::open(&url).expect("store");
         let traj = Trajectories::new(store.clone(), renderer.clone(), TrajectoryConfig::default());
         let euro = "€".as_bytes();
         let replies = [
@@ -281,6 +314,13 @@ mod tests {
         for (turn, sampled) in replies.iter().enumerate() {
             messages.push(json!({"role": "user", "content": format!("turn {turn} ü")}));
             serve(&traj, "t", &mut messages, std::slice::from_ref(sampled)).await;
+        }
+        // Two choices of one body (the second stores it by reference), and
+        // a turn after the first.
+        let end = |b: &[u8]| [bytes(b), vec![IM_END]].concat();
+        for choices in [vec![end(b"one"), end(b"two")], vec![end(b"three")]] {
+            messages.push(json!({"role": "user", "content": "more"}));
+            serve(&traj, "t", &mut messages, &choices).await;
         }
         // Token-id prompts. In `c` the second prompt completes, in its own
         // first ids, the character its parent's reply was cut inside; in `d`
@@ -316,8 +356,18 @@ mod tests {
         for tid in ["t", "c", "d"] {
             let stored = store.get_trajectory(tid).await.expect("get").expect(tid);
             assert!(stored.calls.iter().skip(1).all(|c| c.parent_call.is_some()));
+            let by_reference = stored.calls.iter().filter(|c| c.request_of.is_some());
+            assert_eq!(by_reference.count(), usize::from(tid == "t"));
             let mut st = TrajState::default();
             traj.rebuild(&mut st, stored).expect("rebuild");
+            // The messages each call keeps are the ones the live call kept.
+            let live = traj.state(tid);
+            let live = live.lock().await;
+            assert_eq!(live.calls.len(), st.calls.len());
+            for (c, l) in st.calls.iter().zip(&live.calls) {
+                assert_eq!(c.messages(), l.messages(), "{tid} call {}", c.call_index);
+                assert_eq!(c.messages_hash, l.messages_hash);
+            }
             for c in &st.calls {
                 let ids = c.full_ids();
                 let mut text = String::new();
