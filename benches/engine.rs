@@ -159,8 +159,9 @@ fn direct(cfg: &EngineConfig, p: usize, gen: usize) -> (f64, f64) {
 
 /// llama.cpp driven directly with `n` sequences decoding together (one
 /// `llama_decode` a step, a greedy argmax per row on this thread, timed
-/// apart): a reference for the engine's decode at `n` concurrent (the
-/// cache unified as the engine's). Returns the aggregate decode tok/s, the
+/// apart): a reference for the engine's decode at `n` concurrent, with
+/// the cache unified as the engine's or, `unified` false, split per
+/// sequence. Returns the aggregate decode tok/s, the
 /// mean step in ms and the mean ms of a step's argmaxes; the first
 /// `WARM_STEPS` steps (a new context's) are not timed.
 fn direct_batched(
