@@ -605,14 +605,20 @@ fn history_calls(traj: &str) -> Vec<tito::store::CallRecord> {
         .collect()
 }
 
+/// [`history_calls`] of `traj`, appended to `store`.
+async fn store_history(store: &tito::store::DynStore, traj: &str) -> Vec<tito::store::CallRecord> {
+    let calls = history_calls(traj);
+    for c in &calls {
+        store.append_call(c.clone()).await.expect("append");
+    }
+    calls
+}
+
 #[tokio::test]
 async fn a_history_sent_with_every_call_reads_back_exactly_from_every_store() {
     let dir = tempfile::tempdir().expect("tempdir");
     for (name, store) in stores(&dir) {
-        let calls = history_calls("t-h");
-        for c in &calls {
-            store.append_call(c.clone()).await.expect("append");
-        }
+        let calls = store_history(&store, "t-h").await;
         let t = store
             .get_trajectory("t-h")
             .await
@@ -630,14 +636,9 @@ async fn a_history_sent_with_every_call_reads_back_exactly_from_every_store() {
 
 /// `calls` as the export scans give them out: every field but the bodies.
 fn without_bodies(calls: &[tito::store::CallRecord]) -> Vec<tito::store::CallRecord> {
-    let null = Arc::new(serde_json::Value::Null);
     calls
         .iter()
-        .map(|c| tito::store::CallRecord {
-            request: null.clone(),
-            response: null.clone(),
-            ..c.clone()
-        })
+        .map(tito::store::CallRecord::without_bodies)
         .collect()
 }
 
@@ -646,10 +647,7 @@ async fn the_export_scans_leave_bodies_out_and_keep_every_other_field() {
     let dir = tempfile::tempdir().expect("tempdir");
     for (name, store) in stores(&dir) {
         // Split bodies (continuations sending a history) and whole ones.
-        let calls = history_calls("t-s");
-        for c in &calls {
-            store.append_call(c.clone()).await.expect("append");
-        }
+        let calls = store_history(&store, "t-s").await;
         let other = call("t-o", 0, 0, None, ids(1, 3), ids(7, 2));
         store.append_call(other.clone()).await.expect("append");
         let full = store

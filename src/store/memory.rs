@@ -440,18 +440,9 @@ impl SpanStore for MemoryStore {
 /// A trajectory as the scans give it out: calls without their bodies, as
 /// the durable stores read them ([`crate::store::Bodies::Skip`]).
 fn without_bodies(t: &Trajectory) -> Trajectory {
-    let null = Arc::new(serde_json::Value::Null);
     Trajectory {
         meta: t.meta.clone(),
-        calls: t
-            .calls
-            .iter()
-            .map(|c| CallRecord {
-                request: null.clone(),
-                response: null.clone(),
-                ..c.clone()
-            })
-            .collect(),
+        calls: t.calls.iter().map(CallRecord::without_bodies).collect(),
         replays: t.replays.clone(),
     }
 }

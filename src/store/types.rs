@@ -101,6 +101,19 @@ pub struct CallRecord {
     pub request_of: Option<u32>,
 }
 
+impl CallRecord {
+    /// The call as the export scans give it out ([`Bodies::Skip`]): every
+    /// field but `request` and `response`, which are `null`.
+    pub fn without_bodies(&self) -> CallRecord {
+        let null = std::sync::Arc::new(serde_json::Value::Null);
+        CallRecord {
+            request: null.clone(),
+            response: null,
+            ..self.clone()
+        }
+    }
+}
+
 /// Summary row of a trajectory (no calls).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TrajectoryMeta {
