@@ -223,19 +223,9 @@ impl Trajectories {
             let mut st = state.lock().await;
             // Only the first try: a retry after a failed first call asks.
             let unseen = std::mem::take(&mut st.named_here) && st.next_call == 0;
-            if st.loaded && !unseen && self.store.shared() {
-                match self.standing(tid, &st).await? {
-                    Standing::Current => {}
-                    Standing::Behind(meta) => {
-                        crate::metrics::hot_stale_reloads(1);
-                        self.catch_up(tid, &mut st, &meta).await?;
-                        self.resized(tid, &st);
-                    }
-                    Standing::Diverged => {
-                        crate::metrics::hot_stale_reloads(1);
-                        *st = TrajState::default();
-                    }
-                }
+            if st.loaded && !unseen && self.store.shared() && self.refresh(tid, &mut st).await? {
+                crate::metrics::hot_stale_reloads(1);
+                self.resized(tid, &st);
             }
             if !st.loaded {
                 self.reload(tid, &mut st).await?;
@@ -246,6 +236,18 @@ impl Trajectories {
             }
         }
         Ok(state)
+    }
+
+    /// Brings the view of `tid` up to the store when another replica wrote
+    /// to it meanwhile: reads the calls it lacks, or reloads it whole when
+    /// the store disagrees with it. Whether the view was behind.
+    async fn refresh(&self, tid: &str, st: &mut TrajState) -> Result<bool, TrajectoryError> {
+        match self.standing(tid, st).await? {
+            Standing::Current => return Ok(false),
+            Standing::Behind(meta) => self.catch_up(tid, st, &meta).await?,
+            Standing::Diverged => self.reload(tid, st).await?,
+        }
+        Ok(true)
     }
 
     /// How the view of `tid` stands against a shared store, where another
@@ -407,11 +409,9 @@ impl Trajectories {
                     reloads += 1;
                     tracing::warn!(trajectory = %ctx.trajectory_id, call = call_index,
                         "call slot already taken in the store; reading the calls the view lacks");
-                    match self.standing(&ctx.trajectory_id, &st).await? {
-                        Standing::Behind(meta) => {
-                            self.catch_up(&ctx.trajectory_id, &mut st, &meta).await?
-                        }
-                        _ => self.reload(&ctx.trajectory_id, &mut st).await?,
+                    // The slot is taken, so the store is ahead of the view.
+                    if !self.refresh(&ctx.trajectory_id, &mut st).await? {
+                        self.reload(&ctx.trajectory_id, &mut st).await?;
                     }
                     if st.finished {
                         return Err(TrajectoryError::Finished(ctx.trajectory_id.clone()));
