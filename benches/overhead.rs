@@ -67,7 +67,7 @@ async fn start_tito(mock: &MockVllm, dir: &std::path::Path, extra: &str) -> std:
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        let _ = axum::serve(tito::api::no_delay(listener), build_app(state)).await;
+        tito::api::server::serve(listener, build_app(state), std::future::pending()).await;
     });
     addr
 }

@@ -114,7 +114,7 @@ async fn mock_part(samples: usize, reply_len: usize) {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        let _ = axum::serve(tito::api::no_delay(listener), build_app(state)).await;
+        tito::api::server::serve(listener, build_app(state), std::future::pending()).await;
     });
     let client = reqwest::Client::new();
     let url = move |p: &str| format!("http://{addr}{p}");

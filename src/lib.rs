@@ -27,6 +27,8 @@
 //! - [`verify`]: the teacher-forced replay check of recorded logprobs against
 //!   a backend's prompt logprobs, on request and sampled in the background.
 //! - [`logging`]: the log output of every command (text or JSON lines).
+//! - [`inline_wake`]: tasks whose futures do not wake themselves across the
+//!   runtime's threads (each gateway connection, a call left by its client).
 
 pub mod api;
 pub mod backend;
@@ -36,6 +38,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod export;
+pub mod inline_wake;
 pub mod logging;
 pub mod metrics;
 pub mod parse;

@@ -50,7 +50,7 @@ async fn gateway() -> (Gateway, Arc<EngineBackend>) {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        let _ = axum::serve(listener, build_app(state)).await;
+        tito::api::server::serve(listener, build_app(state), std::future::pending()).await;
     });
     let g = Gateway {
         addr,

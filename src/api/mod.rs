@@ -14,13 +14,14 @@ mod logprobs;
 mod openapi;
 pub mod request;
 pub mod request_id;
+pub mod server;
 mod sse;
 pub mod trajectories;
 pub mod ui;
 mod unsupported;
 mod verify;
 
-use std::future::{Future, IntoFuture};
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -597,21 +598,7 @@ fn start_engine(_: &Config, _: &crate::config::BackendConfig) -> anyhow::Result<
     anyhow::bail!("{}", crate::config::ENGINE_NOT_BUILT)
 }
 
-/// A listener whose connections have Nagle's algorithm off, as servers of
-/// small streamed writes need: with it on, each SSE chunk after the first
-/// waits for the client's delayed ACK (up to 40 ms on Linux).
-pub type NoDelayListener =
-    axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)>;
-
-pub fn no_delay(listener: tokio::net::TcpListener) -> NoDelayListener {
-    use axum::serve::ListenerExt;
-    fn set(tcp: &mut tokio::net::TcpStream) {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "could not set TCP_NODELAY");
-        }
-    }
-    listener.tap_io(set as fn(&mut tokio::net::TcpStream))
-}
+pub use server::{no_delay, NoDelayListener};
 
 pub async fn serve(
     config: Config,
@@ -646,21 +633,19 @@ pub async fn serve(
     // The drain deadline, set when the signal arrives.
     let (stopping, mut deadline) = tokio::sync::watch::channel(None);
     let running = state.calls.clone();
-    let server = axum::serve(no_delay(listener), build_app(state.clone()))
-        .with_graceful_shutdown(async move {
-            shutdown.await;
-            tracing::info!(
-                drain_timeout_s = drain.as_secs(),
-                in_flight = running.running(),
-                "shutting down: finishing calls in flight"
-            );
-            stopping.send_replace(Some(tokio::time::Instant::now() + drain));
-        })
-        .into_future();
+    let server = server::serve(listener, build_app(state.clone()), async move {
+        shutdown.await;
+        tracing::info!(
+            drain_timeout_s = drain.as_secs(),
+            in_flight = running.running(),
+            "shutting down: finishing calls in flight"
+        );
+        stopping.send_replace(Some(tokio::time::Instant::now() + drain));
+    });
     // On the signal the server stops accepting; connections with calls in
     // flight are served to their end, until the deadline.
     let drained = tokio::select! {
-        r = server => { r?; true }
+        () = server => true,
         () = async {
             let at = match deadline.wait_for(Option::is_some).await {
                 Ok(at) => *at,

@@ -218,7 +218,7 @@ impl Drop for Running {
     fn drop(&mut self) {
         if let Some(pump) = self.pump.take() {
             match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn(pump)),
+                Ok(runtime) => drop(runtime.spawn(crate::inline_wake::inline(pump))),
                 // Only when the runtime itself is gone.
                 Err(_) => tracing::warn!(
                     request_id = %self.request_id,

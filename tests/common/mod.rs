@@ -140,7 +140,7 @@ pub async fn start_gateway_on(
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        let _ = axum::serve(tito::api::no_delay(listener), build_app(state)).await;
+        tito::api::server::serve(listener, build_app(state), std::future::pending()).await;
     });
     Gateway {
         addr,
