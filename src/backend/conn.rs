@@ -7,7 +7,10 @@
 //! waking another at every step, often across the runtime's threads. Here a
 //! call checks a connection out of the pool (or opens one) and polls it
 //! itself, in its own task, while it waits for the answer's head and while it
-//! reads the body. A connection whose answer was read to its end goes back to
+//! reads the body. hyper hands the head and each piece of the body to their
+//! receivers by waking them, here the very task polling the connection: the
+//! gateway spawns that task through [`crate::inline_wake`], so such a wake
+//! is one more round of its poll, not a reschedule. A connection whose answer was read to its end goes back to
 //! the pool, where nothing polls it; one the server closed meanwhile is found
 //! closed when it is next checked out, and dropped. A connection idle for
 //! longer than [`IDLE_LIMIT`] is dropped unused: it may be about to be closed
