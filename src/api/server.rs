@@ -1,10 +1,10 @@
-//! The gateway's HTTP/1.1 server: accepts connections and serves each in a
-//! task of its own, polled through [`crate::inline_wake`] so that the
-//! hand-overs inside one connection (hyper's request body, the backend
-//! connection a call drives) do not bounce its task between the runtime's
-//! threads.
+//! The HTTP/1.1 server of `tito serve` and `tito engine`: accepts
+//! connections and serves each in a task of its own, polled through
+//! [`crate::inline_wake`] so that the hand-overs inside one connection
+//! (hyper's request body, the backend connection a call drives) do not
+//! bounce its task between the runtime's threads.
 //!
-//! It does what `axum::serve` did for the gateway, and no more: HTTP/1.1
+//! It does what `axum::serve` did for them, and no more: HTTP/1.1
 //! with keep-alive, `TCP_NODELAY` on every connection ([`no_delay`]), and a
 //! graceful shutdown that stops accepting, lets each connection finish the
 //! request in flight, and ends once every connection has closed.

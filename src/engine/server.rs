@@ -94,9 +94,7 @@ pub async fn serve(
     let state = tokio::task::spawn_blocking(move || EngineServer::start(&cfg)).await??;
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!(addr = %listener.local_addr()?, model = %state.model_name, "tito engine listening");
-    axum::serve(crate::api::no_delay(listener), app(state))
-        .with_graceful_shutdown(shutdown)
-        .await?;
+    crate::api::server::serve(listener, app(state), shutdown).await;
     Ok(())
 }
 
