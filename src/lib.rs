@@ -28,7 +28,8 @@
 //!   a backend's prompt logprobs, on request and sampled in the background.
 //! - [`logging`]: the log output of every command (text or JSON lines).
 //! - [`inline_wake`]: tasks whose futures do not wake themselves across the
-//!   runtime's threads (each gateway connection, a call left by its client).
+//!   runtime's threads (each served connection, a streamed answer, a call
+//!   left by its client).
 
 pub mod api;
 pub mod backend;
