@@ -90,7 +90,7 @@ async fn instant_backend(answers: HashMap<String, Bytes>) -> String {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        let _ = axum::serve(tito::api::no_delay(listener), app).await;
+        let _ = axum::serve(tito::api::server::no_delay(listener), app).await;
     });
     format!("http://{addr}")
 }

@@ -140,20 +140,38 @@ mod tests {
         }
     }
 
-    fn task() -> (Arc<Count>, Waker) {
-        let count = Arc::new(Count::default());
-        (Arc::clone(&count), Waker::from(count))
+    /// A task to poll on behalf of: its waker, and how often it was woken.
+    struct Task {
+        count: Arc<Count>,
+        waker: Waker,
+    }
+
+    impl Task {
+        fn new() -> Task {
+            let count = Arc::new(Count::default());
+            Task {
+                waker: Waker::from(Arc::clone(&count)),
+                count,
+            }
+        }
+
+        fn cx(&self) -> Context<'_> {
+            Context::from_waker(&self.waker)
+        }
+
+        fn wakes(&self) -> usize {
+            self.count.0.load(Ordering::SeqCst)
+        }
     }
 
     #[test]
     fn a_wake_during_the_poll_goes_round_again_without_waking_the_task() {
-        let (count, waker) = task();
-        let mut cx = Context::from_waker(&waker);
+        let task = Task::new();
         let inline = InlineWake::new();
         let mut polls = 0;
         // Ready on the second poll, after waking itself on the first (as a
         // connection that hands the answer to its receiver does).
-        let got = inline.poll(&mut cx, |cx| {
+        let got = inline.poll(&mut task.cx(), |cx| {
             polls += 1;
             if polls == 1 {
                 cx.waker().wake_by_ref();
@@ -164,60 +182,57 @@ mod tests {
         });
         assert_eq!(got, Poll::Ready(7));
         assert_eq!(polls, 2);
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        assert_eq!(task.wakes(), 0);
     }
 
     #[test]
     fn a_wake_after_the_poll_wakes_the_task() {
-        let (count, waker) = task();
-        let mut cx = Context::from_waker(&waker);
+        let task = Task::new();
         let inline = InlineWake::new();
         let mut kept = None;
-        let got: Poll<()> = inline.poll(&mut cx, |cx| {
+        let got: Poll<()> = inline.poll(&mut task.cx(), |cx| {
             kept = Some(cx.waker().clone());
             Poll::Pending
         });
         assert_eq!(got, Poll::Pending);
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        assert_eq!(task.wakes(), 0);
         // The socket is ready later, from another thread.
         let kept = kept.expect("the poll kept its waker");
         std::thread::spawn(move || kept.wake())
             .join()
             .expect("woken");
-        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert_eq!(task.wakes(), 1);
     }
 
     #[test]
     fn a_part_that_keeps_waking_itself_yields_after_the_last_round() {
-        let (count, waker) = task();
-        let mut cx = Context::from_waker(&waker);
+        let task = Task::new();
         let inline = InlineWake::new();
         let mut polls = 0;
-        let got: Poll<()> = inline.poll(&mut cx, |cx| {
+        let got: Poll<()> = inline.poll(&mut task.cx(), |cx| {
             polls += 1;
             cx.waker().wake_by_ref();
             Poll::Pending
         });
         assert_eq!(got, Poll::Pending);
         assert_eq!(polls, ROUNDS);
-        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert_eq!(task.wakes(), 1);
         // Idle again: a later wake reaches the task.
         Waker::from(Arc::clone(&inline)).wake();
-        assert_eq!(count.0.load(Ordering::SeqCst), 2);
+        assert_eq!(task.wakes(), 2);
     }
 
     #[test]
     fn a_ready_poll_that_was_also_woken_leaves_the_waker_idle() {
-        let (count, waker) = task();
-        let mut cx = Context::from_waker(&waker);
+        let task = Task::new();
         let inline = InlineWake::new();
-        let got = inline.poll(&mut cx, |cx| {
+        let got = inline.poll(&mut task.cx(), |cx| {
             cx.waker().wake_by_ref();
             Poll::Ready(())
         });
         assert_eq!(got, Poll::Ready(()));
         Waker::from(Arc::clone(&inline)).wake();
-        assert_eq!(count.0.load(Ordering::SeqCst), 1);
+        assert_eq!(task.wakes(), 1);
     }
 
     #[test]
@@ -230,15 +245,13 @@ mod tests {
             tx.send(5).expect("sent");
             rx.await.expect("received")
         }
-        let (count, waker) = task();
-        let mut cx = Context::from_waker(&waker);
-        let mut plain = std::pin::pin!(hand_over());
-        assert_eq!(plain.as_mut().poll(&mut cx), Poll::Ready(5));
-        assert_eq!(count.0.load(Ordering::SeqCst), 1, "woken by itself");
-        let (count, waker) = task();
-        let mut cx = Context::from_waker(&waker);
-        let mut inlined = std::pin::pin!(inline(hand_over()));
-        assert_eq!(inlined.as_mut().poll(&mut cx), Poll::Ready(5));
-        assert_eq!(count.0.load(Ordering::SeqCst), 0);
+        let plain = Task::new();
+        let mut future = std::pin::pin!(hand_over());
+        assert_eq!(future.as_mut().poll(&mut plain.cx()), Poll::Ready(5));
+        assert_eq!(plain.wakes(), 1, "woken by itself");
+        let inlined = Task::new();
+        let mut future = std::pin::pin!(inline(hand_over()));
+        assert_eq!(future.as_mut().poll(&mut inlined.cx()), Poll::Ready(5));
+        assert_eq!(inlined.wakes(), 0);
     }
 }

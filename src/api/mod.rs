@@ -598,8 +598,6 @@ fn start_engine(_: &Config, _: &crate::config::BackendConfig) -> anyhow::Result<
     anyhow::bail!("{}", crate::config::ENGINE_NOT_BUILT)
 }
 
-pub use server::{no_delay, NoDelayListener};
-
 pub async fn serve(
     config: Config,
     shutdown: impl Future<Output = ()> + Send + 'static,

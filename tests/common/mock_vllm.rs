@@ -170,7 +170,7 @@ impl MockVllm {
         let addr = listener.local_addr().expect("addr");
         tokio::spawn(async move {
             // vLLM and SGLang (uvicorn on asyncio) send with TCP_NODELAY.
-            let _ = axum::serve(tito::api::no_delay(listener), app).await;
+            let _ = axum::serve(tito::api::server::no_delay(listener), app).await;
         });
         MockVllm { addr, state }
     }
