@@ -1,5 +1,6 @@
 //! Render + tokenize throughput with the real Qwen3 tokenizer and template:
-//! conversations of about 1k, 8k and 32k tokens, built programmatically.
+//! the peers bench's two-message chat, and conversations of about 1k, 8k and
+//! 32k tokens, built programmatically.
 //!
 //! Needs `.cache/tokenizers/qwen3` (scripts/fetch-tokenizers.sh); without it
 //! the bench says so and exits successfully (benches are not tests).
@@ -97,10 +98,22 @@ fn load() -> Option<Arc<Renderer>> {
     }
 }
 
+/// The peers bench's request (`benches/peers.rs`): a system prompt and one
+/// user message, the fresh prompt of every call there.
+fn short_chat() -> Vec<Json> {
+    vec![
+        json!({"role": "system", "content": "You are a helpful assistant."}),
+        json!({"role": "user", "content": "Write one short sentence about the sea. (request 1)"}),
+    ]
+}
+
 fn bench_render(c: &mut Criterion, renderer: &Renderer) {
     let mut group = c.benchmark_group("qwen3");
-    for target in SIZES {
-        let messages = conversation(renderer, target);
+    for target in std::iter::once(0).chain(SIZES) {
+        let messages = match target {
+            0 => short_chat(),
+            _ => conversation(renderer, target),
+        };
         let input = RenderInput {
             messages: &messages,
             add_generation_prompt: true,
@@ -108,7 +121,10 @@ fn bench_render(c: &mut Criterion, renderer: &Renderer) {
         };
         let tokens = renderer.render_ids(&input).map(|v| v.len()).unwrap_or(0);
         group.throughput(Throughput::Elements(tokens as u64));
-        let label = format!("{}k_{}tok", target / 1000, tokens);
+        let label = match target {
+            0 => format!("chat_{tokens}tok"),
+            _ => format!("{}k_{}tok", target / 1000, tokens),
+        };
         group.bench_with_input(BenchmarkId::new("render", &label), &input, |b, input| {
             b.iter(|| renderer.render(black_box(input)))
         });
