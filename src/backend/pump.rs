@@ -250,7 +250,7 @@ impl<D: EventDecoder> Pump<D> {
             if data.trim() == "[DONE]" {
                 return Err(self.ended_without_finish("[DONE]"));
             }
-            let events = self.decoder.on_data(&data)?;
+            let events = self.decoder.on_data(data)?;
             if events.is_empty() {
                 continue;
             }
