@@ -23,8 +23,6 @@ pub struct SseDecoder {
 
 /// Where an event's data is.
 enum Data {
-    /// No `data:` line (a comment or keep-alive).
-    None,
     /// The one `data:` line's payload, these bytes of the event.
     Line(Range<usize>),
     /// Several `data:` lines, joined in `joined`.
@@ -50,9 +48,9 @@ impl SseDecoder {
             self.scanned = 0;
             self.event = self.buf.split_to(from + at);
             self.buf.advance(sep_len);
-            match locate_data(&self.event, &mut self.joined) {
-                Data::None => continue,
-                found => break found,
+            // No `data:` line (a comment or keep-alive): keep looking.
+            if let Some(found) = locate_data(&self.event, &mut self.joined) {
+                break found;
             }
         };
         Some(match data {
@@ -63,44 +61,43 @@ impl SseDecoder {
                     &self.joined
                 }
             },
-            Data::Joined | Data::None => &self.joined,
+            Data::Joined => &self.joined,
         })
     }
 }
 
 /// Finds the `data:` lines of `event` (lines end in `\n` or `\r\n`; one
 /// space after the colon is dropped); several are joined into `joined`.
-fn locate_data(event: &[u8], joined: &mut String) -> Data {
-    let mut found = Data::None;
-    let mut rest = 0;
-    while rest <= event.len() {
-        let end = memchr::memchr(b'\n', &event[rest..]).map_or(event.len(), |n| rest + n);
-        let line = rest..end;
-        rest = end + 1;
-        let mut line_end = line.end;
-        if event[line.clone()].last() == Some(&b'\r') {
-            line_end -= 1;
-        }
-        let Some(after) = event[line.start..line_end].strip_prefix(b"data:") else {
+/// `None` when there is none.
+fn locate_data(event: &[u8], joined: &mut String) -> Option<Data> {
+    let mut found = None;
+    let mut start = 0;
+    while start <= event.len() {
+        let end = memchr::memchr(b'\n', &event[start..]).map_or(event.len(), |n| start + n);
+        let line = &event[start..end];
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(after) = line.strip_prefix(b"data:") else {
+            start = end + 1;
             continue;
         };
         let skip = usize::from(after.first() == Some(&b' '));
-        let payload = line_end - after.len() + skip..line_end;
-        found = match found {
-            Data::None => Data::Line(payload),
-            Data::Line(first) => {
+        let payload = start + line.len() - after.len() + skip..start + line.len();
+        start = end + 1;
+        found = Some(match found {
+            None => Data::Line(payload),
+            Some(Data::Line(first)) => {
                 joined.clear();
                 joined.push_str(&String::from_utf8_lossy(&event[first]));
                 joined.push('\n');
                 joined.push_str(&String::from_utf8_lossy(&event[payload]));
                 Data::Joined
             }
-            Data::Joined => {
+            Some(Data::Joined) => {
                 joined.push('\n');
                 joined.push_str(&String::from_utf8_lossy(&event[payload]));
                 Data::Joined
             }
-        };
+        });
     }
     found
 }
