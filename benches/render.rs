@@ -109,11 +109,13 @@ fn short_chat() -> Vec<Json> {
 
 fn bench_render(c: &mut Criterion, renderer: &Renderer) {
     let mut group = c.benchmark_group("qwen3");
-    for target in std::iter::once(0).chain(SIZES) {
-        let messages = match target {
-            0 => short_chat(),
-            _ => conversation(renderer, target),
-        };
+    let cases = std::iter::once(("chat".to_string(), short_chat())).chain(SIZES.map(|target| {
+        (
+            format!("{}k", target / 1000),
+            conversation(renderer, target),
+        )
+    }));
+    for (name, messages) in cases {
         let input = RenderInput {
             messages: &messages,
             add_generation_prompt: true,
@@ -121,10 +123,7 @@ fn bench_render(c: &mut Criterion, renderer: &Renderer) {
         };
         let tokens = renderer.render_ids(&input).map(|v| v.len()).unwrap_or(0);
         group.throughput(Throughput::Elements(tokens as u64));
-        let label = match target {
-            0 => format!("chat_{tokens}tok"),
-            _ => format!("{}k_{}tok", target / 1000, tokens),
-        };
+        let label = format!("{name}_{tokens}tok");
         group.bench_with_input(BenchmarkId::new("render", &label), &input, |b, input| {
             b.iter(|| renderer.render(black_box(input)))
         });

@@ -74,25 +74,23 @@ fn locate_data(event: &[u8], joined: &mut String) -> Option<Data> {
     let mut start = 0;
     while start <= event.len() {
         let end = memchr::memchr(b'\n', &event[start..]).map_or(event.len(), |n| start + n);
-        let line = &event[start..end];
+        let line_start = start;
+        start = end + 1;
+        let line = &event[line_start..end];
         let line = line.strip_suffix(b"\r").unwrap_or(line);
         let Some(after) = line.strip_prefix(b"data:") else {
-            start = end + 1;
             continue;
         };
         let skip = usize::from(after.first() == Some(&b' '));
-        let payload = start + line.len() - after.len() + skip..start + line.len();
-        start = end + 1;
+        let line_end = line_start + line.len();
+        let payload = line_end - after.len() + skip..line_end;
         found = Some(match found {
             None => Data::Line(payload),
-            Some(Data::Line(first)) => {
-                joined.clear();
-                joined.push_str(&String::from_utf8_lossy(&event[first]));
-                joined.push('\n');
-                joined.push_str(&String::from_utf8_lossy(&event[payload]));
-                Data::Joined
-            }
-            Some(Data::Joined) => {
+            Some(earlier) => {
+                if let Data::Line(first) = earlier {
+                    joined.clear();
+                    joined.push_str(&String::from_utf8_lossy(&event[first]));
+                }
                 joined.push('\n');
                 joined.push_str(&String::from_utf8_lossy(&event[payload]));
                 Data::Joined
