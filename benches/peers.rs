@@ -23,8 +23,9 @@
 //! ratios are then skipped), `TITO_BIN_B` (a second tito binary, e.g. the
 //! previous commit's, loaded beside `tito` in the `TITO_PEERS_ONLY` rounds
 //! with the same config: an A/B in one run), `TITO_STORE_B` (B's `[store]`
-//! table instead, e.g. `url = "memory://"`). Without the venv the bench says
-//! so and skips.
+//! table instead, e.g. `url = "memory://"`), `TITO_LOAD_SPREAD` (set: each
+//! cell's latency percentiles to stderr, see `common/load.rs`). Without the
+//! venv the bench says so and skips.
 
 #[path = "common/load.rs"]
 mod load;

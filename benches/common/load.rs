@@ -1,5 +1,7 @@
 //! Closed-loop HTTP load shared by the end-to-end benches: `concurrency`
 //! clients, each sending its next request when its last one finished.
+//! With `TITO_LOAD_SPREAD` set, each run (warm-ups included, in the order
+//! they run) also prints its latencies' mean and percentiles to stderr.
 
 #![allow(dead_code)]
 
@@ -65,6 +67,9 @@ pub async fn run(make: &MakeRequest, concurrency: usize, until: Until) -> Stats 
             .copied()
             .unwrap_or_default()
     };
+    if std::env::var_os("TITO_LOAD_SPREAD").is_some() {
+        print_spread(concurrency, &all, pct);
+    }
     Stats {
         p50: pct(0.50),
         p99: pct(0.99),
@@ -72,6 +77,25 @@ pub async fn run(make: &MakeRequest, concurrency: usize, until: Until) -> Stats 
         errors,
         ok: all.len(),
     }
+}
+
+/// The mean and percentiles of one run's latencies (`sorted`), to stderr:
+/// at 1 concurrent call the throughput is one over the mean, which a tail
+/// moves while p50 and p99 stay put.
+fn print_spread(concurrency: usize, sorted: &[Duration], pct: impl Fn(f64) -> Duration) {
+    let Some(n) = u32::try_from(sorted.len()).ok().filter(|&n| n > 0) else {
+        return;
+    };
+    let mean = sorted.iter().sum::<Duration>() / n;
+    let at: Vec<String> = [0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 0.99, 0.999]
+        .iter()
+        .map(|&p| format!("p{}={}", p * 100.0, ms(pct(p))))
+        .collect();
+    eprintln!(
+        "spread c={concurrency} n={n} mean={} {}",
+        ms(mean),
+        at.join(" ")
+    );
 }
 
 /// Milliseconds with three decimals.
