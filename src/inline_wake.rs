@@ -9,7 +9,7 @@
 //! yielded: it queues it behind the others and wakes a parked worker to take
 //! it, so a single call hopped between the runtime's threads two to three
 //! times, each hop a futex call and a context switch on both threads (see
-//! docs/benchmarks.md, "A task no longer wakes itself").
+//! docs/benchmarks-history.md, "A task no longer wakes itself").
 //!
 //! [`Inline`] polls its future with a waker of its own ([`InlineWake`]).
 //! Woken while that poll runs, the waker only notes it and the poll goes
