@@ -4,13 +4,17 @@
 //! - tito (`target/release/tito serve`): renders the Qwen3 chat template,
 //!   tokenizes, calls the backend with token ids, decodes, records the call;
 //! - `sglang-router` (PyPI, Rust): forwards the text chat request;
-//! - LiteLLM proxy (PyPI, Python): forwards the text chat request.
+//! - LiteLLM proxy (PyPI, Python): forwards the text chat request;
+//! - the bare hop (this bench's own binary, `common/bare_hop.rs`): tito's
+//!   HTTP server and backend client forwarding the text chat request and
+//!   doing nothing else, the floor under any gateway built on them.
 //!
 //! Each gateway's added latency is measured over a direct call to what it
 //! calls: token-id `/v1/completions` for tito, text `/v1/chat/completions`
-//! for the two peers (both served by the same in-process mock). Every
-//! request carries a distinct user message. Every process runs with its
-//! default logging. Run (installs the peers into
+//! for the peers and the bare hop (both served by the same in-process
+//! mock). Every request carries a distinct user message. Every process runs
+//! with its default logging. The summary also gives tito's added p50 less
+//! the bare hop's: what tito's own work adds. Run (installs the peers into
 //! `.bench-venv`, builds the release binary):
 //!
 //!     scripts/bench-peers.sh
@@ -27,6 +31,8 @@
 //! cell's latency percentiles to stderr, see `common/load.rs`). Without the
 //! venv the bench says so and skips.
 
+#[path = "common/bare_hop.rs"]
+mod bare_hop;
 #[path = "common/load.rs"]
 mod load;
 #[path = "../tests/common/mock_vllm.rs"]
@@ -184,6 +190,13 @@ async fn wait_ready(client: &reqwest::Client, target: &Target, proc: &mut Proc) 
 
 #[tokio::main]
 async fn main() {
+    if let Ok(backend) = std::env::var(bare_hop::BACKEND_VAR) {
+        let port = std::env::var(bare_hop::PORT_VAR)
+            .ok()
+            .and_then(|p| p.parse().ok())
+            .expect("the bare hop's port");
+        return bare_hop::run(&backend, port).await;
+    }
     let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     let venv = std::env::var_os("TITO_PEERS_VENV")
         .map(PathBuf::from)
@@ -261,6 +274,15 @@ async fn main() {
             .args(["-m", "sglang_router.launch_router", "--host", "127.0.0.1"])
             .args(["--port", &sgl_port.to_string()])
             .args(["--worker-urls", &mock.url(), "--policy", "round_robin"]),
+    );
+
+    let bare_port = free_port();
+    let mut bare = spawn(
+        "bare-hop",
+        dir.path(),
+        Command::new(std::env::current_exe().expect("this bench's binary"))
+            .env(bare_hop::BACKEND_VAR, mock.url())
+            .env(bare_hop::PORT_VAR, bare_port.to_string()),
     );
 
     let lite_port = free_port();
@@ -351,6 +373,8 @@ async fn main() {
         bearer: Some(LITELLM_KEY),
         ..Target::gateway("litellm", lite_port, &lite, &chat)
     };
+    let bare_t = Target::gateway("bare hop", bare_port, &bare, &chat);
+    wait_ready(&client, &bare_t, &mut bare).await;
     wait_ready(&client, &sgl_t, &mut sgl).await;
     wait_ready(&client, &lite_t, &mut lite).await;
 
@@ -366,7 +390,7 @@ async fn main() {
         .ok()
         .map(|s| s.split(',').map(|n| n.trim().to_string()).collect());
     if let Some(only) = &only {
-        let mut picked: Vec<&Target> = [&tito_t, &tito_q_t, &sgl_t, &lite_t]
+        let mut picked: Vec<&Target> = [&tito_t, &tito_q_t, &sgl_t, &lite_t, &bare_t]
             .into_iter()
             .filter(|t| only.iter().any(|n| n == t.name))
             .collect();
@@ -387,6 +411,7 @@ async fn main() {
         return;
     }
     let mut summary = Vec::new();
+    let mut own = Vec::new();
     for concurrency in [1usize, 64] {
         let targets = [
             &direct_ids,
@@ -395,19 +420,23 @@ async fn main() {
             &tito_q_t,
             &sgl_t,
             &lite_t,
+            &bare_t,
         ];
         let cells = interleaved(&client, &targets, concurrency, secs, rounds_n).await;
         for (i, (t, c)) in targets.iter().zip(&cells).enumerate() {
             // tito calls the token-id endpoint; the peers call the text one.
             let base = match i {
                 2 | 3 => Some(&cells[0].stats),
-                4 | 5 => Some(&cells[1].stats),
+                4..=6 => Some(&cells[1].stats),
                 _ => None,
             };
             row(concurrency, t.name, c, base);
         }
         let rps = |i: usize| cells[i].stats.rps;
         summary.push((concurrency, rps(2), rps(3), rps(4), rps(5)));
+        // tito's added p50 less the bare hop's: what its own work adds.
+        let p50 = |i: usize| cells[i].stats.p50.as_secs_f64() * 1000.0;
+        own.push((concurrency, (p50(2) - p50(0)) - (p50(6) - p50(1))));
     }
     println!();
     for (c, tito_rps, queued_rps, sgl_rps, lite_rps) in summary {
@@ -418,6 +447,11 @@ async fn main() {
             tito_rps / lite_rps,
             queued_rps / sgl_rps,
             queued_rps / lite_rps
+        );
+    }
+    for (c, ms) in own {
+        println!(
+            "concurrency {c}: tito's added p50 less the bare hop's (its own work) = {ms:.3} ms"
         );
     }
 }
