@@ -14,10 +14,10 @@
 //! The WAL starts over from its beginning only at a commit that finds all
 //! of it copied, and a checkpoint leaves behind what was committed while it
 //! ran: its first `fsync` (of the WAL, before copying) took 9 to 17 ms for
-//! a thousand frames on the machine of docs/benchmarks.md ("The WAL's
-//! checkpoints catch up"), time for twenty or more commits at 1 concurrent
-//! call. Commits back to back thus keep the WAL from starting over by
-//! itself.
+//! a thousand frames on the machine of docs/benchmarks-history.md ("The
+//! WAL's checkpoints catch up"), time for twenty or more commits at 1
+//! concurrent call. Commits back to back thus keep the WAL from starting
+//! over by itself.
 //!
 //! After each commit the writer tells the [`Checkpointer`] how many frames
 //! the WAL holds ([`Checkpointer::after_commit`]). Every
@@ -55,8 +55,8 @@ const MAX_PASSES: usize = 3;
 /// WAL frames past which a pass that left frames behind is followed by a
 /// catch-up, and a catch-up that left frames behind by a held pass. Each
 /// hold makes the commits wait (up to 3 ms on the machine of
-/// docs/benchmarks.md, "The WAL's checkpoints catch up"), so below this
-/// size the WAL is left to grow while the commits come back to back.
+/// docs/benchmarks-history.md, "The WAL's checkpoints catch up"), so below
+/// this size the WAL is left to grow while the commits come back to back.
 const HOLD_FRAMES: i32 = 12 * CHECKPOINT_FRAMES;
 
 /// WAL frames past which a commit holds the writing connection through a
