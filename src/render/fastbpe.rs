@@ -33,8 +33,9 @@ use super::pretok::AsciiScanner;
 /// ones with a plain scan, which is faster for them.
 const SCAN_MAX: usize = 48;
 
-/// Distinct words the word cache holds before it starts over (about 1.5 MB
-/// at most: a word is at most [`SCAN_MAX`] bytes and as many ids).
+/// Distinct words the word cache holds before it starts over: at most
+/// about 4.6 MB (a word of [`SCAN_MAX`] bytes may keep as many ids), under
+/// 1 MB for words of a few bytes and ids.
 const CACHE_WORDS: usize = 1 << 14;
 
 /// Added tokens of one matching pass.
