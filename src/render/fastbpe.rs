@@ -102,8 +102,16 @@ impl WordCache {
         }
     }
 
+    /// One byte is one id: nothing to merge, nothing worth remembering.
+    fn holds(word: &[u8]) -> bool {
+        word.len() > 1
+    }
+
     /// Appends `word`'s ids to `out` if it is remembered.
     fn get(&self, word: &[u8], out: &mut Vec<u32>) -> bool {
+        if !Self::holds(word) {
+            return false;
+        }
         let Ok(words) = self.words.try_lock() else {
             return false;
         };
@@ -117,6 +125,9 @@ impl WordCache {
     }
 
     fn put(&self, word: &[u8], ids: &[u32]) {
+        if !Self::holds(word) {
+            return;
+        }
         let Ok(mut words) = self.words.try_lock() else {
             return;
         };
@@ -366,13 +377,10 @@ impl FastBpe {
             self.bpe_heap(word, out);
             return;
         }
-        // One byte is one id: nothing to merge, nothing to remember.
-        if word.len() == 1 || !self.words.get(word, out) {
+        if !self.words.get(word, out) {
             let start = out.len();
             self.bpe_scan(word, out);
-            if word.len() > 1 {
-                self.words.put(word, &out[start..]);
-            }
+            self.words.put(word, &out[start..]);
         }
     }
 
