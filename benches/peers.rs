@@ -24,7 +24,8 @@
 //! cell, default 5), `TITO_PEERS_ROUNDS` (interleaved rounds, median
 //! reported, default 3), `TITO_PEERS_ONLY` (comma-separated target names to
 //! load, e.g. `tito` while `perf record -p` watches it; the direct calls and
-//! ratios are then skipped), `TITO_BIN_B` (a second tito binary, e.g. the
+//! ratios are then skipped), `TITO_PEERS_CONC` (in those rounds, the
+//! concurrencies loaded, comma-separated, default `1,64`), `TITO_BIN_B` (a second tito binary, e.g. the
 //! previous commit's, loaded beside `tito` in the `TITO_PEERS_ONLY` rounds
 //! with the same config: an A/B in one run), `TITO_STORE_B` (B's `[store]`
 //! table instead, e.g. `url = "memory://"`), `TITO_LOAD_SPREAD` (set: each
@@ -395,7 +396,12 @@ async fn main() {
             .filter(|t| only.iter().any(|n| n == t.name))
             .collect();
         picked.extend(tito_b_t.as_ref());
-        for concurrency in [1usize, 64] {
+        // `TITO_PEERS_CONC=1` (or `64`) loads one concurrency only.
+        let concurrencies: Vec<usize> = match std::env::var("TITO_PEERS_CONC") {
+            Ok(s) => s.split(',').filter_map(|c| c.trim().parse().ok()).collect(),
+            Err(_) => vec![1, 64],
+        };
+        for concurrency in concurrencies {
             let cells = interleaved(&client, &picked, concurrency, secs, rounds_n).await;
             for (t, c) in picked.iter().zip(&cells) {
                 row(concurrency, t.name, c, None);

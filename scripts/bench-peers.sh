@@ -3,6 +3,7 @@
 # side in one run (benches/peers.rs). Installs the peers into .bench-venv,
 # fetches the Qwen3 tokenizer fixture, builds the release binary, then runs
 # the bench. TITO_PEERS_SECS sets the seconds measured per cell (default 5).
+# `--setup-only`: the venv and the tokenizer fixture, nothing else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/env.sh
@@ -15,5 +16,6 @@ if [ ! -x .bench-venv/bin/litellm ] || ! .bench-venv/bin/python -c "import sglan
   .bench-venv/bin/pip install -q -r scripts/requirements-bench-peers.txt
 fi
 echo "== peers: $(.bench-venv/bin/pip list 2>/dev/null | grep -E '^(sglang-router|litellm) ' | tr -s ' ' | paste -sd, -)"
+if [ "${1:-}" = "--setup-only" ]; then exit 0; fi
 cargo build --release --bin tito
 cargo bench --bench peers

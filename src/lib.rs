@@ -27,6 +27,8 @@
 //! - [`verify`]: the teacher-forced replay check of recorded logprobs against
 //!   a backend's prompt logprobs, on request and sampled in the background.
 //! - [`logging`]: the log output of every command (text or JSON lines).
+//! - [`phases`]: where a request's time goes, phase by phase (cargo
+//!   feature `phase-timing`, for `scripts/bench-phases.sh`).
 //! - [`inline_wake`]: tasks whose futures do not wake themselves across the
 //!   runtime's threads (each served connection, a streamed answer, a call
 //!   left by its client).
@@ -43,6 +45,7 @@ pub mod inline_wake;
 pub mod logging;
 pub mod metrics;
 pub mod parse;
+pub mod phases;
 pub mod render;
 pub mod router;
 pub mod store;

@@ -21,6 +21,7 @@ use crate::call::replies::Claim;
 use crate::call::{Answer, CallEvent, ChoiceEvent, Output, ParseSetup, PlanRequest, Running};
 use crate::error::ApiError;
 use crate::parse::ChatStream;
+use crate::phases::{mark, Mark};
 use crate::render::{run_render_work, RenderInput};
 use crate::trajectory::messages::render_bytes;
 use crate::trajectory::{CallContext, ChatInput, Prepared};
@@ -57,6 +58,7 @@ async fn handle(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let handled = Instant::now();
+    mark(Mark::Handler);
     // Parse.
     let (mut req, body_json): (ChatRequest, _) = parse_body(&body)?;
     let legacy_functions = req.map_legacy_functions()?;
@@ -89,6 +91,7 @@ async fn handle(
         usage_chunk: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         legacy_functions,
     };
+    mark(Mark::Parsed);
     let owner = match state
         .calls
         .claim(super::retry_request(headers, named.clone(), &body)?)
@@ -101,6 +104,7 @@ async fn handle(
     // Prepare.
     let tid = super::trajectory_id(&state, named);
     state.trajectories.tag(&tid, &tag).await?;
+    mark(Mark::Claimed);
     let started_at = crate::store::now_ms();
     let prepared = prepare(&state, &tid, &req).await?;
     // A forced tool call is constrained JSON: no tool parser reads it.
@@ -126,7 +130,7 @@ async fn handle(
             trajectory_id: tid.clone(),
             request: Arc::new(body_json),
             messages: (!req.continue_final_message.unwrap_or(false))
-                .then(|| Arc::new(req.messages.clone())),
+                .then(|| Arc::new(std::mem::take(&mut req.messages))),
             started_at,
             weight_version: state.router.weight_version(),
             normalized,
@@ -139,11 +143,14 @@ async fn handle(
         output,
     })?;
 
+    mark(Mark::Planned);
+
     // Run.
     let running = state
         .calls
         .start(new_id("chatcmpl"), vec![plan], Some(owner), req.stream)
         .await?;
+    mark(Mark::Started);
 
     // Respond.
     let headers = super::trajectory_header(&tid);
@@ -154,12 +161,15 @@ async fn handle(
         }));
     }
     let answer = running.finish().await?;
+    mark(Mark::Finished);
     let body = response_body(&state, &answer, shape);
     crate::metrics::gateway_overhead(
         "chat",
         handled.elapsed().saturating_sub(answer.generated_in),
     );
-    Ok((headers, axum::Json(body)).into_response())
+    let response = (headers, axum::Json(body)).into_response();
+    mark(Mark::Built);
+    Ok(response)
 }
 
 /// A recorded answer, given again (an SDK retry or a repeated key).

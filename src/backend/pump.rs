@@ -152,6 +152,7 @@ pub async fn send_and_pump<D: EventDecoder + Unpin>(
         tokio::time::timeout_at(first_deadline, transport.post(backend, path, body))
             .await
             .map_err(|_| super::timeout(backend, "no response before the first-token timeout"))??;
+    crate::phases::mark(crate::phases::Mark::Answered);
     if !(200..300).contains(&status) {
         let mut text = Vec::new();
         let read = async {

@@ -44,6 +44,7 @@ use crate::backend::{
 };
 use crate::config::{OnBudgetExhausted, TrajectoryConfig};
 use crate::error::ApiError;
+use crate::phases::{mark, Mark};
 use crate::render::Renderer;
 use crate::router::Router;
 use crate::trajectory::{CallContext, ChoiceOutcome, Prepared, Trajectories};
@@ -511,6 +512,7 @@ impl Pump {
             return;
         }
         let generated_in = self.asked.elapsed();
+        mark(Mark::LastEvent);
         // After the last token: record. A reader that leaves now hands this
         // pump to a task of its own (`Drop for Running`).
         let result = self.record(generated_in).await;
@@ -581,11 +583,13 @@ async fn record_plan(
             parse_outcome: r.parse_outcome.clone(),
         })
         .collect();
+    mark(Mark::CommitStart);
     let start = Instant::now();
     let indices = calls
         .trajectories
         .commit(&plan.ctx, &plan.prepared, outcomes, body_at)
         .await?;
+    mark(Mark::Recorded);
     crate::metrics::store_commit(start.elapsed());
     let prepared = &plan.prepared;
     let delta = prepared.prompt_ids.len() - prepared.delta_start;

@@ -14,6 +14,7 @@ use futures::StreamExt;
 
 use crate::backend::{BackendError, FinishReason, GenEvent, GenStream, GenerateRequest};
 use crate::error::ApiError;
+use crate::phases::{mark, Mark};
 use crate::router::{RouteError, Router};
 
 /// How long a call waits for admission while backends sleep.
@@ -70,6 +71,7 @@ pub async fn start_sequence(
             tracing::debug!(trajectory = %trajectory_id, backend = %route.name,
                 moved_from = route.moved_from.as_deref().unwrap_or(""), "trajectory routed");
         }
+        mark(Mark::Routed);
         let first = match route.backend.generate(req.clone()).await {
             Ok(mut stream) => match stream.next().await {
                 // Aborted before any token (SGLang's `/pause_generation`

@@ -21,6 +21,7 @@ use super::drift::{diagnose, first_difference, SegRange, Served};
 use super::messages::{is_served_message, prefix_hashes, render_bytes, ContextHash, RenderContext};
 use super::{extend_segments, hot, HotCall, Trajectories, TrajectoryError};
 use crate::config::HistoryMode;
+use crate::phases::{mark, Mark};
 use crate::render::{run_render_work, RenderInput};
 use crate::store::Drift;
 
@@ -151,7 +152,9 @@ impl Trajectories {
             add_generation_prompt: input.add_generation_prompt,
             kwargs: input.kwargs,
         };
+        mark(Mark::RenderStart);
         let fresh_text = self.renderer.render(&render_input)?;
+        mark(Mark::Rendered);
         let continuation = match best {
             Some((c, k)) => self.continuation_text(c, k, input)?.map(|t| (c, t)),
             None => None,
@@ -159,6 +162,7 @@ impl Trajectories {
         let Some((parent, delta_text)) = continuation else {
             // A new sample: the first call, a new conversation, or an edit.
             let ids = self.renderer.encode(&fresh_text)?;
+            mark(Mark::Encoded);
             let since = |c: &HotCall| first_difference(&c.full_ids(), &ids).map(|p| p as u32);
             let drift = match (edited, recontexted) {
                 (Some(c), _) => since(c).map(|position| Drift {
@@ -179,6 +183,7 @@ impl Trajectories {
             return Ok(self.root(ids, fresh_text, drift));
         };
         let delta_ids = self.renderer.encode(&delta_text)?;
+        mark(Mark::Encoded);
         let mut exact = Vec::with_capacity(parent.full_len() + delta_ids.len());
         parent.extend_full_ids(&mut exact);
         exact.extend_from_slice(&delta_ids);
