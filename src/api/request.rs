@@ -49,6 +49,11 @@ pub fn from_value<T: DeserializeOwned>(value: Json) -> Result<T, ApiError> {
 }
 
 fn from_json<T: DeserializeOwned>(value: &Json) -> Result<T, ApiError> {
+    // A plain pass first: tracking every field's path costs about as much
+    // as the pass itself, and only an error reads it.
+    if let Ok(v) = T::deserialize(value) {
+        return Ok(v);
+    }
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
