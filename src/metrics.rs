@@ -5,13 +5,14 @@
 //!
 //! Must not: block, or allocate label sets from request input.
 
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use metrics::{
-    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Unit,
+    counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
+    Gauge, Histogram, Unit,
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
@@ -274,22 +275,100 @@ pub fn init() {
     });
 }
 
+/// The series every call updates, each looked up in the recorder once: a
+/// `counter!` or `histogram!` call builds its key (allocating its label
+/// values) and searches the registry each time, a few hundred ns apiece and
+/// about ten a call.
+struct Handles<K, H> {
+    made: Mutex<Vec<(K, H)>>,
+}
+
+impl<K, H: Clone> Handles<K, H> {
+    const fn new() -> Self {
+        Handles {
+            made: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The handle whose key `is` picks, made by `make` the first time.
+    /// Label values come from small fixed sets (routes of one kind, token
+    /// kinds), so a short list searched in order is enough.
+    fn get(&self, is: impl Fn(&K) -> bool, make: impl FnOnce() -> (K, H)) -> H {
+        let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, h)) = made.iter().find(|(k, _)| is(k)) {
+            return h.clone();
+        }
+        // The recorder first: a handle made before it is installed would
+        // count nothing, ever.
+        let _ = handle();
+        let (k, h) = make();
+        made.push((k, h.clone()));
+        h
+    }
+}
+
+/// One route's request series, each status's count made on first use.
+struct RouteSeries {
+    route: String,
+    duration: Histogram,
+    counts: Vec<(u16, Counter)>,
+}
+
 /// One answered request, by matched route and status.
 pub fn request(route: &str, status: u16, took: Duration) {
-    counter!(REQUESTS, "route" => route.to_string(), "status" => status.to_string()).increment(1);
-    histogram!(REQUEST_DURATION, "route" => route.to_string()).record(took.as_secs_f64());
+    // Searched in order: routes are the router's few dozen templates (and
+    // `unmatched`), statuses a handful each.
+    static BY_ROUTE: Mutex<Vec<RouteSeries>> = Mutex::new(Vec::new());
+    let (count, duration) = {
+        let mut routes = BY_ROUTE.lock().unwrap_or_else(|e| e.into_inner());
+        let at = match routes.iter().position(|r| r.route == route) {
+            Some(at) => at,
+            None => {
+                let _ = handle();
+                routes.push(RouteSeries {
+                    route: route.to_string(),
+                    duration: histogram!(REQUEST_DURATION, "route" => route.to_string()),
+                    counts: Vec::new(),
+                });
+                routes.len() - 1
+            }
+        };
+        let series = &mut routes[at];
+        let count = match series.counts.iter().find(|(s, _)| *s == status) {
+            Some((_, c)) => c.clone(),
+            None => {
+                let _ = handle();
+                let c = counter!(REQUESTS, "route" => route.to_string(), "status" => status.to_string());
+                series.counts.push((status, c.clone()));
+                c
+            }
+        };
+        (count, series.duration.clone())
+    };
+    count.increment(1);
+    duration.record(took.as_secs_f64());
 }
 
 pub fn gateway_overhead(route: &'static str, d: Duration) {
-    histogram!(GATEWAY_OVERHEAD, "route" => route).record(d.as_secs_f64());
+    static BY_ROUTE: Handles<&'static str, Histogram> = Handles::new();
+    let h = BY_ROUTE.get(
+        |r| *r == route,
+        || (route, histogram!(GATEWAY_OVERHEAD, "route" => route)),
+    );
+    h.record(d.as_secs_f64());
 }
 
 pub fn time_to_first_token(d: Duration) {
-    histogram!(TTFT).record(d.as_secs_f64());
+    static TTFT_SERIES: Handles<(), Histogram> = Handles::new();
+    TTFT_SERIES
+        .get(|_| true, || ((), histogram!(TTFT)))
+        .record(d.as_secs_f64());
 }
 
 pub fn tokens(kind: &'static str, n: usize) {
-    counter!(TOKENS, "kind" => kind).increment(n as u64);
+    static BY_KIND: Handles<&'static str, Counter> = Handles::new();
+    let c = BY_KIND.get(|k| *k == kind, || (kind, counter!(TOKENS, "kind" => kind)));
+    c.increment(n as u64);
 }
 
 pub fn drift(cause: &str) {
@@ -363,11 +442,17 @@ pub fn hot_stale_reloads(n: u64) {
 }
 
 pub fn hot_bytes(bytes: u64) {
-    gauge!(HOT_BYTES).set(bytes as f64);
+    static SERIES: Handles<(), Gauge> = Handles::new();
+    SERIES
+        .get(|_| true, || ((), gauge!(HOT_BYTES)))
+        .set(bytes as f64);
 }
 
 pub fn retry_cache_bytes(bytes: usize) {
-    gauge!(RETRY_CACHE_BYTES).set(bytes as f64);
+    static SERIES: Handles<(), Gauge> = Handles::new();
+    SERIES
+        .get(|_| true, || ((), gauge!(RETRY_CACHE_BYTES)))
+        .set(bytes as f64);
 }
 
 /// One bundled-engine step: prompt tokens computed, sequences running and
@@ -404,7 +489,10 @@ pub fn store_transient_retry() {
 }
 
 pub fn store_commit(d: Duration) {
-    histogram!(STORE_COMMIT).record(d.as_secs_f64());
+    static SERIES: Handles<(), Histogram> = Handles::new();
+    SERIES
+        .get(|_| true, || ((), histogram!(STORE_COMMIT)))
+        .record(d.as_secs_f64());
 }
 
 /// Backend names `/metrics` has reported.
