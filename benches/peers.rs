@@ -25,12 +25,12 @@
 //! reported, default 3), `TITO_PEERS_ONLY` (comma-separated target names to
 //! load, e.g. `tito` while `perf record -p` watches it; the direct calls and
 //! ratios are then skipped), `TITO_PEERS_CONC` (in those rounds, the
-//! concurrencies loaded, comma-separated, default `1,64`), `TITO_BIN_B` (a second tito binary, e.g. the
-//! previous commit's, loaded beside `tito` in the `TITO_PEERS_ONLY` rounds
-//! with the same config: an A/B in one run), `TITO_STORE_B` (B's `[store]`
-//! table instead, e.g. `url = "memory://"`), `TITO_LOAD_SPREAD` (set: each
-//! cell's latency percentiles to stderr, see `common/load.rs`). Without the
-//! venv the bench says so and skips.
+//! concurrencies loaded, comma-separated, default `1,64`), `TITO_BIN_B` (a
+//! second tito binary, e.g. the previous commit's, loaded beside `tito` in
+//! the `TITO_PEERS_ONLY` rounds with the same config: an A/B in one run),
+//! `TITO_STORE_B` (B's `[store]` table instead, e.g. `url = "memory://"`),
+//! `TITO_LOAD_SPREAD` (set: each cell's latency percentiles to stderr, see
+//! `common/load.rs`). Without the venv the bench says so and skips.
 
 #[path = "common/bare_hop.rs"]
 mod bare_hop;
