@@ -275,36 +275,44 @@ pub fn init() {
     });
 }
 
-/// The series every call updates, each looked up in the recorder once: a
-/// `counter!` or `histogram!` call builds its key (allocating its label
-/// values) and searches the registry each time, a few hundred ns apiece and
-/// about ten a call.
-struct Handles<K, H> {
-    made: Mutex<Vec<(K, H)>>,
+// The series every call updates keep their handles (below, and in
+// `request`): a `counter!` or `histogram!` call builds its key (allocating
+// its label values) and searches the registry each time, a few hundred ns
+// apiece and about ten a call. The recorder is installed before a handle
+// is made: one made before would count nothing, ever.
+
+/// Handles of one series by the value of its one label, made on first use.
+/// The values are a small fixed set (the routes that report a gateway
+/// overhead, token kinds), so a short list searched in order is enough.
+struct ByLabel<H> {
+    made: Mutex<Vec<(&'static str, H)>>,
 }
 
-impl<K, H: Clone> Handles<K, H> {
+impl<H: Clone> ByLabel<H> {
     const fn new() -> Self {
-        Handles {
+        ByLabel {
             made: Mutex::new(Vec::new()),
         }
     }
 
-    /// The handle whose key `is` picks, made by `make` the first time.
-    /// Label values come from small fixed sets (routes of one kind, token
-    /// kinds), so a short list searched in order is enough.
-    fn get(&self, is: impl Fn(&K) -> bool, make: impl FnOnce() -> (K, H)) -> H {
+    fn get(&self, value: &'static str, make: impl FnOnce() -> H) -> H {
         let mut made = self.made.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, h)) = made.iter().find(|(k, _)| is(k)) {
+        if let Some((_, h)) = made.iter().find(|(v, _)| *v == value) {
             return h.clone();
         }
-        // The recorder first: a handle made before it is installed would
-        // count nothing, ever.
         let _ = handle();
-        let (k, h) = make();
-        made.push((k, h.clone()));
+        let h = make();
+        made.push((value, h.clone()));
         h
     }
+}
+
+/// The handle of a series without labels, made the first time.
+fn made_once<H>(cell: &'static OnceLock<H>, make: impl FnOnce() -> H) -> &'static H {
+    cell.get_or_init(|| {
+        let _ = handle();
+        make()
+    })
 }
 
 /// One route's request series, each status's count made on first use.
@@ -350,24 +358,19 @@ pub fn request(route: &str, status: u16, took: Duration) {
 }
 
 pub fn gateway_overhead(route: &'static str, d: Duration) {
-    static BY_ROUTE: Handles<&'static str, Histogram> = Handles::new();
-    let h = BY_ROUTE.get(
-        |r| *r == route,
-        || (route, histogram!(GATEWAY_OVERHEAD, "route" => route)),
-    );
+    static BY_ROUTE: ByLabel<Histogram> = ByLabel::new();
+    let h = BY_ROUTE.get(route, || histogram!(GATEWAY_OVERHEAD, "route" => route));
     h.record(d.as_secs_f64());
 }
 
 pub fn time_to_first_token(d: Duration) {
-    static TTFT_SERIES: Handles<(), Histogram> = Handles::new();
-    TTFT_SERIES
-        .get(|_| true, || ((), histogram!(TTFT)))
-        .record(d.as_secs_f64());
+    static SERIES: OnceLock<Histogram> = OnceLock::new();
+    made_once(&SERIES, || histogram!(TTFT)).record(d.as_secs_f64());
 }
 
 pub fn tokens(kind: &'static str, n: usize) {
-    static BY_KIND: Handles<&'static str, Counter> = Handles::new();
-    let c = BY_KIND.get(|k| *k == kind, || (kind, counter!(TOKENS, "kind" => kind)));
+    static BY_KIND: ByLabel<Counter> = ByLabel::new();
+    let c = BY_KIND.get(kind, || counter!(TOKENS, "kind" => kind));
     c.increment(n as u64);
 }
 
@@ -442,17 +445,13 @@ pub fn hot_stale_reloads(n: u64) {
 }
 
 pub fn hot_bytes(bytes: u64) {
-    static SERIES: Handles<(), Gauge> = Handles::new();
-    SERIES
-        .get(|_| true, || ((), gauge!(HOT_BYTES)))
-        .set(bytes as f64);
+    static SERIES: OnceLock<Gauge> = OnceLock::new();
+    made_once(&SERIES, || gauge!(HOT_BYTES)).set(bytes as f64);
 }
 
 pub fn retry_cache_bytes(bytes: usize) {
-    static SERIES: Handles<(), Gauge> = Handles::new();
-    SERIES
-        .get(|_| true, || ((), gauge!(RETRY_CACHE_BYTES)))
-        .set(bytes as f64);
+    static SERIES: OnceLock<Gauge> = OnceLock::new();
+    made_once(&SERIES, || gauge!(RETRY_CACHE_BYTES)).set(bytes as f64);
 }
 
 /// One bundled-engine step: prompt tokens computed, sequences running and
@@ -489,10 +488,8 @@ pub fn store_transient_retry() {
 }
 
 pub fn store_commit(d: Duration) {
-    static SERIES: Handles<(), Histogram> = Handles::new();
-    SERIES
-        .get(|_| true, || ((), histogram!(STORE_COMMIT)))
-        .record(d.as_secs_f64());
+    static SERIES: OnceLock<Histogram> = OnceLock::new();
+    made_once(&SERIES, || histogram!(STORE_COMMIT)).record(d.as_secs_f64());
 }
 
 /// Backend names `/metrics` has reported.

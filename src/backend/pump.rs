@@ -35,6 +35,7 @@ use super::conn::Pool;
 use super::sse::SseDecoder;
 use super::{BackendError, GenEvent, GenStream};
 use crate::config::RouterConfig;
+use crate::phases::{mark, Mark};
 
 /// How a backend's SSE `data:` payload becomes events. One impl per backend.
 pub trait EventDecoder: Send + 'static {
@@ -152,7 +153,7 @@ pub async fn send_and_pump<D: EventDecoder + Unpin>(
         tokio::time::timeout_at(first_deadline, transport.post(backend, path, body))
             .await
             .map_err(|_| super::timeout(backend, "no response before the first-token timeout"))??;
-    crate::phases::mark(crate::phases::Mark::Answered);
+    mark(Mark::Answered);
     if !(200..300).contains(&status) {
         let mut text = Vec::new();
         let read = async {
