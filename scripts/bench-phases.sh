@@ -12,7 +12,8 @@ source scripts/env.sh
 scripts/bench-peers.sh --setup-only
 cargo build --release --bin tito --features phase-timing
 cp target/release/tito target/release/tito-phases
-# The plain binary back (its build is still current: nothing recompiles).
+# The plain binary back: copied from cargo's artifacts when they match the
+# source, else built (as scripts/bench-peers.sh would).
 cargo build --release --bin tito
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT
