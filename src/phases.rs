@@ -26,6 +26,7 @@ pub enum Mark {
     Claimed,
     /// The chat template starts rendering.
     RenderStart,
+    /// The prompt is text.
     Rendered,
     /// The prompt text is token ids.
     Encoded,
@@ -164,8 +165,17 @@ pub const ALL: [Mark; MARKS] = [
 /// it; then the median whole request.
 pub fn report(rows: &[[Option<u64>; MARKS]]) -> String {
     let mut out = format!("window of {} requests (median µs)\n", rows.len());
+    // One line: the median of `ns` in µs and how many there are.
+    let mut line = |name: &str, mut ns: Vec<u64>| {
+        if ns.is_empty() {
+            return;
+        }
+        ns.sort_unstable();
+        let median = ns[ns.len() / 2] as f64 / 1e3;
+        out.push_str(&format!("{name:>14} {median:8.1} {:>7}\n", ns.len()));
+    };
     for (i, m) in ALL.iter().enumerate().skip(1) {
-        let mut gaps: Vec<u64> = rows
+        let gaps = rows
             .iter()
             .filter_map(|r| {
                 let at = r[i]?;
@@ -173,27 +183,9 @@ pub fn report(rows: &[[Option<u64>; MARKS]]) -> String {
                 Some(at.saturating_sub(before))
             })
             .collect();
-        if gaps.is_empty() {
-            continue;
-        }
-        gaps.sort_unstable();
-        let median = gaps[gaps.len() / 2] as f64 / 1e3;
-        out.push_str(&format!(
-            "{:>14} {median:8.1} {:>7}\n",
-            format!("{m:?}"),
-            gaps.len()
-        ));
+        line(&format!("{m:?}"), gaps);
     }
-    let mut whole: Vec<u64> = rows.iter().filter_map(|r| r[MARKS - 1]).collect();
-    if !whole.is_empty() {
-        whole.sort_unstable();
-        let median = whole[whole.len() / 2] as f64 / 1e3;
-        out.push_str(&format!(
-            "{:>14} {median:8.1} {:>7}\n",
-            "whole",
-            whole.len()
-        ));
-    }
+    line("whole", rows.iter().filter_map(|r| r[MARKS - 1]).collect());
     out
 }
 
