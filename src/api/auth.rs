@@ -251,19 +251,26 @@ pub async fn require(
     req: Request,
     next: Next,
 ) -> Response {
-    if cross_site(req.headers()) {
-        return ApiError::new(
-            axum::http::StatusCode::FORBIDDEN,
-            "invalid_request_error",
-            "cross-site request refused: a page on another site may not call this gateway",
-        )
-        .into_response();
+    match refusal(&auth, role, req.headers()) {
+        Some(refused) => refused,
+        None => next.run(req).await,
     }
-    if auth.allows(role, req.headers()) {
-        next.run(req).await
-    } else {
-        unauthorized()
+}
+
+/// The answer to a request [`require`] refuses (from another site, or
+/// without a token of `role`); `None` lets it through.
+pub fn refusal(auth: &Auth, role: Role, headers: &axum::http::HeaderMap) -> Option<Response> {
+    if cross_site(headers) {
+        return Some(
+            ApiError::new(
+                axum::http::StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                "cross-site request refused: a page on another site may not call this gateway",
+            )
+            .into_response(),
+        );
     }
+    (!auth.allows(role, headers)).then(unauthorized)
 }
 
 #[cfg(test)]

@@ -481,18 +481,33 @@ async fn not_found() -> ApiError {
     ApiError::not_found("no such route")
 }
 
+/// Middleware of the OpenAI routes: the API role's check
+/// ([`auth::refusal`]), then `[server] max_concurrent_requests`. One layer
+/// for both: each `from_fn` layer clones the route's boxed service and boxes
+/// a future for every request.
+async fn openai_guard(
+    State((auth, slots)): State<(Arc<auth::Auth>, Arc<tokio::sync::Semaphore>)>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if let Some(refused) = auth::refusal(&auth, auth::Role::Api, req.headers()) {
+        return refused;
+    }
+    limit_concurrency(&slots, req, next).await
+}
+
 /// `[server] max_concurrent_requests`: a request beyond it is answered 429
 /// with `Retry-After` and reaches no backend. A streamed answer holds its
 /// slot until its body ends (or the client goes away); an answer whose body
 /// is complete frees it at once.
 async fn limit_concurrency(
-    State(slots): State<Arc<tokio::sync::Semaphore>>,
+    slots: &Arc<tokio::sync::Semaphore>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     use axum::body::HttpBody;
     use futures::StreamExt;
-    let Ok(slot) = slots.try_acquire_owned() else {
+    let Ok(slot) = slots.clone().try_acquire_owned() else {
         crate::metrics::rejected_overload();
         let mut resp = ApiError::too_many_requests(
             "the gateway is at its limit of concurrent requests \
@@ -539,10 +554,9 @@ pub fn build_app(state: AppState) -> axum::Router {
         .nest("/t/{tid}", v1_routes())
         .nest("/g/{gid}/t/{tid}", v1_routes())
         .route_layer(axum::middleware::from_fn_with_state(
-            in_flight,
-            limit_concurrency,
-        ))
-        .route_layer(role(auth::Role::Api));
+            (state.auth.clone(), in_flight),
+            openai_guard,
+        ));
     let trainer = trajectories::routes()
         .merge(export::routes())
         .merge(ui::trainer_routes())
