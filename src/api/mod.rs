@@ -484,7 +484,8 @@ async fn not_found() -> ApiError {
 /// Middleware of the OpenAI routes: the API role's check
 /// ([`auth::refusal`]), then `[server] max_concurrent_requests`. One layer
 /// for both: each `from_fn` layer clones the route's boxed service and boxes
-/// a future for every request.
+/// a future for every request (docs/benchmarks.md, "One middleware for the
+/// OpenAI routes").
 async fn openai_guard(
     State((auth, slots)): State<(Arc<auth::Auth>, Arc<tokio::sync::Semaphore>)>,
     req: axum::extract::Request,
@@ -493,7 +494,7 @@ async fn openai_guard(
     if let Some(refused) = auth::refusal(&auth, auth::Role::Api, req.headers()) {
         return refused;
     }
-    limit_concurrency(&slots, req, next).await
+    limit_concurrency(slots, req, next).await
 }
 
 /// `[server] max_concurrent_requests`: a request beyond it is answered 429
@@ -501,13 +502,13 @@ async fn openai_guard(
 /// slot until its body ends (or the client goes away); an answer whose body
 /// is complete frees it at once.
 async fn limit_concurrency(
-    slots: &Arc<tokio::sync::Semaphore>,
+    slots: Arc<tokio::sync::Semaphore>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
     use axum::body::HttpBody;
     use futures::StreamExt;
-    let Ok(slot) = slots.clone().try_acquire_owned() else {
+    let Ok(slot) = slots.try_acquire_owned() else {
         crate::metrics::rejected_overload();
         let mut resp = ApiError::too_many_requests(
             "the gateway is at its limit of concurrent requests \
