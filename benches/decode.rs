@@ -12,6 +12,11 @@ use criterion::{criterion_group, criterion_main, Criterion};
 use tito::backend::pump::EventDecoder;
 use tito::backend::vllm::VllmDecoder;
 
+// The allocator the gateway runs with (src/main.rs): glibc's malloc costs
+// allocation-heavy code differently.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// One chunk as vLLM writes it with `return_tokens_as_token_ids`, with `k`
 /// alternatives (at least the sampled token).
 fn chunk(k: u32) -> String {

@@ -18,6 +18,11 @@ use serde_json::{json, Value as Json};
 use tito::config::ModelConfig;
 use tito::render::{RenderInput, Renderer};
 
+// The allocator the gateway runs with (src/main.rs): glibc's malloc costs
+// allocation-heavy code differently.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 const SIZES: [usize; 3] = [1_000, 8_000, 32_000];
 
 /// Turn texts that mix prose, code, digits, unicode and tool traffic, so the
