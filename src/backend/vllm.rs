@@ -227,7 +227,6 @@ fn prompt_logprobs(answer: ScoreAnswer, ids: &[u32]) -> Result<Vec<PositionLogpr
 
 /// One streamed completion chunk, or an in-stream error.
 #[derive(Deserialize)]
-#[cfg_attr(test, derive(Debug))]
 struct Chunk {
     #[serde(default)]
     choices: Option<Vec<Choice>>,
@@ -244,7 +243,6 @@ struct Chunk {
 }
 
 #[derive(Deserialize)]
-#[cfg_attr(test, derive(Debug))]
 struct Choice {
     #[serde(default)]
     token_ids: Option<Vec<u32>>,
@@ -255,7 +253,6 @@ struct Choice {
 }
 
 #[derive(Deserialize)]
-#[cfg_attr(test, derive(Debug))]
 struct CompletionLogprobs {
     #[serde(default)]
     token_logprobs: Option<Vec<Option<f32>>>,
@@ -266,7 +263,6 @@ struct CompletionLogprobs {
 /// One position's `{"token_id:ID": logprob, ...}` read straight into
 /// `(id, logprob)` pairs (no JSON map built per token); entries whose key is
 /// not a token id or whose value is not a number are skipped.
-#[cfg_attr(test, derive(Debug))]
 struct TopLogprobs(Vec<(u32, f32)>);
 
 impl<'de> Deserialize<'de> for TopLogprobs {
@@ -411,11 +407,8 @@ fn token_logprobs(
 
 impl EventDecoder for VllmDecoder {
     fn on_data(&mut self, data: &str) -> Result<Vec<GenEvent>, BackendError> {
-        let chunk = match scan::chunk(data) {
-            Some(chunk) => chunk,
-            None => serde_json::from_str(data)
-                .map_err(|e| self.protocol(format!("bad stream chunk: {e}")))?,
-        };
+        let chunk: Chunk = serde_json::from_str(data)
+            .map_err(|e| self.protocol(format!("bad stream chunk: {e}")))?;
         if let Some(e) = self.chunk_error(&chunk) {
             return Err(e);
         }
@@ -560,9 +553,6 @@ impl VllmBackend {
             .map_err(|e| super::map_reqwest(&self.name, e))
     }
 }
-
-#[path = "vllm_scan.rs"]
-mod scan;
 
 #[cfg(test)]
 #[path = "vllm_tests.rs"]
