@@ -13,7 +13,9 @@
 //! has appended the transaction's pages and a commit frame to the `-wal` file
 //! with `write(2)` before it returns; a killed process loses nothing that the
 //! kernel already holds, and on the next open SQLite recovers the WAL and
-//! replays every frame up to the last commit frame. So `synchronous=NORMAL`,
+//! replays every frame up to the last commit frame (the writing connection's
+//! VFS, [`walbuf`], joins a transaction's frames into one write but writes
+//! them before the commit frame's write returns). So `synchronous=NORMAL`,
 //! the default, survives `kill -9` (the crash test kills a writer with
 //! SIGKILL and finds every acknowledged call). `?synchronous=full` also
 //! `fsync`s the WAL at every commit, so acknowledged calls survive power loss
@@ -26,6 +28,7 @@ mod consumers;
 mod requests;
 mod rows;
 pub mod schema;
+mod walbuf;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -46,6 +49,23 @@ use super::{
 };
 
 pub use schema::SCHEMA_VERSION;
+
+/// The writing connection: through [`walbuf`]'s VFS, which writes a
+/// transaction's WAL frames in one system call, or SQLite's default one
+/// where that VFS cannot be registered (a warning says why).
+fn open_writing(path: &Path) -> Result<Connection, StoreError> {
+    match walbuf::register() {
+        Ok(vfs) => Ok(Connection::open_with_flags_and_vfs(
+            path,
+            OpenFlags::default(),
+            vfs,
+        )?),
+        Err(why) => {
+            tracing::warn!(%why, "SQLite store: writing through the default VFS");
+            Ok(Connection::open(path)?)
+        }
+    }
+}
 
 /// Idle read connections kept for reuse.
 const MAX_IDLE_READERS: usize = 8;
@@ -166,7 +186,7 @@ impl SqliteStore {
                 std::fs::create_dir_all(dir)?;
             }
         }
-        let mut conn = Connection::open(path)?;
+        let mut conn = open_writing(path)?;
         conn.busy_timeout(Duration::from_secs(10))?;
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
