@@ -484,8 +484,8 @@ async fn not_found() -> ApiError {
 /// Middleware of the OpenAI routes: the API role's check
 /// ([`auth::refusal`]), then `[server] max_concurrent_requests`. One layer
 /// for both: each `from_fn` layer clones the route's boxed service and boxes
-/// a future for every request (docs/benchmarks.md, "One middleware for the
-/// OpenAI routes").
+/// a future for every request (docs/benchmarks-history-late.md, "One
+/// middleware for the OpenAI routes").
 async fn openai_guard(
     State((auth, slots)): State<(Arc<auth::Auth>, Arc<tokio::sync::Semaphore>)>,
     req: axum::extract::Request,
