@@ -6,22 +6,28 @@
 //!
 //! # What it may hold back, and when it lets go
 //!
-//! A write to the WAL that continues the last one (the next frame of a
-//! transaction, or the WAL's header when it starts over) is kept in memory.
-//! What is kept is written, with one call of the default VFS's `xWrite`:
+//! From a transaction's first frame (or the WAL's header, when the WAL
+//! starts over) to its commit frame's page, a write to the WAL that
+//! continues the last one is kept in memory. Everything else is written
+//! through as it comes: a transaction of one frame, and whatever follows a
+//! commit frame until the next transaction (the checksum rewrites SQLite
+//! makes when the transaction overwrote frames it had spilled, which land
+//! at earlier offsets; with `synchronous=FULL` on a device without
+//! power-safe overwrite, copies of the commit frame up to a sector's end,
+//! which SQLite may split around a sync). What is kept is written, with one
+//! call of the default VFS's `xWrite`:
 //!
-//! - when a commit frame's page is written (a frame header whose "database
-//!   size" word is not zero is a commit frame's), before that write returns,
-//!   and with that write's outcome. SQLite publishes a commit to other
-//!   connections (the wal-index header) only after the commit frame is
-//!   written, so nothing it published is still held back, and an error
+//! - when the commit frame's page is written (a frame header whose
+//!   "database size" word is not zero is a commit frame's), before that
+//!   write returns, and with that write's outcome. SQLite publishes a commit
+//!   to other connections (the wal-index header) only after it wrote the
+//!   commit frame, so nothing it published is still held back, and an error
 //!   fails the commit as a failed write of the frame would;
 //! - before any other operation on the file (a read, a sync, a truncation,
-//!   its size, a lock, a file control, its close) and before any write that
-//!   does not continue the kept bytes, which is written through as is: the
-//!   checksum rewrites SQLite makes after a commit frame (when the
-//!   transaction overwrote frames it had spilled) land at earlier offsets,
-//!   so they are never held;
+//!   its size, a lock, a file control, its close) and before a write that
+//!   does not continue the kept bytes. Kept bytes at such a point belong to
+//!   no commit yet (a spill, a rolled-back transaction); a failure to write
+//!   them is that operation's error, which fails the transaction;
 //! - when more than 128 KiB would be kept (a large transaction is written in
 //!   pieces of up to that size).
 //!
@@ -110,6 +116,9 @@ struct WalFile {
     next: i64,
     /// The last write was a commit frame's header.
     commit_header: bool,
+    /// Appends are kept: from a transaction's first frame (or the WAL's
+    /// header) to its commit frame's page.
+    keeping: bool,
 }
 
 /// `WalFile`'s size rounded up to 16, where the default VFS's file starts.
@@ -146,6 +155,7 @@ unsafe extern "C" fn x_open(
             start: 0,
             next: -1,
             commit_header: false,
+            keeping: true,
         },
     );
     ffi::SQLITE_OK
@@ -176,16 +186,30 @@ impl WalFile {
         let Ok(len) = usize::try_from(amt) else {
             return ffi::SQLITE_IOERR_WRITE;
         };
-        let continues = if self.kept.is_empty() {
-            offset == self.next || (offset == 0 && amt == WAL_HEADER)
-        } else {
-            offset == self.start + self.kept.len() as i64
-        };
-        let ends_commit = self.commit_header && amt != FRAME_HEADER;
-        self.commit_header = amt == FRAME_HEADER && {
-            let header = std::slice::from_raw_parts(data.cast::<u8>(), len);
-            header[4..8] != [0; 4]
-        };
+        let bytes = std::slice::from_raw_parts(data.cast::<u8>(), len);
+        let wal_header = offset == 0 && amt == WAL_HEADER;
+        let frame_header = amt == FRAME_HEADER;
+        let commit_header = frame_header && bytes[4..8] != [0; 4];
+        // A transaction's frames start with the WAL's header (when the WAL
+        // starts over) or with a frame that is not its commit frame.
+        if wal_header || (offset == self.next && frame_header && !commit_header) {
+            self.keeping = true;
+        }
+        let continues = self.keeping
+            && if self.kept.is_empty() {
+                offset == self.next || wal_header
+            } else {
+                offset == self.start + self.kept.len() as i64
+            };
+        // The previous write was a commit frame's header: this is its page.
+        // What follows until the next transaction (the padding of
+        // `synchronous=FULL` to a sector's end, which SQLite may split
+        // around a sync) is written through.
+        let ends_commit = self.commit_header && !frame_header;
+        if ends_commit {
+            self.keeping = false;
+        }
+        self.commit_header = commit_header;
         self.next = offset + i64::from(amt);
         if !continues || self.kept.len() + len > LIMIT {
             let rc = self.flush();
@@ -203,8 +227,7 @@ impl WalFile {
             self.kept.clear();
             return ffi::SQLITE_IOERR_NOMEM;
         }
-        self.kept
-            .extend_from_slice(std::slice::from_raw_parts(data.cast::<u8>(), len));
+        self.kept.extend_from_slice(bytes);
         if ends_commit {
             return self.flush();
         }
