@@ -6,16 +6,12 @@
 //!
 //! # What it may hold back, and when it lets go
 //!
-//! From a transaction's first frame (or the WAL's header, when the WAL
-//! starts over) to its commit frame's page, a write to the WAL that
-//! continues the last one is kept in memory. Everything else is written
-//! through as it comes: a transaction of one frame, and whatever follows a
-//! commit frame until the next transaction (the checksum rewrites SQLite
-//! makes when the transaction overwrote frames it had spilled, which land
-//! at earlier offsets; with `synchronous=FULL` on a device without
-//! power-safe overwrite, copies of the commit frame up to a sector's end,
-//! which SQLite may split around a sync). What is kept is written, with one
-//! call of the default VFS's `xWrite`:
+//! A write to the WAL that continues the last one (the next frame of a
+//! transaction, or the WAL's header when the WAL starts over) is kept in
+//! memory; any other write (the checksum rewrites SQLite makes after a
+//! commit frame when the transaction overwrote frames it had spilled land
+//! at earlier offsets) is written through as it comes. What is kept is
+//! written, with one call of the default VFS's `xWrite`:
 //!
 //! - when the commit frame's page is written (a frame header whose
 //!   "database size" word is not zero is a commit frame's), before that
@@ -30,6 +26,14 @@
 //!   them is that operation's error, which fails the transaction;
 //! - when more than 128 KiB would be kept (a large transaction is written in
 //!   pieces of up to that size).
+//!
+//! A database whose file does not report power-safe overwrite (`psow=0` in
+//! a URI) has its WAL written as the default VFS writes it: there, with
+//! `synchronous=FULL`, SQLite pads each commit with copies of its commit
+//! frame up to a sector's end, syncs before the copy that crosses it and
+//! writes that copy's rest after the sync, past the commit frame. SQLite
+//! decides that padding from the database file when it opens the WAL, and
+//! so does this VFS.
 //!
 //! So after `COMMIT` returns every frame of the transaction is in the file,
 //! as without this VFS (`SqliteStore`'s `kill -9` guarantee), and a process
@@ -116,9 +120,6 @@ struct WalFile {
     next: i64,
     /// The last write was a commit frame's header.
     commit_header: bool,
-    /// Appends are kept: from a transaction's first frame (or the WAL's
-    /// header) to its commit frame's page.
-    keeping: bool,
 }
 
 /// `WalFile`'s size rounded up to 16, where the default VFS's file starts.
@@ -135,7 +136,7 @@ unsafe extern "C" fn x_open(
     let Some(open) = (*real_vfs).xOpen else {
         return ffi::SQLITE_CANTOPEN;
     };
-    if flags & ffi::SQLITE_OPEN_WAL == 0 {
+    if flags & ffi::SQLITE_OPEN_WAL == 0 || !power_safe(name) {
         return open(real_vfs, name, file, flags, out_flags);
     }
     let real = file.cast::<u8>().add(HEADER).cast::<ffi::sqlite3_file>();
@@ -155,10 +156,22 @@ unsafe extern "C" fn x_open(
             start: 0,
             next: -1,
             commit_header: false,
-            keeping: true,
         },
     );
     ffi::SQLITE_OK
+}
+
+/// Whether the database of WAL file `name` reports power-safe overwrite,
+/// as `sqlite3WalOpen` asks right after opening the WAL: without it SQLite
+/// pads commits (see the module's doc).
+unsafe fn power_safe(name: ffi::sqlite3_filename) -> bool {
+    let db = ffi::sqlite3_database_file_object(name);
+    if db.is_null() || (*db).pMethods.is_null() {
+        return false;
+    }
+    methods(db)
+        .xDeviceCharacteristics
+        .is_some_and(|f| f(db) & ffi::SQLITE_IOCAP_POWERSAFE_OVERWRITE != 0)
 }
 
 /// The default VFS's methods of `real`.
@@ -187,29 +200,14 @@ impl WalFile {
             return ffi::SQLITE_IOERR_WRITE;
         };
         let bytes = std::slice::from_raw_parts(data.cast::<u8>(), len);
-        let wal_header = offset == 0 && amt == WAL_HEADER;
-        let frame_header = amt == FRAME_HEADER;
-        let commit_header = frame_header && bytes[4..8] != [0; 4];
-        // A transaction's frames start with the WAL's header (when the WAL
-        // starts over) or with a frame that is not its commit frame.
-        if wal_header || (offset == self.next && frame_header && !commit_header) {
-            self.keeping = true;
-        }
-        let continues = self.keeping
-            && if self.kept.is_empty() {
-                offset == self.next || wal_header
-            } else {
-                offset == self.start + self.kept.len() as i64
-            };
+        let continues = if self.kept.is_empty() {
+            offset == self.next || (offset == 0 && amt == WAL_HEADER)
+        } else {
+            offset == self.start + self.kept.len() as i64
+        };
         // The previous write was a commit frame's header: this is its page.
-        // What follows until the next transaction (the padding of
-        // `synchronous=FULL` to a sector's end, which SQLite may split
-        // around a sync) is written through.
-        let ends_commit = self.commit_header && !frame_header;
-        if ends_commit {
-            self.keeping = false;
-        }
-        self.commit_header = commit_header;
+        let ends_commit = self.commit_header && amt != FRAME_HEADER;
+        self.commit_header = amt == FRAME_HEADER && bytes[4..8] != [0; 4];
         self.next = offset + i64::from(amt);
         if !continues || self.kept.len() + len > LIMIT {
             let rc = self.flush();
