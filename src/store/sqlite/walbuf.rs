@@ -1,8 +1,8 @@
 //! A VFS over SQLite's default (`unix`) one that writes a transaction's WAL
 //! frames with one `pwrite(2)` instead of two a frame (SQLite writes each
 //! frame's 24-byte header, then its page). The writing connection opens the
-//! store through it (`writer`); every other connection, and every file but
-//! the `-wal` one, is the default VFS's own.
+//! store through it (`open_writing` in the parent module); every other
+//! connection, and every file but the `-wal` one, is the default VFS's own.
 //!
 //! # What it may hold back, and when it lets go
 //!
@@ -55,7 +55,7 @@ use std::sync::OnceLock;
 use rusqlite::ffi;
 
 /// The VFS's registered name.
-pub(crate) const NAME: &str = "tito-walbuf";
+const NAME: &str = "tito-walbuf";
 const NAME_C: &CStr = c"tito-walbuf";
 
 /// Kept bytes past which they are written: the most unix's `xWrite` writes
