@@ -7,11 +7,13 @@
 //! # What it may hold back, and when it lets go
 //!
 //! A write to the WAL that continues the last one (the next frame of a
-//! transaction, or the WAL's header when the WAL starts over) is kept in
-//! memory; any other write (the checksum rewrites SQLite makes after a
-//! commit frame when the transaction overwrote frames it had spilled land
-//! at earlier offsets) is written through as it comes. What is kept is
-//! written, with one call of the default VFS's `xWrite`:
+//! transaction) is kept in memory; any other write is written through as it
+//! comes: the WAL's header when the WAL starts over (SQLite syncs it before
+//! the first frame unless `synchronous=OFF`, which the store does not
+//! offer), and the checksum rewrites SQLite makes after a commit frame when
+//! the transaction overwrote frames it had spilled (they land at earlier
+//! offsets). What is kept is written, with one call of the default VFS's
+//! `xWrite`:
 //!
 //! - when the commit frame's page is written (a frame header whose
 //!   "database size" word is not zero is a commit frame's), before that
@@ -62,8 +64,7 @@ const NAME_C: &CStr = c"tito-walbuf";
 /// in one call (it masks a write's length with `0x1ffff`; SQLite's own
 /// writes are a page at most, 64 KiB).
 const LIMIT: usize = 0x1ffff;
-/// SQLite's WAL header and frame header sizes.
-const WAL_HEADER: c_int = 32;
+/// The size of a WAL frame's header.
 const FRAME_HEADER: c_int = 24;
 
 /// Registers the VFS once; `Err` when the default VFS is not SQLite's
@@ -113,9 +114,8 @@ pub(crate) fn register() -> Result<&'static str, String> {
 struct WalFile {
     base: ffi::sqlite3_file,
     real: *mut ffi::sqlite3_file,
-    /// Bytes written to SQLite but not yet to the file, from `start`.
+    /// Bytes written to SQLite but not yet to the file. They end at `next`.
     kept: Vec<u8>,
-    start: i64,
     /// Just past the last write; where a continuing write starts.
     next: i64,
     /// The last write was a commit frame's header.
@@ -153,7 +153,6 @@ unsafe extern "C" fn x_open(
             },
             real,
             kept: Vec::new(),
-            start: 0,
             next: -1,
             commit_header: false,
         },
@@ -185,12 +184,8 @@ impl WalFile {
         if self.kept.is_empty() {
             return ffi::SQLITE_OK;
         }
-        let rc = write_through(
-            self.real,
-            self.kept.as_ptr().cast(),
-            self.kept.len(),
-            self.start,
-        );
+        let start = self.next - self.kept.len() as i64;
+        let rc = write_through(self.real, self.kept.as_ptr().cast(), self.kept.len(), start);
         self.kept.clear();
         rc
     }
@@ -200,17 +195,15 @@ impl WalFile {
             return ffi::SQLITE_IOERR_WRITE;
         };
         let bytes = std::slice::from_raw_parts(data.cast::<u8>(), len);
-        let continues = if self.kept.is_empty() {
-            offset == self.next || (offset == 0 && amt == WAL_HEADER)
-        } else {
-            offset == self.start + self.kept.len() as i64
-        };
+        let end = offset + i64::from(amt);
+        let continues = offset == self.next;
         // The previous write was a commit frame's header: this is its page.
         let ends_commit = self.commit_header && amt != FRAME_HEADER;
         self.commit_header = amt == FRAME_HEADER && bytes[4..8] != [0; 4];
-        self.next = offset + i64::from(amt);
         if !continues || self.kept.len() + len > LIMIT {
+            // `flush` places the kept bytes by `next`: move it only after.
             let rc = self.flush();
+            self.next = end;
             if rc != ffi::SQLITE_OK {
                 return rc;
             }
@@ -218,14 +211,12 @@ impl WalFile {
                 return write_through(self.real, data, len, offset);
             }
         }
-        if self.kept.is_empty() {
-            self.start = offset;
-        }
         if self.kept.try_reserve(len).is_err() {
             self.kept.clear();
             return ffi::SQLITE_IOERR_NOMEM;
         }
         self.kept.extend_from_slice(bytes);
+        self.next = end;
         if ends_commit {
             return self.flush();
         }

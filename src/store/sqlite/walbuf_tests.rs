@@ -212,5 +212,14 @@ fn a_transaction_is_one_write() {
             });
             assert_eq!(one, frames_of_one, "one frame of round {k}{query}");
         }
+        // After a truncating checkpoint the WAL starts over: SQLite writes
+        // its header and syncs it, then the frame, so two writes.
+        conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE)")
+            .expect("checkpoint");
+        let restarted = writes(&mut || {
+            conn.execute("UPDATE t SET v = x'02' WHERE k = 1", [])
+                .expect("update after restart");
+        });
+        assert_eq!(restarted, 2 * frames_of_one, "header, frame{query}");
     }
 }
