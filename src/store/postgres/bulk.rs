@@ -1,7 +1,8 @@
 //! A run of appends in a handful of round trips, whatever its length: the
-//! writer's fast path under load. Trajectories are created in one
-//! statement, checked in one, parents in one, the calls go in with one
-//! binary `COPY`, and the trajectory counters are bumped in one `UPDATE`.
+//! writer's fast path under load. Trajectories are created or locked in
+//! one statement (in the writers' lock order, see `super::lock_order`),
+//! checked in one, parents in one, the calls go in with one binary `COPY`,
+//! and the trajectory counters are bumped in one `UPDATE`.
 //!
 //! It refuses (returns an error, and the writer redoes the batch call by
 //! call, see [`super::writer`]) whenever a call would be refused on its own:
@@ -20,17 +21,21 @@ use super::writer::AppendParams;
 use super::Conn;
 use crate::store::{CallRecord, StoreError};
 
-/// The trajectories of `calls`, created if missing, in the order of their
-/// first call (creation order is export order).
-const CREATE_MANY: &str = "INSERT INTO trajectories (id, status, created_at, updated_at) \
+/// Each trajectory of `calls`, in the order of `$1` (id order: see
+/// `lock_order`), created when missing or else locked, one row after the
+/// other: the step the call-by-call path takes per trajectory (the writer's
+/// `CREATE_SQL`, then `APPEND_SQL`'s row lock), in the same order. An
+/// existing row is locked by the conflict's `DO UPDATE`, which PostgreSQL
+/// locks even where its `WHERE` is false (so no row is written) and, as it
+/// sets no key column, `FOR NO KEY UPDATE`: the lock `COUNT_MANY` takes
+/// anyway, and which waits for a finish another replica has not committed
+/// yet. The count of rows it reports is the count created.
+const LOCK_MANY: &str = "INSERT INTO trajectories (id, status, created_at, updated_at) \
      SELECT u.id, 0, $2, $2 FROM unnest($1::TEXT[]) WITH ORDINALITY AS u(id, n) ORDER BY u.n \
-     ON CONFLICT (id) DO NOTHING";
+     ON CONFLICT (id) DO UPDATE SET updated_at = trajectories.updated_at WHERE false";
 
-/// `FOR NO KEY UPDATE` (the lock `COUNT_MANY` takes anyway, see the writer's
-/// `APPEND_SQL`), in seq order: waits for a finish another replica has not
-/// committed yet (as the call-by-call path does), locking rows in one order.
-const STATUS_MANY: &str = "SELECT id, seq, status FROM trajectories WHERE id = ANY($1::TEXT[]) \
-     ORDER BY seq FOR NO KEY UPDATE";
+/// The rows `LOCK_MANY` created or locked, as they now are.
+const STATUS_MANY: &str = "SELECT id, seq, status FROM trajectories WHERE id = ANY($1::TEXT[])";
 
 const PARENTS_MANY: &str = "SELECT c.traj, c.call_index FROM calls c \
      JOIN unnest($1::BIGINT[], $2::BIGINT[]) AS p(traj, call_index) \
@@ -99,20 +104,16 @@ pub(super) async fn append_many(
     calls: &[&CallRecord],
     now: i64,
 ) -> Result<(), StoreError> {
-    let mut ids: Vec<&str> = Vec::new();
-    let mut seen = HashSet::new();
-    for c in calls {
-        if seen.insert(c.trajectory_id.as_str()) {
-            ids.push(&c.trajectory_id);
-        }
-    }
-    let create = conn.prep(CREATE_MANY).await?;
+    let mut ids: Vec<&str> = calls.iter().map(|c| c.trajectory_id.as_str()).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    let lock = conn.prep(LOCK_MANY).await?;
     let status = conn.prep(STATUS_MANY).await?;
-    let (create_args, status_args): ([&(dyn ToSql + Sync); 2], [&(dyn ToSql + Sync); 1]) =
+    let (lock_args, status_args): ([&(dyn ToSql + Sync); 2], [&(dyn ToSql + Sync); 1]) =
         ([&ids, &now], [&ids]);
     // Pipelined: the server runs them in this order.
     let (created, rows) = futures::join!(
-        conn.client.execute(&create, &create_args),
+        conn.client.execute(&lock, &lock_args),
         conn.client.query(&status, &status_args),
     );
     conn.created += created?;
@@ -160,7 +161,7 @@ pub(super) async fn append_many(
     let sink = conn.client.copy_in(COPY_CALLS).await?;
     let writer = BinaryCopyInWriter::new(sink, &COPY_TYPES);
     pin_mut!(writer);
-    // In seq order: rows are locked in one order by every writer.
+    // `LOCK_MANY` holds every row these counts update.
     let mut counts: BTreeMap<i64, Counts> = BTreeMap::new();
     for (c, p) in calls.iter().zip(&params) {
         let seq = seq_of(c)?;
@@ -212,12 +213,12 @@ pub(super) async fn append_many(
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use tokio::sync::oneshot;
 
     use super::super::rows::{load, Key};
     use super::super::{rows, schema, writer, Conn};
-    use super::{CREATE_MANY, STATUS_MANY};
+    use super::LOCK_MANY;
     use crate::store::group_commit::{Job, Op};
     use crate::store::{Bodies, CallRecord, StoreError, Trajectory, TrajectoryFilter};
 
@@ -228,13 +229,13 @@ mod tests {
     }
 
     /// [`database`] and its URL, for a second connection to it.
-    async fn database_at() -> (String, Conn) {
+    pub(crate) async fn database_at() -> (String, Conn) {
         let (url, conn) = super::super::test_database().await;
         schema::migrate(&conn).await.expect("migrate");
         (url, conn)
     }
 
-    fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
+    pub(crate) fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
         CallRecord {
             trajectory_id: traj.into(),
             call_index: index,
@@ -262,7 +263,7 @@ mod tests {
         }
     }
 
-    fn jobs(calls: Vec<CallRecord>) -> Vec<Job> {
+    pub(crate) fn jobs(calls: Vec<CallRecord>) -> Vec<Job> {
         calls
             .into_iter()
             .map(|c| {
@@ -271,6 +272,17 @@ mod tests {
                     op: Op::Append(Box::new(c)),
                     ack: Some(ack),
                 }
+            })
+            .collect()
+    }
+
+    /// The call slot each append of `batch` writes, in the batch's order.
+    fn slots(batch: &[Job]) -> Vec<(String, u32)> {
+        batch
+            .iter()
+            .filter_map(|j| match &j.op {
+                Op::Append(c) => Some((c.trajectory_id.clone(), c.call_index)),
+                _ => None,
             })
             .collect()
     }
@@ -309,7 +321,7 @@ mod tests {
         // Call 0 of each chain is stored before the run: the run's first
         // calls continue a stored parent, the later ones a parent in the run.
         for t in ["z-bulk", "a-bulk", "single"] {
-            let out = writer::commit_batch(&mut conn, &jobs(vec![call(t, 0, None)])).await;
+            let out = writer::commit_batch(&mut conn, &mut jobs(vec![call(t, 0, None)])).await;
             assert!(out[0].is_ok(), "{out:?}");
         }
         fn chain(t: &str) -> impl Iterator<Item = CallRecord> + '_ {
@@ -322,7 +334,8 @@ mod tests {
                 }
             })
         }
-        // New trajectories first seen in this order: "y-new" before "b-new".
+        // New trajectories first seen in this order: "y-new" before "b-new";
+        // created in the writers' lock order (by id, see `lock_order`).
         let run: Vec<CallRecord> = chain("z-bulk")
             .chain([call("y-new", 0, None), call("b-new", 0, None)])
             .chain(chain("a-bulk"))
@@ -333,7 +346,7 @@ mod tests {
         assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
         // The same calls one batch each: the call-by-call path.
         for c in chain("single") {
-            let out = writer::commit_batch(&mut conn, &jobs(vec![c])).await;
+            let out = writer::commit_batch(&mut conn, &mut jobs(vec![c])).await;
             assert!(out[0].is_ok(), "{out:?}");
         }
         let single = load(&mut conn, Key::Id("single"), Bodies::Read)
@@ -352,7 +365,7 @@ mod tests {
         }
         assert_eq!(
             ids_in_creation_order(&conn).await,
-            ["z-bulk", "a-bulk", "single", "y-new", "b-new"]
+            ["z-bulk", "a-bulk", "single", "b-new", "y-new"]
         );
     }
 
@@ -360,7 +373,7 @@ mod tests {
     async fn each_refusal_alone_sends_the_run_down_the_call_by_call_path() {
         let mut conn = database().await;
         let stored = [call("done", 0, None), call("kept", 0, None)];
-        assert!(writer::commit_batch(&mut conn, &jobs(stored.to_vec()))
+        assert!(writer::commit_batch(&mut conn, &mut jobs(stored.to_vec()))
             .await
             .iter()
             .all(Result::is_ok));
@@ -400,14 +413,20 @@ mod tests {
                 "{}: the fast path refuses the run",
                 bad.trajectory_id
             );
-            let outcomes = writer::commit_batch(&mut conn, &jobs(run)).await;
-            let failed: Vec<usize> = (0..outcomes.len())
-                .filter(|&i| outcomes[i].is_err())
+            // The batch in lock order, each job beside its outcome.
+            let mut batch = jobs(run);
+            let outcomes = writer::commit_batch(&mut conn, &mut batch).await;
+            let failed: Vec<(String, u32)> = slots(&batch)
+                .into_iter()
+                .zip(&outcomes)
+                .filter(|(_, o)| o.is_err())
+                .map(|(slot, _)| slot)
                 .collect();
-            assert_eq!(failed, [3], "{}: {outcomes:?}", bad.trajectory_id);
-            match &outcomes[3] {
-                Err(e) => assert!(expected(e), "{}: {e}", bad.trajectory_id),
-                Ok(_) => panic!("{}: stored", bad.trajectory_id),
+            let slot = (bad.trajectory_id.clone(), bad.call_index);
+            assert_eq!(failed, [slot], "{}: {outcomes:?}", bad.trajectory_id);
+            match outcomes.iter().find(|o| o.is_err()) {
+                Some(Err(e)) => assert!(expected(e), "{}: {e}", bad.trajectory_id),
+                _ => panic!("{}: stored", bad.trajectory_id),
             }
         }
     }
@@ -415,7 +434,7 @@ mod tests {
     #[tokio::test]
     async fn a_refused_call_fails_alone_and_the_rest_of_the_run_commits() {
         let mut conn = database().await;
-        let first = writer::commit_batch(&mut conn, &jobs(vec![call("done", 0, None)])).await;
+        let first = writer::commit_batch(&mut conn, &mut jobs(vec![call("done", 0, None)])).await;
         assert!(first[0].is_ok());
         conn.client
             .batch_execute("UPDATE trajectories SET status = 1 WHERE id = 'done'")
@@ -431,11 +450,29 @@ mod tests {
             call("v", 1, Some(0)),
             call("v", 2, Some(1)),
         ];
-        let outcomes = writer::commit_batch(&mut conn, &jobs(run)).await;
-        let ok: Vec<bool> = outcomes.iter().map(Result::is_ok).collect();
-        assert_eq!(ok, [true, false, true, false, false, true, true, true]);
-        assert!(matches!(outcomes[1], Err(StoreError::Duplicate { .. })));
-        assert!(matches!(outcomes[4], Err(StoreError::Finished(_))));
+        let mut batch = jobs(run);
+        let outcomes = writer::commit_batch(&mut conn, &mut batch).await;
+        // In lock order: by trajectory, each one's calls as they came.
+        let ok: Vec<((String, u32), bool)> = slots(&batch)
+            .into_iter()
+            .zip(outcomes.iter().map(Result::is_ok))
+            .collect();
+        let slot = |t: &str, i: u32| (t.to_string(), i);
+        assert_eq!(
+            ok,
+            [
+                (slot("done", 1), false),
+                (slot("t", 0), true),
+                (slot("t", 0), false),
+                (slot("t", 1), true),
+                (slot("u", 1), false),
+                (slot("v", 0), true),
+                (slot("v", 1), true),
+                (slot("v", 2), true),
+            ]
+        );
+        assert!(matches!(outcomes[0], Err(StoreError::Finished(_))));
+        assert!(matches!(outcomes[2], Err(StoreError::Duplicate { .. })));
         let stored: i64 = conn
             .client
             .query_one("SELECT count(*) FROM calls", &[])
@@ -460,7 +497,7 @@ mod tests {
     async fn racing_another_replica_for_a_slot_is_a_duplicate_not_a_deadlock() {
         let (url, mut other) = database_at().await;
         let mut conn = Conn::connect(&url).await.expect("connect");
-        let first = writer::commit_batch(&mut other, &jobs(vec![call("slot", 0, None)])).await;
+        let first = writer::commit_batch(&mut other, &mut jobs(vec![call("slot", 0, None)])).await;
         assert!(first[0].is_ok(), "{first:?}");
         // Both replicas now store call 1.
         let mine = call("slot", 1, Some(0));
@@ -469,17 +506,15 @@ mod tests {
         // The other replica's bulk run, up to its row lock.
         other.client.batch_execute("BEGIN").await.expect("begin");
         let ids = vec!["slot"];
-        let create = other.prep(CREATE_MANY).await.expect("prepare");
-        let status = other.prep(STATUS_MANY).await.expect("prepare");
+        let lock = other.prep(LOCK_MANY).await.expect("prepare");
         other
             .client
-            .execute(&create, &[&ids, &1i64])
+            .execute(&lock, &[&ids, &1i64])
             .await
-            .expect("create");
-        other.client.query(&status, &[&ids]).await.expect("lock");
+            .expect("lock");
         // This writer's append of the same slot, until it waits on a lock.
         let writer = tokio::spawn(async move {
-            let out = writer::commit_batch(&mut conn, &jobs(vec![mine])).await;
+            let out = writer::commit_batch(&mut conn, &mut jobs(vec![mine])).await;
             (out, conn.transient_retries)
         });
         let probe = Conn::connect(&url).await.expect("connect");
@@ -542,7 +577,7 @@ mod tests {
             .await
             .expect("append");
         assert!(stored.iter().all(Result::is_ok), "{stored:?}");
-        let out = writer::commit_batch(&mut fast, &jobs(vec![call("fast", 0, None)])).await;
+        let out = writer::commit_batch(&mut fast, &mut jobs(vec![call("fast", 0, None)])).await;
         assert!(out[0].is_ok(), "{out:?}");
         let all = TrajectoryFilter::default();
         let page = rows::page(&mut reader, &all, 0, 10).await.expect("page");

@@ -22,6 +22,7 @@
 
 mod bulk;
 mod consumers;
+mod lock_order;
 mod rows;
 pub mod schema;
 mod settle;

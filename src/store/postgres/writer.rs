@@ -9,7 +9,9 @@
 //! Several replicas may write one database. The trajectory row is created
 //! with `ON CONFLICT DO NOTHING`, a call slot is the primary key
 //! `(traj, call_index)`, so two writers can never both store one slot: the
-//! second gets [`StoreError::Duplicate`].
+//! second gets [`StoreError::Duplicate`]. Each batch is applied in the
+//! writers' one lock order ([`lock_order`]), so two writers' batches that
+//! share trajectories wait for each other but never deadlock.
 
 use tokio::sync::mpsc;
 use tokio_postgres::error::SqlState;
@@ -17,7 +19,7 @@ use tokio_postgres::types::ToSql;
 
 use super::rows::{meta_by_id, replays_of, status_code};
 use super::settle::{settle, Xact, XACT_SQL};
-use super::{consumers, Conn};
+use super::{consumers, lock_order, Conn};
 use crate::store::codec::{ids_to_bytes, logprobs_to_bytes, split_request};
 use crate::store::group_commit::{acknowledge, Done, Job, Op, Outcome, MAX_BATCH, WEIGHT_VERSION};
 use crate::store::{
@@ -52,7 +54,7 @@ pub(crate) async fn run(url: String, conn: Conn, mut rx: mpsc::Receiver<Job>) {
             };
         }
         let outcomes = match conn.as_mut() {
-            Some(c) => commit_batch(c, &batch).await,
+            Some(c) => commit_batch(c, &mut batch).await,
             None => batch.iter().map(|_| Err(StoreError::Closed)).collect(),
         };
         acknowledge(&mut batch, outcomes);
@@ -64,12 +66,15 @@ pub(crate) async fn run(url: String, conn: Conn, mut rx: mpsc::Receiver<Job>) {
 /// so running it again is safe.
 const TRANSIENT_TRIES: usize = 3;
 
-/// The whole batch in one transaction; a job that fails sends the batch
-/// down [`commit_each`], which isolates it with savepoints.
+/// The whole batch in one transaction, first sorted into lock order
+/// ([`lock_order`]: the outcomes follow that order); a job that fails sends
+/// the batch down [`commit_each`], which isolates it with savepoints.
 /// A lost connection fails the batch at once: nothing could isolate a job
 /// on it, and the commit's outcome, when it was in doubt, is already
 /// settled.
-pub(crate) async fn commit_batch(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
+pub(crate) async fn commit_batch(conn: &mut Conn, batch: &mut [Job]) -> Vec<Outcome> {
+    lock_order::sort(batch);
+    let batch = &*batch;
     for _ in 1..TRANSIENT_TRIES {
         match commit_all(conn, batch).await {
             Ok(outcomes) => return outcomes,
@@ -232,11 +237,14 @@ async fn apply_all(conn: &mut Conn, batch: &[Job], now: i64) -> Result<Vec<Outco
 /// savepoint itself fails, the transaction is aborted (PostgreSQL would
 /// answer `COMMIT` with a rollback): the whole batch fails. A job that lost
 /// a deadlock is not failed alone: the locks the jobs before it took would
-/// rebuild the same cycle, so the whole transaction is rolled back and run
-/// again (up to [`TRANSIENT_TRIES`] times).
+/// rebuild the same cycle, so the whole transaction is rolled back at once
+/// (the jobs after it would each wait out a deadlock of their own) and run
+/// again, up to [`TRANSIENT_TRIES`] times; in the last, it fails alone.
+/// Between writers the lock order makes that cycle impossible; another
+/// client of the database can still close one.
 async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
     let mut tries = 0;
-    loop {
+    'tries: loop {
         tries += 1;
         if let Err(e) = begin(conn, batch).await {
             return failed(batch, &e);
@@ -258,15 +266,14 @@ async fn commit_each(conn: &mut Conn, batch: &[Job]) -> Vec<Outcome> {
                 let _ = conn.client.batch_execute("ROLLBACK").await;
                 return failed(batch, &e.into());
             }
-            outcomes.push(r);
-        }
-        let lost = outcomes
-            .iter()
-            .find_map(|o| o.as_ref().err().filter(|e| transient(e)));
-        if let Some(e) = lost.filter(|_| tries < TRANSIENT_TRIES) {
-            retried(conn, e);
-            let _ = conn.client.batch_execute("ROLLBACK").await;
-            continue;
+            match r {
+                Err(e) if transient(&e) && tries < TRANSIENT_TRIES => {
+                    retried(conn, &e);
+                    let _ = conn.client.batch_execute("ROLLBACK").await;
+                    continue 'tries;
+                }
+                r => outcomes.push(r),
+            }
         }
         return match commit(conn).await {
             Ok(()) => outcomes,
