@@ -47,8 +47,8 @@
 //! A root call's commit made ~9.6 `pwrite64`s, ~18 µs of the ~300 µs of
 //! CPU a call takes in the peers bench's 1-concurrent cell. Joined, a call
 //! costs 7 to 14 µs less CPU in four A/B runs and its commit's median is
-//! ~3.5 µs shorter (docs/benchmarks.md, "A transaction's WAL frames in one
-//! write").
+//! ~3.5 µs shorter (docs/benchmarks-history-late.md, "A transaction's WAL
+//! frames in one write").
 
 use std::ffi::{c_int, c_void, CStr};
 use std::ptr;
