@@ -25,20 +25,9 @@ async fn opposite_orders(n: usize, rounds: usize) {
                 })
                 .collect()
         };
-        let mut up = jobs(mine(1));
-        let mut down = jobs(mine(2).into_iter().rev().collect());
-        let (from_a, from_b) = tokio::join!(
-            writer::commit_batch(&mut a, &mut up),
-            writer::commit_batch(&mut b, &mut down),
-        );
-        for out in from_a.iter().chain(&from_b) {
-            assert!(
-                matches!(out, Ok(_) | Err(StoreError::Duplicate { .. })),
-                "round {round}: {out:?}"
-            );
-        }
-        let stored = from_a.iter().chain(&from_b).filter(|o| o.is_ok()).count();
-        assert_eq!(stored, n, "round {round}: each slot stored once");
+        let up = jobs(mine(1));
+        let down = jobs(mine(2).into_iter().rev().collect());
+        race(&mut a, &mut b, up, down, n, round).await;
         let rows: i64 = a
             .client
             .query_one(
@@ -51,6 +40,35 @@ async fn opposite_orders(n: usize, rounds: usize) {
             .get(0);
         assert_eq!(rows, n as i64, "round {round}");
     }
+    assert_no_reruns(&a, &b);
+}
+
+/// Commits `first` through `a` and `second` through `b` at once, as two
+/// replicas' writers would: every outcome is stored or `Duplicate`, and
+/// `slots` calls were stored between them.
+async fn race(
+    a: &mut Conn,
+    b: &mut Conn,
+    mut first: Vec<Job>,
+    mut second: Vec<Job>,
+    slots: usize,
+    round: usize,
+) {
+    let (from_a, from_b) = tokio::join!(
+        writer::commit_batch(a, &mut first),
+        writer::commit_batch(b, &mut second),
+    );
+    for out in from_a.iter().chain(&from_b) {
+        assert!(
+            matches!(out, Ok(_) | Err(StoreError::Duplicate { .. })),
+            "round {round}: {out:?}"
+        );
+    }
+    let stored = from_a.iter().chain(&from_b).filter(|o| o.is_ok()).count();
+    assert_eq!(stored, slots, "round {round}: each slot stored once");
+}
+
+fn assert_no_reruns(a: &Conn, b: &Conn) {
     assert_eq!(
         (a.transient_retries, b.transient_retries),
         (0, 0),
@@ -88,26 +106,10 @@ async fn a_bulk_run_and_single_appends_never_deadlock() {
             run.push(call(&new(i), 0, None));
             run.push(call(&stored(i), 1, Some(0)));
         }
-        let mut bulk = jobs(run);
-        let mut single = jobs(vec![call(&stored(9), 1, Some(0)), call(&new(0), 0, None)]);
-        let (from_a, from_b) = tokio::join!(
-            writer::commit_batch(&mut a, &mut bulk),
-            writer::commit_batch(&mut b, &mut single),
-        );
-        for out in from_a.iter().chain(&from_b) {
-            assert!(
-                matches!(out, Ok(_) | Err(StoreError::Duplicate { .. })),
-                "round {round}: {out:?}"
-            );
-        }
-        let stored = from_a.iter().chain(&from_b).filter(|o| o.is_ok()).count();
-        assert_eq!(stored, 20, "round {round}: each slot stored once");
+        let single = jobs(vec![call(&stored(9), 1, Some(0)), call(&new(0), 0, None)]);
+        race(&mut a, &mut b, jobs(run), single, 20, round).await;
     }
-    assert_eq!(
-        (a.transient_retries, b.transient_retries),
-        (0, 0),
-        "no transaction was rolled back to break a deadlock"
-    );
+    assert_no_reruns(&a, &b);
 }
 
 #[test]
