@@ -178,7 +178,7 @@ fn overwritten_frames_and_rewritten_checksums_are_in_the_files() {
 #[test]
 fn a_transaction_is_one_write() {
     let dir = tempfile::tempdir().expect("tempdir");
-    for (query, frames_of_three, frames_of_one) in [("", 1, 1), ("?psow=0", 0, 0)] {
+    for (query, writes_of_three, writes_of_one) in [("", 1, 1), ("?psow=0", 0, 0)] {
         let db = dir.path().join(format!("s{}.db", query.len()));
         let mut conn = open(format!("file:{}{query}", db.display()), "NORMAL");
         conn.execute_batch("CREATE TABLE u (k INTEGER PRIMARY KEY, name TEXT NOT NULL UNIQUE)")
@@ -204,13 +204,13 @@ fn a_transaction_is_one_write() {
                 .expect("insert u");
                 tx.commit().expect("commit");
             });
-            assert_eq!(three, frames_of_three, "three frames of round {k}{query}");
+            assert_eq!(three, writes_of_three, "three frames of round {k}{query}");
             // `t`'s leaf alone.
             let one = writes(&mut || {
                 conn.execute("UPDATE t SET v = x'01' WHERE k = ?1", params![k])
                     .expect("update");
             });
-            assert_eq!(one, frames_of_one, "one frame of round {k}{query}");
+            assert_eq!(one, writes_of_one, "one frame of round {k}{query}");
         }
         // After a truncating checkpoint the WAL starts over: SQLite writes
         // its header and syncs it, then the frame, so two writes.
@@ -220,6 +220,6 @@ fn a_transaction_is_one_write() {
             conn.execute("UPDATE t SET v = x'02' WHERE k = 1", [])
                 .expect("update after restart");
         });
-        assert_eq!(restarted, 2 * frames_of_one, "header, frame{query}");
+        assert_eq!(restarted, 2 * writes_of_one, "header, frame{query}");
     }
 }
