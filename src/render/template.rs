@@ -9,7 +9,7 @@
 //! tokenize, or know about HTTP.
 
 use minijinja::value::{from_args, Kwargs, Value, ValueKind};
-use minijinja::{Environment, Error, ErrorKind, Output, State};
+use minijinja::{AutoEscape, Environment, Error, ErrorKind, Output, State};
 
 use super::pyfmt::{py_str, write_py_json, JsonStyle};
 use super::RenderError;
@@ -167,6 +167,13 @@ fn py_rsplit(s: &str, sep: Option<&str>, maxsplit: Option<usize>) -> Vec<String>
 
 /// Prints values as jinja2 does, i.e. with Python's `str()`.
 fn py_formatter(out: &mut Output, state: &State, value: &Value) -> Result<(), Error> {
+    // A string prints as itself when nothing is escaped (chat templates are
+    // never auto-escaped): written directly, not through `Display`.
+    if let (Some(text), AutoEscape::None) = (value.as_str(), state.auto_escape()) {
+        return out
+            .write_str(text)
+            .map_err(|e| Error::new(ErrorKind::WriteFailure, e.to_string()));
+    }
     if value.is_safe() {
         return minijinja::escape_formatter(out, state, value);
     }
