@@ -14,7 +14,11 @@
 //! for the peers and the bare hop (both served by the same in-process
 //! mock). Every request carries a distinct user message. Every process runs
 //! with its default logging. The summary also gives tito's added p50 less
-//! the bare hop's: what tito's own work adds. Run (installs the peers into
+//! the bare hop's: what tito's own work adds, and tito's throughput over
+//! sglang-router's round by round. Each row also gives the share of the
+//! machine's CPU time the host stole during that cell (`/proc/stat`), and
+//! the last line the share over the whole run: a figure measured under
+//! steal measures the host as much as the gateway. Run (installs the peers into
 //! `.bench-venv`, builds the release binary):
 //!
 //!     scripts/bench-peers.sh
@@ -47,7 +51,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use load::{cpu_time, env_or, median, ms, reply_ids, signed_ms, MakeRequest, Stats, Until};
+use load::{
+    cpu_time, env_or, median, ms, reply_ids, signed_ms, HostTicks, MakeRequest, Stats, Until,
+};
 use mock_vllm::{MockVllm, Scripted};
 use procs::{free_port, spawn, Proc};
 use serde_json::{json, Value};
@@ -70,13 +76,16 @@ struct Target {
     pid: Option<u32>,
 }
 
-/// One target's median round, with CPU time per answered request: the
-/// gateway's process, and this bench process (the load's client and the
-/// mock backend).
+/// One target's round, with CPU time per answered request (the gateway's
+/// process, and this bench process: the load's client and the mock
+/// backend) and the share of the machine's CPU time the host stole
+/// meanwhile (another guest ran while this one had work: every process of
+/// the round was slowed, whichever it was).
 struct Cell {
     stats: Stats,
     gateway_cpu: Option<Duration>,
     bench_cpu: Option<Duration>,
+    steal_pct: Option<f64>,
 }
 
 impl Cell {
@@ -123,22 +132,43 @@ impl Target {
     }
 }
 
+/// What [`interleaved`] measured: per target, in the order given, its
+/// median round (by throughput) and every round's throughput in the order
+/// run.
+struct Rounds {
+    median: Vec<Cell>,
+    rps: Vec<Vec<f64>>,
+}
+
+impl Rounds {
+    /// Target `a`'s throughput over target `b`'s, round by round: the two
+    /// cells of a round ran back to back, so a slow spell of the host that
+    /// lasts a round moves both (the medians' ratio may pair rounds that
+    /// ran minutes apart).
+    fn ratios(&self, a: usize, b: usize) -> String {
+        let r: Vec<String> = (self.rps[a].iter().zip(&self.rps[b]))
+            .map(|(x, y)| format!("{:.2}x", x / y))
+            .collect();
+        r.join(", ")
+    }
+}
+
 /// Loads each target `rounds` times, interleaved so that a slow spell of the
-/// machine hits all of them, each round after a warm-up; the median round of
-/// each target (by throughput), in the order given.
+/// machine hits all of them, each round after a warm-up.
 async fn interleaved(
     client: &reqwest::Client,
     targets: &[&Target],
     concurrency: usize,
     secs: f64,
     rounds: usize,
-) -> Vec<Cell> {
+) -> Rounds {
     let mut cells: Vec<Vec<Cell>> = targets.iter().map(|_| Vec::new()).collect();
     for _ in 0..rounds {
         for (t, cell) in targets.iter().zip(cells.iter_mut()) {
             let make = t.load(client);
             let warm = Duration::from_secs_f64((secs / 5.0).max(0.5));
             load::run(&make, concurrency, Until::Elapsed(warm)).await;
+            let host0 = HostTicks::now();
             let (gw0, me0) = (t.pid.and_then(|p| cpu_time(Some(p))), cpu_time(None));
             let stats = load::run(
                 &make,
@@ -147,6 +177,7 @@ async fn interleaved(
             )
             .await;
             let (gw1, me1) = (t.pid.and_then(|p| cpu_time(Some(p))), cpu_time(None));
+            let steal_pct = HostTicks::steal_pct(host0, HostTicks::now());
             let per = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
                 (Some(a), Some(b)) if stats.ok > 0 => Some(b.saturating_sub(a) / stats.ok as u32),
                 _ => None,
@@ -154,14 +185,20 @@ async fn interleaved(
             cell.push(Cell {
                 gateway_cpu: per(gw0, gw1),
                 bench_cpu: per(me0, me1),
+                steal_pct,
                 stats,
             });
         }
     }
-    cells
+    let rps = cells
+        .iter()
+        .map(|rounds| rounds.iter().map(|c| c.stats.rps).collect())
+        .collect();
+    let median = cells
         .into_iter()
         .map(|rounds| median(rounds, |c| &mut c.stats))
-        .collect()
+        .collect();
+    Rounds { median, rps }
 }
 
 /// One table row; `base` is the direct call the added latency is over.
@@ -171,12 +208,13 @@ fn row(concurrency: usize, name: &str, c: &Cell, base: Option<&Stats>) {
         .map(|b| (signed_ms(s.p50, b.p50), signed_ms(s.p99, b.p99)))
         .unwrap_or_default();
     println!(
-        "| {concurrency} | {name} | {:.0} | {} | {} | {ap50} | {ap99} | {} | {} | {} |",
+        "| {concurrency} | {name} | {:.0} | {} | {} | {ap50} | {ap99} | {} | {} | {} | {} |",
         s.rps,
         ms(s.p50),
         ms(s.p99),
         Cell::cpu_us(c.gateway_cpu),
         Cell::cpu_us(c.bench_cpu),
+        c.steal_pct.map(|p| format!("{p:.1}")).unwrap_or_default(),
         s.errors
     );
 }
@@ -384,9 +422,10 @@ async fn main() {
     );
     println!(
         "| concurrency | target | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms | \
-         gateway CPU µs/req | bench CPU µs/req | errors |"
+         gateway CPU µs/req | bench CPU µs/req | host steal % | errors |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    let run_start = HostTicks::now();
     let only: Option<Vec<String>> = std::env::var("TITO_PEERS_ONLY")
         .ok()
         .map(|s| s.split(',').map(|n| n.trim().to_string()).collect());
@@ -402,8 +441,9 @@ async fn main() {
             Err(_) => vec![1, 64],
         };
         for concurrency in concurrencies {
-            let cells = interleaved(&client, &picked, concurrency, secs, rounds_n).await;
-            for (t, c) in picked.iter().zip(&cells) {
+            let rounds = interleaved(&client, &picked, concurrency, secs, rounds_n).await;
+            let cells = &rounds.median;
+            for (t, c) in picked.iter().zip(cells) {
                 row(concurrency, t.name, c, None);
             }
             if let (Some(b), Some(a), Some(_)) = (cells.last(), cells.first(), &tito_b_t) {
@@ -412,11 +452,18 @@ async fn main() {
                     picked[0].name,
                     b.stats.rps / a.stats.rps
                 );
+                println!(
+                    "concurrency {concurrency}: tito B / {} by round = {}",
+                    picked[0].name,
+                    rounds.ratios(picked.len() - 1, 0)
+                );
             }
         }
+        print_run_steal(run_start);
         return;
     }
     let mut summary = Vec::new();
+    let mut by_round = Vec::new();
     let mut own = Vec::new();
     for concurrency in [1usize, 64] {
         let targets = [
@@ -428,8 +475,9 @@ async fn main() {
             &lite_t,
             &bare_t,
         ];
-        let cells = interleaved(&client, &targets, concurrency, secs, rounds_n).await;
-        for (i, (t, c)) in targets.iter().zip(&cells).enumerate() {
+        let rounds = interleaved(&client, &targets, concurrency, secs, rounds_n).await;
+        let cells = &rounds.median;
+        for (i, (t, c)) in targets.iter().zip(cells).enumerate() {
             // tito calls the token-id endpoint; the peers call the text one.
             let base = match i {
                 2 | 3 => Some(&cells[0].stats),
@@ -440,6 +488,7 @@ async fn main() {
         }
         let rps = |i: usize| cells[i].stats.rps;
         summary.push((concurrency, rps(2), rps(3), rps(4), rps(5)));
+        by_round.push((concurrency, rounds.ratios(2, 4)));
         // tito's added p50 less the bare hop's: what its own work adds.
         let p50 = |i: usize| cells[i].stats.p50.as_secs_f64() * 1000.0;
         own.push((concurrency, (p50(2) - p50(0)) - (p50(6) - p50(1))));
@@ -455,9 +504,21 @@ async fn main() {
             queued_rps / lite_rps
         );
     }
+    for (c, ratios) in by_round {
+        println!("concurrency {c}: tito / sglang-router by round = {ratios}");
+    }
     for (c, ms) in own {
         println!(
             "concurrency {c}: tito's added p50 less the bare hop's (its own work) = {ms:.3} ms"
         );
+    }
+    print_run_steal(run_start);
+}
+
+/// The host's steal over the whole run, from `start` on.
+fn print_run_steal(start: Option<HostTicks>) {
+    match HostTicks::steal_pct(start, HostTicks::now()) {
+        Some(p) => println!("host steal over the measured run: {p:.1}% of all CPU time"),
+        None => println!("host steal over the measured run: unknown (no /proc/stat)"),
     }
 }

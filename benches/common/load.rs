@@ -162,3 +162,40 @@ pub fn cpu_time(pid: Option<u32>) -> Option<Duration> {
     let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     (hz > 0).then(|| Duration::from_secs_f64(ticks as f64 / hz as f64))
 }
+
+/// The host's CPU counters for this whole machine, from the first line of
+/// `/proc/stat`: jiffies stolen (the time a hypervisor ran other guests
+/// while this one had work) and all jiffies, both since boot.
+#[derive(Clone, Copy)]
+pub struct HostTicks {
+    steal: u64,
+    total: u64,
+}
+
+impl HostTicks {
+    /// `None` where `/proc/stat` is missing or has no steal column.
+    pub fn now() -> Option<HostTicks> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let cpu = stat.lines().next()?.strip_prefix("cpu ")?;
+        let fields: Vec<u64> = cpu
+            .split_whitespace()
+            .map(|f| f.parse().ok())
+            .collect::<Option<_>>()?;
+        // user nice system idle iowait irq softirq steal guest guest_nice;
+        // guest time is already counted in user and nice.
+        let steal = *fields.get(7)?;
+        Some(HostTicks {
+            steal,
+            total: fields.iter().take(8).sum(),
+        })
+    }
+
+    /// The share of all CPU time between readings `a` and `b` that the host
+    /// stole, in percent; `None` when either reading is missing or no tick
+    /// passed.
+    pub fn steal_pct(a: Option<Self>, b: Option<Self>) -> Option<f64> {
+        let (a, b) = (a?, b?);
+        let total = b.total.checked_sub(a.total).filter(|&t| t > 0)?;
+        Some(100.0 * b.steal.saturating_sub(a.steal) as f64 / total as f64)
+    }
+}
