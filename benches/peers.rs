@@ -14,8 +14,9 @@
 //! for the peers and the bare hop (both served by the same in-process
 //! mock). Every request carries a distinct user message. Every process runs
 //! with its default logging. The summary also gives tito's added p50 less
-//! the bare hop's: what tito's own work adds, and tito's throughput over
-//! sglang-router's round by round. Each row also gives the share of the
+//! the bare hop's: what tito's own work adds, and round by round tito's
+//! throughput over sglang-router's and its added p50 (over the same
+//! round's direct call). Each row also gives the share of the
 //! machine's CPU time the host stole during that cell (`/proc/stat`), and
 //! the last line the share over the whole run: a figure measured under
 //! steal measures the host as much as the gateway. Run (installs the peers into
@@ -133,11 +134,12 @@ impl Target {
 }
 
 /// What [`interleaved`] measured: per target, in the order given, its
-/// median round (by throughput) and every round's throughput in the order
-/// run.
+/// median round (by throughput) and every round's throughput and p50
+/// latency in the order run.
 struct Rounds {
     median: Vec<Cell>,
     rps: Vec<Vec<f64>>,
+    p50: Vec<Vec<Duration>>,
 }
 
 impl Rounds {
@@ -148,6 +150,14 @@ impl Rounds {
     fn ratios(&self, a: usize, b: usize) -> String {
         let r: Vec<String> = (self.rps[a].iter().zip(&self.rps[b]))
             .map(|(x, y)| format!("{:.2}x", x / y))
+            .collect();
+        r.join(", ")
+    }
+
+    /// Target `a`'s p50 less target `b`'s, round by round, in ms.
+    fn added_p50(&self, a: usize, b: usize) -> String {
+        let r: Vec<String> = (self.p50[a].iter().zip(&self.p50[b]))
+            .map(|(x, y)| signed_ms(*x, *y))
             .collect();
         r.join(", ")
     }
@@ -194,11 +204,15 @@ async fn interleaved(
         .iter()
         .map(|rounds| rounds.iter().map(|c| c.stats.rps).collect())
         .collect();
+    let p50 = cells
+        .iter()
+        .map(|rounds| rounds.iter().map(|c| c.stats.p50).collect())
+        .collect();
     let median = cells
         .into_iter()
         .map(|rounds| median(rounds, |c| &mut c.stats))
         .collect();
-    Rounds { median, rps }
+    Rounds { median, rps, p50 }
 }
 
 /// One table row; `base` is the direct call the added latency is over.
@@ -488,7 +502,7 @@ async fn main() {
         }
         let rps = |i: usize| cells[i].stats.rps;
         summary.push((concurrency, rps(2), rps(3), rps(4), rps(5)));
-        by_round.push((concurrency, rounds.ratios(2, 4)));
+        by_round.push((concurrency, rounds.ratios(2, 4), rounds.added_p50(2, 0)));
         // tito's added p50 less the bare hop's: what its own work adds.
         let p50 = |i: usize| cells[i].stats.p50.as_secs_f64() * 1000.0;
         own.push((concurrency, (p50(2) - p50(0)) - (p50(6) - p50(1))));
@@ -504,8 +518,9 @@ async fn main() {
             queued_rps / lite_rps
         );
     }
-    for (c, ratios) in by_round {
+    for (c, ratios, added) in by_round {
         println!("concurrency {c}: tito / sglang-router by round = {ratios}");
+        println!("concurrency {c}: tito's added p50 by round (ms) = {added}");
     }
     for (c, ms) in own {
         println!(
