@@ -134,34 +134,38 @@ impl Target {
 }
 
 /// What [`interleaved`] measured: per target, in the order given, its
-/// median round (by throughput) and every round's throughput and p50
-/// latency in the order run.
+/// median round (by throughput) and every round's throughput and p50, in
+/// the order run.
 struct Rounds {
     median: Vec<Cell>,
-    rps: Vec<Vec<f64>>,
-    p50: Vec<Vec<Duration>>,
+    each: Vec<Vec<Round>>,
 }
 
 impl Rounds {
-    /// Target `a`'s throughput over target `b`'s, round by round: the two
+    /// `f` of target `a`'s round and target `b`'s, round by round. The two
     /// cells of a round ran back to back, so a slow spell of the host that
-    /// lasts a round moves both (the medians' ratio may pair rounds that
-    /// ran minutes apart).
-    fn ratios(&self, a: usize, b: usize) -> String {
-        let r: Vec<String> = (self.rps[a].iter().zip(&self.rps[b]))
-            .map(|(x, y)| format!("{:.2}x", x / y))
+    /// lasts a round moves both (the median rounds of two targets may have
+    /// run minutes apart).
+    fn paired(&self, a: usize, b: usize, f: impl Fn(Round, Round) -> String) -> String {
+        let r: Vec<String> = (self.each[a].iter().zip(&self.each[b]))
+            .map(|(x, y)| f(*x, *y))
             .collect();
         r.join(", ")
+    }
+
+    /// Target `a`'s throughput over target `b`'s, round by round.
+    fn ratios(&self, a: usize, b: usize) -> String {
+        self.paired(a, b, |x, y| format!("{:.2}x", x.0 / y.0))
     }
 
     /// Target `a`'s p50 less target `b`'s, round by round, in ms.
     fn added_p50(&self, a: usize, b: usize) -> String {
-        let r: Vec<String> = (self.p50[a].iter().zip(&self.p50[b]))
-            .map(|(x, y)| signed_ms(*x, *y))
-            .collect();
-        r.join(", ")
+        self.paired(a, b, |x, y| signed_ms(x.1, y.1))
     }
 }
+
+/// One round's throughput and p50.
+type Round = (f64, Duration);
 
 /// Loads each target `rounds` times, interleaved so that a slow spell of the
 /// machine hits all of them, each round after a warm-up.
@@ -200,19 +204,15 @@ async fn interleaved(
             });
         }
     }
-    let rps = cells
+    let each = cells
         .iter()
-        .map(|rounds| rounds.iter().map(|c| c.stats.rps).collect())
-        .collect();
-    let p50 = cells
-        .iter()
-        .map(|rounds| rounds.iter().map(|c| c.stats.p50).collect())
+        .map(|rounds| rounds.iter().map(|c| (c.stats.rps, c.stats.p50)).collect())
         .collect();
     let median = cells
         .into_iter()
         .map(|rounds| median(rounds, |c| &mut c.stats))
         .collect();
-    Rounds { median, rps, p50 }
+    Rounds { median, each }
 }
 
 /// One table row; `base` is the direct call the added latency is over.
