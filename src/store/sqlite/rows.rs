@@ -11,6 +11,27 @@ use crate::store::{
     TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
 };
 
+/// The largest trajectory seq a call can be keyed under: a call's key is
+/// `seq * 2^32 + call_index` (schema version 12), an `i64`.
+const MAX_KEYED_SEQ: i64 = i64::MAX >> 32;
+
+/// The `calls` row key of call `call_index` of the trajectory with `seq`.
+pub(crate) fn call_key(seq: i64, call_index: u32) -> Result<i64, StoreError> {
+    if !(0..=MAX_KEYED_SEQ).contains(&seq) {
+        return Err(StoreError::Schema(format!(
+            "trajectory seq {seq} is past the {MAX_KEYED_SEQ} trajectories a SQLite store \
+             keys calls under (seq * 2^32 + call index)"
+        )));
+    }
+    Ok((seq << 32) | i64::from(call_index))
+}
+
+/// The keys of every call of the trajectory with `seq`, `first..=last`;
+/// `None` for a seq no call can be keyed under (it has no calls).
+fn call_keys(seq: i64) -> Option<(i64, i64)> {
+    Some((call_key(seq, 0).ok()?, call_key(seq, u32::MAX).ok()?))
+}
+
 fn conversion(col: usize, e: String) -> rusqlite::Error {
     rusqlite::Error::FromSqlConversionFailure(col, Type::Blob, e.into())
 }
@@ -196,20 +217,26 @@ pub(crate) fn calls_of(
 ) -> Result<Vec<CallRecord>, StoreError> {
     let cols = call_cols(bodies);
     let read = |r: &Row<'_>| call_from_row(r, trajectory_id, bodies);
+    let Some((first, last)) = call_keys(seq) else {
+        return Ok(Vec::new());
+    };
     let calls: Vec<(CallRecord, Option<Vec<u8>>)> = match limit {
         None => {
-            let sql = format!("SELECT {cols} FROM calls WHERE traj = ?1 ORDER BY call_index");
+            let sql = format!(
+                "SELECT {cols} FROM calls WHERE call_key BETWEEN ?1 AND ?2 ORDER BY call_key"
+            );
             let mut stmt = conn.prepare_cached(&sql)?;
-            let rows = stmt.query_map(params![seq], read)?;
+            let rows = stmt.query_map(params![first, last], read)?;
             rows.collect::<Result<Vec<_>, _>>()?
         }
         Some(n) => {
             let sql = format!(
-                "SELECT {cols} FROM calls WHERE traj = ?1 ORDER BY call_index DESC LIMIT ?2"
+                "SELECT {cols} FROM calls WHERE call_key BETWEEN ?1 AND ?2 \
+                 ORDER BY call_key DESC LIMIT ?3"
             );
             let mut stmt = conn.prepare_cached(&sql)?;
             let n = i64::try_from(n).unwrap_or(i64::MAX);
-            let rows = stmt.query_map(params![seq, n], read)?;
+            let rows = stmt.query_map(params![first, last, n], read)?;
             let mut v = rows.collect::<Result<Vec<_>, _>>()?;
             v.reverse();
             v
@@ -337,4 +364,25 @@ pub(crate) fn group(conn: &Connection, group: &str) -> Result<Vec<TrajectoryMeta
     Ok(rows
         .map(|r| r.map(|(_, m)| m))
         .collect::<Result<Vec<_>, _>>()?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn call_keys_order_calls_by_trajectory_then_index_and_stop_at_i64() {
+        assert_eq!(call_key(0, 0).ok(), Some(0));
+        assert_eq!(call_key(1, 0).ok(), Some(1 << 32));
+        assert_eq!(call_key(1, u32::MAX).ok(), Some((2 << 32) - 1));
+        assert!(call_key(1, u32::MAX).ok() < call_key(2, 0).ok());
+        assert_eq!(call_key(MAX_KEYED_SEQ, u32::MAX).ok(), Some(i64::MAX));
+        assert!(matches!(
+            call_key(MAX_KEYED_SEQ + 1, 0),
+            Err(StoreError::Schema(_))
+        ));
+        assert!(matches!(call_key(-1, 0), Err(StoreError::Schema(_))));
+        assert_eq!(call_keys(3), Some((3 << 32, (4 << 32) - 1)));
+        assert_eq!(call_keys(MAX_KEYED_SEQ + 1), None);
+    }
 }

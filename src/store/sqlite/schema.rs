@@ -156,6 +156,53 @@ const MIGRATIONS: &[&str] = &[
     CREATE UNIQUE INDEX request_messages_digest ON request_messages(traj, sha256);
     ALTER TABLE calls ADD COLUMN message_refs BLOB;
     "#,
+    // 12: a call's row keyed by one integer, `call_key` = traj * 2^32 +
+    // call_index, the table's rowid: an append writes one B-tree (the table)
+    // instead of two (the table, and the index SQLite kept for the primary
+    // key (traj, call_index)). The key is unique where the pair was, and a
+    // trajectory's calls are one key range, in call order. Rebuilds the
+    // table, rows unchanged.
+    r#"
+    CREATE TABLE calls_v12 (
+        call_key INTEGER PRIMARY KEY,
+        traj INTEGER NOT NULL REFERENCES trajectories(seq),
+        call_index INTEGER NOT NULL,
+        sample_index INTEGER NOT NULL,
+        parent_call INTEGER,
+        backend TEXT NOT NULL,
+        started_at INTEGER NOT NULL,
+        finished_at INTEGER NOT NULL,
+        prompt_delta_ids BLOB NOT NULL,
+        sampled_ids BLOB NOT NULL,
+        logprobs BLOB NOT NULL,
+        finish_reason TEXT NOT NULL,
+        request TEXT NOT NULL,
+        response TEXT NOT NULL,
+        drift TEXT,
+        parse_outcome TEXT,
+        moved_from TEXT,
+        weight_version TEXT,
+        tokenizer_sha256 TEXT NOT NULL,
+        template_sha256 TEXT NOT NULL,
+        reward REAL,
+        truncated INTEGER NOT NULL,
+        normalized TEXT,
+        request_of INTEGER,
+        message_refs BLOB,
+        CHECK (call_key = traj * 4294967296 + call_index)
+    );
+    INSERT INTO calls_v12 (call_key, traj, call_index, sample_index, parent_call, backend,
+        started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request,
+        response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256,
+        template_sha256, reward, truncated, normalized, request_of, message_refs)
+    SELECT traj * 4294967296 + call_index, traj, call_index, sample_index, parent_call, backend,
+        started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request,
+        response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256,
+        template_sha256, reward, truncated, normalized, request_of, message_refs
+    FROM calls ORDER BY traj, call_index;
+    DROP TABLE calls;
+    ALTER TABLE calls_v12 RENAME TO calls;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -180,7 +227,14 @@ pub fn migrate_to(conn: &mut Connection, target: u32) -> Result<u32, StoreError>
              upgrade tito"
         )));
     }
-    for version in current..target.min(SCHEMA_VERSION) {
+    let target = target.min(SCHEMA_VERSION);
+    // A new database is created, not upgraded: only upgrades say so (one
+    // may rewrite a table, as migration 12 does `calls`).
+    let started = std::time::Instant::now();
+    if current > 0 && current < target {
+        tracing::info!(from = current, to = target, "upgrading the store's schema");
+    }
+    for version in current..target {
         let sql = MIGRATIONS
             .get(version as usize)
             .ok_or_else(|| StoreError::Schema(format!("no migration from {version}")))?;
@@ -188,6 +242,10 @@ pub fn migrate_to(conn: &mut Connection, target: u32) -> Result<u32, StoreError>
         tx.execute_batch(sql)?;
         tx.pragma_update(None, "user_version", version + 1)?;
         tx.commit()?;
+    }
+    if current > 0 && current < target {
+        let secs = started.elapsed().as_secs_f64();
+        tracing::info!(from = current, to = target, secs, "upgraded the store's schema");
     }
     user_version(conn)
 }

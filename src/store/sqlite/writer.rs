@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 
 use super::checkpoint::Checkpointer;
 use super::consumers;
-use super::rows::{json_text, meta_by_id, replays_of, status_code};
+use super::rows::{call_key, json_text, meta_by_id, replays_of, status_code};
 use crate::phases::{mark, Mark};
 use crate::store::codec::{ids_to_bytes, logprobs_to_bytes};
 use crate::store::group_commit::{
@@ -482,12 +482,13 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
     };
     if let Some(parent) = call.parent_call {
         let exists = conn
-            .prepare_cached("SELECT 1 FROM calls WHERE traj = ?1 AND call_index = ?2")?
-            .exists(params![seq, parent])?;
+            .prepare_cached("SELECT 1 FROM calls WHERE call_key = ?1")?
+            .exists(params![call_key(seq, parent)?])?;
         if !exists {
             return Err(missing_parent(call));
         }
     }
+    let key = call_key(seq, call.call_index)?;
     let request = super::requests::store(conn, seq, &call.request, call.parent_call.is_some())?;
     let drift = match &call.drift {
         Some(d) => Some(serde_json::to_string(d).map_err(|e| StoreError::Invalid(e.to_string()))?),
@@ -498,9 +499,9 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             "INSERT INTO calls (traj, call_index, sample_index, parent_call, backend, started_at, \
              finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
              response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
-             template_sha256, reward, truncated, normalized, request_of, message_refs) VALUES (?1, \
-             ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, \
-             ?20, ?21, ?22, ?23, ?24)",
+             template_sha256, reward, truncated, normalized, request_of, message_refs, \
+             call_key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
+             ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
         )?
         .execute(params![
             seq,
@@ -528,6 +529,7 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
                 .then(|| serde_json::Value::from(call.normalized.clone()).to_string()),
             call.request_of,
             request.refs,
+            key,
         ]);
     match inserted {
         Ok(_) => {}
@@ -624,8 +626,8 @@ fn set_reward(
         }
         Some(idx) => {
             let n = conn
-                .prepare_cached("UPDATE calls SET reward = ?3 WHERE traj = ?1 AND call_index = ?2")?
-                .execute(params![seq, idx, reward])?;
+                .prepare_cached("UPDATE calls SET reward = ?2 WHERE call_key = ?1")?
+                .execute(params![call_key(seq, idx)?, reward])?;
             if n == 0 {
                 return Err(StoreError::CallNotFound {
                     trajectory: id.to_string(),

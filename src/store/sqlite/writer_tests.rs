@@ -326,9 +326,10 @@ async fn a_writer_without_direct_commits_leaves_the_pending_count_alone() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_are_checkpointed_whoever_makes_them() {
     let frame = 4096 + 24;
-    // 12 frames a call (the WAL hook's count grows by 12), about 8 of them
-    // new pages: 3,000 calls write some 36,000 frames, past the WAL's limit
-    // of 16,000, and some 24,000 pages.
+    // 11 frames a call (the WAL hook's count grows by 11: the call's leaf
+    // and 8 overflow pages, the trajectory's row, the database's header),
+    // about 8 of them new pages: 3,000 calls write some 33,000 frames, past
+    // the WAL's limit of 16,000, and some 24,000 pages.
     let big = |traj: &str, i: u32| CallRecord {
         sampled_ids: vec![7; 4000],
         logprobs: vec![Some(-0.5); 4000],
@@ -357,18 +358,76 @@ async fn commits_are_checkpointed_whoever_makes_them() {
         let db = size("s.db");
         assert!(
             db > 20_000 * 4096,
-            "{ack:?}: a database file of {db} bytes after 36,000 frames: no checkpoint ran"
+            "{ack:?}: a database file of {db} bytes after 33,000 frames: no checkpoint ran"
         );
         if ack == Ack::Committed {
-            // Past the limit by at most two calls of 12 frames (the WAL
-            // hook's count grows by 12 a call): the one that crossed it,
-            // and one the writer thread may commit before the checkpoint
-            // holds the connection.
+            // Past the limit by at most two calls of 11 frames: the one
+            // that crossed it, and one the writer thread may commit before
+            // the checkpoint holds the connection.
             let wal = size("s.db-wal");
             assert!(
-                wal <= (WAL_LIMIT_FRAMES as u64 + 2 * 12) * frame,
-                "a WAL of {wal} bytes after 36,000 frames of lone commits"
+                wal <= (WAL_LIMIT_FRAMES as u64 + 2 * 11) * frame,
+                "a WAL of {wal} bytes after 33,000 frames of lone commits"
             );
         }
     }
+}
+
+/// The frames in `dir`'s WAL, and the salt that changes when it starts over.
+fn wal_frames(dir: &std::path::Path) -> (u64, Vec<u8>) {
+    let wal = std::fs::read(dir.join("s.db-wal")).expect("wal");
+    ((wal.len() as u64 - 32) / (4096 + 24), wal[16..24].to_vec())
+}
+
+/// What a root call of a new trajectory writes, in the peers bench's shape
+/// (a 190-byte chat body, 37 token ids): a page of each of three B-trees
+/// (the call's row, the trajectory's row, the index of trajectory ids) and
+/// the pages that leaf splits and the file's growth add. 3.5 frames a call
+/// over 200 calls; 4.5 before schema 12, when the index SQLite kept for the
+/// calls' primary key (traj, call_index) was a fourth B-tree.
+#[tokio::test]
+async fn a_root_call_writes_three_b_trees() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let shared = shared(dir.path());
+    let (tx, rx) = mpsc::channel(16);
+    let mut writer = Writer::with_direct(tx, Ack::Committed, shared.clone());
+    let thread = std::thread::spawn(move || run(shared, rx));
+    let root = |n: u64| {
+        CallRecord {
+        backend: "http://127.0.0.1:45773".into(),
+        prompt_delta_ids: (0..30).map(|k| 1000 + k).collect(),
+        sampled_ids: vec![39_814, 11, 1_588, 498, 728, 13, 151_645],
+        logprobs: vec![Some(-0.5); 7],
+        request: json!({"model": "test-model", "max_tokens": 64, "messages": [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": format!("Write one short sentence about the sea. (request {n})")}
+        ]})
+        .into(),
+        response: json!({"role": "assistant", "content": "Sure, here you go."}).into(),
+        tokenizer_sha256: "a".repeat(64),
+        template_sha256: "b".repeat(64),
+        ..call(&format!("traj-{:012x}{n:016x}", 1_700_000_000_000u64 + n), 0, None)
+    }
+    };
+    for n in 0..10 {
+        writer.append(root(n)).await.expect("append");
+    }
+    let (before, salt) = wal_frames(dir.path());
+    let calls = 200;
+    for n in 10..10 + calls {
+        writer.append(root(n)).await.expect("append");
+    }
+    let (after, salt_after) = wal_frames(dir.path());
+    writer.close();
+    thread.join().expect("writer thread");
+    assert_eq!(
+        salt, salt_after,
+        "the WAL started over: frames not all counted"
+    );
+    let per_call = (after - before) as f64 / calls as f64;
+    eprintln!("{per_call:.2} WAL frames a root call over {calls} calls");
+    assert!(
+        (3.0..4.0).contains(&per_call),
+        "{per_call:.2} frames a root call: three B-trees and their splits"
+    );
 }
