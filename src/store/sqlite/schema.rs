@@ -245,7 +245,12 @@ pub fn migrate_to(conn: &mut Connection, target: u32) -> Result<u32, StoreError>
     }
     if current > 0 && current < target {
         let secs = started.elapsed().as_secs_f64();
-        tracing::info!(from = current, to = target, secs, "upgraded the store's schema");
+        tracing::info!(
+            from = current,
+            to = target,
+            secs,
+            "upgraded the store's schema"
+        );
     }
     user_version(conn)
 }
