@@ -135,8 +135,8 @@ async fn a_version_11_database_keeps_every_call_through_the_rekeying() {
 }
 
 /// A call of a trajectory whose seq is past what a key can hold is refused
-/// with an error naming the limit, and nothing of it is written; the
-/// trajectory still reads back.
+/// with an error naming the limit, and nothing of it is written (not even
+/// a new trajectory's row); a trajectory already there still reads back.
 #[tokio::test]
 async fn a_seq_past_the_key_range_is_refused_not_wrapped() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -165,4 +165,14 @@ async fn a_seq_past_the_key_range_is_refused_not_wrapped() {
     }
     let past = store.get_trajectory("past").await.expect("get");
     assert!(past.expect("row").calls.is_empty());
+    // A new trajectory would be numbered past the range too: its first
+    // call is refused and its row rolled back with it.
+    match store
+        .append_call(call("new", 0, 0, None, ids(1, 2), ids(3, 1)))
+        .await
+    {
+        Err(StoreError::Schema(_)) => {}
+        other => panic!("a new trajectory's call keyed past i64: {other:?}"),
+    }
+    assert!(store.get_meta("new").await.expect("meta").is_none());
 }
