@@ -231,7 +231,8 @@ pub fn migrate_to(conn: &mut Connection, target: u32) -> Result<u32, StoreError>
     // A new database is created, not upgraded: only upgrades say so (one
     // may rewrite a table, as migration 12 does `calls`).
     let started = std::time::Instant::now();
-    if current > 0 && current < target {
+    let upgrading = current > 0 && current < target;
+    if upgrading {
         tracing::info!(from = current, to = target, "upgrading the store's schema");
     }
     for version in current..target {
@@ -243,7 +244,7 @@ pub fn migrate_to(conn: &mut Connection, target: u32) -> Result<u32, StoreError>
         tx.pragma_update(None, "user_version", version + 1)?;
         tx.commit()?;
     }
-    if current > 0 && current < target {
+    if upgrading {
         let secs = started.elapsed().as_secs_f64();
         tracing::info!(
             from = current,

@@ -8,6 +8,9 @@ use crate::store::Ack;
 use serde_json::json;
 use tokio::sync::oneshot;
 
+/// A WAL frame of the store's 4 KiB pages: its header and its page.
+const FRAME_BYTES: u64 = 24 + 4096;
+
 fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
     CallRecord {
         trajectory_id: traj.into(),
@@ -325,7 +328,6 @@ async fn a_writer_without_direct_commits_leaves_the_pending_count_alone() {
 /// [`WAL_LIMIT_FRAMES`] and the frames of the commits that crossed it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commits_are_checkpointed_whoever_makes_them() {
-    let frame = 4096 + 24;
     // 11 frames a call (the WAL hook's count grows by 11: the call's leaf
     // and 8 overflow pages, the trajectory's row, the database's header),
     // about 8 of them new pages: 3,000 calls write some 33,000 frames, past
@@ -366,7 +368,7 @@ async fn commits_are_checkpointed_whoever_makes_them() {
             // the checkpoint holds the connection.
             let wal = size("s.db-wal");
             assert!(
-                wal <= (WAL_LIMIT_FRAMES as u64 + 2 * 11) * frame,
+                wal <= (WAL_LIMIT_FRAMES as u64 + 2 * 11) * FRAME_BYTES,
                 "a WAL of {wal} bytes after 33,000 frames of lone commits"
             );
         }
@@ -376,7 +378,7 @@ async fn commits_are_checkpointed_whoever_makes_them() {
 /// The frames in `dir`'s WAL, and the salt that changes when it starts over.
 fn wal_frames(dir: &std::path::Path) -> (u64, Vec<u8>) {
     let wal = std::fs::read(dir.join("s.db-wal")).expect("wal");
-    ((wal.len() as u64 - 32) / (4096 + 24), wal[16..24].to_vec())
+    ((wal.len() as u64 - 32) / FRAME_BYTES, wal[16..24].to_vec())
 }
 
 /// What a root call of a new trajectory writes, in the peers bench's shape
