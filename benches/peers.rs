@@ -14,9 +14,10 @@
 //! for the peers and the bare hop (both served by the same in-process
 //! mock). Every request carries a distinct user message. Every process runs
 //! with its default logging. The summary also gives tito's added p50 less
-//! the bare hop's: what tito's own work adds, and round by round tito's
+//! the bare hop's: what tito's own work adds, round by round tito's
 //! throughput over sglang-router's and its added p50 (over the same
-//! round's direct call). Each row also gives the share of the
+//! round's direct call), and tito's calls over sglang-router's summed over
+//! all rounds (tito and sglang-router trade places every other round). Each row also gives the share of the
 //! machine's CPU time the host stole during that cell (`/proc/stat`), and
 //! the last line the share over the whole run: a figure measured under
 //! steal measures the host as much as the gateway. Run (installs the peers into
@@ -158,6 +159,17 @@ impl Rounds {
         self.paired(a, b, |x, y| format!("{:.2}x", x.0 / y.0))
     }
 
+    /// Target `a`'s calls over target `b`'s, summed over every round: the
+    /// two throughputs over the same seconds of the same spells (each
+    /// round runs every target for the same time). A round's ratio moves
+    /// with how fast the host ran during its two cells (0.66x to 1.58x in
+    /// one run of 1 s rounds); the sum over rounds averages those spells
+    /// out, as the median of three rounds cannot.
+    fn over_all(&self, a: usize, b: usize) -> f64 {
+        let sum = |t: usize| self.each[t].iter().map(|r| r.0).sum::<f64>();
+        sum(a) / sum(b)
+    }
+
     /// Target `a`'s p50 less target `b`'s, round by round, in ms.
     fn added_p50(&self, a: usize, b: usize) -> String {
         self.paired(a, b, |x, y| signed_ms(x.1, y.1))
@@ -168,17 +180,28 @@ impl Rounds {
 type Round = (f64, Duration);
 
 /// Loads each target `rounds` times, interleaved so that a slow spell of the
-/// machine hits all of them, each round after a warm-up.
+/// machine hits all of them, each round after a warm-up. Every other round
+/// the two targets `swap` names trade places, so that each of the two runs
+/// first as often as the other and after the same neighbours (a drift of
+/// the host's speed within a round, or what a neighbour leaves running,
+/// then favours neither over the rounds). The other targets keep their
+/// places: LiteLLM's process, for one, may still be busy after its cell.
 async fn interleaved(
     client: &reqwest::Client,
     targets: &[&Target],
     concurrency: usize,
     secs: f64,
     rounds: usize,
+    swap: (usize, usize),
 ) -> Rounds {
     let mut cells: Vec<Vec<Cell>> = targets.iter().map(|_| Vec::new()).collect();
-    for _ in 0..rounds {
-        for (t, cell) in targets.iter().zip(cells.iter_mut()) {
+    for round in 0..rounds {
+        let mut order: Vec<usize> = (0..targets.len()).collect();
+        if round % 2 == 1 {
+            order.swap(swap.0, swap.1);
+        }
+        for i in order {
+            let (t, cell) = (targets[i], &mut cells[i]);
             let make = t.load(client);
             let warm = Duration::from_secs_f64((secs / 5.0).max(0.5));
             load::run(&make, concurrency, Until::Elapsed(warm)).await;
@@ -455,7 +478,8 @@ async fn main() {
             Err(_) => vec![1, 64],
         };
         for concurrency in concurrencies {
-            let rounds = interleaved(&client, &picked, concurrency, secs, rounds_n).await;
+            let swap = (0, picked.len() - 1);
+            let rounds = interleaved(&client, &picked, concurrency, secs, rounds_n, swap).await;
             let cells = &rounds.median;
             for (t, c) in picked.iter().zip(cells) {
                 row(concurrency, t.name, c, None);
@@ -470,6 +494,11 @@ async fn main() {
                     "concurrency {concurrency}: tito B / {} by round = {}",
                     picked[0].name,
                     rounds.ratios(picked.len() - 1, 0)
+                );
+                println!(
+                    "concurrency {concurrency}: tito B / {} over all rounds = {:.3}x",
+                    picked[0].name,
+                    rounds.over_all(picked.len() - 1, 0)
                 );
             }
         }
@@ -489,7 +518,8 @@ async fn main() {
             &lite_t,
             &bare_t,
         ];
-        let rounds = interleaved(&client, &targets, concurrency, secs, rounds_n).await;
+        // tito and sglang-router trade places every other round.
+        let rounds = interleaved(&client, &targets, concurrency, secs, rounds_n, (2, 4)).await;
         let cells = &rounds.median;
         for (i, (t, c)) in targets.iter().zip(cells).enumerate() {
             // tito calls the token-id endpoint; the peers call the text one.
@@ -502,7 +532,12 @@ async fn main() {
         }
         let rps = |i: usize| cells[i].stats.rps;
         summary.push((concurrency, rps(2), rps(3), rps(4), rps(5)));
-        by_round.push((concurrency, rounds.ratios(2, 4), rounds.added_p50(2, 0)));
+        by_round.push((
+            concurrency,
+            rounds.ratios(2, 4),
+            rounds.over_all(2, 4),
+            rounds.added_p50(2, 0),
+        ));
         // tito's added p50 less the bare hop's: what its own work adds.
         let p50 = |i: usize| cells[i].stats.p50.as_secs_f64() * 1000.0;
         own.push((concurrency, (p50(2) - p50(0)) - (p50(6) - p50(1))));
@@ -518,8 +553,9 @@ async fn main() {
             queued_rps / lite_rps
         );
     }
-    for (c, ratios, added) in by_round {
+    for (c, ratios, over_all, added) in by_round {
         println!("concurrency {c}: tito / sglang-router by round = {ratios}");
+        println!("concurrency {c}: tito / sglang-router over all rounds = {over_all:.3}x");
         println!("concurrency {c}: tito's added p50 by round (ms) = {added}");
     }
     for (c, ms) in own {
