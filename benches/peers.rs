@@ -27,8 +27,8 @@
 //!
 //! Environment: `TITO_PEERS_VENV` (default `.bench-venv`), `TITO_BIN`
 //! (default `target/release/tito`), `TITO_PEERS_SECS` (seconds measured per
-//! cell, default 5), `TITO_PEERS_ROUNDS` (interleaved rounds, median
-//! reported, default 3), `TITO_PEERS_ONLY` (comma-separated target names to
+//! cell, default 2), `TITO_PEERS_ROUNDS` (interleaved rounds, median
+//! reported, default 8), `TITO_PEERS_ONLY` (comma-separated target names to
 //! load, e.g. `tito` while `perf record -p` watches it; the direct calls and
 //! ratios are then skipped), `TITO_PEERS_CONC` (in those rounds, the
 //! concurrencies loaded, comma-separated, default `1,64`), `TITO_BIN_B` (a
@@ -300,8 +300,10 @@ async fn main() {
         "{} missing: scripts/fetch-tokenizers.sh",
         tokenizer_dir.display()
     );
-    let secs: f64 = env_or("TITO_PEERS_SECS", 5.0);
-    let rounds_n: usize = env_or("TITO_PEERS_ROUNDS", 3usize).max(1);
+    // Eight rounds of 2 s rather than three of 5 s (the same time): the
+    // sum over rounds pairs more spells of the host's speed.
+    let secs: f64 = env_or("TITO_PEERS_SECS", 2.0);
+    let rounds_n: usize = env_or("TITO_PEERS_ROUNDS", 8usize).max(1);
 
     let mock = MockVllm::start(Scripted::ids(reply_ids(&tokenizer_dir, REPLY))).await;
     mock.quiet();

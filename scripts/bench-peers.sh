@@ -2,7 +2,8 @@
 # tito vs sglang-router vs LiteLLM proxy on the same mock backend, side by
 # side in one run (benches/peers.rs). Installs the peers into .bench-venv,
 # fetches the Qwen3 tokenizer fixture, builds the release binary, then runs
-# the bench. TITO_PEERS_SECS sets the seconds measured per cell (default 5).
+# the bench. TITO_PEERS_SECS sets the seconds measured per cell (default 2),
+# TITO_PEERS_ROUNDS the interleaved rounds (default 8).
 # `--setup-only`: the venv and the tokenizer fixture, nothing else.
 set -euo pipefail
 cd "$(dirname "$0")/.."
