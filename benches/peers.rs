@@ -17,10 +17,11 @@
 //! the bare hop's: what tito's own work adds, round by round tito's
 //! throughput over sglang-router's and its added p50 (over the same
 //! round's direct call), and tito's calls over sglang-router's summed over
-//! all rounds (tito and sglang-router trade places every other round). Each row also gives the share of the
-//! machine's CPU time the host stole during that cell (`/proc/stat`), and
-//! the last line the share over the whole run: a figure measured under
-//! steal measures the host as much as the gateway. Run (installs the peers into
+//! all rounds (tito and sglang-router trade places every other round).
+//! Each row also gives the share of the machine's CPU time the host stole
+//! during that cell (`/proc/stat`), and the last line the share over the
+//! whole run: a figure measured under steal measures the host as much as
+//! the gateway. Run (installs the peers into
 //! `.bench-venv`, builds the release binary):
 //!
 //!     scripts/bench-peers.sh
@@ -159,9 +160,9 @@ impl Rounds {
         self.paired(a, b, |x, y| format!("{:.2}x", x.0 / y.0))
     }
 
-    /// Target `a`'s calls over target `b`'s, summed over every round: the
-    /// two throughputs over the same seconds of the same spells (each
-    /// round runs every target for the same time). A round's ratio moves
+    /// Target `a`'s throughput over target `b`'s, each summed over every
+    /// round: as every round runs each target for the same time, `a`'s
+    /// calls over `b`'s in the same spells of the host. A round's ratio moves
     /// with how fast the host ran during its two cells (0.66x to 1.58x in
     /// one run of 1 s rounds); the sum over rounds averages those spells
     /// out, as the median of three rounds cannot.
