@@ -395,21 +395,26 @@ async fn a_root_call_writes_three_b_trees() {
     let mut writer = Writer::with_direct(tx, Ack::Committed, shared.clone());
     let thread = std::thread::spawn(move || run(shared, rx));
     let root = |n: u64| {
+        let user = format!("Write one short sentence about the sea. (request {n})");
         CallRecord {
-        backend: "http://127.0.0.1:45773".into(),
-        prompt_delta_ids: (0..30).map(|k| 1000 + k).collect(),
-        sampled_ids: vec![39_814, 11, 1_588, 498, 728, 13, 151_645],
-        logprobs: vec![Some(-0.5); 7],
-        request: json!({"model": "test-model", "max_tokens": 64, "messages": [
-            {"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": format!("Write one short sentence about the sea. (request {n})")}
-        ]})
-        .into(),
-        response: json!({"role": "assistant", "content": "Sure, here you go."}).into(),
-        tokenizer_sha256: "a".repeat(64),
-        template_sha256: "b".repeat(64),
-        ..call(&format!("traj-{:012x}{n:016x}", 1_700_000_000_000u64 + n), 0, None)
-    }
+            backend: "http://127.0.0.1:45773".into(),
+            prompt_delta_ids: (0..30).map(|k| 1000 + k).collect(),
+            sampled_ids: vec![39_814, 11, 1_588, 498, 728, 13, 151_645],
+            logprobs: vec![Some(-0.5); 7],
+            request: json!({"model": "test-model", "max_tokens": 64, "messages": [
+                {"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": user}
+            ]})
+            .into(),
+            response: json!({"role": "assistant", "content": "Sure, here you go."}).into(),
+            tokenizer_sha256: "a".repeat(64),
+            template_sha256: "b".repeat(64),
+            ..call(
+                &format!("traj-{:012x}{n:016x}", 1_700_000_000_000u64 + n),
+                0,
+                None,
+            )
+        }
     };
     for n in 0..10 {
         writer.append(root(n)).await.expect("append");
