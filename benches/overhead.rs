@@ -67,7 +67,13 @@ async fn start_tito(mock: &MockVllm, dir: &std::path::Path, extra: &str) -> std:
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        tito::api::server::serve(listener, build_app(state), std::future::pending()).await;
+        tito::server::serve(
+            listener,
+            tito::config::DEFAULT_MAX_CONNECTIONS,
+            build_app(state),
+            std::future::pending(),
+        )
+        .await;
     });
     addr
 }

@@ -90,7 +90,11 @@ async fn instant_backend(answers: HashMap<String, Bytes>) -> String {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        let _ = axum::serve(tito::api::server::no_delay(listener), app).await;
+        let _ = axum::serve(
+            tito::server::CappedListener::new(listener, tito::config::DEFAULT_MAX_CONNECTIONS),
+            app,
+        )
+        .await;
     });
     format!("http://{addr}")
 }
@@ -114,7 +118,13 @@ async fn mock_part(samples: usize, reply_len: usize) {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        tito::api::server::serve(listener, build_app(state), std::future::pending()).await;
+        tito::server::serve(
+            listener,
+            tito::config::DEFAULT_MAX_CONNECTIONS,
+            build_app(state),
+            std::future::pending(),
+        )
+        .await;
     });
     let client = reqwest::Client::new();
     let url = move |p: &str| format!("http://{addr}{p}");

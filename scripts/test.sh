@@ -41,10 +41,6 @@ step "cargo clippy"; cargo clippy --all-targets -- -D warnings
 step "no-engine build"
 cargo clippy --no-default-features --all-targets -- -D warnings
 cargo test --no-default-features --lib
-# The measuring build (`phase-timing`, scripts/bench-phases.sh): its code
-# compiles only with the feature, so it is checked here or nowhere.
-step "phase-timing build"
-cargo clippy --features phase-timing --all-targets -- -D warnings
 step "cargo test";   cargo test
 step "python tests"
 .venv/bin/python -m pytest -q tests/python

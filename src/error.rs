@@ -1,18 +1,14 @@
 //! The one error type the HTTP layer returns, and the one place errors become
 //! OpenAI-shaped JSON (`{"error": {message, type, param, code}}`) or an SSE
-//! error event. Handlers convert module errors into [`ApiError`] with `?`.
+//! error event. Handlers convert module errors into [`ApiError`] with `?`;
+//! each module's `From<ItsError> for ApiError` lives beside its error type,
+//! so this module depends on no other module of the crate.
 
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Serialize;
-
-use crate::backend::BackendError;
-use crate::render::RenderError;
-use crate::router::RouteError;
-use crate::store::StoreError;
-use crate::trajectory::TrajectoryError;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiError {
@@ -157,29 +153,6 @@ impl IntoResponse for ApiError {
     }
 }
 
-impl From<BackendError> for ApiError {
-    fn from(e: BackendError) -> Self {
-        let status = match &e {
-            BackendError::Unreachable { .. } | BackendError::Protocol { .. } => {
-                StatusCode::BAD_GATEWAY
-            }
-            BackendError::Status { status, .. } if *status == 400 || *status == 422 => {
-                StatusCode::BAD_REQUEST
-            }
-            BackendError::Status { .. } => StatusCode::BAD_GATEWAY,
-            BackendError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            BackendError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            BackendError::Rejected { .. } => StatusCode::BAD_REQUEST,
-        };
-        let kind = if status == StatusCode::BAD_REQUEST {
-            "invalid_request_error"
-        } else {
-            "backend_error"
-        };
-        ApiError::new(status, kind, e.to_string())
-    }
-}
-
 /// A query string that does not parse: 400 naming the parameter when the
 /// deserializer's path or an unknown field gives it.
 impl From<QueryRejection> for ApiError {
@@ -220,61 +193,6 @@ fn query_param_of(text: &str) -> Option<String> {
     let (name, _) = detail.split_once(": ")?;
     let is_name = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
     is_name.then(|| name.to_string())
-}
-
-impl From<RenderError> for ApiError {
-    fn from(e: RenderError) -> Self {
-        match e {
-            RenderError::Template(_) | RenderError::Tokenize(_) => {
-                ApiError::bad_request(e.to_string())
-            }
-            _ => ApiError::internal(e.to_string()),
-        }
-    }
-}
-
-impl From<StoreError> for ApiError {
-    fn from(e: StoreError) -> Self {
-        match &e {
-            StoreError::NotFound(_) | StoreError::CallNotFound { .. } => {
-                ApiError::not_found(e.to_string())
-            }
-            StoreError::Duplicate { .. } | StoreError::Finished(_) | StoreError::Conflict(_) => {
-                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
-                    .with_code("conflict")
-            }
-            StoreError::CursorNotFound(_) => {
-                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
-                    .with_param("cursor")
-                    .with_code("cursor_expired")
-            }
-            StoreError::Invalid(_) => ApiError::bad_request(e.to_string()),
-            _ => ApiError::internal(format!("span store: {e}")),
-        }
-    }
-}
-
-impl From<RouteError> for ApiError {
-    fn from(e: RouteError) -> Self {
-        match e {
-            RouteError::UnknownBackend(_) => ApiError::not_found(e.to_string()),
-            RouteError::DuplicateName(_) => ApiError::bad_request(e.to_string()),
-            _ => ApiError::overloaded(e.to_string()),
-        }
-    }
-}
-
-impl From<TrajectoryError> for ApiError {
-    fn from(e: TrajectoryError) -> Self {
-        match e {
-            TrajectoryError::Finished(_) => {
-                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
-                    .with_code("conflict")
-            }
-            TrajectoryError::Render(r) => r.into(),
-            TrajectoryError::Store(s) => s.into(),
-        }
-    }
 }
 
 /// `e`'s text followed by each of its causes' (`a: b: c`): minijinja and

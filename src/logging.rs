@@ -5,7 +5,9 @@
 //! `timestamp`, `level`, `target`, the event's `message` and fields at the
 //! top level, and the spans it happened in (`span` the innermost, `spans`
 //! all of them, each with its fields): an HTTP call's lines carry its
-//! `request_id` there (see [`crate::api::request_id`]).
+//! `request_id` there (the API's request-id middleware). Every command's
+//! subscriber also times the request path's phase spans into metrics
+//! ([`crate::metrics::PhaseTimer`]).
 //!
 //! Owns: the output format, colour and destination. Must not: decide what is
 //! logged or at which level.
@@ -13,7 +15,11 @@
 use std::io::IsTerminal;
 
 use tracing_subscriber::fmt::writer::BoxMakeWriter;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{EnvFilter, Layer};
+
+use crate::metrics::PhaseTimer;
 
 /// How log lines are written.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -40,14 +46,18 @@ pub fn init(format: LogFormat, to_stderr: bool) {
             std::io::stdout().is_terminal(),
         )
     };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(writer);
-    match format {
+    let fmt = tracing_subscriber::fmt::layer().with_writer(writer);
+    let fmt = match format {
         LogFormat::Text => {
             let no_color = std::env::var_os("NO_COLOR").is_some();
-            builder.with_ansi(terminal && !no_color).init();
+            fmt.with_ansi(terminal && !no_color).boxed()
         }
-        LogFormat::Json => builder.with_ansi(false).json().flatten_event(true).init(),
-    }
+        LogFormat::Json => fmt.with_ansi(false).json().flatten_event(true).boxed(),
+    };
+    // The level filter applies to the log lines alone: the phase timer sees
+    // its spans whatever `RUST_LOG` says.
+    let _ = tracing_subscriber::registry()
+        .with(fmt.with_filter(filter))
+        .with(PhaseTimer::layer())
+        .try_init();
 }

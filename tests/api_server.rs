@@ -1,4 +1,4 @@
-//! The gateway's HTTP server (`tito::api::server::serve`): a graceful
+//! The gateway's HTTP server (`tito::server::serve`): a graceful
 //! shutdown answers the request in flight, closes idle kept-alive
 //! connections, and stops accepting.
 
@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use axum::routing::get;
 use axum::Router;
-use tito::api::server::serve;
+use tito::config::DEFAULT_MAX_CONNECTIONS;
+use tito::server::serve;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{oneshot, Notify};
@@ -36,7 +37,7 @@ async fn shutdown_answers_the_request_in_flight_then_closes_every_connection() {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");
     let (stop, stopped) = oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, app, async {
+    let server = tokio::spawn(serve(listener, DEFAULT_MAX_CONNECTIONS, app, async {
         let _ = stopped.await;
     }));
 
@@ -83,4 +84,41 @@ async fn shutdown_answers_the_request_in_flight_then_closes_every_connection() {
         .expect("the server ended")
         .expect("task");
     assert!(TcpStream::connect(addr).await.is_err());
+}
+
+/// Reads one HTTP/1.1 answer whose body ends with `end`.
+async fn read_answer(conn: &mut TcpStream, end: &[u8]) -> Vec<u8> {
+    let mut answer = Vec::new();
+    while !answer.ends_with(end) {
+        let mut buf = [0u8; 1024];
+        let n = conn.read(&mut buf).await.expect("read");
+        assert!(n > 0, "closed before its answer");
+        answer.extend_from_slice(&buf[..n]);
+    }
+    answer
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_past_the_cap_waits_until_one_closes() {
+    let app = Router::new().route("/quick", get(|| async { "quick" }));
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(serve(listener, 1, app, std::future::pending()));
+
+    let request = b"GET /quick HTTP/1.1\r\nhost: t\r\n\r\n";
+    let mut first = TcpStream::connect(addr).await.expect("connect");
+    first.write_all(request).await.expect("send");
+    read_answer(&mut first, b"quick").await;
+    // The kernel completes the second handshake (the accept backlog), but
+    // the server does not take the connection while the first is open.
+    let mut second = TcpStream::connect(addr).await.expect("connect");
+    second.write_all(request).await.expect("send");
+    let mut buf = [0u8; 64];
+    let waited = tokio::time::timeout(Duration::from_millis(300), second.read(&mut buf)).await;
+    assert!(waited.is_err(), "served past the connection cap");
+    // Once the first closes, the second is taken and answered.
+    drop(first);
+    tokio::time::timeout(FAILSAFE, read_answer(&mut second, b"quick"))
+        .await
+        .expect("served once a place is free");
 }

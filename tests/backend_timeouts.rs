@@ -12,6 +12,10 @@
 //! - a stream that ends without a finish reason is a protocol error;
 //! - dropping the stream closes the backend connection.
 //!
+//! Every case runs twice, over `http://` and over `https://` (the mock
+//! behind TLS with a certificate of a private CA, given to the client as the
+//! backend's `ca_file`): the backends have one transport for both.
+//!
 //! Hung backends are handlers that await futures which never complete; the
 //! tests wait on the mock through `Notify` / `oneshot`, and every await is
 //! wrapped in a generous `tokio::time::timeout` so a broken pump fails the
@@ -39,6 +43,37 @@ use tito::backend::{
     TokenLogprob,
 };
 use tito::config::{BackendConfig, BackendKind, RouterConfig};
+
+#[path = "common/tls.rs"]
+mod tls;
+
+/// Runs the case `$name(tls: bool)` as two tests: `$name::http` and
+/// `$name::https`.
+macro_rules! over_both_transports {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test]
+            async fn http() {
+                super::$name(false).await
+            }
+            #[tokio::test]
+            async fn https() {
+                super::$name(true).await
+            }
+        }
+    )*};
+}
+
+over_both_transports!(
+    no_answer_times_out_on_the_first_token_deadline,
+    headers_without_an_event_time_out_on_the_first_token_deadline,
+    a_stall_after_the_first_token_times_out_on_the_idle_deadline,
+    the_first_token_deadline_ends_with_the_first_event,
+    null_logprobs_are_unknown_not_errors,
+    the_request_streams_and_asks_for_the_sampled_logprob,
+    a_stream_without_a_finish_reason_is_a_protocol_error,
+    dropping_the_stream_closes_the_backend_connection,
+);
 
 /// A short real timeout: the one a test expects to fire.
 const SHORT_MS: u64 = 200;
@@ -202,15 +237,26 @@ async fn generate(State(m): State<Arc<Mock>>, AxJson(body): AxJson<Json>) -> Res
 struct Setup {
     backend: DynBackend,
     mock: Arc<Mock>,
+    /// The CA the https:// mock's certificate chains to, kept while the
+    /// test runs.
+    _ca: Option<tls::TestCa>,
 }
 
-/// Starts a mock of `kind` and a client for it with the given timeouts.
-async fn start(kind: Kind, behaviour: Behaviour, first_token_ms: u64, idle_ms: u64) -> Setup {
-    start_with(kind, behaviour, first_token_ms, idle_ms, None).await
+/// Starts a mock of `kind` (behind TLS when `tls`) and a client for it with
+/// the given timeouts.
+async fn start(
+    kind: Kind,
+    tls: bool,
+    behaviour: Behaviour,
+    first_token_ms: u64,
+    idle_ms: u64,
+) -> Setup {
+    start_with(kind, tls, behaviour, first_token_ms, idle_ms, None).await
 }
 
 async fn start_with(
     kind: Kind,
+    tls: bool,
     behaviour: Behaviour,
     first_token_ms: u64,
     idle_ms: u64,
@@ -229,28 +275,41 @@ async fn start_with(
         .with_state(mock.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
-    });
+    let ca = tls.then(tls::TestCa::new);
+    match &ca {
+        Some(ca) => {
+            let listener = ca.listener(listener);
+            tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        }
+        None => {
+            tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        }
+    }
+    let scheme = if tls { "https" } else { "http" };
     let router = RouterConfig {
         first_token_timeout_ms: first_token_ms,
         idle_stream_timeout_ms: idle_ms,
         ..Default::default()
     };
     let cfg = BackendConfig {
-        url: format!("http://{addr}"),
+        url: format!("{scheme}://{addr}"),
         kind: match kind {
             Kind::Vllm => BackendKind::Vllm,
             Kind::Sglang => BackendKind::Sglang,
         },
         name: format!("mock-{kind:?}"),
         model: String::new(),
+        ca_file: ca.as_ref().map(|c| c.ca_file.clone()).unwrap_or_default(),
     };
     let backend: DynBackend = match kind {
         Kind::Vllm => Arc::new(VllmBackend::new(&cfg, &router).unwrap()),
         Kind::Sglang => Arc::new(SglangBackend::new(&cfg, &router).unwrap()),
     };
-    Setup { backend, mock }
+    Setup {
+        backend,
+        mock,
+        _ca: ca,
+    }
 }
 
 fn request() -> GenerateRequest {
@@ -291,10 +350,9 @@ fn assert_timeout(kind: Kind, r: Option<Result<GenEvent, BackendError>>) {
     }
 }
 
-#[tokio::test]
-async fn no_answer_times_out_on_the_first_token_deadline() {
+async fn no_answer_times_out_on_the_first_token_deadline(tls: bool) {
     for kind in KINDS {
-        let s = start(kind, Behaviour::NoHeaders, SHORT_MS, LONG_MS).await;
+        let s = start(kind, tls, Behaviour::NoHeaders, SHORT_MS, LONG_MS).await;
         match generate_call(&s).await {
             Err(BackendError::Timeout { .. }) => {}
             Err(e) => panic!("{kind:?}: expected a Timeout, got {e}"),
@@ -303,20 +361,18 @@ async fn no_answer_times_out_on_the_first_token_deadline() {
     }
 }
 
-#[tokio::test]
-async fn headers_without_an_event_time_out_on_the_first_token_deadline() {
+async fn headers_without_an_event_time_out_on_the_first_token_deadline(tls: bool) {
     for kind in KINDS {
-        let s = start(kind, Behaviour::HeadersOnly, SHORT_MS, LONG_MS).await;
+        let s = start(kind, tls, Behaviour::HeadersOnly, SHORT_MS, LONG_MS).await;
         let mut stream = generate_call(&s).await.unwrap();
         assert_timeout(kind, next(&mut stream).await);
         assert!(next(&mut stream).await.is_none(), "{kind:?}");
     }
 }
 
-#[tokio::test]
-async fn a_stall_after_the_first_token_times_out_on_the_idle_deadline() {
+async fn a_stall_after_the_first_token_times_out_on_the_idle_deadline(tls: bool) {
     for kind in KINDS {
-        let s = start(kind, Behaviour::OneTokenThenStall, LONG_MS, SHORT_MS).await;
+        let s = start(kind, tls, Behaviour::OneTokenThenStall, LONG_MS, SHORT_MS).await;
         let mut stream = generate_call(&s).await.unwrap();
         assert_eq!(token_ids(next(&mut stream).await), vec![7], "{kind:?}");
         assert_timeout(kind, next(&mut stream).await);
@@ -324,10 +380,9 @@ async fn a_stall_after_the_first_token_times_out_on_the_idle_deadline() {
     }
 }
 
-#[tokio::test]
-async fn the_first_token_deadline_ends_with_the_first_event() {
+async fn the_first_token_deadline_ends_with_the_first_event(tls: bool) {
     for kind in KINDS {
-        let s = start(kind, Behaviour::OneTokenThenRelease, SHORT_MS, LONG_MS).await;
+        let s = start(kind, tls, Behaviour::OneTokenThenRelease, SHORT_MS, LONG_MS).await;
         let mut stream = generate_call(&s).await.unwrap();
         assert_eq!(token_ids(next(&mut stream).await), vec![7], "{kind:?}");
         // Let the first-token deadline pass while the backend holds the
@@ -345,8 +400,7 @@ async fn the_first_token_deadline_ends_with_the_first_event() {
     }
 }
 
-#[tokio::test]
-async fn null_logprobs_are_unknown_not_errors() {
+async fn null_logprobs_are_unknown_not_errors(tls: bool) {
     let some = |l: f32| TokenLogprob {
         logprob: Some(l),
         top: vec![],
@@ -356,7 +410,7 @@ async fn null_logprobs_are_unknown_not_errors() {
         top: vec![],
     };
     for kind in KINDS {
-        let s = start(kind, Behaviour::NullLogprobs, LONG_MS, LONG_MS).await;
+        let s = start(kind, tls, Behaviour::NullLogprobs, LONG_MS, LONG_MS).await;
         let mut stream = generate_call(&s).await.unwrap();
         let mut g = tito::backend::Generation::default();
         while let Some(ev) = next(&mut stream).await {
@@ -373,10 +427,9 @@ async fn null_logprobs_are_unknown_not_errors() {
     }
 }
 
-#[tokio::test]
-async fn the_request_streams_and_asks_for_the_sampled_logprob() {
+async fn the_request_streams_and_asks_for_the_sampled_logprob(tls: bool) {
     for kind in KINDS {
-        let s = start(kind, Behaviour::NullLogprobs, LONG_MS, LONG_MS).await;
+        let s = start(kind, tls, Behaviour::NullLogprobs, LONG_MS, LONG_MS).await;
         let mut stream = generate_call(&s).await.unwrap();
         while next(&mut stream).await.is_some() {}
         let bodies = s.mock.bodies.lock().unwrap().clone();
@@ -400,10 +453,9 @@ async fn the_request_streams_and_asks_for_the_sampled_logprob() {
     }
 }
 
-#[tokio::test]
-async fn a_stream_without_a_finish_reason_is_a_protocol_error() {
+async fn a_stream_without_a_finish_reason_is_a_protocol_error(tls: bool) {
     for kind in KINDS {
-        let s = start(kind, Behaviour::NoFinish, LONG_MS, LONG_MS).await;
+        let s = start(kind, tls, Behaviour::NoFinish, LONG_MS, LONG_MS).await;
         let mut stream = generate_call(&s).await.unwrap();
         assert_eq!(token_ids(next(&mut stream).await), vec![7], "{kind:?}");
         match next(&mut stream).await {
@@ -414,12 +466,12 @@ async fn a_stream_without_a_finish_reason_is_a_protocol_error() {
     }
 }
 
-#[tokio::test]
-async fn dropping_the_stream_closes_the_backend_connection() {
+async fn dropping_the_stream_closes_the_backend_connection(tls: bool) {
     for kind in KINDS {
         let (tx, rx) = oneshot::channel();
         let s = start_with(
             kind,
+            tls,
             Behaviour::OneTokenThenStall,
             LONG_MS,
             LONG_MS,

@@ -50,7 +50,13 @@ async fn gateway() -> (Gateway, Arc<EngineBackend>) {
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        tito::api::server::serve(listener, build_app(state), std::future::pending()).await;
+        tito::server::serve(
+            listener,
+            tito::config::DEFAULT_MAX_CONNECTIONS,
+            build_app(state),
+            std::future::pending(),
+        )
+        .await;
     });
     let g = Gateway {
         addr,

@@ -114,6 +114,7 @@ async fn killed_sglang_backend_fails_over_and_comes_back() {
         kind: BackendKind::Sglang,
         name: "sg".into(),
         model: String::new(),
+        ca_file: Default::default(),
     };
     let sg = Arc::new(SglangBackend::new(&sg_cfg, &cfg).unwrap());
     let sg_id = router.add_backend(sg, sg_cfg.url.clone()).unwrap();

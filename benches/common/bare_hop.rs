@@ -1,6 +1,6 @@
 //! The bare hop: a gateway process made of tito's own HTTP server
-//! (`api::server::serve`, the same accept loop and connection tasks) and its
-//! backend client (`backend::conn::Pool`, the same driven connections) that
+//! (`server::serve`, the same accept loop and connection tasks) and its
+//! backend client (a pooled reqwest client, as the backends use) that
 //! does nothing but forward: the request's bytes to the backend's text
 //! `/v1/chat/completions`, the answer's bytes back. No parsing, rendering,
 //! routing or recording. What it adds over a direct call is the least any
@@ -13,7 +13,6 @@
 //! `TITO_PEERS_BARE_HOP_PORT`), on a runtime built as `tito serve`'s is
 //! (`#[tokio::main]`, one worker a core).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
@@ -22,36 +21,46 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
-use futures::StreamExt;
-use tito::backend::conn::Pool;
 
 pub const BACKEND_VAR: &str = "TITO_PEERS_BARE_HOP";
 pub const PORT_VAR: &str = "TITO_PEERS_BARE_HOP_PORT";
 
 /// Serves the bare hop until killed.
 pub async fn run(backend: &str, port: u16) {
-    let pool = Pool::for_url("bare", backend, Duration::from_secs(5))
-        .unwrap_or_else(|| panic!("{backend}: the bare hop forwards to plain http:// only"));
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .build()
+        .unwrap_or_else(|e| panic!("bare hop: client: {e}"));
+    let target = format!("{}/v1/chat/completions", backend.trim_end_matches('/'));
     let app = Router::new()
         .route("/v1/chat/completions", post(forward))
-        .with_state(pool);
+        .with_state((client, target));
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
         .await
         .unwrap_or_else(|e| panic!("bare hop: binding port {port}: {e}"));
-    tito::api::server::serve(listener, app, std::future::pending()).await;
+    let cap = tito::config::DEFAULT_MAX_CONNECTIONS;
+    tito::server::serve(listener, cap, app, std::future::pending()).await;
 }
 
-async fn forward(State(pool): State<Arc<Pool>>, body: Bytes) -> Response {
-    let (status, mut answer) = match pool.post("/v1/chat/completions", body.to_vec()).await {
+async fn forward(
+    State((client, target)): State<(reqwest::Client, String)>,
+    body: Bytes,
+) -> Response {
+    let sent = client
+        .post(&target)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .send()
+        .await;
+    let answer = match sent {
         Ok(a) => a,
         Err(e) => return (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
     };
-    let mut bytes = Vec::new();
-    while let Some(piece) = answer.next().await {
-        match piece {
-            Ok(piece) => bytes.extend_from_slice(&piece),
-            Err(e) => return (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
-        }
+    let status = StatusCode::from_u16(answer.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    match answer.bytes().await {
+        Ok(bytes) => (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response(),
+        Err(e) => (StatusCode::BAD_GATEWAY, e.to_string()).into_response(),
     }
-    (status, [(header::CONTENT_TYPE, "application/json")], bytes).into_response()
 }

@@ -62,6 +62,8 @@ struct AddBackend {
     name: String,
     #[serde(default)]
     model: String,
+    #[serde(default)]
+    ca_file: std::path::PathBuf,
 }
 
 async fn add_backend(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
@@ -83,7 +85,14 @@ async fn add_backend(State(state): State<AppState>, body: Bytes) -> Result<Respo
         kind: b.kind,
         name: b.name,
         model: b.model,
+        ca_file: b.ca_file,
     };
+    if cfg.ca_file().is_some() && !cfg.url.starts_with("https://") {
+        return Err(ApiError::invalid(
+            "ca_file",
+            "applies to an https:// url only",
+        ));
+    }
     let backend = crate::backend::build_backend(&cfg, &state.config.router)
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
     let id = state.router.add_backend(backend, b.url)?;

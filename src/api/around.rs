@@ -24,21 +24,15 @@ use tracing::Instrument;
 
 use super::request_id;
 use crate::error::ApiError;
-use crate::phases::{mark, Mark};
 
 /// Middleware over every route; its state is `server.max_body_bytes`.
 pub async fn around(State(limit): State<usize>, req: Request, next: Next) -> Response {
-    crate::phases::timed(answer(limit, req, next)).await
-}
-
-async fn answer(limit: usize, req: Request, next: Next) -> Response {
     let started = Instant::now();
     let id = request_id::of(&req);
     // At ERROR level so that the span, and the id on every line inside it,
     // exists whatever level RUST_LOG lets through.
     let span = tracing::error_span!("request", request_id = %id,
         method = %req.method(), path = %req.uri().path());
-    mark(Mark::Span);
     // A shared copy of the route template (no new string per request).
     let matched = req.extensions().get::<MatchedPath>().cloned();
     let route = matched.as_ref().map_or("unmatched", MatchedPath::as_str);

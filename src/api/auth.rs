@@ -10,6 +10,7 @@
 //! without an early exit, so neither the position of the first differing
 //! byte nor a token's length shows in the timing.
 
+use crate::config::usable_token;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -47,16 +48,6 @@ pub struct Auth {
     api: Vec<Token>,
     trainer: Vec<Token>,
     admin: Vec<Token>,
-}
-
-/// A token is 8 to 4096 printable ASCII characters without spaces.
-pub fn usable_token(t: &str) -> bool {
-    (8..=4096).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_graphic())
-}
-
-/// A token as it may appear in an error message.
-pub fn redacted(t: &str) -> String {
-    format!("<{} characters>", t.len())
 }
 
 fn digest(token: &str) -> Token {

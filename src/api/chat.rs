@@ -20,8 +20,8 @@ use super::{new_id, unix_now, AppState};
 use crate::call::replies::Claim;
 use crate::call::{Answer, CallEvent, ChoiceEvent, Output, ParseSetup, PlanRequest, Running};
 use crate::error::ApiError;
+use crate::metrics::PHASE;
 use crate::parse::ChatStream;
-use crate::phases::{mark, Mark};
 use crate::render::{run_render_work, RenderInput};
 use crate::trajectory::messages::render_bytes;
 use crate::trajectory::{CallContext, ChatInput, Prepared};
@@ -51,16 +51,27 @@ struct Shape {
     legacy_functions: bool,
 }
 
-async fn handle(
-    state: AppState,
+/// A chat request, parsed and checked.
+struct Parsed {
+    req: ChatRequest,
+    body_json: Json,
+    normalized: Vec<&'static str>,
+    named: Option<String>,
+    tag: crate::store::TrajectoryMetadata,
+    params: crate::backend::SamplingParams,
+    max_tokens: Option<u32>,
+    forced: Option<(Json, Option<String>)>,
+    n: u32,
+    shape: Shape,
+}
+
+fn parse(
+    state: &AppState,
     path: super::PathIds,
     headers: &HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let handled = Instant::now();
-    mark(Mark::Handler);
-    // Parse.
-    let (mut req, body_json): (ChatRequest, _) = parse_body(&body)?;
+    body: &Bytes,
+) -> Result<Parsed, ApiError> {
+    let (mut req, body_json): (ChatRequest, _) = parse_body(body)?;
     let legacy_functions = req.map_legacy_functions()?;
     req.check()?;
     super::unsupported::chat(&body_json)?;
@@ -91,7 +102,41 @@ async fn handle(
         usage_chunk: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         legacy_functions,
     };
-    mark(Mark::Parsed);
+    Ok(Parsed {
+        req,
+        body_json,
+        normalized,
+        named,
+        tag,
+        params,
+        max_tokens,
+        forced,
+        n,
+        shape,
+    })
+}
+
+async fn handle(
+    state: AppState,
+    path: super::PathIds,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let handled = Instant::now();
+    // Parse.
+    let Parsed {
+        mut req,
+        body_json,
+        normalized,
+        named,
+        tag,
+        params,
+        max_tokens,
+        forced,
+        n,
+        shape,
+    } = tracing::info_span!(target: PHASE, "parse")
+        .in_scope(|| parse(&state, path, headers, &body))?;
     let owner = match state
         .calls
         .claim(super::retry_request(headers, named.clone(), &body)?)
@@ -104,7 +149,6 @@ async fn handle(
     // Prepare.
     let tid = super::trajectory_id(&state, named);
     state.trajectories.tag(&tid, &tag).await?;
-    mark(Mark::Claimed);
     let started_at = crate::store::now_ms();
     let prepared = prepare(&state, &tid, &req).await?;
     // A forced tool call is constrained JSON: no tool parser reads it.
@@ -143,14 +187,11 @@ async fn handle(
         output,
     })?;
 
-    mark(Mark::Planned);
-
     // Run.
     let running = state
         .calls
         .start(new_id("chatcmpl"), vec![plan], Some(owner), req.stream)
         .await?;
-    mark(Mark::Started);
 
     // Respond.
     let headers = super::trajectory_header(&tid);
@@ -161,14 +202,12 @@ async fn handle(
         }));
     }
     let answer = running.finish().await?;
-    mark(Mark::Finished);
     let body = response_body(&state, &answer, shape);
     crate::metrics::gateway_overhead(
         "chat",
         handled.elapsed().saturating_sub(answer.generated_in),
     );
     let response = (headers, axum::Json(body)).into_response();
-    mark(Mark::Built);
     Ok(response)
 }
 

@@ -11,10 +11,10 @@ mod chat;
 mod completions;
 pub mod export;
 mod logprobs;
+mod metrics;
 mod openapi;
 pub mod request;
 pub mod request_id;
-pub mod server;
 mod sse;
 pub mod trajectories;
 pub mod ui;
@@ -232,11 +232,7 @@ impl AppState {
     }
 }
 
-pub(crate) fn unix_now() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
-}
+pub(crate) use crate::call::unix_now;
 
 pub(crate) fn new_id(prefix: &str) -> String {
     let r: u64 = rand::random();
@@ -565,7 +561,7 @@ pub fn build_app(state: AppState) -> axum::Router {
         .route_layer(role(auth::Role::Trainer));
     let admin = admin::routes().route_layer(role(auth::Role::Admin));
     let metrics = axum::Router::new()
-        .route("/metrics", get(crate::metrics::render))
+        .route("/metrics", get(metrics::render))
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(state.router.clone());
     axum::Router::new()
@@ -646,7 +642,9 @@ pub async fn serve(
     // The drain deadline, set when the signal arrives.
     let (stopping, mut deadline) = tokio::sync::watch::channel(None);
     let running = state.calls.clone();
-    let server = server::serve(listener, build_app(state.clone()), async move {
+    let max_connections = state.config.server.max_connections;
+    let app = build_app(state.clone());
+    let server = crate::server::serve(listener, max_connections, app, async move {
         shutdown.await;
         tracing::info!(
             drain_timeout_s = drain.as_secs(),

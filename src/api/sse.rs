@@ -75,11 +75,11 @@ where
 {
     let (tx, rx) = mpsc::channel(32);
     let send_timeout = Duration::from_secs(state.config.server.sse_send_timeout_s);
-    // In the request's span: its log lines carry the request id. The task
-    // drives the call's backend connections: see `crate::inline_wake`.
-    let task = tokio::spawn(crate::inline_wake::inline(
-        tracing::Instrument::in_current_span(run(SseSender { tx, send_timeout })),
-    ));
+    // In the request's span: its log lines carry the request id.
+    let task = tokio::spawn(tracing::Instrument::in_current_span(run(SseSender {
+        tx,
+        send_timeout,
+    })));
     let events =
         crate::backend::AbortOnDrop::new(tokio_stream::wrappers::ReceiverStream::new(rx), task);
     let mut resp = Sse::new(events.map(Ok::<_, Infallible>))

@@ -12,7 +12,6 @@
 //! Owns: wire formats of vLLM / SGLang / the bundled engine. Must not: render
 //! templates, decode text for clients, or know about trajectories.
 
-pub mod conn;
 pub mod pump;
 pub mod sglang;
 pub mod sse;
@@ -21,8 +20,11 @@ pub mod vllm;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use axum::http::StatusCode;
 use futures::Stream;
 use serde::Serialize;
+
+use crate::error::ApiError;
 
 /// Sampling parameters, already validated by the API layer.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -187,6 +189,29 @@ pub enum BackendError {
     /// The request itself is unacceptable to the backend (e.g. too long).
     #[error("backend {backend} rejected the request: {message}")]
     Rejected { backend: String, message: String },
+}
+
+impl From<BackendError> for ApiError {
+    fn from(e: BackendError) -> Self {
+        let status = match &e {
+            BackendError::Unreachable { .. } | BackendError::Protocol { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
+            BackendError::Status { status, .. } if *status == 400 || *status == 422 => {
+                StatusCode::BAD_REQUEST
+            }
+            BackendError::Status { .. } => StatusCode::BAD_GATEWAY,
+            BackendError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            BackendError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            BackendError::Rejected { .. } => StatusCode::BAD_REQUEST,
+        };
+        let kind = if status == StatusCode::BAD_REQUEST {
+            "invalid_request_error"
+        } else {
+            "backend_error"
+        };
+        ApiError::new(status, kind, e.to_string())
+    }
 }
 
 impl BackendError {
@@ -363,18 +388,48 @@ pub fn build_backend(
     })
 }
 
-/// The HTTP client of the HTTP backends' other calls (and of generate calls
-/// over TLS or with credentials), with the router's timeouts. Like the
-/// generate path's own connections ([`conn`]), it connects to the backend
-/// directly, whatever `HTTP_PROXY` says.
-pub(crate) fn http_client(router: &crate::config::RouterConfig) -> anyhow::Result<reqwest::Client> {
-    Ok(reqwest::Client::builder()
+/// An HTTP backend's one client, for every call it makes (generate, health,
+/// admin, replay), `http://` and `https://` alike: pooled keep-alive
+/// connections, the router's connect timeout, and the backend's `ca_file`
+/// trusted beside the bundled web roots. It connects to the backend
+/// directly, whatever `HTTP_PROXY` says. Credentials in the URL are sent as
+/// basic auth.
+pub(crate) fn http_client(
+    router: &crate::config::RouterConfig,
+    ca_file: Option<&std::path::Path>,
+) -> anyhow::Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder()
         .no_proxy()
         .connect_timeout(std::time::Duration::from_millis(router.connect_timeout_ms))
         .pool_max_idle_per_host(1024)
-        .tcp_nodelay(true)
-        .build()?)
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .tcp_nodelay(true);
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path)
+            .map_err(|e| anyhow::anyhow!("backends.ca_file = {}: {e}", path.display()))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+            anyhow::anyhow!(
+                "backends.ca_file = {}: not PEM certificates: {e}",
+                path.display()
+            )
+        })?;
+        if certs.is_empty() {
+            anyhow::bail!(
+                "backends.ca_file = {}: holds no certificate",
+                path.display()
+            );
+        }
+        for cert in certs {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    Ok(builder.build()?)
 }
+
+/// Idle connections older than this are closed. vLLM and SGLang serve with
+/// uvicorn, which closes a connection idle for 5 s (`timeout_keep_alive`);
+/// a request sent on one just as the server closes it would fail.
+const POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub(crate) fn map_reqwest(backend: &str, e: reqwest::Error) -> BackendError {
     if e.is_connect() {

@@ -24,18 +24,15 @@
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use tokio::time::{Instant, Sleep};
 
-use super::conn::Pool;
 use super::sse::SseDecoder;
 use super::{BackendError, GenEvent, GenStream};
 use crate::config::RouterConfig;
-use crate::phases::{mark, Mark};
 
 /// How a backend's SSE `data:` payload becomes events. One impl per backend.
 pub trait EventDecoder: Send + 'static {
@@ -65,35 +62,19 @@ impl StreamTimeouts {
 /// At most this many bytes are read after `Done` while draining the body.
 const DRAIN_LIMIT: usize = 1 << 20;
 
-/// How an HTTP backend's generate requests go out.
-pub enum Transport {
-    /// A plain `http://` URL: connections driven by the calls that use
-    /// them ([`Pool`]).
-    Driven(Arc<Pool>),
-    /// `https://`, or a URL with credentials or a query: reqwest's pooled
-    /// client.
-    Client {
-        client: reqwest::Client,
-        base: String,
-    },
+/// Where an HTTP backend's generate requests go: its pooled client (the
+/// one client of all its calls, `http://` and `https://` alike) and base URL.
+pub struct Transport {
+    client: reqwest::Client,
+    base: String,
 }
 
 impl Transport {
-    /// The transport to the backend at `base` (no trailing `/`); `client`
-    /// is the backend's client for its other calls.
-    pub fn new(
-        backend: &str,
-        base: &str,
-        router: &RouterConfig,
-        client: &reqwest::Client,
-    ) -> Transport {
-        let connect_timeout = Duration::from_millis(router.connect_timeout_ms);
-        match Pool::for_url(backend, base, connect_timeout) {
-            Some(pool) => Transport::Driven(pool),
-            None => Transport::Client {
-                client: client.clone(),
-                base: base.to_string(),
-            },
+    /// The transport to the backend at `base` (no trailing `/`).
+    pub fn new(base: &str, client: &reqwest::Client) -> Transport {
+        Transport {
+            client: client.clone(),
+            base: base.to_string(),
         }
     }
 
@@ -104,27 +85,20 @@ impl Transport {
         path: &str,
         body: Vec<u8>,
     ) -> Result<(u16, Body), BackendError> {
-        match self {
-            Transport::Driven(pool) => {
-                let (status, body) = pool.post(path, body).await?;
-                Ok((status.as_u16(), Box::pin(body)))
-            }
-            Transport::Client { client, base } => {
-                let resp = client
-                    .post(format!("{base}{path}"))
-                    .header(reqwest::header::CONTENT_TYPE, "application/json")
-                    .body(body)
-                    .send()
-                    .await
-                    .map_err(|e| super::map_reqwest(backend, e))?;
-                let status = resp.status().as_u16();
-                let backend = backend.to_string();
-                let body = resp
-                    .bytes_stream()
-                    .map(move |r| r.map_err(|e| super::map_reqwest(&backend, e)));
-                Ok((status, Box::pin(body)))
-            }
-        }
+        let resp = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| super::map_reqwest(backend, e))?;
+        let status = resp.status().as_u16();
+        let backend = backend.to_string();
+        let body = resp
+            .bytes_stream()
+            .map(move |r| r.map_err(|e| super::map_reqwest(&backend, e)));
+        Ok((status, Box::pin(body)))
     }
 }
 
@@ -153,7 +127,6 @@ pub async fn send_and_pump<D: EventDecoder + Unpin>(
         tokio::time::timeout_at(first_deadline, transport.post(backend, path, body))
             .await
             .map_err(|_| super::timeout(backend, "no response before the first-token timeout"))??;
-    mark(Mark::Answered);
     if !(200..300).contains(&status) {
         let mut text = Vec::new();
         let read = async {
@@ -509,33 +482,26 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn both_transports_read_the_same_answers() {
+    async fn the_transport_reads_streams_and_error_answers() {
         let base = answering_server().await;
         let router = RouterConfig::default();
-        let client = crate::backend::http_client(&router).expect("client");
-        let driven = Transport::new("b", &base, &router, &client);
-        assert!(matches!(driven, Transport::Driven(_)));
-        let client = Transport::Client {
-            client,
-            base: base.clone(),
-        };
+        let client = crate::backend::http_client(&router, None).expect("client");
+        let transport = Transport::new(&base, &client);
         let timeouts = StreamTimeouts::from_router(&router);
-        for transport in [&driven, &client] {
-            let body = serde_json::json!({});
-            let mut s = send_and_pump("b", transport, "/ok", &body, timeouts, Lines)
-                .await
-                .expect("a stream");
-            assert_eq!(ids(s.next().await), vec![4]);
-            assert_eq!(ids(s.next().await), vec![5]);
-            assert!(matches!(s.next().await, Some(Ok(GenEvent::Done { .. }))));
-            assert!(s.next().await.is_none());
-            match send_and_pump("b", transport, "/busy", &body, timeouts, Lines).await {
-                Err(BackendError::Overloaded { message, .. }) => {
-                    assert_eq!(message, "queue is full")
-                }
-                Err(other) => panic!("expected overloaded, got {other:?}"),
-                Ok(_) => panic!("expected overloaded, got a stream"),
+        let body = serde_json::json!({});
+        let mut s = send_and_pump("b", &transport, "/ok", &body, timeouts, Lines)
+            .await
+            .expect("a stream");
+        assert_eq!(ids(s.next().await), vec![4]);
+        assert_eq!(ids(s.next().await), vec![5]);
+        assert!(matches!(s.next().await, Some(Ok(GenEvent::Done { .. }))));
+        assert!(s.next().await.is_none());
+        match send_and_pump("b", &transport, "/busy", &body, timeouts, Lines).await {
+            Err(BackendError::Overloaded { message, .. }) => {
+                assert_eq!(message, "queue is full")
             }
+            Err(other) => panic!("expected overloaded, got {other:?}"),
+            Ok(_) => panic!("expected overloaded, got a stream"),
         }
     }
 

@@ -89,9 +89,9 @@ pub struct SglangBackend {
 
 impl SglangBackend {
     pub fn new(cfg: &BackendConfig, router: &RouterConfig) -> anyhow::Result<Self> {
-        let client = super::http_client(router)?;
+        let client = super::http_client(router, cfg.ca_file())?;
         let base = cfg.url.trim_end_matches('/').to_string();
-        let generate = Transport::new(&cfg.display_name(), &base, router, &client);
+        let generate = Transport::new(&base, &client);
         Ok(SglangBackend {
             name: cfg.display_name().to_string(),
             base,

@@ -187,6 +187,7 @@ fn backend_at(url: &str) -> SglangBackend {
         kind: crate::config::BackendKind::Sglang,
         name: "sg".into(),
         model: String::new(),
+        ca_file: Default::default(),
     };
     SglangBackend::new(&cfg, &RouterConfig::default()).unwrap()
 }

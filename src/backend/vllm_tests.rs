@@ -18,6 +18,7 @@ fn backend() -> VllmBackend {
         kind: crate::config::BackendKind::Vllm,
         name: "vl".into(),
         model: "m".into(),
+        ca_file: Default::default(),
     };
     VllmBackend::new(&cfg, &RouterConfig::default()).unwrap()
 }
@@ -425,6 +426,7 @@ async fn https_backends_open_with_a_tls_handshake() {
         kind: crate::config::BackendKind::Vllm,
         name: String::new(),
         model: "m".into(),
+        ca_file: Default::default(),
     };
     let b = VllmBackend::new(&cfg, &RouterConfig::default()).unwrap();
     assert_eq!(b.name(), format!("https://***@{addr}"));

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio_stream::StreamMap;
+use tracing::Instrument;
 
 pub use assemble::{ChoiceEvent, ChoiceResult};
 pub use served::{Output, ParseSetup};
@@ -44,7 +45,7 @@ use crate::backend::{
 };
 use crate::config::{OnBudgetExhausted, TrajectoryConfig};
 use crate::error::ApiError;
-use crate::phases::{mark, Mark};
+use crate::metrics::PHASE;
 use crate::render::Renderer;
 use crate::router::Router;
 use crate::trajectory::{CallContext, ChoiceOutcome, Prepared, Trajectories};
@@ -219,7 +220,7 @@ impl Drop for Running {
     fn drop(&mut self) {
         if let Some(pump) = self.pump.take() {
             match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => drop(runtime.spawn(crate::inline_wake::inline(pump))),
+                Ok(runtime) => drop(runtime.spawn(pump)),
                 // Only when the runtime itself is gone.
                 Err(_) => tracing::warn!(
                     request_id = %self.request_id,
@@ -512,7 +513,6 @@ impl Pump {
             return;
         }
         let generated_in = self.asked.elapsed();
-        mark(Mark::LastEvent);
         // After the last token: record. A reader that leaves now hands this
         // pump to a task of its own (`Drop for Running`).
         let result = self.record(generated_in).await;
@@ -544,7 +544,7 @@ impl Pump {
         }
         Ok(Arc::new(Answer {
             request_id: self.request_id.clone(),
-            created: crate::api::unix_now(),
+            created: unix_now(),
             trajectory_id: self
                 .plans
                 .first()
@@ -583,13 +583,12 @@ async fn record_plan(
             parse_outcome: r.parse_outcome.clone(),
         })
         .collect();
-    mark(Mark::CommitStart);
     let start = Instant::now();
     let indices = calls
         .trajectories
         .commit(&plan.ctx, &plan.prepared, outcomes, body_at)
+        .instrument(tracing::info_span!(target: PHASE, "commit"))
         .await?;
-    mark(Mark::Recorded);
     crate::metrics::store_commit(start.elapsed());
     let prepared = &plan.prepared;
     let delta = prepared.prompt_ids.len() - prepared.delta_start;
@@ -609,4 +608,11 @@ async fn record_plan(
         crate::metrics::drift(&d.cause);
     }
     Ok(indices.first().copied().filter(|_| body_at.is_none()))
+}
+
+/// Seconds since the Unix epoch (OpenAI's `created`).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }

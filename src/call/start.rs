@@ -5,16 +5,18 @@
 //! but how the stream ends is still reported: its finish as a success, an
 //! error (a stall, a cut connection) as a failure.
 //!
-//! This is the only retry loop in tito: the API and the router tests both
-//! call [`start_sequence`].
+//! Each retry first waits its backoff ([`crate::router::retry`]), ending by
+//! the failed attempt's first-token deadline. This is the only retry loop
+//! in tito: the API and the router tests both call [`start_sequence`].
 
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use tracing::Instrument;
 
 use crate::backend::{BackendError, FinishReason, GenEvent, GenStream, GenerateRequest};
 use crate::error::ApiError;
-use crate::phases::{mark, Mark};
+use crate::metrics::PHASE;
 use crate::router::{RouteError, Router};
 
 /// How long a call waits for admission while backends sleep.
@@ -52,9 +54,17 @@ pub async fn start_sequence(
     let mut pinned_before: Option<Option<String>> = None;
     let mut last_err: Option<BackendError> = None;
     let attempts = router.max_attempts().max(1);
+    // The first-token deadline of the attempt in progress: a retry's wait
+    // ends by the deadline of the attempt that failed.
+    let mut deadline = tokio::time::Instant::now();
     for attempt in 1..=attempts {
+        if attempt > 1 {
+            router.backoff().pause(attempt - 1, deadline).await;
+        }
+        deadline = tokio::time::Instant::now() + router.first_token_timeout();
         let route = match router
             .route_admitted(trajectory_id, &req.prompt_ids, &exclude, ADMISSION_TIMEOUT)
+            .instrument(tracing::info_span!(target: PHASE, "route"))
             .await
         {
             Ok(r) => r,
@@ -71,28 +81,9 @@ pub async fn start_sequence(
             tracing::debug!(trajectory = %trajectory_id, backend = %route.name,
                 moved_from = route.moved_from.as_deref().unwrap_or(""), "trajectory routed");
         }
-        mark(Mark::Routed);
-        let first = match route.backend.generate(req.clone()).await {
-            Ok(mut stream) => match stream.next().await {
-                // Aborted before any token (SGLang's `/pause_generation`
-                // abort during a weight update, an `/abort_request`): nothing
-                // was generated, so the call goes elsewhere like any other
-                // failure before the first token.
-                Some(Ok(GenEvent::Done {
-                    finish_reason: FinishReason::Abort,
-                })) => Err(BackendError::Overloaded {
-                    backend: route.name.to_string(),
-                    message: "aborted the request before its first token".into(),
-                }),
-                Some(Ok(ev)) => Ok((stream, ev)),
-                Some(Err(e)) => Err(e),
-                None => Err(BackendError::Protocol {
-                    backend: route.name.to_string(),
-                    message: "stream ended before any event".into(),
-                }),
-            },
-            Err(e) => Err(e),
-        };
+        let first = first_event(&route, req.clone())
+            .instrument(tracing::info_span!(target: PHASE, "first_token"))
+            .await;
         match first {
             Ok((stream, first)) => {
                 crate::metrics::time_to_first_token(t0.elapsed());
@@ -143,6 +134,32 @@ pub async fn start_sequence(
         Some(e) => e.into(),
         None => ApiError::overloaded("no healthy backend is available"),
     })
+}
+
+/// Sends `req` to the routed backend and waits for its first event.
+async fn first_event(
+    route: &crate::router::Route,
+    req: GenerateRequest,
+) -> Result<(GenStream, GenEvent), BackendError> {
+    let mut stream = route.backend.generate(req).await?;
+    match stream.next().await {
+        // Aborted before any token (SGLang's `/pause_generation` abort
+        // during a weight update, an `/abort_request`): nothing was
+        // generated, so the call goes elsewhere like any other failure
+        // before the first token.
+        Some(Ok(GenEvent::Done {
+            finish_reason: FinishReason::Abort,
+        })) => Err(BackendError::Overloaded {
+            backend: route.name.to_string(),
+            message: "aborted the request before its first token".into(),
+        }),
+        Some(Ok(ev)) => Ok((stream, ev)),
+        Some(Err(e)) => Err(e),
+        None => Err(BackendError::Protocol {
+            backend: route.name.to_string(),
+            message: "stream ended before any event".into(),
+        }),
+    }
 }
 
 /// Tells a backend's health, once, how a stream it started ended: a finish

@@ -8,7 +8,7 @@
 
 mod redact;
 
-pub use redact::{redact_store_url, redact_url};
+pub use redact::{redact_store_url, redact_url, redacted_token, usable_token};
 
 use std::path::{Path, PathBuf};
 
@@ -100,6 +100,9 @@ pub struct ServerConfig {
     pub max_sequences_per_request: u32,
     /// OpenAI requests in flight (a stream until its end); beyond, 429.
     pub max_concurrent_requests: u32,
+    /// Client connections open at once; beyond, new ones wait in the
+    /// kernel's accept backlog until one closes.
+    pub max_connections: usize,
     /// On SIGTERM / Ctrl-C: how long calls in flight may take to finish
     /// (and be recorded) before the process exits anyway.
     pub drain_timeout_s: u64,
@@ -107,6 +110,9 @@ pub struct ServerConfig {
     /// this long is ended, and its backend sequence cancelled.
     pub sse_send_timeout_s: u64,
 }
+
+/// `[server] max_connections` when unset (also `tito engine`'s cap).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
 
 impl Default for ServerConfig {
     fn default() -> Self {
@@ -116,6 +122,7 @@ impl Default for ServerConfig {
             max_body_bytes: 16 * 1024 * 1024,
             max_sequences_per_request: 256,
             max_concurrent_requests: 256,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             drain_timeout_s: 30,
             sse_send_timeout_s: 30,
         }
@@ -185,9 +192,18 @@ pub struct BackendConfig {
     /// only served model).
     #[serde(default)]
     pub model: String,
+    /// A PEM file of CA certificates this backend's `https://` certificate
+    /// may chain to, besides the bundled web roots (a private CA).
+    #[serde(default)]
+    pub ca_file: PathBuf,
 }
 
 impl BackendConfig {
+    /// `ca_file`, when set.
+    pub fn ca_file(&self) -> Option<&Path> {
+        (!self.ca_file.as_os_str().is_empty()).then_some(self.ca_file.as_path())
+    }
+
     /// The name in logs, metrics, errors and `/admin/backends`: `name`, else
     /// the URL with any credentials in it replaced by `***`.
     pub fn display_name(&self) -> String {
@@ -290,6 +306,10 @@ pub struct RouterConfig {
     pub idle_stream_timeout_ms: u64,
     /// Attempts for a request that fails before its first token.
     pub max_attempts: u32,
+    /// The wait before the first retry; it doubles at each retry up to
+    /// `retry_backoff_max_ms`, with jitter (`router::retry`).
+    pub retry_backoff_ms: u64,
+    pub retry_backoff_max_ms: u64,
     /// Consecutive failures that open a backend's circuit.
     pub failure_threshold: u32,
     /// prefix_affinity: prompt tokens hashed to pick the preferred backend.
@@ -312,6 +332,8 @@ impl Default for RouterConfig {
             first_token_timeout_ms: 600_000,
             idle_stream_timeout_ms: 120_000,
             max_attempts: 3,
+            retry_backoff_ms: 50,
+            retry_backoff_max_ms: 2000,
             failure_threshold: 3,
             affinity_prefix_tokens: 256,
             affinity_margin: 8,
@@ -320,6 +342,25 @@ impl Default for RouterConfig {
     }
 }
 
+/// When a store's `append_call` returns (`[store] ack`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Ack {
+    /// Once the transaction holding the call has committed (the default):
+    /// an answered call survives `kill -9`.
+    #[default]
+    Committed,
+    /// Once the call is queued for the writer: the answer does not wait for
+    /// the commit. A crash loses what was queued and not yet committed; on the
+    /// next start every trajectory that was still active is marked
+    /// `incomplete`. Errors of such writes are logged, not returned.
+    Queued,
+}
+
+/// `[verify] threshold` when unset: the |recorded - replayed| logprob, in
+/// nats, above which the replay check lists a position.
+pub const DEFAULT_VERIFY_THRESHOLD: f64 = 0.1;
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct StoreConfig {
@@ -327,14 +368,14 @@ pub struct StoreConfig {
     /// replicas), or `memory://` (tests only: nothing is durable).
     pub url: String,
     /// When a call is answered: after its commit, or once queued for it.
-    pub ack: crate::store::Ack,
+    pub ack: Ack,
 }
 
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             url: "sqlite://tito-data/spans.db".into(),
-            ack: crate::store::Ack::Committed,
+            ack: Ack::Committed,
         }
     }
 }
@@ -405,7 +446,7 @@ impl Default for VerifyConfig {
     fn default() -> Self {
         Self {
             fraction: 0.0,
-            threshold: crate::verify::DEFAULT_THRESHOLD,
+            threshold: DEFAULT_VERIFY_THRESHOLD,
             backend: String::new(),
         }
     }
@@ -508,19 +549,19 @@ impl Config {
             ("auth.trainer_tokens", &self.auth.trainer_tokens),
             ("auth.admin_tokens", &self.auth.admin_tokens),
         ] {
-            if let Some(bad) = tokens.iter().find(|t| !crate::api::auth::usable_token(t)) {
+            if let Some(bad) = tokens.iter().find(|t| !usable_token(t)) {
                 return Err(invalid(
                     key,
-                    crate::api::auth::redacted(bad),
+                    redacted_token(bad),
                     "a token is 8 to 4096 printable ASCII characters without spaces",
                 ));
             }
         }
         let legacy = &self.server.admin_token;
-        if !legacy.is_empty() && !crate::api::auth::usable_token(legacy) {
+        if !legacy.is_empty() && !usable_token(legacy) {
             return Err(invalid(
                 "server.admin_token",
-                crate::api::auth::redacted(legacy),
+                redacted_token(legacy),
                 "a token is 8 to 4096 printable ASCII characters without spaces",
             ));
         }
@@ -584,6 +625,15 @@ impl Config {
             if b.url == "engine" && !cfg!(feature = "engine") {
                 return Err(invalid(&key, "engine", ENGINE_NOT_BUILT));
             }
+            if let Some(ca) = b.ca_file() {
+                if !b.url.starts_with("https://") {
+                    return Err(invalid(
+                        &format!("backends[{i}].ca_file"),
+                        ca.display().to_string(),
+                        "applies to an https:// url only",
+                    ));
+                }
+            }
             if b.url == "engine" && b.kind != BackendKind::Engine {
                 return Err(invalid(
                     &format!("backends[{i}].kind"),
@@ -623,6 +673,13 @@ impl Config {
                 "must be 16..=8192",
             ));
         }
+        if self.server.max_connections == 0 {
+            return Err(invalid(
+                "server.max_connections",
+                0,
+                "must be at least 1 (0 would accept no connection)",
+            ));
+        }
         if self.router.sticky_capacity == 0 {
             return Err(invalid("router.sticky_capacity", 0, "must be at least 1"));
         }
@@ -636,6 +693,16 @@ impl Config {
         if self.router.max_attempts == 0 {
             return Err(invalid("router.max_attempts", 0, "must be at least 1"));
         }
+        if self.router.retry_backoff_ms > self.router.retry_backoff_max_ms {
+            return Err(invalid(
+                "router.retry_backoff_ms",
+                self.router.retry_backoff_ms,
+                &format!(
+                    "must be at most router.retry_backoff_max_ms ({})",
+                    self.router.retry_backoff_max_ms
+                ),
+            ));
+        }
         let postgres = self.store.url.starts_with("postgres://")
             || self.store.url.starts_with("postgresql://");
         if !(self.store.url.starts_with("sqlite://") || self.store.url == "memory://" || postgres) {
@@ -645,7 +712,7 @@ impl Config {
                 "expected sqlite://PATH, postgres://USER:PASS@HOST:PORT/DB or memory://",
             ));
         }
-        if postgres && self.store.ack == crate::store::Ack::Queued {
+        if postgres && self.store.ack == Ack::Queued {
             return Err(invalid(
                 "store.ack",
                 "queued",
@@ -695,6 +762,7 @@ kind = "vllm"
             kind: BackendKind::Vllm,
             name: String::new(),
             model: String::new(),
+            ca_file: Default::default(),
         };
         assert_eq!(b.display_name(), "http://***@h:1");
     }
@@ -744,7 +812,7 @@ kind = "vllm"
     fn verify_section_is_strict() {
         let c = Config::from_toml(MINIMAL).expect("valid");
         assert_eq!(c.verify.fraction, 0.0, "off by default");
-        assert_eq!(c.verify.threshold, crate::verify::DEFAULT_THRESHOLD);
+        assert_eq!(c.verify.threshold, DEFAULT_VERIFY_THRESHOLD);
         let ok = format!("{MINIMAL}\n[verify]\nfraction = 0.01\nthreshold = 0.5\nbackend = \"http://127.0.0.1:8001\"\n");
         let c = Config::from_toml(&ok).expect("valid [verify]");
         assert_eq!(c.verify.fraction, 0.01);

@@ -1,6 +1,16 @@
 //! URLs and config errors for display: credentials, passwords and tokens
 //! become `***`.
 
+/// A token is 8 to 4096 printable ASCII characters without spaces.
+pub fn usable_token(t: &str) -> bool {
+    (8..=4096).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_graphic())
+}
+
+/// A token as it may appear in an error message.
+pub fn redacted_token(t: &str) -> String {
+    format!("<{} characters>", t.len())
+}
+
 /// `scheme://user:pass@host/...` → `scheme://***@host/...`: a backend URL
 /// may carry credentials (sent as basic auth); they are never shown.
 pub fn redact_url(url: &str) -> String {

@@ -94,7 +94,8 @@ pub async fn serve(
     let state = tokio::task::spawn_blocking(move || EngineServer::start(&cfg)).await??;
     let listener = tokio::net::TcpListener::bind(listen).await?;
     tracing::info!(addr = %listener.local_addr()?, model = %state.model_name, "tito engine listening");
-    crate::api::server::serve(listener, app(state), shutdown).await;
+    let cap = crate::config::DEFAULT_MAX_CONNECTIONS;
+    crate::server::serve(listener, cap, app(state), shutdown).await;
     Ok(())
 }
 

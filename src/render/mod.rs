@@ -27,6 +27,7 @@ use sha2::{Digest, Sha256};
 use tokenizers::Tokenizer;
 
 use crate::config::ModelConfig;
+use crate::error::ApiError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RenderError {
@@ -41,6 +42,17 @@ pub enum RenderError {
     Template(String),
     #[error("tokenizer error: {0}")]
     Tokenize(String),
+}
+
+impl From<RenderError> for ApiError {
+    fn from(e: RenderError) -> Self {
+        match e {
+            RenderError::Template(_) | RenderError::Tokenize(_) => {
+                ApiError::bad_request(e.to_string())
+            }
+            _ => ApiError::internal(e.to_string()),
+        }
+    }
 }
 
 /// Everything a tokenizer source provides, whatever its file format.

@@ -19,6 +19,7 @@ pub mod health;
 pub mod least_requests;
 pub mod policy;
 pub mod prefix_affinity;
+pub mod retry;
 pub mod round_robin;
 pub mod sticky;
 
@@ -30,10 +31,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{BackendError, DynBackend};
 use crate::config::RouterConfig;
+use crate::error::ApiError;
 pub use admission::{InFlight, Pause};
 pub use fleet::{AdminOutcome, AdminResult};
 pub use health::{CircuitState, HealthTask};
 pub use policy::{Candidate, RoutingPolicy};
+pub use retry::Backoff;
 use sticky::{Pin, StickyMap};
 
 /// A backend's id inside this router: assigned on add, never reused.
@@ -71,6 +74,16 @@ pub enum RouteError {
     UnknownBackend(BackendId),
     #[error("a backend named `{0}` already exists")]
     DuplicateName(String),
+}
+
+impl From<RouteError> for ApiError {
+    fn from(e: RouteError) -> Self {
+        match e {
+            RouteError::UnknownBackend(_) => ApiError::not_found(e.to_string()),
+            RouteError::DuplicateName(_) => ApiError::bad_request(e.to_string()),
+            _ => ApiError::overloaded(e.to_string()),
+        }
+    }
 }
 
 /// One backend as the router holds it.
@@ -214,6 +227,8 @@ pub struct Router {
     health_interval: Duration,
     failure_threshold: u32,
     max_attempts: u32,
+    backoff: Backoff,
+    first_token_timeout: Duration,
     inner: Mutex<Inner>,
     load: Arc<admission::Load>,
     admission: tokio::sync::watch::Sender<bool>,
@@ -236,6 +251,11 @@ impl Router {
             health_interval: Duration::from_millis(cfg.health_interval_ms.max(1)),
             failure_threshold: cfg.failure_threshold.max(1),
             max_attempts: cfg.max_attempts.max(1),
+            backoff: Backoff {
+                initial: Duration::from_millis(cfg.retry_backoff_ms),
+                max: Duration::from_millis(cfg.retry_backoff_max_ms),
+            },
+            first_token_timeout: Duration::from_millis(cfg.first_token_timeout_ms),
             inner: Mutex::new(Inner {
                 slots: Vec::new(),
                 next_id: 0,
@@ -262,6 +282,17 @@ impl Router {
     /// `router.max_attempts`: how many backends one call may try.
     pub fn max_attempts(&self) -> u32 {
         self.max_attempts
+    }
+
+    /// The waits between a call's attempts.
+    pub fn backoff(&self) -> Backoff {
+        self.backoff
+    }
+
+    /// `router.first_token_timeout_ms`: how long one attempt may take to
+    /// its first token.
+    pub fn first_token_timeout(&self) -> Duration {
+        self.first_token_timeout
     }
 
     pub(crate) fn health_interval(&self) -> Duration {

@@ -37,6 +37,7 @@ mod types;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use axum::http::StatusCode;
 
 pub use memory::MemoryStore;
 pub use postgres::PgStore;
@@ -89,20 +90,30 @@ pub enum StoreError {
     Task(String),
 }
 
-/// When [`SpanStore::append_call`] returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Ack {
-    /// Once the transaction holding the call has committed (the default):
-    /// an answered call survives `kill -9`.
-    #[default]
-    Committed,
-    /// Once the call is queued for the writer: the answer does not wait for
-    /// the commit. A crash loses what was queued and not yet committed; on the
-    /// next start every trajectory that was still active is marked
-    /// `incomplete`. Errors of such writes are logged, not returned.
-    Queued,
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match &e {
+            StoreError::NotFound(_) | StoreError::CallNotFound { .. } => {
+                ApiError::not_found(e.to_string())
+            }
+            StoreError::Duplicate { .. } | StoreError::Finished(_) | StoreError::Conflict(_) => {
+                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
+                    .with_code("conflict")
+            }
+            StoreError::CursorNotFound(_) => {
+                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
+                    .with_param("cursor")
+                    .with_code("cursor_expired")
+            }
+            StoreError::Invalid(_) => ApiError::bad_request(e.to_string()),
+            _ => ApiError::internal(format!("span store: {e}")),
+        }
+    }
 }
+
+pub use crate::config::Ack;
+
+use crate::error::ApiError;
 
 /// Iterator over whole trajectories, one at a time (constant memory in the
 /// number of trajectories).

@@ -19,6 +19,7 @@ pub mod testing;
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use axum::http::StatusCode;
 use serde_json::Value as Json;
 
 pub use drift::{diagnose, first_difference, SegRange, Served, CAUSES};
@@ -28,6 +29,7 @@ pub use prepare::{ChatInput, Prepared};
 
 use crate::backend::FinishReason;
 use crate::config::{HistoryMode, TrajectoryConfig};
+use crate::error::ApiError;
 use crate::render::Renderer;
 use crate::store::{
     now_ms, CallRecord, DynStore, SegmentKind, StoreError, TrajectoryMeta, TrajectoryMetadata,
@@ -41,6 +43,19 @@ pub enum TrajectoryError {
     Render(#[from] crate::render::RenderError),
     #[error("span store: {0}")]
     Store(#[from] StoreError),
+}
+
+impl From<TrajectoryError> for ApiError {
+    fn from(e: TrajectoryError) -> Self {
+        match e {
+            TrajectoryError::Finished(_) => {
+                ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
+                    .with_code("conflict")
+            }
+            TrajectoryError::Render(r) => r.into(),
+            TrajectoryError::Store(s) => s.into(),
+        }
+    }
 }
 
 /// How a view stands against a shared store.

@@ -21,7 +21,7 @@ use super::drift::{diagnose, first_difference, SegRange, Served};
 use super::messages::{is_served_message, prefix_hashes, render_bytes, ContextHash, RenderContext};
 use super::{extend_segments, hot, HotCall, Trajectories, TrajectoryError};
 use crate::config::HistoryMode;
-use crate::phases::{mark, Mark};
+use crate::metrics::PHASE;
 use crate::render::{run_render_work, RenderInput};
 use crate::store::Drift;
 
@@ -93,9 +93,13 @@ impl Trajectories {
             (st.calls.clone(), st.served.clone())
         };
         let served = |c: u32| served.get(&c).copied().unwrap_or_default();
-        let mut prepared = run_render_work(render_bytes(input.messages, input.tools), || {
-            self.prepare_chat_sync(&calls, &served, input)
+        let render = tracing::info_span!(target: PHASE, "render");
+        let mut prepared = render.in_scope(|| {
+            run_render_work(render_bytes(input.messages, input.tools), || {
+                self.prepare_chat_sync(&calls, &served, input)
+            })
         })?;
+        drop(render);
         prepared.held = Some(Held(state));
         Ok(prepared)
     }
@@ -152,9 +156,7 @@ impl Trajectories {
             add_generation_prompt: input.add_generation_prompt,
             kwargs: input.kwargs,
         };
-        mark(Mark::RenderStart);
         let fresh_text = self.renderer.render(&render_input)?;
-        mark(Mark::Rendered);
         let continuation = match best {
             Some((c, k)) => self.continuation_text(c, k, input)?.map(|t| (c, t)),
             None => None,
@@ -162,7 +164,6 @@ impl Trajectories {
         let Some((parent, delta_text)) = continuation else {
             // A new sample: the first call, a new conversation, or an edit.
             let ids = self.renderer.encode(&fresh_text)?;
-            mark(Mark::Encoded);
             let since = |c: &HotCall| first_difference(&c.full_ids(), &ids).map(|p| p as u32);
             let drift = match (edited, recontexted) {
                 (Some(c), _) => since(c).map(|position| Drift {
@@ -183,7 +184,6 @@ impl Trajectories {
             return Ok(self.root(ids, fresh_text, drift));
         };
         let delta_ids = self.renderer.encode(&delta_text)?;
-        mark(Mark::Encoded);
         let mut exact = Vec::with_capacity(parent.full_len() + delta_ids.len());
         parent.extend_full_ids(&mut exact);
         exact.extend_from_slice(&delta_ids);

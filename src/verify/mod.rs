@@ -37,7 +37,7 @@ pub use compare::{compare, has_comparable, sequence, Comparison};
 pub use output::{sample_json, Summary};
 
 /// The |Δ| (nats) above which a position is listed, unless configured.
-pub const DEFAULT_THRESHOLD: f64 = 0.1;
+pub use crate::config::DEFAULT_VERIFY_THRESHOLD as DEFAULT_THRESHOLD;
 
 /// Samples of one trajectory replayed at once.
 const SAMPLE_CONCURRENCY: usize = 4;

@@ -140,6 +140,8 @@ fn prefix_hash(ids: &[u32]) -> u64 {
 pub struct MockVllm {
     pub addr: SocketAddr,
     pub state: Arc<MockState>,
+    /// Served over TLS (`https://`).
+    pub tls: bool,
 }
 
 impl MockVllm {
@@ -148,6 +150,39 @@ impl MockVllm {
     }
 
     pub async fn start_on(addr: &str, default: Scripted) -> MockVllm {
+        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (state, app) = Self::app(default);
+        tokio::spawn(async move {
+            // vLLM and SGLang (uvicorn on asyncio) send with TCP_NODELAY.
+            let _ = axum::serve(
+                tito::server::CappedListener::new(listener, tito::config::DEFAULT_MAX_CONNECTIONS),
+                app,
+            )
+            .await;
+        });
+        MockVllm {
+            addr,
+            state,
+            tls: false,
+        }
+    }
+
+    /// The same mock served on any axum listener (`tls`: it speaks TLS, so
+    /// its URL is `https://`).
+    pub fn serve_on<L>(listener: L, tls: bool, default: Scripted) -> MockVllm
+    where
+        L: axum::serve::Listener<Addr = SocketAddr>,
+    {
+        let addr = listener.local_addr().expect("addr");
+        let (state, app) = Self::app(default);
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        MockVllm { addr, state, tls }
+    }
+
+    fn app(default: Scripted) -> (Arc<MockState>, Router) {
         let state = Arc::new(MockState {
             default: Mutex::new(default),
             healthy: std::sync::atomic::AtomicBool::new(true),
@@ -166,17 +201,12 @@ impl MockVllm {
             .route("/start_weight_update", post(admin))
             .route("/finish_weight_update", post(admin))
             .with_state(state.clone());
-        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        tokio::spawn(async move {
-            // vLLM and SGLang (uvicorn on asyncio) send with TCP_NODELAY.
-            let _ = axum::serve(tito::api::server::no_delay(listener), app).await;
-        });
-        MockVllm { addr, state }
+        (state, app)
     }
 
     pub fn url(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     /// For benchmarks: stop recording request bodies, paths and completed

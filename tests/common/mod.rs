@@ -4,6 +4,7 @@
 
 pub mod mock_vllm;
 pub mod process;
+pub mod tls;
 pub mod watched_store;
 
 use std::net::SocketAddr;
@@ -140,7 +141,13 @@ pub async fn start_gateway_on(
         .expect("bind");
     let addr = listener.local_addr().expect("addr");
     tokio::spawn(async move {
-        tito::api::server::serve(listener, build_app(state), std::future::pending()).await;
+        tito::server::serve(
+            listener,
+            tito::config::DEFAULT_MAX_CONNECTIONS,
+            build_app(state),
+            std::future::pending(),
+        )
+        .await;
     });
     Gateway {
         addr,

@@ -5,18 +5,18 @@
 //!
 //! Must not: block, or allocate label sets from request input.
 
+mod spans;
+
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use axum::extract::State;
-use axum::response::{IntoResponse, Response};
 use metrics::{
     counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram, Counter,
     Gauge, Histogram, Unit,
 };
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::router::Router;
+pub use spans::{PhaseTimer, PHASE};
 
 pub const REQUESTS: &str = "tito_requests_total";
 pub const REQUEST_DURATION: &str = "tito_request_duration_seconds";
@@ -35,6 +35,7 @@ pub const RETRIES: &str = "tito_retries_total";
 pub const MOVES: &str = "tito_trajectory_moves_total";
 pub const DRIFT: &str = "tito_drift_events_total";
 pub const STORE_COMMIT: &str = "tito_store_commit_seconds";
+pub const PHASE_DURATION: &str = "tito_phase_duration_seconds";
 pub const STORE_TRANSIENT_RETRIES: &str = "tito_store_transient_retries_total";
 pub const CALLS_WITHOUT_LOGPROBS: &str = "tito_calls_without_logprobs_total";
 pub const REPLAYS: &str = "tito_replayed_calls_total";
@@ -195,7 +196,7 @@ fn describe() {
     for (name, help) in gauges {
         describe_gauge!(name, help);
     }
-    let histograms: [(&'static str, &'static str); 4] = [
+    let histograms: [(&'static str, &'static str); 5] = [
         (
             REQUEST_DURATION,
             "Time to answer a request (a stream: to its head)",
@@ -209,6 +210,10 @@ fn describe() {
             "Time from a call's start to its first generated token",
         ),
         (STORE_COMMIT, "Time to record a finished call durably"),
+        (
+            PHASE_DURATION,
+            "Time a request spent in one phase (parse, render, route, first_token, commit)",
+        ),
     ];
     for (name, help) in histograms {
         describe_histogram!(name, Seconds, help);
@@ -225,6 +230,11 @@ fn handle() -> &'static PrometheusHandle {
         let fast = [
             0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
         ];
+        // Phases span both: a render takes µs, a first token seconds.
+        let phases = [
+            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+            2.5, 5.0, 10.0, 30.0,
+        ];
         let slow = [
             0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
         ];
@@ -238,6 +248,7 @@ fn handle() -> &'static PrometheusHandle {
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(TTFT.into()), &slow))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(GATEWAY_OVERHEAD.into()), &fast))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(STORE_COMMIT.into()), &fast))
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(PHASE_DURATION.into()), &phases))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(REPLAY_ABS_DIFF.into()), &nats));
         let recorder = match builder {
             Ok(b) => b.build_recorder(),
@@ -492,23 +503,47 @@ pub fn store_commit(d: Duration) {
     made_once(&SERIES, || histogram!(STORE_COMMIT)).record(d.as_secs_f64());
 }
 
-/// Backend names `/metrics` has reported.
-static SEEN_BACKENDS: std::sync::Mutex<std::collections::BTreeSet<String>> =
-    std::sync::Mutex::new(std::collections::BTreeSet::new());
+/// One phase of a request, by the name of its span ([`PhaseTimer`]).
+fn phase(name: &'static str, d: Duration) {
+    static BY_PHASE: ByLabel<Histogram> = ByLabel::new();
+    let h = BY_PHASE.get(name, || histogram!(PHASE_DURATION, "phase" => name));
+    h.record(d.as_secs_f64());
+}
 
-/// `GET /metrics`: samples router state, then renders the text format.
-pub async fn render(State(router): State<std::sync::Arc<Router>>) -> Response {
+/// A backend's state, as `GET /metrics` samples it from the router.
+pub struct BackendGauges<'a> {
+    pub name: &'a str,
+    pub in_flight: usize,
+    pub healthy: bool,
+    pub sleeping: bool,
+    pub circuit_open: bool,
+    pub in_rotation: bool,
+}
+
+/// The router's counters, as `GET /metrics` samples them.
+pub struct RouterCounters {
+    pub sticky_hits: u64,
+    pub sticky_misses: u64,
+    pub sticky_evictions: u64,
+    pub moves: u64,
+}
+
+/// Backend names reported so far.
+static SEEN_BACKENDS: Mutex<std::collections::BTreeSet<String>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
+/// Sets the sampled router series, then renders every series in
+/// Prometheus' text format.
+pub fn render(backends: &[BackendGauges<'_>], counters: &RouterCounters) -> String {
     let flag = |b: bool| f64::from(u8::from(b));
     let mut now = std::collections::BTreeSet::new();
-    for b in router.snapshot() {
+    for b in backends {
         let name = b.name.to_string();
-        let open = b.circuit == crate::router::CircuitState::Open;
-        let in_rotation = !open && !b.sleeping && b.weights_error.is_none();
         gauge!(BACKEND_IN_FLIGHT, "backend" => name.clone()).set(b.in_flight as f64);
         gauge!(BACKEND_HEALTHY, "backend" => name.clone()).set(flag(b.healthy));
         gauge!(BACKEND_SLEEPING, "backend" => name.clone()).set(flag(b.sleeping));
-        gauge!(BACKEND_CIRCUIT_OPEN, "backend" => name.clone()).set(flag(open));
-        gauge!(BACKEND_IN_ROTATION, "backend" => name.clone()).set(flag(in_rotation));
+        gauge!(BACKEND_CIRCUIT_OPEN, "backend" => name.clone()).set(flag(b.circuit_open));
+        gauge!(BACKEND_IN_ROTATION, "backend" => name.clone()).set(flag(b.in_rotation));
         now.insert(name);
     }
     // A removed backend's series stay (the exporter keeps every series it
@@ -521,14 +556,9 @@ pub async fn render(State(router): State<std::sync::Arc<Router>>) -> Response {
     }
     seen.extend(now);
     drop(seen);
-    let c = router.counters();
-    counter!(STICKY_HITS).absolute(c.sticky_hits);
-    counter!(STICKY_MISSES).absolute(c.sticky_misses);
-    counter!(STICKY_EVICTIONS).absolute(c.sticky_evictions);
-    counter!(MOVES).absolute(c.moves);
-    (
-        [("content-type", "text/plain; version=0.0.4")],
-        handle().render(),
-    )
-        .into_response()
+    counter!(STICKY_HITS).absolute(counters.sticky_hits);
+    counter!(STICKY_MISSES).absolute(counters.sticky_misses);
+    counter!(STICKY_EVICTIONS).absolute(counters.sticky_evictions);
+    counter!(MOVES).absolute(counters.moves);
+    handle().render()
 }
