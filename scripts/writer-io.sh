@@ -2,8 +2,7 @@
 # Bytes the SQLite store writes per second (WAL frames from its writer
 # thread, copies into the database from its checkpoint thread: the two
 # threads' `wchar` in /proc, summed), for each tito PID given, one line per
-# second until a process exits or SECS (default 60) pass. (Direct commits,
-# made on the runtime's threads, are not counted.)
+# second until a process exits or SECS (default 60) pass.
 # Run it beside a bench, e.g. `cargo bench --bench peers`, and divide a
 # steady second's KiB by the cell's req/s for the bytes written per call.
 set -euo pipefail
