@@ -5,9 +5,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
-// glibc's malloc was a fifth of the gateway's CPU per request under load
-// (many small, short-lived allocations across threads); mimalloc's
-// thread-local free lists take most of that away (docs/benchmarks-history-early.md).
+// mimalloc: a request makes many small, short-lived allocations across the
+// runtime's threads, which its thread-local free lists serve cheaply.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -242,9 +242,8 @@ pub(crate) fn new_id(prefix: &str) -> String {
 /// A trajectory id the gateway names: `traj-`, the time in milliseconds (12
 /// hex digits) and 64 random bits (16 hex digits). Unique without
 /// coordination between replicas, and in time order, so the store's index of
-/// trajectory ids grows at its end: with random ids every new trajectory
-/// dirtied an index page of its own, one more page in each commit
-/// (docs/benchmarks-history-early.md, "Trajectory ids in time order").
+/// trajectory ids grows at its end: a random id would land on an index page
+/// of its own and add one more dirty page to each commit.
 pub(crate) fn new_trajectory_id() -> String {
     // The clock before 1970 would make a negative time: 0 then.
     let ms = crate::store::now_ms().max(0);
@@ -480,8 +479,7 @@ async fn not_found() -> ApiError {
 /// Middleware of the OpenAI routes: the API role's check
 /// ([`auth::refusal`]), then `[server] max_concurrent_requests`. One layer
 /// for both: each `from_fn` layer clones the route's boxed service and boxes
-/// a future for every request (docs/benchmarks-history-late.md, "One
-/// middleware for the OpenAI routes").
+/// a future for every request.
 async fn openai_guard(
     State((auth, slots)): State<(Arc<auth::Auth>, Arc<tokio::sync::Semaphore>)>,
     req: axum::extract::Request,

@@ -180,13 +180,10 @@ impl Running {
         };
         std::future::poll_fn(|cx| {
             // While the pump runs in this task, what it sends is taken
-            // without registering this task's waker on the channel: each
-            // send would otherwise wake the very task that is running it,
-            // and Tokio polls a task woken during its own poll once more,
-            // as a yield (docs/benchmarks-history-early.md, "A call's reader
-            // no longer wakes its own task"). The pump's own wakers
-            // (backend sockets, the store's acknowledgement, the channel's
-            // free capacity) wake this task.
+            // without registering this task's waker on the channel: a
+            // send would otherwise wake the task that is running it. The
+            // pump's own wakers (backend sockets, the store's
+            // acknowledgement, the channel's free capacity) wake this task.
             if let Some(pump) = self.pump.as_mut() {
                 if let Some(ev) = taken(&mut self.rx) {
                     return Poll::Ready(ev);

@@ -2,7 +2,7 @@
 //! validated once. Everything downstream receives typed values and never
 //! re-checks them.
 //!
-//! Owns: the file format (key names are a user contract, see DESIGN.md) and
+//! Owns: the file format (key names are a user contract, see docs/configuration.md) and
 //! validation messages that name the offending key. Must not: open files other
 //! than the config itself, or touch the network.
 

@@ -84,9 +84,7 @@ type WordIds = FxHashMap<Box<[u8]>, Box<[u32]>>;
 /// The ids of words merged before. A word's BPE depends on its bytes alone
 /// (the vocab and merges are fixed), so a remembered word is exact, and the
 /// words of prompts repeat (system prompts, tool schemas, the template's own
-/// text). Merging was most of a fresh prompt's encoding: in the peers bench
-/// the encoder's share of tito's CPU fell from 4.2% to 1.4% with this cache
-/// (docs/benchmarks.md). Short words only ([`SCAN_MAX`] bytes at most);
+/// text), and merging is most of a fresh prompt's encoding. Short words only ([`SCAN_MAX`] bytes at most);
 /// full, it is emptied and fills again. A thread that finds it locked by
 /// another merges without it.
 struct WordCache {
