@@ -4,14 +4,17 @@
 //! the sampled token ids with their logprobs. It never sees text on this path
 //! (token in, token out). Requests for `n > 1` are fanned out by the API layer.
 //!
-//! The HTTP clients ([`vllm`], [`sglang`]) always ask their backend to stream
-//! and share one reader, [`pump`]: SSE framing ([`sse`]), the first-token and
+//! The HTTP clients ([`vllm`], [`sglang`]) share one client ([`http`]: a
+//! pooled reqwest client for http:// and https://, health, admin and
+//! one-shot calls), always ask their backend to stream and share one
+//! reader, [`pump`]: SSE framing ([`sse`]), the first-token and
 //! idle timeouts, `[DONE]`, and cancellation when the stream is dropped. Each
 //! supplies only how one `data:` payload becomes [`GenEvent`]s.
 //!
 //! Owns: wire formats of vLLM / SGLang / the bundled engine. Must not: render
 //! templates, decode text for clients, or know about trajectories.
 
+pub mod http;
 pub mod pump;
 pub mod sglang;
 pub mod sse;

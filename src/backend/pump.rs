@@ -30,6 +30,7 @@ use std::time::Duration;
 use futures::{Stream, StreamExt};
 use tokio::time::{Instant, Sleep};
 
+use super::http::HttpBackend;
 use super::sse::SseDecoder;
 use super::{BackendError, GenEvent, GenStream};
 use crate::config::RouterConfig;
@@ -62,46 +63,6 @@ impl StreamTimeouts {
 /// At most this many bytes are read after `Done` while draining the body.
 const DRAIN_LIMIT: usize = 1 << 20;
 
-/// Where an HTTP backend's generate requests go: its pooled client (the
-/// one client of all its calls, `http://` and `https://` alike) and base URL.
-pub struct Transport {
-    client: reqwest::Client,
-    base: String,
-}
-
-impl Transport {
-    /// The transport to the backend at `base` (no trailing `/`).
-    pub fn new(base: &str, client: &reqwest::Client) -> Transport {
-        Transport {
-            client: client.clone(),
-            base: base.to_string(),
-        }
-    }
-
-    /// POSTs `body` to `path` and returns the answer's status and body.
-    async fn post(
-        &self,
-        backend: &str,
-        path: &str,
-        body: Vec<u8>,
-    ) -> Result<(u16, Body), BackendError> {
-        let resp = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .send()
-            .await
-            .map_err(|e| super::map_reqwest(backend, e))?;
-        let status = resp.status().as_u16();
-        let backend = backend.to_string();
-        let body = resp
-            .bytes_stream()
-            .map(move |r| r.map_err(|e| super::map_reqwest(&backend, e)));
-        Ok((status, Box::pin(body)))
-    }
-}
-
 /// At most this many bytes of an error answer are read for its message.
 const ERROR_BODY_LIMIT: usize = 64 << 10;
 
@@ -111,22 +72,21 @@ const ERROR_BODY_LIMIT: usize = 64 << 10;
 /// this call, one that answers but never produces an event fails with
 /// `Timeout` from the stream.
 pub async fn send_and_pump<D: EventDecoder + Unpin>(
-    backend: &str,
-    transport: &Transport,
+    http: &HttpBackend,
     path: &str,
     body: &impl serde::Serialize,
-    timeouts: StreamTimeouts,
     decoder: D,
 ) -> Result<GenStream, BackendError> {
+    let backend = http.name();
+    let timeouts = http.timeouts();
     let first_deadline = Instant::now() + timeouts.first_token;
     let body = serde_json::to_vec(body).map_err(|e| BackendError::Protocol {
         backend: backend.to_string(),
         message: format!("cannot write the request: {e}"),
     })?;
-    let (status, mut resp) =
-        tokio::time::timeout_at(first_deadline, transport.post(backend, path, body))
-            .await
-            .map_err(|_| super::timeout(backend, "no response before the first-token timeout"))??;
+    let (status, mut resp) = tokio::time::timeout_at(first_deadline, http.post_stream(path, body))
+        .await
+        .map_err(|_| super::timeout(backend, "no response before the first-token timeout"))??;
     if !(200..300).contains(&status) {
         let mut text = Vec::new();
         let read = async {
@@ -483,19 +443,23 @@ mod tests {
     #[tokio::test]
     async fn the_transport_reads_streams_and_error_answers() {
         let base = answering_server().await;
-        let router = RouterConfig::default();
-        let client = crate::backend::http_client(&router, None).expect("client");
-        let transport = Transport::new(&base, &client);
-        let timeouts = StreamTimeouts::from_router(&router);
+        let cfg = crate::config::BackendConfig {
+            url: base,
+            kind: crate::config::BackendKind::Vllm,
+            name: "b".into(),
+            model: String::new(),
+            ca_file: Default::default(),
+        };
+        let http = HttpBackend::new(&cfg, &RouterConfig::default()).expect("client");
         let body = serde_json::json!({});
-        let mut s = send_and_pump("b", &transport, "/ok", &body, timeouts, Lines)
+        let mut s = send_and_pump(&http, "/ok", &body, Lines)
             .await
             .expect("a stream");
         assert_eq!(ids(s.next().await), vec![4]);
         assert_eq!(ids(s.next().await), vec![5]);
         assert!(matches!(s.next().await, Some(Ok(GenEvent::Done { .. }))));
         assert!(s.next().await.is_none());
-        match send_and_pump("b", &transport, "/busy", &body, timeouts, Lines).await {
+        match send_and_pump(&http, "/busy", &body, Lines).await {
             Err(BackendError::Overloaded { message, .. }) => {
                 assert_eq!(message, "queue is full")
             }

@@ -42,7 +42,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value as Json};
 
-use super::pump::{EventDecoder, StreamTimeouts, Transport};
+use super::http::HttpBackend;
+use super::pump::EventDecoder;
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
     PositionLogprob, ScoreRequest, SharedSampling, StructuredOutput, TokenLogprob,
@@ -79,25 +80,13 @@ struct SglangSampling<'a> {
 }
 
 pub struct SglangBackend {
-    name: String,
-    base: String,
-    client: reqwest::Client,
-    /// How generate requests go out (the hot path).
-    generate: Transport,
-    timeouts: StreamTimeouts,
+    http: HttpBackend,
 }
 
 impl SglangBackend {
     pub fn new(cfg: &BackendConfig, router: &RouterConfig) -> anyhow::Result<Self> {
-        let client = super::http_client(router, cfg.ca_file())?;
-        let base = cfg.url.trim_end_matches('/').to_string();
-        let generate = Transport::new(&base, &client);
         Ok(SglangBackend {
-            name: cfg.display_name().to_string(),
-            base,
-            client,
-            generate,
-            timeouts: StreamTimeouts::from_router(router),
+            http: HttpBackend::new(cfg, router)?,
         })
     }
 
@@ -146,18 +135,7 @@ impl SglangBackend {
     }
 
     async fn post_admin(&self, path: &str, body: Json) -> Result<String, BackendError> {
-        let resp = self
-            .client
-            .post(format!("{}{path}", self.base))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| super::map_reqwest(&self.name, e))?;
-        let resp = super::check_status(&self.name, resp).await?;
-        let text = resp
-            .text()
-            .await
-            .map_err(|e| super::map_reqwest(&self.name, e))?;
+        let text = self.http.post_admin(path, Some(&body)).await?;
         // `update_weights_from_disk` answers `{"success": false, ...}` on failure.
         if let Ok(v) = serde_json::from_str::<Json>(&text) {
             if v.get("success").and_then(Json::as_bool) == Some(false) {
@@ -167,7 +145,7 @@ impl SglangBackend {
                     .unwrap_or("backend reported success: false")
                     .to_string();
                 return Err(BackendError::Rejected {
-                    backend: self.name.clone(),
+                    backend: self.name().to_string(),
                     message,
                 });
             }
@@ -544,7 +522,7 @@ impl EventDecoder for SglangDecoder {
 #[async_trait::async_trait]
 impl Backend for SglangBackend {
     fn name(&self) -> &str {
-        &self.name
+        self.http.name()
     }
 
     fn kind(&self) -> &'static str {
@@ -553,40 +531,23 @@ impl Backend for SglangBackend {
 
     async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError> {
         let body = self.request_body(&req);
-        let decoder = SglangDecoder::new(&self.name, req.params.logprobs, req.prompt_ids.len());
-        let path = "/generate";
-        super::pump::send_and_pump(
-            &self.name,
-            &self.generate,
-            path,
-            &body,
-            self.timeouts,
-            decoder,
-        )
-        .await
+        let decoder = SglangDecoder::new(self.name(), req.params.logprobs, req.prompt_ids.len());
+        self.http.generate("/generate", &body, decoder).await
     }
 
     async fn prompt_logprobs(
         &self,
         req: ScoreRequest,
     ) -> Result<Vec<PositionLogprob>, BackendError> {
-        let request = self
-            .client
-            .post(format!("{}/generate", self.base))
-            .json(&self.score_body(&req));
-        let answer: ScoreAnswer =
-            super::send_json(&self.name, request, self.timeouts.first_token).await?;
-        input_logprobs(answer, &req.ids).map_err(|m| protocol(&self.name, m))
+        let answer: ScoreAnswer = self
+            .http
+            .call_json("/generate", &self.score_body(&req))
+            .await?;
+        input_logprobs(answer, &req.ids).map_err(|m| protocol(self.name(), m))
     }
 
     async fn health(&self) -> Result<(), BackendError> {
-        let resp = self
-            .client
-            .get(format!("{}/health", self.base))
-            .send()
-            .await
-            .map_err(|e| super::map_reqwest(&self.name, e))?;
-        super::check_status(&self.name, resp).await.map(|_| ())
+        self.http.health().await
     }
 
     async fn admin(&self, op: &AdminOp) -> Result<String, BackendError> {

@@ -21,7 +21,8 @@
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value as Json};
 
-use super::pump::{EventDecoder, StreamTimeouts, Transport};
+use super::http::HttpBackend;
+use super::pump::EventDecoder;
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
     PositionLogprob, ScoreRequest, SharedSampling, StructuredOutput, TokenLogprob,
@@ -62,27 +63,15 @@ enum VllmStructured<'a> {
 }
 
 pub struct VllmBackend {
-    name: String,
-    base: String,
+    http: HttpBackend,
     model: Option<String>,
-    client: reqwest::Client,
-    /// How generate requests go out (the hot path).
-    generate: Transport,
-    timeouts: StreamTimeouts,
 }
 
 impl VllmBackend {
     pub fn new(cfg: &BackendConfig, router: &RouterConfig) -> anyhow::Result<Self> {
-        let client = super::http_client(router, cfg.ca_file())?;
-        let base = cfg.url.trim_end_matches('/').to_string();
-        let generate = Transport::new(&base, &client);
         Ok(VllmBackend {
-            name: cfg.display_name().to_string(),
-            base,
+            http: HttpBackend::new(cfg, router)?,
             model: (!cfg.model.is_empty()).then(|| cfg.model.clone()),
-            client,
-            generate,
-            timeouts: StreamTimeouts::from_router(router),
         })
     }
 
@@ -426,7 +415,7 @@ impl EventDecoder for VllmDecoder {
 #[async_trait::async_trait]
 impl Backend for VllmBackend {
     fn name(&self) -> &str {
-        &self.name
+        self.http.name()
     }
 
     fn kind(&self) -> &'static str {
@@ -435,43 +424,26 @@ impl Backend for VllmBackend {
 
     async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError> {
         let body = self.request_body(&req);
-        let decoder = VllmDecoder::new(&self.name, req.params.logprobs);
-        let path = "/v1/completions";
-        super::pump::send_and_pump(
-            &self.name,
-            &self.generate,
-            path,
-            &body,
-            self.timeouts,
-            decoder,
-        )
-        .await
+        let decoder = VllmDecoder::new(self.name(), req.params.logprobs);
+        self.http.generate("/v1/completions", &body, decoder).await
     }
 
     async fn prompt_logprobs(
         &self,
         req: ScoreRequest,
     ) -> Result<Vec<PositionLogprob>, BackendError> {
-        let request = self
-            .client
-            .post(format!("{}/v1/completions", self.base))
-            .json(&self.score_body(&req));
-        let answer: ScoreAnswer =
-            super::send_json(&self.name, request, self.timeouts.first_token).await?;
+        let answer: ScoreAnswer = self
+            .http
+            .call_json("/v1/completions", &self.score_body(&req))
+            .await?;
         prompt_logprobs(answer, &req.ids).map_err(|message| BackendError::Protocol {
-            backend: self.name.clone(),
+            backend: self.name().to_string(),
             message,
         })
     }
 
     async fn health(&self) -> Result<(), BackendError> {
-        let resp = self
-            .client
-            .get(format!("{}/health", self.base))
-            .send()
-            .await
-            .map_err(|e| super::map_reqwest(&self.name, e))?;
-        super::check_status(&self.name, resp).await.map(|_| ())
+        self.http.health().await
     }
 
     /// vLLM's dev-mode endpoints (`VLLM_SERVER_DEV_MODE=1`), as in vLLM
@@ -496,7 +468,7 @@ impl Backend for VllmBackend {
                     == Some(false)
                 {
                     return Err(BackendError::Rejected {
-                        backend: self.name.clone(),
+                        backend: self.name().to_string(),
                         message: "weights reloaded, but the prefix cache could not be reset".into(),
                     });
                 }
@@ -509,7 +481,7 @@ impl Backend for VllmBackend {
                     Err(e) => {
                         // Not started: generation must not stay paused.
                         if let Err(r) = self.post_admin("/resume", None).await {
-                            tracing::error!(backend = %self.name, error = %r,
+                            tracing::error!(backend = %self.name(), error = %r,
                                 "could not resume after a failed start of a weight update");
                         }
                         Err(e)
@@ -527,7 +499,7 @@ impl Backend for VllmBackend {
                     .post_admin("/finish_weight_update", Some(json!({})))
                     .await
                 {
-                    tracing::debug!(backend = %self.name, error = %e,
+                    tracing::debug!(backend = %self.name(), error = %e,
                         "no weight update to finish while aborting");
                 }
                 self.post_admin("/resume", None).await
@@ -539,18 +511,7 @@ impl Backend for VllmBackend {
 impl VllmBackend {
     /// POSTs to an admin endpoint (query in `path`); the answer's text.
     async fn post_admin(&self, path: &str, body: Option<Json>) -> Result<String, BackendError> {
-        let mut req = self.client.post(format!("{}{path}", self.base));
-        if let Some(b) = body {
-            req = req.json(&b);
-        }
-        let resp = req
-            .send()
-            .await
-            .map_err(|e| super::map_reqwest(&self.name, e))?;
-        let resp = super::check_status(&self.name, resp).await?;
-        resp.text()
-            .await
-            .map_err(|e| super::map_reqwest(&self.name, e))
+        self.http.post_admin(path, body.as_ref()).await
     }
 }
 
