@@ -15,10 +15,11 @@ use serde_json::{json, Value as Json};
 
 use super::logprobs::chat_logprobs;
 use super::request::{parse_body, ChatRequest};
-use super::sse::{sse_response, usage, ChunkHead, SseSender};
+use super::sse::{sse_response, usage, Chunks};
+use super::stream::{self, Encoder, Out};
 use super::{new_id, unix_now, AppState};
 use crate::call::replies::Claim;
-use crate::call::{Answer, CallEvent, ChoiceEvent, Output, ParseSetup, PlanRequest, Running};
+use crate::call::{Answer, ChoiceEvent, Output, ParseSetup, PlanRequest};
 use crate::error::ApiError;
 use crate::metrics::PHASE;
 use crate::parse::ChatStream;
@@ -196,9 +197,10 @@ async fn handle(
     // Respond.
     let headers = super::trajectory_header(&tid);
     if req.stream {
-        let chunks = Chunks::new(&state, unix_now(), shape);
+        let chunks = Chunks::new(&state, "chat.completion.chunk", unix_now(), shape);
+        let encoder = ChatEncoder::new(chunks, parsing, is_forced);
         return Ok(sse_response(&state, headers, move |tx| {
-            stream_loop(running, parsing, is_forced, chunks, tid, tx)
+            stream::run(running, encoder, ROUTE, tid, tx)
         }));
     }
     let answer = running.finish().await?;
@@ -218,9 +220,10 @@ fn replay(state: &AppState, answer: Arc<Answer>, req: &ChatRequest, shape: Shape
         let body = response_body(state, &answer, shape);
         return (headers, axum::Json(body)).into_response();
     }
-    let chunks = Chunks::new(state, answer.created, shape);
-    sse_response(state, headers, move |tx| async move {
-        let _ = replay_stream(&answer, &chunks, &tx).await;
+    let chunks = Chunks::new(state, "chat.completion.chunk", answer.created, shape);
+    let encoder = ChatEncoder::new(chunks, None, false);
+    sse_response(state, headers, move |tx| {
+        stream::replay(answer, encoder, tx)
     })
 }
 
@@ -378,25 +381,9 @@ fn response_body<'a>(state: &'a AppState, answer: &'a Answer, shape: Shape) -> C
 }
 
 /// Formats `chat.completion.chunk` objects.
-struct Chunks {
-    head: ChunkHead,
-    shape: Shape,
-    renderer: Arc<crate::render::Renderer>,
-}
+type ChatChunks = Chunks<Shape>;
 
-impl Chunks {
-    fn new(state: &AppState, created: u64, shape: Shape) -> Self {
-        Chunks {
-            head: ChunkHead::new(state, "chat.completion.chunk", created),
-            shape,
-            renderer: state.renderer.clone(),
-        }
-    }
-
-    fn chunk(&self, id: &str, choices: Json) -> Json {
-        self.head.chunk(id, choices)
-    }
-
+impl ChatChunks {
     /// The opening chunk of choice `i` (role; prompt ids on choice 0).
     fn open(&self, id: &str, i: u32, prompt: Option<&[u32]>) -> Json {
         let mut c = self.chunk(
@@ -454,67 +441,95 @@ impl Chunks {
 
 /// The streaming response: role chunks, then each backend delta as it comes
 /// (through the incremental tool / reasoning parser when one applies), then,
-/// once the call is recorded, the finish chunks, usage and `[DONE]`. A
-/// client never sees the end of a response whose call is not recorded.
-/// With `forced` (a forced tool call), the constrained JSON is not streamed
-/// as content: the tool calls are sent once the call is recorded.
-async fn stream_loop(
-    mut running: Running,
+/// once the call is recorded, the finish chunks and usage. With `forced` (a
+/// forced tool call), the constrained JSON is not streamed as content: the
+/// tool calls are sent once the call is recorded.
+struct ChatEncoder {
+    chunks: ChatChunks,
     parsing: Option<Arc<ParseSetup>>,
+    parsers: Vec<Option<ChatStream>>,
     forced: bool,
-    chunks: Chunks,
-    tid: String,
-    tx: SseSender,
-) {
-    let id = running.request_id.clone();
-    let prompt = running.prompts.first().cloned();
-    let mut parsers: Vec<Option<ChatStream>> = (0..running.n)
-        .map(|i| parsing.as_ref().map(|p| p.stream(i)))
-        .collect();
-    for i in 0..running.n {
-        let c = chunks.open(&id, i, prompt.as_deref().filter(|_| i == 0).map(|p| &p[..]));
-        if tx.json(&c).await.is_err() {
-            return;
+}
+
+impl ChatEncoder {
+    fn new(chunks: ChatChunks, parsing: Option<Arc<ParseSetup>>, forced: bool) -> Self {
+        ChatEncoder {
+            chunks,
+            parsing,
+            parsers: Vec::new(),
+            forced,
         }
     }
-    while let Some(ev) = running.next().await {
-        let out = match ev {
-            CallEvent::Delta(ev) => {
-                let deltas = match parsers.get_mut(ev.index as usize).and_then(Option::as_mut) {
-                    Some(p) => {
-                        let mut events = p.push(&ev.text);
-                        if ev.finish.is_some() {
-                            events.extend(p.finish());
-                        }
-                        events.iter().map(|e| e.to_openai_delta()).collect()
-                    }
-                    None if !ev.text.is_empty() && !forced => vec![json!({"content": ev.text})],
-                    None => Vec::new(),
-                };
-                chunks.deltas(&id, &ev, deltas)
-            }
-            CallEvent::Done(Ok(answer)) if forced => {
-                let mut out = Vec::new();
-                for r in &answer.choices {
-                    let ev = ChoiceEvent {
-                        index: r.index,
-                        ..Default::default()
-                    };
-                    out.extend(chunks.deltas(&id, &ev, vec![served_delta(&r.served)]));
+}
+
+impl Encoder for ChatEncoder {
+    fn open(&mut self, id: &str, prompts: &[Arc<Vec<u32>>], n: u32) -> Vec<Out> {
+        self.parsers = (0..n)
+            .map(|i| self.parsing.as_ref().map(|p| p.stream(i)))
+            .collect();
+        let prompt = prompts.first();
+        (0..n)
+            .map(|i| {
+                let p = prompt.filter(|_| i == 0).map(|p| &p[..]);
+                Out::json(&self.chunks.open(id, i, p))
+            })
+            .collect()
+    }
+
+    fn delta(&mut self, id: &str, ev: &ChoiceEvent) -> Vec<Out> {
+        let deltas = match self
+            .parsers
+            .get_mut(ev.index as usize)
+            .and_then(Option::as_mut)
+        {
+            Some(p) => {
+                let mut events = p.push(&ev.text);
+                if ev.finish.is_some() {
+                    events.extend(p.finish());
                 }
-                out.extend(chunks.end(&answer));
-                out
+                events.iter().map(|e| e.to_openai_delta()).collect()
             }
-            CallEvent::Done(Ok(answer)) => chunks.end(&answer),
-            CallEvent::Done(Err(e)) => return tx.error(ROUTE, &tid, &e).await,
+            None if !ev.text.is_empty() && !self.forced => vec![json!({"content": ev.text})],
+            None => Vec::new(),
         };
-        for c in &out {
-            if tx.json(c).await.is_err() {
-                return;
+        let chunks = self.chunks.deltas(id, ev, deltas);
+        chunks.iter().map(Out::json).collect()
+    }
+
+    fn end(&mut self, answer: &Answer) -> Vec<Out> {
+        let mut out = Vec::new();
+        if self.forced {
+            for r in &answer.choices {
+                let ev = ChoiceEvent {
+                    index: r.index,
+                    ..Default::default()
+                };
+                let delta = served_delta(&r.served);
+                out.extend(self.chunks.deltas(&answer.request_id, &ev, vec![delta]));
             }
         }
+        out.extend(self.chunks.end(answer));
+        out.iter().map(Out::json).collect()
     }
-    let _ = tx.done().await;
+
+    /// Per choice, the role chunk, one delta with the whole served message
+    /// (tool calls indexed as OpenAI streams them) and every id and
+    /// logprob; then the finish chunks and usage.
+    fn replay(&mut self, answer: &Answer) -> Vec<Out> {
+        let id = &answer.request_id;
+        let prompt = answer.prompts.first();
+        let mut out = Vec::new();
+        for r in &answer.choices {
+            let p = prompt.filter(|_| r.index == 0).map(|p| &p[..]);
+            out.push(self.chunks.open(id, r.index, p));
+            out.extend(
+                self.chunks
+                    .deltas(id, &r.as_event(), vec![served_delta(&r.served)]),
+            );
+        }
+        out.extend(self.chunks.end(answer));
+        out.iter().map(Out::json).collect()
+    }
 }
 
 /// The deprecated function-calling shape of a message or delta: its first
@@ -555,29 +570,4 @@ fn served_delta(served: &Json) -> Json {
         }
     }
     delta
-}
-
-/// A recorded answer as a stream: per choice, the role chunk, one delta with
-/// the whole served message (tool calls indexed as OpenAI streams them) and
-/// every id and logprob, then the finish chunks, usage and `[DONE]`.
-async fn replay_stream(
-    answer: &Answer,
-    chunks: &Chunks,
-    tx: &SseSender,
-) -> Result<(), super::sse::Gone> {
-    let id = &answer.request_id;
-    let prompt = answer.prompts.first();
-    for r in &answer.choices {
-        let p = prompt.filter(|_| r.index == 0).map(|p| &p[..]);
-        tx.json(&chunks.open(id, r.index, p)).await?;
-        let delta = served_delta(&r.served);
-        let ev = r.as_event();
-        for c in chunks.deltas(id, &ev, vec![delta]) {
-            tx.json(&c).await?;
-        }
-    }
-    for c in chunks.end(answer) {
-        tx.json(&c).await?;
-    }
-    tx.done().await
 }

@@ -13,10 +13,11 @@ use serde_json::{json, Value as Json};
 
 use super::logprobs::completion_logprobs;
 use super::request::{parse_body, CompletionRequest, PromptSpec};
-use super::sse::{sse_response, usage, ChunkHead, SseSender};
+use super::sse::{sse_response, usage, Chunks};
+use super::stream::{self, Encoder, Out};
 use super::{new_id, unix_now, AppState};
 use crate::call::replies::Claim;
-use crate::call::{Answer, CallEvent, ChoiceEvent, Output, PlanRequest, Running};
+use crate::call::{Answer, ChoiceEvent, Output, PlanRequest};
 use crate::error::ApiError;
 use crate::trajectory::CallContext;
 
@@ -151,9 +152,10 @@ async fn handle(
     // Respond.
     let headers = super::trajectory_header(&tid);
     if req.stream {
-        let chunks = Chunks::new(&state, unix_now(), shape);
+        let chunks = Chunks::new(&state, "text_completion", unix_now(), shape);
+        let encoder = CompletionEncoder::new(chunks);
         return Ok(sse_response(&state, headers, move |tx| {
-            stream_loop(running, chunks, tid, tx)
+            stream::run(running, encoder, ROUTE, tid, tx)
         }));
     }
     let answer = running.finish().await?;
@@ -180,9 +182,10 @@ fn replay(state: &AppState, answer: Arc<Answer>, stream: bool, shape: Shape) -> 
         let body = response_body(state, &answer, shape);
         return (headers, axum::Json(body)).into_response();
     }
-    let chunks = Chunks::new(state, answer.created, shape);
-    sse_response(state, headers, move |tx| async move {
-        let _ = replay_stream(&answer, &chunks, &tx).await;
+    let chunks = Chunks::new(state, "text_completion", answer.created, shape);
+    let encoder = CompletionEncoder::new(chunks);
+    sse_response(state, headers, move |tx| {
+        stream::replay(answer, encoder, tx)
     })
 }
 
@@ -223,25 +226,9 @@ fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
 }
 
 /// Formats `text_completion` chunks.
-struct Chunks {
-    head: ChunkHead,
-    shape: Shape,
-    renderer: Arc<crate::render::Renderer>,
-}
+type CompletionChunks = Chunks<Shape>;
 
-impl Chunks {
-    fn new(state: &AppState, created: u64, shape: Shape) -> Self {
-        Chunks {
-            head: ChunkHead::new(state, "text_completion", created),
-            shape,
-            renderer: state.renderer.clone(),
-        }
-    }
-
-    fn chunk(&self, id: &str, choices: Json) -> Json {
-        self.head.chunk(id, choices)
-    }
-
+impl CompletionChunks {
     /// vLLM sends each choice's prompt ids in a first chunk of its own.
     fn open(&self, id: &str, index: u32, prompt: &[u32]) -> Option<Json> {
         self.shape.token_ids.then(|| {
@@ -279,66 +266,67 @@ impl Chunks {
 }
 
 /// The streaming response: prompt-id chunks, each delta as it comes, then,
-/// once the call is recorded, the finish chunks, usage and `[DONE]`.
-async fn stream_loop(mut running: Running, chunks: Chunks, tid: String, tx: SseSender) {
-    let id = running.request_id.clone();
-    let n = running.n.max(1);
-    for (pi, p) in running.prompts.iter().enumerate() {
-        for j in 0..n {
-            if let Some(c) = chunks.open(&id, pi as u32 * n + j, p) {
-                if tx.json(&c).await.is_err() {
-                    return;
-                }
-            }
-        }
-    }
-    let mut offsets = vec![0usize; running.prompts.len() * n as usize];
-    while let Some(ev) = running.next().await {
-        let out = match ev {
-            CallEvent::Delta(ev) => {
-                let slot = offsets.get_mut(ev.index as usize);
-                let offset = slot.as_deref().copied().unwrap_or(0);
-                if let Some(o) = slot {
-                    *o += ev.text.len();
-                }
-                chunks.delta(&id, &ev, offset).into_iter().collect()
-            }
-            CallEvent::Done(Ok(answer)) => chunks.end(&answer),
-            CallEvent::Done(Err(e)) => return tx.error(ROUTE, &tid, &e).await,
-        };
-        for c in &out {
-            if tx.json(c).await.is_err() {
-                return;
-            }
-        }
-    }
-    let _ = tx.done().await;
+/// once the call is recorded, the finish chunks and usage.
+struct CompletionEncoder {
+    chunks: CompletionChunks,
+    /// Per choice, the bytes of text sent so far (logprobs' text offsets).
+    offsets: Vec<usize>,
 }
 
-/// A recorded answer as a stream: prompt-id chunks, one delta per choice
-/// with all its text, ids and logprobs, the finish chunks, usage, `[DONE]`.
-async fn replay_stream(
-    answer: &Answer,
-    chunks: &Chunks,
-    tx: &SseSender,
-) -> Result<(), super::sse::Gone> {
-    let id = &answer.request_id;
-    let n = answer.n.max(1) as usize;
-    for r in &answer.choices {
-        if let Some(p) = answer.prompts.get(r.index as usize / n) {
-            if let Some(c) = chunks.open(id, r.index, p) {
-                tx.json(&c).await?;
+impl CompletionEncoder {
+    fn new(chunks: CompletionChunks) -> Self {
+        CompletionEncoder {
+            chunks,
+            offsets: Vec::new(),
+        }
+    }
+}
+
+impl Encoder for CompletionEncoder {
+    fn open(&mut self, id: &str, prompts: &[Arc<Vec<u32>>], n: u32) -> Vec<Out> {
+        let n = n.max(1);
+        self.offsets = vec![0; prompts.len() * n as usize];
+        let mut out = Vec::new();
+        for (pi, p) in prompts.iter().enumerate() {
+            for j in 0..n {
+                out.extend(self.chunks.open(id, pi as u32 * n + j, p));
             }
         }
+        out.iter().map(Out::json).collect()
     }
-    for r in &answer.choices {
-        let ev = r.as_event();
-        if let Some(c) = chunks.delta(id, &ev, 0) {
-            tx.json(&c).await?;
+
+    fn delta(&mut self, id: &str, ev: &ChoiceEvent) -> Vec<Out> {
+        let slot = self.offsets.get_mut(ev.index as usize);
+        let offset = slot.as_deref().copied().unwrap_or(0);
+        if let Some(o) = slot {
+            *o += ev.text.len();
         }
+        self.chunks
+            .delta(id, ev, offset)
+            .iter()
+            .map(Out::json)
+            .collect()
     }
-    for c in chunks.end(answer) {
-        tx.json(&c).await?;
+
+    fn end(&mut self, answer: &Answer) -> Vec<Out> {
+        self.chunks.end(answer).iter().map(Out::json).collect()
     }
-    tx.done().await
+
+    /// Prompt-id chunks, one delta per choice with all its text, ids and
+    /// logprobs, the finish chunks and usage.
+    fn replay(&mut self, answer: &Answer) -> Vec<Out> {
+        let id = &answer.request_id;
+        let n = answer.n.max(1) as usize;
+        let mut out = Vec::new();
+        for r in &answer.choices {
+            if let Some(p) = answer.prompts.get(r.index as usize / n) {
+                out.extend(self.chunks.open(id, r.index, p));
+            }
+        }
+        for r in &answer.choices {
+            out.extend(self.chunks.delta(id, &r.as_event(), 0));
+        }
+        out.extend(self.chunks.end(answer));
+        out.iter().map(Out::json).collect()
+    }
 }

@@ -16,6 +16,7 @@ mod openapi;
 pub mod request;
 pub mod request_id;
 mod sse;
+mod stream;
 pub mod trajectories;
 pub mod ui;
 mod unsupported;

@@ -1,6 +1,6 @@
 //! Server-Sent Events plumbing shared by the streaming endpoints: a response
-//! whose events come from one plain async loop (the endpoint's), the usage
-//! object, and error events. The loop runs in a task; when the client goes
+//! whose events come from one plain async loop (`stream::run`), the usage
+//! object, and the chunk head of OpenAI's chat and completions streams. The loop runs in a task; when the client goes
 //! away the task is aborted, which drops the running call and so cancels the
 //! backends if the last token has not arrived (see `call`). A client that
 //! stays connected but stops reading is treated as gone once a chunk has
@@ -15,8 +15,6 @@ use axum::response::{IntoResponse, Response};
 use futures::StreamExt;
 use serde_json::Value as Json;
 use tokio::sync::mpsc;
-
-use crate::error::ApiError;
 
 /// Where an endpoint's stream loop writes; a failed send means the client
 /// left (or stopped reading).
@@ -43,23 +41,13 @@ impl SseSender {
         }
     }
 
-    pub async fn json(&self, v: &Json) -> Result<(), Gone> {
-        self.send(Event::default().data(v.to_string())).await
-    }
-
-    pub async fn done(&self) -> Result<(), Gone> {
-        self.send(Event::default().data("[DONE]")).await
-    }
-
-    /// An error event (OpenAI's error body), then `[DONE]`; 5xx are logged.
-    pub async fn error(&self, route: &str, trajectory: &str, e: &ApiError) {
-        if e.status.is_server_error() {
-            tracing::error!(route, trajectory, status = %e.status, cause = %e.message,
-                "stream failed");
+    /// Sends one event of a surface's stream.
+    pub async fn send_out(&self, out: &super::stream::Out) -> Result<(), Gone> {
+        let mut ev = Event::default().data(&out.data);
+        if let Some(name) = out.event {
+            ev = ev.event(name);
         }
-        if self.json(&e.body()).await.is_ok() {
-            let _ = self.done().await;
-        }
+        self.send(ev).await
     }
 }
 
@@ -138,6 +126,29 @@ impl ChunkHead {
             out.push(u);
         }
         out
+    }
+}
+
+/// The chunks of one OpenAI chat or completions stream: their head, what
+/// the client asked to see (`S`, the endpoint's shape) and the tokenizer
+/// its logprobs are written with.
+pub struct Chunks<S> {
+    pub head: ChunkHead,
+    pub shape: S,
+    pub renderer: std::sync::Arc<crate::render::Renderer>,
+}
+
+impl<S> Chunks<S> {
+    pub fn new(state: &super::AppState, object: &'static str, created: u64, shape: S) -> Self {
+        Chunks {
+            head: ChunkHead::new(state, object, created),
+            shape,
+            renderer: state.renderer.clone(),
+        }
+    }
+
+    pub fn chunk(&self, id: &str, choices: Json) -> Json {
+        self.head.chunk(id, choices)
     }
 }
 
