@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 
-use llama_cpp_2::context::LlamaContext;
+use super::ffi::Context;
 
 /// llama.cpp's limit on sequence ids (`LLAMA_MAX_SEQ`).
 const MAX_SEQ: u32 = 256;
@@ -134,8 +134,8 @@ impl Cells {
     /// Makes `dst` share the first `prefix.len` cells of `prefix.source`. A
     /// kept source that the new sequence now covers entirely is dropped (its
     /// cells stay, held by `dst`); a shorter one becomes most recently used.
-    pub(crate) fn share(&mut self, ctx: &mut LlamaContext<'_>, prefix: &Prefix, dst: i32) {
-        let _ = ctx.copy_kv_cache_seq(prefix.source, dst, Some(0), Some(prefix.len as u32));
+    pub(crate) fn share(&mut self, ctx: &mut Context<'_>, prefix: &Prefix, dst: i32) {
+        ctx.copy_seq(prefix.source, dst, Some(prefix.len));
         if let Some(i) = self.kept.iter().position(|k| k.id == prefix.source) {
             if let Some(k) = self.kept.remove(i) {
                 if k.tokens.len() <= prefix.len {
@@ -150,7 +150,7 @@ impl Cells {
 
     /// A sequence left the batch with `tokens` in its cells: keep them for
     /// reuse, or let them go.
-    pub(crate) fn finish(&mut self, ctx: &mut LlamaContext<'_>, id: i32, tokens: &[u32]) {
+    pub(crate) fn finish(&mut self, ctx: &mut Context<'_>, id: i32, tokens: &[u32]) {
         if !self.reuse || self.max_kept == 0 || tokens.is_empty() {
             self.discard(ctx, id);
             return;
@@ -167,16 +167,16 @@ impl Cells {
 
     /// Lets a sequence's cells go and frees its id. Batch-invariant mode
     /// parks the cells instead of freeing them (see the module doc).
-    pub(crate) fn discard(&mut self, ctx: &mut LlamaContext<'_>, id: i32) {
+    pub(crate) fn discard(&mut self, ctx: &mut Context<'_>, id: i32) {
         if self.invariant {
-            let _ = ctx.copy_kv_cache_seq(id, self.parking, None, None);
+            ctx.copy_seq(id, self.parking, None);
         }
-        let _ = ctx.clear_kv_cache_seq(Some(id as u32), None, None);
+        ctx.remove_seq(id);
         self.free_ids.push(id);
     }
 
     /// Drops the least recently used kept sequence; false when none is kept.
-    pub(crate) fn evict_oldest(&mut self, ctx: &mut LlamaContext<'_>) -> bool {
+    pub(crate) fn evict_oldest(&mut self, ctx: &mut Context<'_>) -> bool {
         let Some(k) = self.kept.pop_front() else {
             return false;
         };
@@ -199,8 +199,8 @@ impl Cells {
 
     /// Clears the whole cache; kept sequences are forgotten. The caller
     /// recomputes the running sequences.
-    pub(crate) fn clear(&mut self, ctx: &mut LlamaContext<'_>) {
-        ctx.clear_kv_cache();
+    pub(crate) fn clear(&mut self, ctx: &mut Context<'_>) {
+        ctx.clear_cache();
         self.reset();
     }
 

@@ -12,19 +12,14 @@
 //! New weights are loaded next to the old ones and swapped only once they
 //! passed every check; on any failure the old weights keep serving.
 
-use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
-use llama_cpp_2::context::params::LlamaContextParams;
-use llama_cpp_2::context::LlamaContext;
 use llama_cpp_2::llama_backend::LlamaBackend;
-use llama_cpp_2::model::params::LlamaModelParams;
-use llama_cpp_2::model::LlamaModel;
-use llama_cpp_2::token::LlamaToken;
 
+use super::ffi::{Context, ContextParams, Model};
 use super::worker::{Ack, Control, Exit, Msg, Shared, Worker};
 use super::{EngineError, EngineInfo, EngineSettings};
 use crate::backend::BackendError;
@@ -32,8 +27,9 @@ use crate::backend::BackendError;
 /// The loaded weights and what the engine is doing with them.
 struct Engine {
     backend: &'static LlamaBackend,
-    /// `None` while asleep at level 2.
-    model: Option<LlamaModel>,
+    /// `None` while asleep at level 2. Shared with the grammars of running
+    /// sequences, which read its vocabulary.
+    model: Option<Arc<Model>>,
     /// The GGUF file the weights come from (loaded, or to load on wake-up).
     path: PathBuf,
     /// sha256 of the `tokenizer.*` metadata of the first model: new weights
@@ -80,11 +76,8 @@ fn start(settings: EngineSettings, shared: Arc<Shared>) -> Result<Engine, Engine
     } else {
         settings.n_ctx
     };
-    let n_vocab = model.n_vocab().max(0) as u32;
-    let vocab = model.vocab();
-    let eog_ids: Vec<u32> = (0..n_vocab)
-        .filter(|&t| vocab.is_eog(LlamaToken::new(t as i32)))
-        .collect();
+    let n_vocab = model.n_vocab();
+    let eog_ids: Vec<u32> = (0..n_vocab).filter(|&t| model.is_eog(t)).collect();
     let info = EngineInfo {
         n_ctx,
         max_seq_len: n_ctx.min(n_ctx_train),
@@ -104,10 +97,8 @@ fn start(settings: EngineSettings, shared: Arc<Shared>) -> Result<Engine, Engine
     })
 }
 
-fn load_model(backend: &LlamaBackend, path: &Path, gpu_layers: u32) -> Result<LlamaModel, String> {
-    let params = LlamaModelParams::default().with_n_gpu_layers(gpu_layers);
-    LlamaModel::load_from_file(backend, path, &params)
-        .map_err(|e| format!("{}: {e}", path.display()))
+fn load_model(backend: &LlamaBackend, path: &Path, gpu_layers: u32) -> Result<Arc<Model>, String> {
+    Model::load(backend, path, gpu_layers).map(Arc::new)
 }
 
 fn tokenizer_sha256(path: &Path) -> Result<String, String> {
@@ -121,29 +112,22 @@ pub(crate) fn batch_rows(settings: &EngineSettings) -> u32 {
     settings.prefill_chunk + settings.max_batch
 }
 
-fn new_context<'m>(engine: &Engine, model: &'m LlamaModel) -> Result<LlamaContext<'m>, String> {
+fn new_context<'m>(engine: &Engine, model: &'m Model) -> Result<Context<'m>, EngineError> {
     let s = &engine.settings;
-    let n_batch = batch_rows(s);
-    let params = LlamaContextParams::default()
-        .with_n_ctx(NonZeroU32::new(engine.info.n_ctx))
-        .with_n_batch(n_batch)
-        .with_n_ubatch(n_batch)
-        .with_n_seq_max(super::cells::Cells::n_seq_max(s.max_batch, s.kv_reuse))
-        .with_kv_unified(true)
-        .with_n_threads(s.threads as i32)
-        .with_n_threads_batch(s.threads as i32);
-    if !s.batch_invariant {
-        return model
-            .new_context(engine.backend, params)
-            .map_err(|e| format!("cannot create context: {e}"));
+    let params = ContextParams {
+        n_ctx: engine.info.n_ctx,
+        n_batch: batch_rows(s),
+        n_seq_max: super::cells::Cells::n_seq_max(s.max_batch, s.kv_reuse),
+        threads: s.threads,
+        // The reference kernels' attention is the per-row flash-attention loop.
+        flash_attention: s.batch_invariant,
+    };
+    let ctx = Context::new(model, &params)
+        .map_err(|e| EngineError::Load(format!("cannot create context: {e}")))?;
+    if s.batch_invariant {
+        super::kernels::set_reference_kernels(&ctx, true)
+            .map_err(|e| EngineError::Config(super::kernels::refusal(&e)))?;
     }
-    // The reference kernels' attention is the per-row flash-attention loop.
-    let params = params.with_flash_attention_policy(llama_cpp_sys_2::LLAMA_FLASH_ATTN_TYPE_ENABLED);
-    let ctx = model
-        .new_context(engine.backend, params)
-        .map_err(|e| format!("cannot create context: {e}"))?;
-    super::kernels::set_reference_kernels(&ctx, true)
-        .map_err(|e| format!("engine.batch_invariant: {e}"))?;
     Ok(ctx)
 }
 
@@ -183,11 +167,14 @@ fn serve(
                     Err(e) => {
                         match waiter.take() {
                             Some(Waiter::Ready(r)) => {
-                                let _ = r.send(Err(EngineError::Load(e)));
+                                let _ = r.send(Err(e));
                                 return;
                             }
                             Some(Waiter::WakeUp(ack)) => {
-                                let _ = ack.send(Err(e));
+                                let _ = ack.send(Err(match e {
+                                    EngineError::Load(m) | EngineError::Config(m) => m,
+                                    other => other.to_string(),
+                                }));
                             }
                             None => tracing::error!(engine = %engine.settings.name, error = %e,
                                 "the engine cannot serve: it stays asleep until a wake-up"),
@@ -296,7 +283,7 @@ impl Engine {
         }
         let model = load_model(self.backend, path, self.settings.gpu_layers)
             .map_err(|e| format!("cannot load weights: {e}"))?;
-        let n_vocab = model.n_vocab().max(0) as u32;
+        let n_vocab = model.n_vocab();
         if n_vocab != self.info.n_vocab {
             return Err(format!(
                 "cannot load weights from {shown}: {n_vocab} tokens, the loaded model has {}",

@@ -1,6 +1,7 @@
-//! The bundled inference engine: llama.cpp in-process (through the
-//! `llama-cpp-2` crate) with continuous batching, behind the same
-//! [`Backend`] trait as the HTTP backends.
+//! The bundled inference engine: llama.cpp in-process (its C API, wrapped in
+//! [`ffi`]; the `llama-cpp-2` crate for the backend and the reference loop)
+//! with continuous batching, behind the same [`Backend`] trait as the HTTP
+//! backends.
 //!
 //! Owns: starting the engine thread ([`lifecycle`], which runs [`worker`]'s
 //! batching loop, and sleeps, wakes and reloads weights), the handle that submits
@@ -17,6 +18,7 @@
 mod cells;
 pub mod direct;
 mod exp;
+mod ffi;
 pub mod kernels;
 mod lifecycle;
 pub mod logs;
@@ -106,6 +108,9 @@ impl EngineSettings {
                     device_names()
                 )))
             }
+        }
+        if cfg.batch_invariant {
+            kernels::available().map_err(|e| EngineError::Config(kernels::refusal(&e)))?;
         }
         if !cfg.model.is_file() {
             return Err(EngineError::Load(format!(

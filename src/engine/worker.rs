@@ -34,13 +34,10 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::Duration;
 
-use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::model::LlamaModel;
-use llama_cpp_2::sampling::LlamaSampler;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::cells::Cells;
+use super::ffi::{Batch, Context, Grammar, Model};
 use super::sampler::Sampler;
 use super::score::PositionScore;
 use super::step_sample;
@@ -187,7 +184,7 @@ struct Seq {
     params: SamplingParams,
     sampler: Sampler,
     /// llama.cpp's grammar sampler, used only to mask the logits row.
-    grammar: Option<LlamaSampler>,
+    grammar: Option<Grammar>,
     tx: Reply,
     /// A scoring job's results so far, by position (empty otherwise).
     scores: Vec<Option<PositionScore>>,
@@ -204,7 +201,7 @@ impl Seq {
 }
 
 pub(crate) struct Worker {
-    batch: LlamaBatch<'static>,
+    batch: Batch,
     info: EngineInfo,
     settings: EngineSettings,
     shared: Arc<Shared>,
@@ -226,7 +223,7 @@ impl Worker {
         let n_batch = super::lifecycle::batch_rows(&settings);
         let sampling = step_sample::Sampling::new(settings.threads as usize);
         Worker {
-            batch: LlamaBatch::new(n_batch as usize, 1),
+            batch: Batch::new(n_batch as usize),
             cells: Cells::new(
                 settings.max_batch,
                 settings.kv_reuse,
@@ -248,9 +245,9 @@ impl Worker {
     /// the operation once idle).
     pub(crate) fn run(
         &mut self,
-        ctx: &mut LlamaContext<'_>,
+        ctx: &mut Context<'_>,
         rx: &Receiver<Msg>,
-        model: &LlamaModel,
+        model: &Arc<Model>,
     ) -> Exit {
         let mut open = true;
         let mut control: Option<(Control, Ack)> = None;
@@ -320,16 +317,16 @@ impl Worker {
         }
     }
 
-    fn receive(&mut self, msg: Msg, model: &LlamaModel, control: &mut Option<(Control, Ack)>) {
+    fn receive(&mut self, msg: Msg, model: &Arc<Model>, control: &mut Option<(Control, Ack)>) {
         match msg {
             Msg::Job(job) => self.enqueue(job, model),
             Msg::Control(c, ack) => *control = Some((c, ack)),
         }
     }
 
-    fn enqueue(&mut self, job: Job, model: &LlamaModel) {
+    fn enqueue(&mut self, job: Job, model: &Arc<Model>) {
         let grammar = match job.grammar.as_deref() {
-            Some(g) => match LlamaSampler::grammar(model, g, "root") {
+            Some(g) => match Grammar::new(model, g, "root") {
                 Ok(s) => Some(s),
                 Err(e) => {
                     self.shared.queued.fetch_sub(1, Ordering::SeqCst);
@@ -365,7 +362,7 @@ impl Worker {
         self.running.iter().map(|s| s.fed).sum()
     }
 
-    fn drop_cancelled(&mut self, ctx: &mut LlamaContext<'_>) {
+    fn drop_cancelled(&mut self, ctx: &mut Context<'_>) {
         let before = self.waiting.len();
         self.waiting.retain(|s| !s.tx.is_closed());
         let gone = before - self.waiting.len();
@@ -382,7 +379,7 @@ impl Worker {
     }
 
     /// A sequence left the batch: its cells are kept for reuse or let go.
-    fn release(&mut self, ctx: &mut LlamaContext<'_>, seq: &Seq) {
+    fn release(&mut self, ctx: &mut Context<'_>, seq: &Seq) {
         if seq.slot >= 0 {
             self.cells.finish(ctx, seq.slot, &seq.tokens[..seq.fed]);
         }
@@ -390,7 +387,7 @@ impl Worker {
 
     /// Moves waiting sequences into the batch while slots and KV cells last;
     /// a newcomer whose prompt starts with cached tokens shares their cells.
-    fn admit(&mut self, ctx: &mut LlamaContext<'_>) {
+    fn admit(&mut self, ctx: &mut Context<'_>) {
         let n_ctx = self.info.n_ctx as usize;
         while let Some(front) = self.waiting.front() {
             if self.running.len() >= self.settings.max_batch as usize {
@@ -439,7 +436,7 @@ impl Worker {
 
     /// Sends the newest running sequence back to the waiting queue, clearing
     /// its KV cells; it is recomputed from its tokens when re-admitted.
-    fn preempt_newest(&mut self, ctx: &mut LlamaContext<'_>) -> bool {
+    fn preempt_newest(&mut self, ctx: &mut Context<'_>) -> bool {
         if self.running.len() <= 1 {
             return false;
         }
@@ -461,7 +458,7 @@ impl Worker {
 
     /// Batch-invariant mode: clears the cache, which frees parked cells, and
     /// has every running sequence computed again from its tokens.
-    fn compact(&mut self, ctx: &mut LlamaContext<'_>) {
+    fn compact(&mut self, ctx: &mut Context<'_>) {
         self.cells.clear(ctx);
         for s in &mut self.running {
             s.fed = 0;

@@ -7,13 +7,7 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::sampling::LlamaSampler;
-use llama_cpp_2::token::data::LlamaTokenData;
-use llama_cpp_2::token::data_array::LlamaTokenDataArray;
-use llama_cpp_2::token::LlamaToken;
-use llama_cpp_2::DecodeError;
-
+use super::super::ffi::{Context, DecodeError};
 use super::super::sampler::Sampled;
 use super::super::score::score_row;
 use super::super::step_sample;
@@ -43,7 +37,7 @@ impl Worker {
         plan
     }
 
-    pub(super) fn step(&mut self, ctx: &mut LlamaContext<'_>) {
+    pub(super) fn step(&mut self, ctx: &mut Context<'_>) {
         let started = Instant::now();
         let n_ctx = self.info.n_ctx as usize;
         let mut plan = self.plan();
@@ -74,12 +68,7 @@ impl Worker {
             let end = s.fed + take;
             for (pos, &t) in s.tokens.iter().enumerate().take(end).skip(s.fed) {
                 let last = pos + 1 == s.tokens.len();
-                let tok = LlamaToken::new(t as i32);
-                if self
-                    .batch
-                    .add(tok, pos as i32, &[s.slot], last || scoring)
-                    .is_err()
-                {
+                if self.batch.add(t, pos, s.slot, last || scoring).is_err() {
                     // Cannot happen: the batch holds prefill_chunk + max_batch.
                     break;
                 }
@@ -95,7 +84,7 @@ impl Worker {
             }
         }
         let decoding = Instant::now();
-        match ctx.decode(&mut self.batch) {
+        match ctx.decode(&self.batch) {
             Ok(()) => {
                 // The logits' first read would wait here for the device
                 // anyway; waiting now times the model apart.
@@ -180,12 +169,12 @@ impl Worker {
     /// Scores this step's rows of scoring jobs (row `p` gives the logprob of
     /// token `p + 1`), sends the scores of every job now fed to its end, and
     /// returns those jobs' indices into `running`.
-    fn finish_scored(&mut self, ctx: &LlamaContext<'_>) -> Vec<usize> {
+    fn finish_scored(&mut self, ctx: &Context<'_>) -> Vec<usize> {
         for &(i, pos, row) in &self.score_rows {
             let s = &mut self.running[i];
             if let Some(&next) = s.tokens.get(pos + 1) {
                 if let Some(slot) = s.scores.get_mut(pos + 1) {
-                    *slot = score_row(ctx.get_logits_ith(row), next);
+                    *slot = score_row(ctx.logits(row), next);
                 }
             }
         }
@@ -204,7 +193,7 @@ impl Worker {
     /// Samples the next token of every sequence with a row this step, in
     /// parallel ([`step_sample`]): `(index into running, what it drew)`.
     /// The grammar masks are computed here first, on this thread.
-    fn sample_rows(&mut self, ctx: &LlamaContext<'_>) -> Vec<(usize, Option<Sampled>)> {
+    fn sample_rows(&mut self, ctx: &Context<'_>) -> Vec<(usize, Option<Sampled>)> {
         let mut row_of: Vec<Option<i32>> = vec![None; self.running.len()];
         for &(i, row) in &self.rows {
             row_of[i] = Some(row);
@@ -212,8 +201,8 @@ impl Worker {
         let (mut index, mut rows) = (Vec::new(), Vec::new());
         for (i, s) in self.running.iter_mut().enumerate() {
             let Some(row) = row_of[i] else { continue };
-            let logits = ctx.get_logits_ith(row);
-            let allowed = s.grammar.as_mut().map(|g| allowed_by(g, logits));
+            let logits = ctx.logits(row);
+            let allowed = s.grammar.as_mut().map(|g| g.allowed(logits));
             index.push(i);
             rows.push(step_sample::Row {
                 sampler: &mut s.sampler,
@@ -250,7 +239,7 @@ impl Worker {
             });
         };
         if let Some(g) = s.grammar.as_mut() {
-            g.accept(LlamaToken::new(out.token as i32));
+            g.accept(out.token);
         }
         self.shared
             .stats
@@ -283,7 +272,7 @@ impl Worker {
         Ok(None)
     }
 
-    fn fail_planned(&mut self, ctx: &mut LlamaContext<'_>, plan: &[(usize, usize)], message: &str) {
+    fn fail_planned(&mut self, ctx: &mut Context<'_>, plan: &[(usize, usize)], message: &str) {
         let mut idx: Vec<usize> = plan.iter().map(|p| p.0).collect();
         idx.sort_unstable();
         idx.dedup();
@@ -297,22 +286,4 @@ impl Worker {
             self.release(ctx, &seq);
         }
     }
-}
-
-/// Which tokens the grammar allows next: llama.cpp's grammar sampler sets
-/// the logit of every other candidate to -inf, in place and in order.
-fn allowed_by(grammar: &mut LlamaSampler, logits: &[f32]) -> Vec<bool> {
-    let mut candidates = LlamaTokenDataArray::from_iter(
-        logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| LlamaTokenData::new(LlamaToken::new(i as i32), l, 0.0)),
-        false,
-    );
-    candidates.apply_sampler(grammar);
-    candidates
-        .data
-        .iter()
-        .map(|d| d.logit() != f32::NEG_INFINITY)
-        .collect()
 }
