@@ -44,43 +44,7 @@ enum Command {
         insecure_open: bool,
     },
     /// Export trajectories from the span store to a file (offline).
-    Export {
-        /// The configuration file: its [store] url is read.
-        #[arg(long, default_value = "config.toml", env = "TITO_CONFIG")]
-        config: PathBuf,
-        /// File format.
-        #[arg(long, value_enum)]
-        format: FormatArg,
-        /// Row layout (docs/export.md).
-        #[arg(long, value_enum, default_value_t = LayoutArg::Trajectory)]
-        layout: LayoutArg,
-        /// Only trajectories in this state.
-        #[arg(long, value_enum)]
-        status: Option<StatusArg>,
-        /// Only trajectories updated at or after this time (unix ms or RFC 3339).
-        #[arg(long)]
-        since: Option<String>,
-        /// Prompt tokens per row: longer prompts are skipped; the verl layout
-        /// left-pads to it (required there).
-        #[arg(long)]
-        prompt_length: Option<usize>,
-        /// Response tokens per row: longer responses are cut and marked
-        /// truncated; the verl layout right-pads to it (required there).
-        #[arg(long)]
-        response_length: Option<usize>,
-        /// Only trajectories of this group.
-        #[arg(long)]
-        group: Option<String>,
-        /// Only trajectories whose group is complete (every member finished).
-        #[arg(long)]
-        complete_groups: bool,
-        /// Padding id of the verl layout (default: the tokenizer's pad token, else EOS).
-        #[arg(long)]
-        pad_id: Option<u32>,
-        /// The file to write.
-        #[arg(long)]
-        out: PathBuf,
-    },
+    Export(ExportArgs),
     /// Replay recorded samples against a backend (teacher-forced) and report
     /// how far the recorded logprobs are from the backend's: one JSON line per
     /// sample on stdout, then a summary line; progress on stderr.
@@ -274,37 +238,10 @@ async fn main() -> ExitCode {
             config,
             insecure_open,
         } => check_config(&config, insecure_open),
-        Command::Export {
-            config,
-            format,
-            layout,
-            status,
-            since,
-            prompt_length,
-            response_length,
-            group,
-            complete_groups,
-            pad_id,
-            out,
-        } => {
-            let args = ExportArgs {
-                config,
-                format,
-                layout,
-                status,
-                since,
-                prompt_length,
-                response_length,
-                group,
-                complete_groups,
-                pad_id,
-                out,
-            };
-            tokio::task::spawn_blocking(move || run_export(args))
-                .await
-                .map_err(anyhow::Error::from)
-                .and_then(|r| r)
-        }
+        Command::Export(args) => tokio::task::spawn_blocking(move || run_export(args))
+            .await
+            .map_err(anyhow::Error::from)
+            .and_then(|r| r),
         Command::Verify {
             config,
             trajectory,
@@ -366,17 +303,42 @@ async fn run_serve(path: &std::path::Path, insecure_open: bool) -> anyhow::Resul
     tito::serve(config, shutdown_signal()).await
 }
 
+#[derive(clap::Args)]
 struct ExportArgs {
+    /// The configuration file: its [store] url is read.
+    #[arg(long, default_value = "config.toml", env = "TITO_CONFIG")]
     config: PathBuf,
+    /// File format.
+    #[arg(long, value_enum)]
     format: FormatArg,
+    /// Row layout (docs/export.md).
+    #[arg(long, value_enum, default_value_t = LayoutArg::Trajectory)]
     layout: LayoutArg,
+    /// Only trajectories in this state.
+    #[arg(long, value_enum)]
     status: Option<StatusArg>,
+    /// Only trajectories updated at or after this time (unix ms or RFC 3339).
+    #[arg(long)]
     since: Option<String>,
+    /// Prompt tokens per row: longer prompts are skipped; the verl layout
+    /// left-pads to it (required there).
+    #[arg(long)]
     prompt_length: Option<usize>,
+    /// Response tokens per row: longer responses are cut and marked
+    /// truncated; the verl layout right-pads to it (required there).
+    #[arg(long)]
     response_length: Option<usize>,
+    /// Only trajectories of this group.
+    #[arg(long)]
     group: Option<String>,
+    /// Only trajectories whose group is complete (every member finished).
+    #[arg(long)]
     complete_groups: bool,
+    /// Padding id of the verl layout (default: the tokenizer's pad token, else EOS).
+    #[arg(long)]
     pad_id: Option<u32>,
+    /// The file to write.
+    #[arg(long)]
     out: PathBuf,
 }
 
