@@ -1,8 +1,10 @@
-//! tito against two other gateways, side by side in one run, on the same mock
-//! backend over loopback:
+//! tito against three other gateways, side by side in one run, on the same
+//! mock backend over loopback:
 //!
 //! - tito (`target/release/tito serve`): renders the Qwen3 chat template,
 //!   tokenizes, calls the backend with token ids, decodes, records the call;
+//! - `smg` (PyPI, Rust: the SGLang / Shepherd model gateway, with its
+//!   `openai` backend): forwards the text chat request;
 //! - `sglang-router` (PyPI, Rust): forwards the text chat request;
 //! - LiteLLM proxy (PyPI, Python): forwards the text chat request;
 //! - the bare hop (this bench's own binary, `common/bare_hop.rs`): tito's
@@ -15,9 +17,9 @@
 //! mock). Every request carries a distinct user message. Every process runs
 //! with its default logging. The summary also gives tito's added p50 less
 //! the bare hop's: what tito's own work adds, round by round tito's
-//! throughput over sglang-router's and its added p50 (over the same
-//! round's direct call), and tito's calls over sglang-router's summed over
-//! all rounds (tito and sglang-router trade places every other round).
+//! throughput over smg's and sglang-router's and its added p50 (over the
+//! same round's direct call), and tito's calls over each peer's summed over
+//! all rounds (tito and smg trade places every other round).
 //! Each row also gives the share of the machine's CPU time the host stole
 //! during that cell (`/proc/stat`), and the last line the share over the
 //! whole run: a figure measured under steal measures the host as much as
@@ -280,9 +282,10 @@ async fn main() {
         .unwrap_or_else(|| root.join(".bench-venv"));
     let python = venv.join("bin/python");
     let litellm = venv.join("bin/litellm");
-    if !python.exists() || !litellm.exists() {
+    let smg = venv.join("bin/smg");
+    if !python.exists() || !litellm.exists() || !smg.exists() {
         println!(
-            "peers bench skipped: no sglang-router/LiteLLM venv at {} (scripts/bench-peers.sh installs it)",
+            "peers bench skipped: no smg/sglang-router/LiteLLM venv at {} (scripts/bench-peers.sh installs it)",
             venv.display()
         );
         return;
@@ -353,6 +356,24 @@ async fn main() {
             .args(["-m", "sglang_router.launch_router", "--host", "127.0.0.1"])
             .args(["--port", &sgl_port.to_string()])
             .args(["--worker-urls", &mock.url(), "--policy", "round_robin"]),
+    );
+
+    // Without `--backend openai` smg probes the worker for SGLang's own
+    // endpoints and registers none behind a plain OpenAI server.
+    let smg_port = free_port();
+    let mut smg_proc = spawn(
+        "smg",
+        dir.path(),
+        Command::new(&smg)
+            .args([
+                "launch",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                &smg_port.to_string(),
+            ])
+            .args(["--worker-urls", &mock.url(), "--policy", "round_robin"])
+            .args(["--backend", "openai", "--log-level", "warn"]),
     );
 
     let bare_port = free_port();
@@ -448,6 +469,7 @@ async fn main() {
         pid: None,
     };
     let sgl_t = Target::gateway("sglang-router", sgl_port, &sgl, &chat);
+    let smg_t = Target::gateway("smg", smg_port, &smg_proc, &chat);
     let lite_t = Target {
         bearer: Some(LITELLM_KEY),
         ..Target::gateway("litellm", lite_port, &lite, &chat)
@@ -455,6 +477,7 @@ async fn main() {
     let bare_t = Target::gateway("bare hop", bare_port, &bare, &chat);
     wait_ready(&client, &bare_t, &mut bare).await;
     wait_ready(&client, &sgl_t, &mut sgl).await;
+    wait_ready(&client, &smg_t, &mut smg_proc).await;
     wait_ready(&client, &lite_t, &mut lite).await;
 
     println!(
@@ -470,7 +493,7 @@ async fn main() {
         .ok()
         .map(|s| s.split(',').map(|n| n.trim().to_string()).collect());
     if let Some(only) = &only {
-        let mut picked: Vec<&Target> = [&tito_t, &tito_q_t, &sgl_t, &lite_t, &bare_t]
+        let mut picked: Vec<&Target> = [&tito_t, &tito_q_t, &smg_t, &sgl_t, &lite_t, &bare_t]
             .into_iter()
             .filter(|t| only.iter().any(|n| n == t.name))
             .collect();
@@ -517,48 +540,59 @@ async fn main() {
             &direct_text,
             &tito_t,
             &tito_q_t,
+            &smg_t,
             &sgl_t,
             &lite_t,
             &bare_t,
         ];
-        // tito and sglang-router trade places every other round.
-        let rounds = interleaved(&client, &targets, concurrency, secs, rounds_n, (2, 4)).await;
+        const TITO: usize = 2;
+        const SMG: usize = 4;
+        const SGL: usize = 5;
+        const BARE: usize = 7;
+        // tito and smg trade places every other round.
+        let rounds = interleaved(&client, &targets, concurrency, secs, rounds_n, (TITO, SMG)).await;
         let cells = &rounds.median;
         for (i, (t, c)) in targets.iter().zip(cells).enumerate() {
             // tito calls the token-id endpoint; the peers call the text one.
             let base = match i {
                 2 | 3 => Some(&cells[0].stats),
-                4..=6 => Some(&cells[1].stats),
+                4..=7 => Some(&cells[1].stats),
                 _ => None,
             };
             row(concurrency, t.name, c, base);
         }
         let rps = |i: usize| cells[i].stats.rps;
-        summary.push((concurrency, rps(2), rps(3), rps(4), rps(5)));
+        summary.push((concurrency, rps(TITO), rps(3), rps(SMG), rps(SGL), rps(6)));
         by_round.push((
             concurrency,
-            rounds.ratios(2, 4),
-            rounds.over_all(2, 4),
-            rounds.added_p50(2, 0),
+            rounds.ratios(TITO, SMG),
+            rounds.over_all(TITO, SMG),
+            rounds.ratios(TITO, SGL),
+            rounds.over_all(TITO, SGL),
+            rounds.added_p50(TITO, 0),
         ));
         // tito's added p50 less the bare hop's: what its own work adds.
         let p50 = |i: usize| cells[i].stats.p50.as_secs_f64() * 1000.0;
-        own.push((concurrency, (p50(2) - p50(0)) - (p50(6) - p50(1))));
+        own.push((concurrency, (p50(TITO) - p50(0)) - (p50(BARE) - p50(1))));
     }
     println!();
-    for (c, tito_rps, queued_rps, sgl_rps, lite_rps) in summary {
+    for (c, tito_rps, queued_rps, smg_rps, sgl_rps, lite_rps) in summary {
         println!(
-            "concurrency {c}: tito / sglang-router = {:.2}x, tito / litellm = {:.1}x; \
-             with ack queued: {:.2}x and {:.1}x",
+            "concurrency {c}: tito / smg = {:.2}x, tito / sglang-router = {:.2}x, \
+             tito / litellm = {:.1}x; with ack queued: {:.2}x, {:.2}x and {:.1}x",
+            tito_rps / smg_rps,
             tito_rps / sgl_rps,
             tito_rps / lite_rps,
+            queued_rps / smg_rps,
             queued_rps / sgl_rps,
             queued_rps / lite_rps
         );
     }
-    for (c, ratios, over_all, added) in by_round {
-        println!("concurrency {c}: tito / sglang-router by round = {ratios}");
-        println!("concurrency {c}: tito / sglang-router over all rounds = {over_all:.3}x");
+    for (c, smg_ratios, smg_all, sgl_ratios, sgl_all, added) in by_round {
+        println!("concurrency {c}: tito / smg by round = {smg_ratios}");
+        println!("concurrency {c}: tito / smg over all rounds = {smg_all:.3}x");
+        println!("concurrency {c}: tito / sglang-router by round = {sgl_ratios}");
+        println!("concurrency {c}: tito / sglang-router over all rounds = {sgl_all:.3}x");
         println!("concurrency {c}: tito's added p50 by round (ms) = {added}");
     }
     for (c, ms) in own {
