@@ -1,6 +1,7 @@
 //! The request path's phases are `tracing` spans, and the subscriber's
 //! phase timer turns each into `tito_phase_duration_seconds{phase}`: a chat
-//! call passes parse, render, route, first_token and commit once each.
+//! or completions call passes parse, render, route, first_token and commit
+//! once each.
 
 mod common;
 
@@ -35,9 +36,17 @@ async fn a_chat_call_is_timed_phase_by_phase() {
     let body = json!({"messages": [{"role": "user", "content": "hi"}]});
     let resp = g.post("/t/phases/v1/chat/completions", body).await;
     assert_eq!(resp.status(), 200);
-
     let after = g.get_text("/metrics").await;
-    for (phase, was) in phases.iter().zip(before) {
+    for (phase, was) in phases.iter().zip(&before) {
         assert_eq!(phase_count(&after, phase), was + 1, "{phase}:\n{after}");
+    }
+
+    // A completions call passes the same five.
+    let body = json!({"prompt": "hi", "max_tokens": 4});
+    let resp = g.post("/t/phases-2/v1/completions", body).await;
+    assert_eq!(resp.status(), 200);
+    let last = g.get_text("/metrics").await;
+    for (phase, was) in phases.iter().zip(&before) {
+        assert_eq!(phase_count(&last, phase), was + 2, "{phase}:\n{last}");
     }
 }

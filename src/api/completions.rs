@@ -19,6 +19,7 @@ use super::{new_id, unix_now, AppState};
 use crate::call::replies::Claim;
 use crate::call::{Answer, ChoiceEvent, Output, PlanRequest};
 use crate::error::ApiError;
+use crate::metrics::PHASE;
 use crate::trajectory::CallContext;
 
 const ROUTE: &str = "/v1/completions";
@@ -85,23 +86,28 @@ async fn handle(
 ) -> Result<Response, ApiError> {
     let handled = Instant::now();
     // Parse.
-    let (req, body_json): (CompletionRequest, _) = parse_body(&body)?;
-    req.check()?;
-    super::unsupported::completions(&body_json)?;
-    let body_json = Arc::new(body_json);
-    state.check_model(req.model.as_deref())?;
-    let named = super::named_trajectory_id(path.tid, headers, req.trajectory_id.as_deref())?;
-    let tag = super::named_metadata(
-        path.gid,
-        headers,
-        req.trajectory_group.as_deref(),
-        req.trajectory_metadata.as_ref(),
-    )?;
-    let (params, max_tokens) = req
-        .sampling
-        .validate(req.logprobs, state.renderer.vocab_size())?;
-    let n = req.sampling.n()?;
-    let prompts = prompt_ids(&state, &req)?;
+    let (req, body_json, named, tag, params, max_tokens, n) =
+        tracing::info_span!(target: PHASE, "parse").in_scope(|| {
+            let (req, body_json): (CompletionRequest, _) = parse_body(&body)?;
+            req.check()?;
+            super::unsupported::completions(&body_json)?;
+            state.check_model(req.model.as_deref())?;
+            let named =
+                super::named_trajectory_id(path.tid, headers, req.trajectory_id.as_deref())?;
+            let tag = super::named_metadata(
+                path.gid,
+                headers,
+                req.trajectory_group.as_deref(),
+                req.trajectory_metadata.as_ref(),
+            )?;
+            let (params, max_tokens) = req
+                .sampling
+                .validate(req.logprobs, state.renderer.vocab_size())?;
+            let n = req.sampling.n()?;
+            Ok::<_, ApiError>((req, Arc::new(body_json), named, tag, params, max_tokens, n))
+        })?;
+    let prompts =
+        tracing::info_span!(target: PHASE, "render").in_scope(|| prompt_ids(&state, &req))?;
     state.check_sequences(prompts.len(), n)?;
     let shape = Shape {
         logprobs: req.logprobs.is_some(),
