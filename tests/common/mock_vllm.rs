@@ -151,21 +151,11 @@ impl MockVllm {
 
     pub async fn start_on(addr: &str, default: Scripted) -> MockVllm {
         let listener = tokio::net::TcpListener::bind(addr).await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let (state, app) = Self::app(default);
-        tokio::spawn(async move {
-            // vLLM and SGLang (uvicorn on asyncio) send with TCP_NODELAY.
-            let _ = axum::serve(
-                tito::server::CappedListener::new(listener, tito::config::DEFAULT_MAX_CONNECTIONS),
-                app,
-            )
-            .await;
-        });
-        MockVllm {
-            addr,
-            state,
-            tls: false,
-        }
+        // vLLM and SGLang (uvicorn on asyncio) send with TCP_NODELAY, as
+        // this listener does.
+        let listener =
+            tito::server::CappedListener::new(listener, tito::config::DEFAULT_MAX_CONNECTIONS);
+        Self::serve_on(listener, false, default)
     }
 
     /// The same mock served on any axum listener (`tls`: it speaks TLS, so
