@@ -27,7 +27,6 @@ use tokio::sync::mpsc;
 use super::checkpoint::Checkpointer;
 use super::consumers;
 use super::rows::{call_key, json_text, meta_by_id, replays_of, status_code};
-use crate::phases::{mark, Mark};
 use crate::store::codec::{ids_to_bytes, logprobs_to_bytes};
 use crate::store::group_commit::{
     acknowledge, lost_appends, Direct, Done, Job, Op, Outcome, Pending, MAX_BATCH, WEIGHT_VERSION,
@@ -103,7 +102,6 @@ impl Direct for Shared {
     fn commit_here(self: Arc<Self>, job: Job) {
         let mut batch = vec![job];
         let mut conn = self.lock();
-        mark(Mark::StoreLocked);
         let outcomes = commit_batch(&mut conn, &batch);
         drop(conn);
         let held = self.past_wal_limit();
@@ -238,9 +236,7 @@ fn commit_all(conn: &mut Connection, batch: &[Job]) -> Option<Vec<Outcome>> {
         // An error drops `tx`, which rolls every job of the batch back.
         outcomes.push(Ok(apply(tx.conn, &job.op, now).ok()?));
     }
-    mark(Mark::Applied);
     tx.commit().ok()?;
-    mark(Mark::Committed);
     Some(outcomes)
 }
 
