@@ -5,7 +5,8 @@
 //! [`writer`]); a second connection checkpoints on a thread of its own (see
 //! [`checkpoint`]); reads use a small pool of `query_only` connections on
 //! `spawn_blocking`. The database runs in WAL mode, so readers (and an offline
-//! `tito export` in another process) never block the writer.
+//! `tito export` in another process) never block the writer. Every
+//! connection uses SQLite's default VFS.
 //!
 //! # Why an acknowledged call survives `kill -9`
 //!
@@ -13,22 +14,19 @@
 //! has appended the transaction's pages and a commit frame to the `-wal` file
 //! with `write(2)` before it returns; a killed process loses nothing that the
 //! kernel already holds, and on the next open SQLite recovers the WAL and
-//! replays every frame up to the last commit frame (the writing connection's
-//! VFS, [`walbuf`], joins a transaction's frames into one write but writes
-//! them before the commit frame's write returns). So `synchronous=NORMAL`,
-//! the default, survives `kill -9` (the crash test kills a writer with
-//! SIGKILL and finds every acknowledged call). `?synchronous=full` also
-//! `fsync`s the WAL at every commit, so acknowledged calls survive power loss
-//! and kernel crashes as well; group commit pays that `fsync` once per batch,
-//! but a lone call waits for a whole `fsync` (milliseconds on most disks),
-//! which is why it is opt-in.
+//! replays every frame up to the last commit frame. So
+//! `synchronous=NORMAL`, the default, survives `kill -9` (the crash test
+//! kills a writer with SIGKILL and finds every acknowledged call).
+//! `?synchronous=full` also `fsync`s the WAL at every commit, so
+//! acknowledged calls survive power loss and kernel crashes as well; group
+//! commit pays that `fsync` once per batch, but a lone call waits for a
+//! whole `fsync` (milliseconds on most disks), which is why it is opt-in.
 
 mod checkpoint;
 mod consumers;
 mod requests;
 mod rows;
 pub mod schema;
-mod walbuf;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -49,23 +47,6 @@ use super::{
 };
 
 pub use schema::SCHEMA_VERSION;
-
-/// The writing connection: through [`walbuf`]'s VFS, which writes a
-/// transaction's WAL frames in one system call, or SQLite's default one
-/// where that VFS cannot be registered (a warning says why).
-fn open_writing(path: &Path) -> Result<Connection, StoreError> {
-    match walbuf::register() {
-        Ok(vfs) => Ok(Connection::open_with_flags_and_vfs(
-            path,
-            OpenFlags::default(),
-            vfs,
-        )?),
-        Err(why) => {
-            tracing::warn!(%why, "SQLite store: writing through the default VFS");
-            Ok(Connection::open(path)?)
-        }
-    }
-}
 
 /// Idle read connections kept for reuse.
 const MAX_IDLE_READERS: usize = 8;
@@ -186,7 +167,7 @@ impl SqliteStore {
                 std::fs::create_dir_all(dir)?;
             }
         }
-        let mut conn = open_writing(path)?;
+        let mut conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(10))?;
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
