@@ -1,12 +1,12 @@
 //! The SQLite [`SpanStore`] (`sqlite://PATH[?synchronous=full|normal]`).
 //!
-//! One writing connection: a writer thread does group commit with it, and a
-//! lone job commits on its submitter's thread while that thread is idle (see
-//! [`writer`]); a second connection checkpoints on a thread of its own (see
-//! [`checkpoint`]); reads use a small pool of `query_only` connections on
-//! `spawn_blocking`. The database runs in WAL mode, so readers (and an offline
-//! `tito export` in another process) never block the writer. Every
-//! connection uses SQLite's default VFS.
+//! One writing connection, owned by a writer thread that does group commit
+//! with it (see [`writer`]); a second connection checkpoints on a thread of
+//! its own (see [`checkpoint`]); reads use a small pool of `query_only`
+//! connections on `spawn_blocking`. No SQLite call runs on the async
+//! runtime's worker threads. The database runs in WAL mode, so readers (and
+//! an offline `tito export` in another process) never block the writer.
+//! Every connection uses SQLite's default VFS.
 //!
 //! # Why an acknowledged call survives `kill -9`
 //!
@@ -140,7 +140,7 @@ impl Readers {
 
 pub struct SqliteStore {
     jobs: Writer,
-    writer: Option<JoinHandle<()>>,
+    writer: Option<JoinHandle<writer::Writing>>,
     readers: Arc<Readers>,
 }
 
@@ -184,20 +184,12 @@ impl SqliteStore {
 
         let checkpointer = checkpoint::Checkpointer::start(path, sync)?;
         let (tx, rx) = mpsc::channel(QUEUE);
-        // With `synchronous=FULL` every commit `fsync`s: milliseconds that
-        // must not block a runtime thread, so all of them go to the writer.
-        let direct = matches!(synchronous, Synchronous::Normal);
-        let shared = Arc::new(writer::Shared::new(conn, checkpointer, direct));
-        let jobs = if direct {
-            Writer::with_direct(tx, ack, shared.clone())
-        } else {
-            Writer::new(tx, ack)
-        };
+        let writing = writer::Writing::new(conn, checkpointer);
         let writer = std::thread::Builder::new()
             .name("tito-store-writer".into())
-            .spawn(move || writer::run(shared, rx))?;
+            .spawn(move || writer::run(writing, rx))?;
         Ok(SqliteStore {
-            jobs,
+            jobs: Writer::new(tx, ack),
             writer: Some(writer),
             readers: Arc::new(Readers {
                 path: path.to_path_buf(),
@@ -218,7 +210,8 @@ impl SqliteStore {
 }
 
 impl Drop for SqliteStore {
-    /// Closes the queue and waits for the writer to commit what is queued.
+    /// Closes the queue and waits for the writer to commit what is queued
+    /// (its connection and checkpointer close with it).
     fn drop(&mut self) {
         self.jobs.close();
         if let Some(handle) = self.writer.take() {
