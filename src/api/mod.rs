@@ -627,7 +627,8 @@ pub async fn serve(
     }
     let renderer = Renderer::load(&config.model)?;
     let backends = build_backends(&config)?;
-    let store = crate::store::open_with(&config.store.url, config.store.ack)?;
+    let options = crate::store::StoreOptions::from(&config.store);
+    let store = crate::store::open_with_options(&config.store.url, &options)?;
     let listener = tokio::net::TcpListener::bind(&config.server.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, model = %config.model.name, "tito listening");
     let ack = config.store.ack;

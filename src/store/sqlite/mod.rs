@@ -43,7 +43,7 @@ use super::scan::{self, listing_page};
 use super::types::{clamp_limit, cursor_key};
 use super::{
     Ack, Acked, Bodies, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
-    Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
+    StoreOptions, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -153,15 +153,30 @@ impl SqliteStore {
 
     /// [`SqliteStore::open`], acknowledging appends as `ack` says.
     pub fn open_with(url: &str, ack: Ack) -> Result<Self, StoreError> {
+        Self::open_with_options(
+            url,
+            &StoreOptions {
+                ack,
+                ..StoreOptions::default()
+            },
+        )
+    }
+
+    /// [`SqliteStore::open`] with the `[store]` keys beside the URL.
+    pub fn open_with_options(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
         let url = SqliteUrl::parse(url)?;
-        Self::open_path_with(&url.path, url.synchronous, ack)
+        Self::open_path_with(&url.path, url.synchronous, options)
     }
 
     pub fn open_path(path: &Path, synchronous: Synchronous) -> Result<Self, StoreError> {
-        Self::open_path_with(path, synchronous, Ack::Committed)
+        Self::open_path_with(path, synchronous, &StoreOptions::default())
     }
 
-    fn open_path_with(path: &Path, synchronous: Synchronous, ack: Ack) -> Result<Self, StoreError> {
+    fn open_path_with(
+        path: &Path,
+        synchronous: Synchronous,
+        options: &StoreOptions,
+    ) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() {
                 std::fs::create_dir_all(dir)?;
@@ -182,14 +197,15 @@ impl SqliteStore {
         conn.pragma_update(None, "synchronous", sync)?;
         schema::migrate(&mut conn)?;
 
-        let checkpointer = checkpoint::Checkpointer::start(path, sync)?;
+        let checkpointer =
+            checkpoint::Checkpointer::for_writer(&conn, path, sync, options.wal_max_bytes)?;
         let (tx, rx) = mpsc::channel(QUEUE);
         let writing = writer::Writing::new(conn, checkpointer);
         let writer = std::thread::Builder::new()
             .name("tito-store-writer".into())
             .spawn(move || writer::run(writing, rx))?;
         Ok(SqliteStore {
-            jobs: Writer::new(tx, ack),
+            jobs: Writer::new(tx, options.ack),
             writer: Some(writer),
             readers: Arc::new(Readers {
                 path: path.to_path_buf(),

@@ -3,13 +3,15 @@
 
 use super::*;
 use crate::store::group_commit::Writer;
-use crate::store::sqlite::checkpoint::WAL_LIMIT_FRAMES;
 use crate::store::Ack;
 use serde_json::json;
 use tokio::sync::oneshot;
 
 /// A WAL frame of the store's 4 KiB pages: its header and its page.
 const FRAME_BYTES: u64 = 24 + 4096;
+
+/// The WAL's limit in these tests' writers, in frames.
+const WAL_LIMIT_FRAMES: i32 = 16_000;
 
 fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
     CallRecord {
@@ -224,7 +226,8 @@ fn a_queued_batch_waits_no_longer_than_its_deadline_or_its_senders() {
 }
 
 /// The writing connection on a WAL database, as the store opens it with
-/// `synchronous = NORMAL`.
+/// `synchronous = NORMAL`, checkpointed every 1,000 frames and held past
+/// [`WAL_LIMIT_FRAMES`].
 fn writing(dir: &std::path::Path) -> Writing {
     let mut conn = Connection::open(dir.join("s.db")).expect("open");
     let mode: String = conn
@@ -234,7 +237,8 @@ fn writing(dir: &std::path::Path) -> Writing {
     conn.pragma_update(None, "synchronous", "NORMAL")
         .expect("sync");
     super::super::schema::migrate(&mut conn).expect("migrate");
-    let checkpointer = Checkpointer::start(&dir.join("s.db"), "NORMAL").expect("checkpointer");
+    let checkpointer = Checkpointer::start(&dir.join("s.db"), "NORMAL", 1000, WAL_LIMIT_FRAMES)
+        .expect("checkpointer");
     Writing::new(conn, checkpointer)
 }
 
