@@ -144,6 +144,10 @@ pub struct SqliteStore {
     readers: Arc<Readers>,
 }
 
+/// Called on the writer thread inside each commit that writes (see
+/// [`SqliteStore::open_with_commit_hook`]).
+type CommitHook = Box<dyn FnMut() + Send>;
+
 impl SqliteStore {
     /// Opens (creating it and its parent directories if needed) and migrates
     /// the database, then starts the writer thread.
@@ -165,17 +169,32 @@ impl SqliteStore {
     /// [`SqliteStore::open`] with the `[store]` keys beside the URL.
     pub fn open_with_options(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
         let url = SqliteUrl::parse(url)?;
-        Self::open_path_with(&url.path, url.synchronous, options)
+        Self::open_path_with(&url.path, url.synchronous, options, None)
+    }
+
+    /// For tests: [`SqliteStore::open_with_options`], with `hook` called on
+    /// the writer thread inside every commit that writes, before the commit
+    /// is durable, as the time a slow disk takes there would be spent
+    /// (`tests/store_slow_disk.rs`).
+    #[doc(hidden)]
+    pub fn open_with_commit_hook(
+        url: &str,
+        options: &StoreOptions,
+        hook: impl FnMut() + Send + 'static,
+    ) -> Result<Self, StoreError> {
+        let url = SqliteUrl::parse(url)?;
+        Self::open_path_with(&url.path, url.synchronous, options, Some(Box::new(hook)))
     }
 
     pub fn open_path(path: &Path, synchronous: Synchronous) -> Result<Self, StoreError> {
-        Self::open_path_with(path, synchronous, &StoreOptions::default())
+        Self::open_path_with(path, synchronous, &StoreOptions::default(), None)
     }
 
     fn open_path_with(
         path: &Path,
         synchronous: Synchronous,
         options: &StoreOptions,
+        hook: Option<CommitHook>,
     ) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() {
@@ -196,6 +215,13 @@ impl SqliteStore {
         };
         conn.pragma_update(None, "synchronous", sync)?;
         schema::migrate(&mut conn)?;
+        if let Some(mut hook) = hook {
+            conn.commit_hook(Some(move || {
+                hook();
+                // Go on with the commit.
+                false
+            }))?;
+        }
 
         let checkpointer =
             checkpoint::Checkpointer::for_writer(&conn, path, sync, options.wal_max_bytes)?;
