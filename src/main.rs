@@ -453,7 +453,9 @@ async fn run_verify(a: VerifyArgs) -> anyhow::Result<()> {
                 .ok_or_else(|| anyhow!("--since: expected unix milliseconds or RFC 3339"))?,
         ),
     };
-    let store = open_persisted_store(&config.store.url, "verify")?;
+    // Opening a SQLite store migrates its file: off the runtime's threads.
+    let url = config.store.url.clone();
+    let store = tokio::task::spawn_blocking(move || open_persisted_store(&url, "verify")).await??;
     let cfg = config.clone();
     let backends = tokio::task::spawn_blocking(move || tito::api::build_backends(&cfg)).await??;
     let router = tito::router::Router::new(&config.router);

@@ -16,6 +16,9 @@ use tito::store::{Ack, TrajectoryFilter};
 const DB_ENV: &str = "TITO_CRASH_CHILD_DB";
 /// Set (to anything) for a child running as a gateway with `ack = "queued"`.
 const QUEUED_ENV: &str = "TITO_CRASH_CHILD_QUEUED";
+/// Set (to anything) for a child whose store `fsync`s every commit
+/// (`?synchronous=full`).
+const FULL_ENV: &str = "TITO_CRASH_CHILD_FULL";
 const WORKERS: u32 = 16;
 
 /// Deterministic content of call `i` of worker `w`, checked after the crash.
@@ -41,8 +44,13 @@ async fn crash_child() {
     };
     let queued = std::env::var(QUEUED_ENV).is_ok();
     let ack = if queued { Ack::Queued } else { Ack::Committed };
+    let sync = if std::env::var(FULL_ENV).is_ok() {
+        "?synchronous=full"
+    } else {
+        ""
+    };
     let store =
-        tito::store::open_with(&format!("sqlite://{path}"), ack).expect("child opens store");
+        tito::store::open_with(&format!("sqlite://{path}{sync}"), ack).expect("child opens store");
     if queued {
         // As `tito serve` does before taking calls.
         store.begin_run(ack).await.expect("begin run");
@@ -67,10 +75,19 @@ async fn crash_child() {
 /// Runs the child on `db` until it has acknowledged 600 calls, then
 /// SIGKILLs it; returns every call it acknowledged.
 fn run_and_kill_child(db: &std::path::Path, queued: bool) -> BTreeSet<(u32, u32)> {
+    run_and_kill_child_at(db, queued, false)
+}
+
+/// [`run_and_kill_child`], with `full`: the child's store at
+/// `synchronous=full`.
+fn run_and_kill_child_at(db: &std::path::Path, queued: bool, full: bool) -> BTreeSet<(u32, u32)> {
     let exe = std::env::current_exe().expect("test binary path");
     let mut cmd = Command::new(exe);
     if queued {
         cmd.env(QUEUED_ENV, "1");
+    }
+    if full {
+        cmd.env(FULL_ENV, "1");
     }
     let mut child = cmd
         .args([
@@ -115,8 +132,22 @@ async fn crash_kill9_keeps_every_acknowledged_call() {
     let dir = tempfile::tempdir().expect("tempdir");
     let db = dir.path().join("spans.db");
     let acked = run_and_kill_child(&db, false);
+    every_acknowledged_call_is_stored(&db, &acked).await;
+}
 
-    let conn = rusqlite::Connection::open(&db).expect("raw open");
+/// The same at `synchronous=full`, where each commit also `fsync`s the WAL.
+#[tokio::test]
+async fn crash_kill9_keeps_every_acknowledged_call_at_synchronous_full() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("spans.db");
+    let acked = run_and_kill_child_at(&db, false, true);
+    every_acknowledged_call_is_stored(&db, &acked).await;
+}
+
+/// The database at `db` is intact and holds every call in `acked`, each
+/// with its content, each worker's calls a prefix of its chain.
+async fn every_acknowledged_call_is_stored(db: &std::path::Path, acked: &BTreeSet<(u32, u32)>) {
+    let conn = rusqlite::Connection::open(db).expect("raw open");
     let check: String = conn
         .query_row("PRAGMA integrity_check", [], |r| r.get(0))
         .expect("integrity_check");

@@ -622,7 +622,13 @@ pub async fn serve(
     }
     let renderer = Renderer::load(&config.model)?;
     let backends = build_backends(&config)?;
-    let store = crate::store::open_with(&config.store.url, config.store.ack)?;
+    // Opening a SQLite store creates and migrates its file: blocking work,
+    // kept off the runtime's threads.
+    let options = crate::store::StoreOptions::from(&config.store);
+    let url = config.store.url.clone();
+    let store =
+        tokio::task::spawn_blocking(move || crate::store::open_with_options(&url, &options))
+            .await??;
     let listener = tokio::net::TcpListener::bind(&config.server.listen).await?;
     tracing::info!(addr = %listener.local_addr()?, model = %config.model.name, "tito listening");
     let ack = config.store.ack;
@@ -679,6 +685,11 @@ pub async fn serve(
         );
     }
     health.stop().await;
+    // Dropping the last handle on a SQLite store waits for its writer to
+    // commit what is still queued: blocking, so off the runtime's threads.
+    let store = state.store.store.clone();
+    drop(state);
+    let _ = tokio::task::spawn_blocking(move || drop(store)).await;
     Ok(())
 }
 

@@ -369,13 +369,20 @@ pub struct StoreConfig {
     pub url: String,
     /// When a call is answered: after its commit, or once queued for it.
     pub ack: Ack,
+    /// SQLite: the write-ahead log's size past which a commit waits for a
+    /// checkpoint that copies it whole, so that it starts over.
+    pub wal_max_bytes: u64,
 }
+
+/// `[store] wal_max_bytes` by default: 64 MiB, some 16,000 pages of 4 KiB.
+pub const DEFAULT_WAL_MAX_BYTES: u64 = 64 << 20;
 
 impl Default for StoreConfig {
     fn default() -> Self {
         Self {
             url: "sqlite://tito-data/spans.db".into(),
             ack: Ack::Committed,
+            wal_max_bytes: DEFAULT_WAL_MAX_BYTES,
         }
     }
 }
@@ -530,12 +537,13 @@ impl Config {
                 return Err(invalid(key, v, "must be at least 1"));
             }
         }
-        if self.trajectory.hot_bytes < 1 << 20 {
-            return Err(invalid(
-                "trajectory.hot_bytes",
-                self.trajectory.hot_bytes,
-                "must be at least 1048576 (1 MiB)",
-            ));
+        for (key, v) in [
+            ("trajectory.hot_bytes", self.trajectory.hot_bytes),
+            ("store.wal_max_bytes", self.store.wal_max_bytes),
+        ] {
+            if v < 1 << 20 {
+                return Err(invalid(key, v, "must be at least 1048576 (1 MiB)"));
+            }
         }
         if self.server.max_body_bytes < 1024 {
             return Err(invalid(

@@ -113,6 +113,35 @@ impl From<StoreError> for ApiError {
 
 pub use crate::config::Ack;
 
+/// How a store is opened beside its URL: the other `[store]` keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreOptions {
+    /// When [`SpanStore::append_call`] returns (`[store] ack`).
+    pub ack: Ack,
+    /// SQLite: the size of the write-ahead log past which a commit waits
+    /// for a checkpoint that copies it whole, so that it starts over
+    /// (`[store] wal_max_bytes`). Other stores ignore it.
+    pub wal_max_bytes: u64,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        StoreOptions {
+            ack: Ack::Committed,
+            wal_max_bytes: crate::config::DEFAULT_WAL_MAX_BYTES,
+        }
+    }
+}
+
+impl From<&crate::config::StoreConfig> for StoreOptions {
+    fn from(c: &crate::config::StoreConfig) -> Self {
+        StoreOptions {
+            ack: c.ack,
+            wal_max_bytes: c.wal_max_bytes,
+        }
+    }
+}
+
 use crate::error::ApiError;
 
 /// Iterator over whole trajectories, one at a time (constant memory in the
@@ -248,14 +277,27 @@ pub fn open(url: &str) -> Result<DynStore, StoreError> {
 
 /// [`open`] with an acknowledgement mode (`[store] ack`).
 pub fn open_with(url: &str, ack: Ack) -> Result<DynStore, StoreError> {
+    open_with_options(
+        url,
+        &StoreOptions {
+            ack,
+            ..StoreOptions::default()
+        },
+    )
+}
+
+/// [`open`] with the `[store]` keys beside the URL. Blocking (a SQLite
+/// store is created and migrated here): from async code, call it on
+/// `spawn_blocking`.
+pub fn open_with_options(url: &str, options: &StoreOptions) -> Result<DynStore, StoreError> {
     if url == "memory://" {
         return Ok(Arc::new(MemoryStore::new()));
     }
     if url.starts_with("sqlite://") {
-        return Ok(Arc::new(SqliteStore::open_with(url, ack)?));
+        return Ok(Arc::new(SqliteStore::open_with_options(url, options)?));
     }
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        return Ok(Arc::new(PgStore::open_with(url, ack)?));
+        return Ok(Arc::new(PgStore::open_with(url, options.ack)?));
     }
     Err(StoreError::BadUrl(crate::config::redact_store_url(url)))
 }

@@ -122,7 +122,8 @@ pub async fn start_gateway(config: Config) -> Gateway {
 }
 
 pub async fn start_gateway_with(config: Config, renderer: Arc<Renderer>) -> Gateway {
-    let store = tito::store::open_with(&config.store.url, config.store.ack).expect("store opens");
+    let options = tito::store::StoreOptions::from(&config.store);
+    let store = tito::store::open_with_options(&config.store.url, &options).expect("store opens");
     start_gateway_on(config, renderer, store).await
 }
 

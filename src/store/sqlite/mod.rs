@@ -1,11 +1,12 @@
 //! The SQLite [`SpanStore`] (`sqlite://PATH[?synchronous=full|normal]`).
 //!
-//! One writing connection: a writer thread does group commit with it, and a
-//! lone job commits on its submitter's thread while that thread is idle (see
-//! [`writer`]); a second connection checkpoints on a thread of its own (see
-//! [`checkpoint`]); reads use a small pool of `query_only` connections on
-//! `spawn_blocking`. The database runs in WAL mode, so readers (and an offline
-//! `tito export` in another process) never block the writer.
+//! One writing connection, owned by a writer thread that does group commit
+//! with it (see [`writer`]); a second connection checkpoints on a thread of
+//! its own (see [`checkpoint`]); reads use a small pool of `query_only`
+//! connections on `spawn_blocking`. No SQLite call runs on the async
+//! runtime's worker threads. The database runs in WAL mode, so readers (and
+//! an offline `tito export` in another process) never block the writer.
+//! Every connection uses SQLite's default VFS.
 //!
 //! # Why an acknowledged call survives `kill -9`
 //!
@@ -13,22 +14,19 @@
 //! has appended the transaction's pages and a commit frame to the `-wal` file
 //! with `write(2)` before it returns; a killed process loses nothing that the
 //! kernel already holds, and on the next open SQLite recovers the WAL and
-//! replays every frame up to the last commit frame (the writing connection's
-//! VFS, [`walbuf`], joins a transaction's frames into one write but writes
-//! them before the commit frame's write returns). So `synchronous=NORMAL`,
-//! the default, survives `kill -9` (the crash test kills a writer with
-//! SIGKILL and finds every acknowledged call). `?synchronous=full` also
-//! `fsync`s the WAL at every commit, so acknowledged calls survive power loss
-//! and kernel crashes as well; group commit pays that `fsync` once per batch,
-//! but a lone call waits for a whole `fsync` (milliseconds on most disks),
-//! which is why it is opt-in.
+//! replays every frame up to the last commit frame. So
+//! `synchronous=NORMAL`, the default, survives `kill -9` (the crash test
+//! kills a writer with SIGKILL and finds every acknowledged call).
+//! `?synchronous=full` also `fsync`s the WAL at every commit, so
+//! acknowledged calls survive power loss and kernel crashes as well; group
+//! commit pays that `fsync` once per batch, but a lone call waits for a
+//! whole `fsync` (milliseconds on most disks), which is why it is opt-in.
 
 mod checkpoint;
 mod consumers;
 mod requests;
 mod rows;
 pub mod schema;
-mod walbuf;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -45,27 +43,10 @@ use super::scan::{self, listing_page};
 use super::types::{clamp_limit, cursor_key};
 use super::{
     Ack, Acked, Bodies, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
-    Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
+    StoreOptions, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
 };
 
 pub use schema::SCHEMA_VERSION;
-
-/// The writing connection: through [`walbuf`]'s VFS, which writes a
-/// transaction's WAL frames in one system call, or SQLite's default one
-/// where that VFS cannot be registered (a warning says why).
-fn open_writing(path: &Path) -> Result<Connection, StoreError> {
-    match walbuf::register() {
-        Ok(vfs) => Ok(Connection::open_with_flags_and_vfs(
-            path,
-            OpenFlags::default(),
-            vfs,
-        )?),
-        Err(why) => {
-            tracing::warn!(%why, "SQLite store: writing through the default VFS");
-            Ok(Connection::open(path)?)
-        }
-    }
-}
 
 /// Idle read connections kept for reuse.
 const MAX_IDLE_READERS: usize = 8;
@@ -159,9 +140,13 @@ impl Readers {
 
 pub struct SqliteStore {
     jobs: Writer,
-    writer: Option<JoinHandle<()>>,
+    writer: Option<JoinHandle<writer::Writing>>,
     readers: Arc<Readers>,
 }
+
+/// Called on the writer thread inside each commit that writes (see
+/// [`SqliteStore::open_with_commit_hook`]).
+type CommitHook = Box<dyn FnMut() + Send>;
 
 impl SqliteStore {
     /// Opens (creating it and its parent directories if needed) and migrates
@@ -172,21 +157,51 @@ impl SqliteStore {
 
     /// [`SqliteStore::open`], acknowledging appends as `ack` says.
     pub fn open_with(url: &str, ack: Ack) -> Result<Self, StoreError> {
+        Self::open_with_options(
+            url,
+            &StoreOptions {
+                ack,
+                ..StoreOptions::default()
+            },
+        )
+    }
+
+    /// [`SqliteStore::open`] with the `[store]` keys beside the URL.
+    pub fn open_with_options(url: &str, options: &StoreOptions) -> Result<Self, StoreError> {
         let url = SqliteUrl::parse(url)?;
-        Self::open_path_with(&url.path, url.synchronous, ack)
+        Self::open_path_with(&url.path, url.synchronous, options, None)
+    }
+
+    /// For tests: [`SqliteStore::open_with_options`], with `hook` called on
+    /// the writer thread inside every commit that writes, before the commit
+    /// is durable, as the time a slow disk takes there would be spent
+    /// (`tests/store_slow_disk.rs`).
+    #[doc(hidden)]
+    pub fn open_with_commit_hook(
+        url: &str,
+        options: &StoreOptions,
+        hook: impl FnMut() + Send + 'static,
+    ) -> Result<Self, StoreError> {
+        let url = SqliteUrl::parse(url)?;
+        Self::open_path_with(&url.path, url.synchronous, options, Some(Box::new(hook)))
     }
 
     pub fn open_path(path: &Path, synchronous: Synchronous) -> Result<Self, StoreError> {
-        Self::open_path_with(path, synchronous, Ack::Committed)
+        Self::open_path_with(path, synchronous, &StoreOptions::default(), None)
     }
 
-    fn open_path_with(path: &Path, synchronous: Synchronous, ack: Ack) -> Result<Self, StoreError> {
+    fn open_path_with(
+        path: &Path,
+        synchronous: Synchronous,
+        options: &StoreOptions,
+        hook: Option<CommitHook>,
+    ) -> Result<Self, StoreError> {
         if let Some(dir) = path.parent() {
             if !dir.as_os_str().is_empty() {
                 std::fs::create_dir_all(dir)?;
             }
         }
-        let mut conn = open_writing(path)?;
+        let mut conn = Connection::open(path)?;
         conn.busy_timeout(Duration::from_secs(10))?;
         let mode: String = conn.query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))?;
         if !mode.eq_ignore_ascii_case("wal") {
@@ -200,23 +215,23 @@ impl SqliteStore {
         };
         conn.pragma_update(None, "synchronous", sync)?;
         schema::migrate(&mut conn)?;
+        if let Some(mut hook) = hook {
+            conn.commit_hook(Some(move || {
+                hook();
+                // Go on with the commit.
+                false
+            }))?;
+        }
 
-        let checkpointer = checkpoint::Checkpointer::start(path, sync)?;
+        let checkpointer =
+            checkpoint::Checkpointer::for_writer(&conn, path, sync, options.wal_max_bytes)?;
         let (tx, rx) = mpsc::channel(QUEUE);
-        // With `synchronous=FULL` every commit `fsync`s: milliseconds that
-        // must not block a runtime thread, so all of them go to the writer.
-        let direct = matches!(synchronous, Synchronous::Normal);
-        let shared = Arc::new(writer::Shared::new(conn, checkpointer, direct));
-        let jobs = if direct {
-            Writer::with_direct(tx, ack, shared.clone())
-        } else {
-            Writer::new(tx, ack)
-        };
+        let writing = writer::Writing::new(conn, checkpointer);
         let writer = std::thread::Builder::new()
             .name("tito-store-writer".into())
-            .spawn(move || writer::run(shared, rx))?;
+            .spawn(move || writer::run(writing, rx))?;
         Ok(SqliteStore {
-            jobs,
+            jobs: Writer::new(tx, options.ack),
             writer: Some(writer),
             readers: Arc::new(Readers {
                 path: path.to_path_buf(),
@@ -237,7 +252,8 @@ impl SqliteStore {
 }
 
 impl Drop for SqliteStore {
-    /// Closes the queue and waits for the writer to commit what is queued.
+    /// Closes the queue and waits for the writer to commit what is queued
+    /// (its connection and checkpointer close with it).
     fn drop(&mut self) {
         self.jobs.close();
         if let Some(handle) = self.writer.take() {

@@ -1,15 +1,15 @@
-//! The writing side of a SQLite store: one connection, used by the writer
-//! thread for group commit and, while that thread is idle, by a submitter
-//! for its own job ([`Direct`]).
+//! The writing side of a SQLite store: one connection, owned by the writer
+//! thread, which does group commit with it.
 //!
 //! The thread waits for a job, drains whatever else is queued (up to
 //! [`MAX_BATCH`]), applies the whole batch in one transaction, commits once,
 //! and only then acknowledges every job. Under load many appends share one
-//! commit; idle, a lone append commits at once (no timer, no added latency),
-//! on the submitter's thread when nothing else is queued or committing and
-//! the submissions before it found the writer idle too. The exception is a
-//! batch nobody waits for (`[store] ack = "queued"` appends): it gathers
-//! for up to [`QUEUED_LINGER`] first (see [`linger`]).
+//! commit; idle, a lone append commits at once (no timer, no added latency).
+//! The exception is a batch nobody waits for (`[store] ack = "queued"`
+//! appends): it gathers for up to [`QUEUED_LINGER`] first (see [`linger`]).
+//! Every SQLite call, `write(2)` and `fsync` of a commit runs on this thread,
+//! never on one of the async runtime's workers, so a slow disk delays the
+//! commits and nothing else.
 //!
 //! Checkpoints stay off this connection: SQLite's automatic checkpoint
 //! (which runs inside the commit that crosses its limit, and `fsync`s) is
@@ -17,7 +17,6 @@
 //! which checkpoints on a connection of its own while commits go on.
 
 use std::cell::Cell;
-use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use rusqlite::hooks::Wal;
@@ -29,7 +28,7 @@ use super::consumers;
 use super::rows::{call_key, json_text, meta_by_id, replays_of, status_code};
 use crate::store::codec::{ids_to_bytes, logprobs_to_bytes};
 use crate::store::group_commit::{
-    acknowledge, lost_appends, Direct, Done, Job, Op, Outcome, Pending, MAX_BATCH, WEIGHT_VERSION,
+    acknowledge, lost_appends, Done, Job, Op, Outcome, MAX_BATCH, WEIGHT_VERSION,
 };
 use crate::store::{
     now_ms, CallRecord, SampleReplay, StoreError, TrajectoryMeta, TrajectoryMetadata,
@@ -47,91 +46,46 @@ fn note_wal_frames(_: &Wal, frames: i32) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// The writing connection, shared by the writer thread and direct commits.
-pub(crate) struct Shared {
-    conn: Mutex<Connection>,
-    /// Whether jobs may also commit on their submitter's thread (the store's
-    /// `Writer::with_direct`); only then does `pending` count jobs up, so
-    /// only then does the writer count its batches down.
-    direct: bool,
-    pending: Pending,
+/// The writing connection and what checkpoints its WAL; moved into the
+/// writer thread ([`run`]).
+pub(crate) struct Writing {
+    conn: Connection,
     checkpointer: Checkpointer,
 }
 
-impl Shared {
-    /// Takes over `conn`: its commits no longer checkpoint by themselves but
-    /// ask `checkpointer`. `direct`: whether the store's writer lets jobs
-    /// commit here ([`Direct`]).
-    pub(crate) fn new(conn: Connection, checkpointer: Checkpointer, direct: bool) -> Self {
+impl Writing {
+    /// Takes over `conn`: its commits no longer checkpoint by themselves
+    /// (a WAL hook replaces SQLite's automatic checkpoint) but ask
+    /// `checkpointer`.
+    pub(crate) fn new(conn: Connection, checkpointer: Checkpointer) -> Self {
         conn.wal_hook(Some(note_wal_frames));
         // The writing connection caches 27 statements (14 in writer.rs, 11
         // in consumers.rs, two from rows.rs), more than rusqlite's default
         // of 16 keeps.
         conn.set_prepared_statement_cache_capacity(64);
-        Shared {
-            conn: Mutex::new(conn),
-            direct,
-            pending: Pending::default(),
-            checkpointer,
-        }
+        Writing { conn, checkpointer }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        // A panic mid-batch dropped its transaction, which rolled it back.
-        self.conn.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A checkpoint while `held` (the writing connection's guard) keeps
-    /// every commit waiting.
-    fn checkpoint_held(&self, held: MutexGuard<'_, Connection>) {
-        self.checkpointer.run_now();
-        drop(held);
-    }
-
-    /// After the commits just made on this thread: tells the checkpointer
-    /// the WAL's size, and says whether the WAL is past its limit (the
-    /// caller then holds the writing connection through a checkpoint:
-    /// [`Shared::checkpoint_held`]).
-    fn past_wal_limit(&self) -> bool {
-        self.checkpointer
+    /// After a batch committed and was acknowledged: tells the checkpointer
+    /// the WAL's size, and when the WAL is past its limit waits for a
+    /// checkpoint. Nothing commits meanwhile (this thread is the only
+    /// writer; jobs queue), so that checkpoint copies the whole WAL (unless
+    /// a reader still needs a part of it) and the next commit starts the WAL
+    /// over.
+    fn after_commit(&mut self) {
+        if self
+            .checkpointer
             .after_commit(WAL_FRAMES.with(|f| f.replace(0)))
-    }
-}
-
-impl Direct for Shared {
-    fn commit_here(self: Arc<Self>, job: Job) {
-        let mut batch = vec![job];
-        let mut conn = self.lock();
-        let outcomes = commit_batch(&mut conn, &batch);
-        drop(conn);
-        let held = self.past_wal_limit();
-        acknowledge(&mut batch, outcomes);
-        if held {
-            // The claim is released by the checkpoint, so jobs queue for the
-            // writer thread meanwhile, which waits for the connection.
-            let spawned = tokio::runtime::Handle::try_current().map(|rt| {
-                let shared = self.clone();
-                rt.spawn_blocking(move || {
-                    shared.checkpoint_held(shared.lock());
-                    shared.pending.done(1);
-                })
-            });
-            if spawned.is_ok() {
-                return;
-            }
-            self.checkpoint_held(self.lock());
+        {
+            self.checkpointer.run_now();
         }
-        self.pending.done(1);
-    }
-
-    fn pending(&self) -> &Pending {
-        &self.pending
     }
 }
 
 /// Runs until every sender is dropped and the queue is drained; a gateway
-/// run begun on this writer is then recorded as ended cleanly.
-pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
+/// run begun on this writer is then recorded as ended cleanly. Returns the
+/// connection and its checkpointer, for the caller to close.
+pub(crate) fn run(mut w: Writing, mut rx: mpsc::Receiver<Job>) -> Writing {
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
     let mut run_begun = false;
     while let Some(first) = rx.blocking_recv() {
@@ -139,10 +93,9 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
         take_queued(&mut rx, &mut batch);
         linger(&mut rx, &mut batch);
         run_begun |= batch.iter().any(|j| matches!(j.op, Op::BeginRun { .. }));
-        let mut conn = shared.lock();
-        let outcomes = commit_batch(&mut conn, &batch);
+        let outcomes = commit_batch(&mut w.conn, &batch);
         for id in lost_appends(&batch, &outcomes) {
-            let marked = conn.execute(
+            let marked = w.conn.execute(
                 "UPDATE trajectories SET incomplete = 1 WHERE id = ?1",
                 [&id],
             );
@@ -150,24 +103,18 @@ pub(crate) fn run(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>) {
                 tracing::error!(trajectory = %id, error = %e, "could not mark the trajectory incomplete");
             }
         }
-        if shared.past_wal_limit() {
-            shared.checkpoint_held(conn);
-        } else {
-            drop(conn);
-        }
-        // Counted down before the acknowledgements, so that a caller's next
-        // job finds the writer idle.
-        if shared.direct {
-            shared.pending.done(batch.len());
-        }
         acknowledge(&mut batch, outcomes);
+        w.after_commit();
     }
     if run_begun {
-        let conn = shared.lock();
-        if let Err(e) = conn.execute("UPDATE gateway_run SET clean = 1 WHERE id = 1", []) {
+        if let Err(e) = w
+            .conn
+            .execute("UPDATE gateway_run SET clean = 1 WHERE id = 1", [])
+        {
             tracing::error!(error = %e, "could not record the clean end of this run");
         }
     }
+    w
 }
 
 /// Adds what is queued to `batch`, up to [`MAX_BATCH`] jobs.
@@ -181,10 +128,18 @@ fn take_queued(rx: &mut mpsc::Receiver<Job>, batch: &mut Vec<Job>) {
 }
 
 /// How long the writer gathers a batch that nobody waits for (`[store] ack
-/// = "queued"` appends, answered before their commit) before committing it:
-/// the loss window grows by as much, and each commit carries more calls.
+/// = "queued"` appends, whose clients were answered before the commit)
+/// before committing it. No answer waits for it; what it costs is the loss
+/// window of `queued`, longer by as much (docs/configuration.md states it),
+/// and what it buys is that the appends of concurrent calls arriving within
+/// it share one commit. A millisecond is short beside the generation each
+/// of those calls waited for, so the window stays a small fraction of one
+/// call's time.
 const QUEUED_LINGER: Duration = Duration::from_millis(1);
-/// How often a lingering writer looks at its queue.
+/// How often a lingering writer looks at its queue: the longest a job
+/// someone waits for (a reward, a finish, a readiness check) that arrives
+/// while a batch lingers waits before that batch commits with it (also
+/// stated in docs/configuration.md). Four looks a linger.
 const LINGER_STEP: Duration = Duration::from_micros(250);
 
 /// While every job of `batch` is one nobody waits for, gathers more for up
@@ -217,10 +172,9 @@ fn linger_until(
 }
 
 /// The whole batch in one transaction, no savepoints; a job that fails sends
-/// the batch down [`commit_each`], which isolates it. Savepoints cost two
-/// statements per job, a measurable share of the gateway's CPU per call
-/// (docs/benchmarks-history-early.md), for a case that is rare (duplicates, finished
-/// trajectories, a full disk).
+/// the batch down [`commit_each`], which isolates it. A savepoint costs two
+/// more statements per job, paid on every batch, for a case that is rare
+/// (duplicates, finished trajectories, a full disk).
 fn commit_batch(conn: &mut Connection, batch: &[Job]) -> Vec<Outcome> {
     match commit_all(conn, batch) {
         Some(outcomes) => outcomes,
@@ -241,9 +195,8 @@ fn commit_all(conn: &mut Connection, batch: &[Job]) -> Option<Vec<Outcome>> {
 }
 
 /// A transaction whose `BEGIN` and `COMMIT` come from the connection's
-/// statement cache. `Connection::transaction` parses both anew for every
-/// batch: `sqlite3_prepare` was 9% of a lone call's direct commit
-/// (docs/benchmarks.md). Dropped with its transaction still open (not
+/// statement cache, where `Connection::transaction` would parse both anew
+/// for every batch. Dropped with its transaction still open (not
 /// committed, and not already rolled back by SQLite), it rolls back.
 struct CachedTx<'c> {
     conn: &'c Connection,

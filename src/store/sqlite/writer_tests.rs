@@ -1,15 +1,17 @@
 //! Tests of the SQLite writer: a failed COMMIT, a failing job in a batch,
-//! a failed append nobody waits for, direct commits, and checkpoints.
+//! a failed append nobody waits for, lingering batches, and checkpoints.
 
 use super::*;
 use crate::store::group_commit::Writer;
-use crate::store::sqlite::checkpoint::WAL_LIMIT_FRAMES;
 use crate::store::Ack;
 use serde_json::json;
 use tokio::sync::oneshot;
 
 /// A WAL frame of the store's 4 KiB pages: its header and its page.
 const FRAME_BYTES: u64 = 24 + 4096;
+
+/// The WAL's limit in these tests' writers, in frames.
+const WAL_LIMIT_FRAMES: i32 = 16_000;
 
 fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
     CallRecord {
@@ -224,12 +226,9 @@ fn a_queued_batch_waits_no_longer_than_its_deadline_or_its_senders() {
 }
 
 /// The writing connection on a WAL database, as the store opens it with
-/// `synchronous = NORMAL` (direct commits allowed).
-fn shared(dir: &std::path::Path) -> Arc<Shared> {
-    shared_with(dir, true)
-}
-
-fn shared_with(dir: &std::path::Path, direct: bool) -> Arc<Shared> {
+/// `synchronous = NORMAL`, checkpointed every 1,000 frames and held past
+/// [`WAL_LIMIT_FRAMES`].
+fn writing(dir: &std::path::Path) -> Writing {
     let mut conn = Connection::open(dir.join("s.db")).expect("open");
     let mode: String = conn
         .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
@@ -238,8 +237,9 @@ fn shared_with(dir: &std::path::Path, direct: bool) -> Arc<Shared> {
     conn.pragma_update(None, "synchronous", "NORMAL")
         .expect("sync");
     super::super::schema::migrate(&mut conn).expect("migrate");
-    let checkpointer = Checkpointer::start(&dir.join("s.db"), "NORMAL").expect("checkpointer");
-    Arc::new(Shared::new(conn, checkpointer, direct))
+    let checkpointer = Checkpointer::start(&dir.join("s.db"), "NORMAL", 1000, WAL_LIMIT_FRAMES)
+        .expect("checkpointer");
+    Writing::new(conn, checkpointer)
 }
 
 fn calls_stored(dir: &std::path::Path) -> i64 {
@@ -248,86 +248,15 @@ fn calls_stored(dir: &std::path::Path) -> i64 {
         .expect("count")
 }
 
-/// With nothing queued, a job commits on the caller's thread (here no
-/// writer thread runs at all); with a job queued, the next one queues
-/// behind it and commits after it, on the writer thread.
-#[tokio::test(flavor = "current_thread")]
-async fn a_lone_job_commits_here_and_one_behind_queued_work_waits_its_turn() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let shared = shared(dir.path());
-    let (tx, rx) = mpsc::channel(16);
-    let committed = Writer::with_direct(tx.clone(), Ack::Committed, shared.clone());
-    let mut queued = Writer::with_direct(tx, Ack::Queued, shared.clone());
-
-    // No writer thread runs: only a direct commit can answer.
-    let direct = committed.append(call("t", 0, None));
-    tokio::time::timeout(std::time::Duration::from_secs(30), direct)
-        .await
-        .expect("the append waited for a writer thread")
-        .expect("direct append");
-    assert_eq!(calls_stored(dir.path()), 1);
-
-    // Queued (nobody runs the writer yet), then one that must wait.
-    queued.append(call("t", 1, Some(0))).await.expect("queued");
-    let committed = Arc::new(committed);
-    let behind = tokio::spawn({
-        let w = committed.clone();
-        async move { w.append(call("t", 2, Some(1))).await }
-    });
-    tokio::task::yield_now().await;
-    assert!(
-        !behind.is_finished(),
-        "a job behind queued work committed out of turn"
-    );
-    assert_eq!(calls_stored(dir.path()), 1);
-
-    let thread = std::thread::spawn(move || run(shared, rx));
-    // Its parent is call 1: stored only if call 1 committed first.
-    behind
-        .await
-        .expect("join")
-        .expect("append behind the queue");
-    committed
-        .append(call("t", 3, Some(2)))
-        .await
-        .expect("append after");
-    queued.close();
-    drop(committed);
-    thread.join().expect("writer thread");
-    assert_eq!(calls_stored(dir.path()), 4);
-}
-
-/// With direct commits off (`synchronous = FULL`), nothing counts jobs up,
-/// so the writer must not count its batches down: the count would wrap.
-#[tokio::test(flavor = "current_thread")]
-async fn a_writer_without_direct_commits_leaves_the_pending_count_alone() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let shared = shared_with(dir.path(), false);
-    let (tx, rx) = mpsc::channel(16);
-    let writer = Writer::new(tx, Ack::Committed);
-    let thread = std::thread::spawn({
-        let shared = shared.clone();
-        move || run(shared, rx)
-    });
-    for i in 0..3u32 {
-        let parent = i.checked_sub(1);
-        writer.append(call("t", i, parent)).await.expect("append");
-    }
-    drop(writer);
-    thread.join().expect("writer thread");
-    assert_eq!(calls_stored(dir.path()), 3);
-    assert!(shared.pending.idle(), "the pending count moved");
-}
-
 /// Commits no longer checkpoint by themselves (the WAL hook replaces
 /// SQLite's automatic checkpoint), so pages reach the database file only
-/// through the checkpointer: after direct commits and after the thread's
-/// batches alike. Commits back to back may keep its catch-ups from ever
-/// finishing between two commits, so the WAL may start over only after a
-/// commit held the writing connection; it never holds more than
-/// [`WAL_LIMIT_FRAMES`] and the frames of the commits that crossed it.
+/// through the checkpointer, whether calls commit one a batch or many.
+/// Commits back to back may keep its checkpoints from ever copying the
+/// whole WAL between two commits, so the WAL may start over only after a
+/// commit waited for one; it never holds more than [`WAL_LIMIT_FRAMES`] and
+/// the frames of the commits that crossed it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn commits_are_checkpointed_whoever_makes_them() {
+async fn commits_are_checkpointed_and_the_wal_stays_bounded() {
     // 11 frames a call (the WAL hook's count grows by 11: the call's leaf
     // and 8 overflow pages, the trajectory's row, the database's header),
     // about 8 of them new pages: 3,000 calls write some 33,000 frames, past
@@ -339,16 +268,15 @@ async fn commits_are_checkpointed_whoever_makes_them() {
     };
     for ack in [Ack::Committed, Ack::Queued] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let shared = shared(dir.path());
+        let w = writing(dir.path());
         let (tx, rx) = mpsc::channel(1024);
-        let mut writer = Writer::with_direct(tx, ack, shared.clone());
-        let kept = shared.clone();
-        let thread = std::thread::spawn(move || run(shared, rx));
+        let mut writer = Writer::new(tx, ack);
+        let thread = std::thread::spawn(move || run(w, rx));
         for i in 0..3000 {
             writer.append(big("t", i)).await.expect("append");
         }
         writer.close();
-        thread.join().expect("writer thread");
+        let kept = thread.join().expect("writer thread");
         kept.checkpointer.run_now();
         assert_eq!(calls_stored(dir.path()), 3000);
         let size = |name: &str| {
@@ -364,8 +292,8 @@ async fn commits_are_checkpointed_whoever_makes_them() {
         );
         if ack == Ack::Committed {
             // Past the limit by at most two calls of 11 frames: the one
-            // that crossed it, and one the writer thread may commit before
-            // the checkpoint holds the connection.
+            // that crossed it is the last before the writer waits for the
+            // checkpoint.
             let wal = size("s.db-wal");
             assert!(
                 wal <= (WAL_LIMIT_FRAMES as u64 + 2 * 11) * FRAME_BYTES,
@@ -390,10 +318,10 @@ fn wal_frames(dir: &std::path::Path) -> (u64, Vec<u8>) {
 #[tokio::test]
 async fn a_root_call_writes_three_b_trees() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let shared = shared(dir.path());
+    let w = writing(dir.path());
     let (tx, rx) = mpsc::channel(16);
-    let mut writer = Writer::with_direct(tx, Ack::Committed, shared.clone());
-    let thread = std::thread::spawn(move || run(shared, rx));
+    let mut writer = Writer::new(tx, Ack::Committed);
+    let thread = std::thread::spawn(move || run(w, rx));
     let root = |n: u64| {
         let user = format!("Write one short sentence about the sea. (request {n})");
         CallRecord {
