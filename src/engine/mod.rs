@@ -456,8 +456,7 @@ impl Drop for EngineBackend {
     /// holds its only sender), and waits for the thread to free the llama.cpp
     /// context and model. Left running, a thread still freeing a CUDA context
     /// when `main` returns races CUDA's teardown at exit, and the process
-    /// aborts ("CUDA error: driver shutting down", seen on an H100:
-    /// docs/benchmarks-engine.md).
+    /// aborts ("CUDA error: driver shutting down").
     fn drop(&mut self) {
         self.shared.stopping.store(true, Ordering::SeqCst);
         let (closed, _) = std::sync::mpsc::channel();

@@ -236,9 +236,10 @@ async fn advance_mark(conn: &mut Conn, consumer: &str) -> Result<(), StoreError>
 /// Statements sent as text, prepared for one run with its values and
 /// closed after it, not prepared once and cached: after five runs
 /// PostgreSQL may keep a generic plan, which cannot see that a range starts
-/// at the end of the table. For `LATE` the generic plan walked the whole
-/// primary key looking for the smallest `seq` (5 ms a lease at 20,000
-/// trajectories, docs/benchmarks.md). The lease's own query goes the same
+/// at the end of the table: for `LATE` a generic plan walks the whole
+/// primary key looking for the smallest `seq`, so a lease would cost time
+/// in proportion to the store (docs/benchmarks.md, "A consumer's lease as
+/// the store grows", measures it flat). The lease's own query goes the same
 /// way. Each costs one more round trip than a cached statement.
 mod one_shot {
     /// The oldest trajectory finished since finish number `$1`.
