@@ -136,6 +136,35 @@ impl ApiError {
     }
 }
 
+impl ApiError {
+    /// Anthropic's error `type` and HTTP status for this error: its status
+    /// kept, but an overload (503) as Anthropic's 529 `overloaded_error`.
+    pub fn anthropic_kind(&self) -> (StatusCode, &'static str) {
+        let kind = match self.status.as_u16() {
+            401 => "authentication_error",
+            403 => "permission_error",
+            404 => "not_found_error",
+            413 => "request_too_large",
+            429 => "rate_limit_error",
+            503 => "overloaded_error",
+            400..=499 => "invalid_request_error",
+            _ => "api_error",
+        };
+        let status = match self.status.as_u16() {
+            503 => StatusCode::from_u16(529).unwrap_or(self.status),
+            _ => self.status,
+        };
+        (status, kind)
+    }
+
+    /// The body in Anthropic's shape: `{"type": "error", "error": {"type",
+    /// "message"}}` (also the payload of a stream's `error` event).
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        let (_, kind) = self.anthropic_kind();
+        serde_json::json!({"type": "error", "error": {"type": kind, "message": self.message}})
+    }
+}
+
 impl std::fmt::Display for ApiError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{} ({})", self.message, self.status)

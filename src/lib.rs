@@ -16,24 +16,27 @@
 //!    full and streamed.
 //! 7. [`render`]: chat template + tokenizer; prompt token ids are made here,
 //!    and sampled ids become text, incrementally (`render::detok`).
-//! 8. [`store`]: the durable span store (trait, memory, SQLite, PostgreSQL
+//! 8. [`surface`]: the Responses and Messages APIs as chat requests (their
+//!    histories translated, also for a trajectory rebuilt from the store)
+//!    and their answers built from a recorded call.
+//! 9. [`store`]: the durable span store (trait, memory, SQLite, PostgreSQL
 //!    shared by gateway replicas) and sample reconstruction from stored calls.
-//! 9. [`export`]: training rows (trajectory / per_call / verl layouts) written
-//!    as JSONL or Parquet to any `Write`.
-//! 10. [`backend`]: the `Backend` trait and the vLLM / SGLang clients over
+//! 10. [`export`]: training rows (trajectory / per_call / verl layouts) written
+//!     as JSONL or Parquet to any `Write`.
+//! 11. [`backend`]: the `Backend` trait and the vLLM / SGLang clients over
 //!     one pooled HTTP client, and their one stream pump.
-//! 11. [`router`]: which backend serves a call: policies, sticky pins, health,
+//! 12. [`router`]: which backend serves a call: policies, sticky pins, health,
 //!     admission control for sleep / wake, the backoff between retries.
-//! 12. [`trajectory`]: exact multi-turn history, drift diagnosis, budgets.
-//! 13. [`call`]: one LLM call's life: plan, route + retry before the first
+//! 13. [`trajectory`]: exact multi-turn history, drift diagnosis, budgets.
+//! 14. [`call`]: one LLM call's life: plan, route + retry before the first
 //!     token, assemble text / ids / logprobs, record (detached from the
 //!     client), and answers replayed to retries.
-//! 14. [`verify`]: the teacher-forced replay check of recorded logprobs
+//! 15. [`verify`]: the teacher-forced replay check of recorded logprobs
 //!     against a backend's prompt logprobs, on request and sampled in the
 //!     background.
-//! 15. `engine`: the bundled llama.cpp engine (continuous batching) and the
+//! 16. `engine`: the bundled llama.cpp engine (continuous batching) and the
 //!     stand-alone `tito engine` server; cargo feature `engine` (default on).
-//! 16. [`api`]: axum routes (OpenAI, trajectories, admin, metrics); one
+//! 17. [`api`]: axum routes (OpenAI, trajectories, admin, metrics); one
 //!     straight async function per request: parse → prepare → run → respond.
 
 pub mod api;
@@ -51,6 +54,7 @@ pub mod render;
 pub mod router;
 pub mod server;
 pub mod store;
+pub mod surface;
 pub mod trajectory;
 pub mod verify;
 

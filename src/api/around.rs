@@ -1,7 +1,7 @@
 //! What every request to the gateway's routes passes through, once, around
 //! its handler: its request id and span ([`request_id`]), the request
-//! metrics, the log line of a 5xx, and the OpenAI shape of axum's body-size
-//! rejection. (An error inside a stream, after its 200, is logged where the
+//! metrics, the log line of a 5xx, the OpenAI shape of axum's body-size
+//! rejection, and Anthropic's shape for every error of a Messages route. (An error inside a stream, after its 200, is logged where the
 //! stream reports it: see `sse`.)
 //!
 //! One middleware, not four: each `from_fn` layer clones the router's boxed
@@ -64,6 +64,12 @@ pub async fn around(State(limit): State<usize>, req: Request, next: Next) -> Res
     } else if status.is_client_error() && !ours && is_plain_text(&resp) {
         resp = openai_shaped(resp).await;
     }
+    if resp.status().is_client_error() || resp.status().is_server_error() {
+        let anthropic = super::messages::ROUTES.iter().any(|r| route.ends_with(r));
+        if anthropic {
+            resp = anthropic_shaped(resp);
+        }
+    }
     tracing::debug!(
         status = resp.status().as_u16(),
         ms = started.elapsed().as_secs_f64() * 1e3,
@@ -115,6 +121,24 @@ async fn openai_shaped(resp: Response) -> Response {
             shaped.headers_mut().insert(name.clone(), value.clone());
         }
     }
+    shaped
+}
+
+/// An error of a Messages route in Anthropic's shape, its headers kept
+/// (`Retry-After`, `WWW-Authenticate`, `X-Trajectory-Id`).
+fn anthropic_shaped(resp: Response) -> Response {
+    let Some(e) = resp.extensions().get::<ApiError>().cloned() else {
+        return resp;
+    };
+    let (parts, _) = resp.into_parts();
+    let (status, _) = e.anthropic_kind();
+    let mut shaped = (status, axum::Json(e.anthropic_body())).into_response();
+    for (name, value) in &parts.headers {
+        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            shaped.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    shaped.extensions_mut().insert(e);
     shaped
 }
 

@@ -128,13 +128,19 @@ impl Auth {
         if self.is_open(role) {
             return true;
         }
-        // The scheme is case-insensitive (RFC 9110 § 11.1).
-        let Some(given) = headers
+        // The scheme is case-insensitive (RFC 9110 § 11.1). The API role's
+        // token may also come as `x-api-key`, as Anthropic's clients send it.
+        let bearer = headers
             .get("authorization")
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.split_once(' '))
-            .and_then(|(scheme, t)| scheme.eq_ignore_ascii_case("bearer").then_some(t))
-        else {
+            .and_then(|(scheme, t)| scheme.eq_ignore_ascii_case("bearer").then_some(t));
+        let api_key = || {
+            (role == Role::Api)
+                .then(|| headers.get("x-api-key").and_then(|v| v.to_str().ok()))
+                .flatten()
+        };
+        let Some(given) = bearer.or_else(api_key) else {
             return false;
         };
         let given = digest(given.trim());
@@ -330,6 +336,21 @@ mod tests {
         }
         h.insert("authorization", HeaderValue::from_static("Basic api-key-1"));
         assert!(!a.allows(Role::Api, &h));
+    }
+
+    #[test]
+    fn the_api_role_takes_its_token_as_x_api_key_too() {
+        let a = auth(&["api-key-1"], &["trainer-1"], &["admin-key-1"]);
+        let key = |v: &'static str| {
+            let mut h = axum::http::HeaderMap::new();
+            h.insert("x-api-key", HeaderValue::from_static(v));
+            h
+        };
+        assert!(a.allows(Role::Api, &key("api-key-1")));
+        assert!(!a.allows(Role::Api, &key("wrong-key-1")));
+        // Only the API role: trainer and admin tokens come as bearers.
+        assert!(!a.allows(Role::Trainer, &key("trainer-1")));
+        assert!(!a.allows(Role::Admin, &key("admin-key-1")));
     }
 
     #[test]

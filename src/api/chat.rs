@@ -15,17 +15,15 @@ use serde_json::{json, Value as Json};
 
 use super::logprobs::chat_logprobs;
 use super::request::{parse_body, ChatRequest};
-use super::sse::{sse_response, usage, Chunks};
-use super::stream::{self, Encoder, Out};
-use super::{new_id, unix_now, AppState};
-use crate::call::replies::Claim;
-use crate::call::{Answer, ChoiceEvent, Output, ParseSetup, PlanRequest};
+use super::run::{self, ChatCall, Surface};
+use super::sse::{usage, Chunks};
+use super::stream::{Deltas, Encoder, Out};
+use super::{new_id, AppState};
+use crate::call::{Answer, ChoiceEvent, ParseSetup};
 use crate::error::ApiError;
 use crate::metrics::PHASE;
-use crate::parse::ChatStream;
-use crate::render::{run_render_work, RenderInput};
-use crate::trajectory::messages::render_bytes;
-use crate::trajectory::{CallContext, ChatInput, Prepared};
+use crate::parse::DeltaEvent;
+use crate::surface::Api;
 
 const ROUTE: &str = "/v1/chat/completions";
 
@@ -52,30 +50,41 @@ struct Shape {
     legacy_functions: bool,
 }
 
-/// A chat request, parsed and checked.
-struct Parsed {
-    req: ChatRequest,
-    body_json: Json,
-    normalized: Vec<&'static str>,
-    named: Option<String>,
-    tag: crate::store::TrajectoryMetadata,
-    params: crate::backend::SamplingParams,
-    max_tokens: Option<u32>,
-    forced: Option<(Json, Option<String>)>,
-    n: u32,
-    shape: Shape,
-}
-
+/// Parses and checks a chat request into the call the shared run makes.
 fn parse(
     state: &AppState,
     path: super::PathIds,
     headers: &HeaderMap,
-    body: &Bytes,
-) -> Result<Parsed, ApiError> {
-    let (mut req, body_json): (ChatRequest, _) = parse_body(body)?;
+    body: Bytes,
+) -> Result<(ChatCall, Shape), ApiError> {
+    let (mut req, received): (ChatRequest, _) = parse_body(&body)?;
     let legacy_functions = req.map_legacy_functions()?;
     req.check()?;
-    super::unsupported::chat(&body_json)?;
+    super::unsupported::chat(&received)?;
+    let shape = Shape {
+        logprobs: req.logprobs_k()?.is_some(),
+        token_ids: req.return_token_ids,
+        usage_chunk: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        legacy_functions,
+    };
+    let call = chat_call(state, path, headers, req, received, body, Api::Chat, new_id("chatcmpl"))?;
+    Ok((call, shape))
+}
+
+/// The call of a checked chat request `req`, which came through `api` as
+/// `received` (`body` its bytes), answered under `request_id`: the
+/// trajectory it names, sampling, structured output, forced tools.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn chat_call(
+    state: &AppState,
+    path: super::PathIds,
+    headers: &HeaderMap,
+    mut req: ChatRequest,
+    received: Json,
+    body: Bytes,
+    api: Api,
+    request_id: String,
+) -> Result<ChatCall, ApiError> {
     let normalized =
         crate::trajectory::normalize::messages(&mut req.messages, state.renderer.content_format());
     state.check_model(req.model.as_deref())?;
@@ -97,15 +106,10 @@ fn parse(
     }
     let n = req.sampling.n()?;
     state.check_sequences(1, n)?;
-    let shape = Shape {
-        logprobs: logprobs_k.is_some(),
-        token_ids: req.return_token_ids,
-        usage_chunk: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
-        legacy_functions,
-    };
-    Ok(Parsed {
+    Ok(ChatCall {
         req,
-        body_json,
+        received,
+        body,
         normalized,
         named,
         tag,
@@ -113,7 +117,10 @@ fn parse(
         max_tokens,
         forced,
         n,
-        shape,
+        api,
+        request_id,
+        response_id: None,
+        instructions: 0,
     })
 }
 
@@ -124,157 +131,41 @@ async fn handle(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let handled = Instant::now();
-    // Parse.
-    let Parsed {
-        mut req,
-        body_json,
-        normalized,
-        named,
-        tag,
-        params,
-        max_tokens,
-        forced,
-        n,
-        shape,
-    } = tracing::info_span!(target: PHASE, "parse")
-        .in_scope(|| parse(&state, path, headers, &body))?;
-    let owner = match state
-        .calls
-        .claim(super::retry_request(headers, named.clone(), &body)?)
-        .await?
-    {
-        Claim::Recorded(answer) => return Ok(replay(&state, answer, &req, shape)),
-        Claim::Owner(owner) => owner,
-    };
+    let (call, shape) =
+        tracing::info_span!(target: PHASE, "parse").in_scope(|| parse(&state, path, headers, body))?;
+    run::run(state, call, headers, ChatSurface { shape }, handled).await
+}
 
-    // Prepare.
-    let tid = super::trajectory_id(&state, named);
-    state.trajectories.tag(&tid, &tag).await?;
-    let started_at = crate::store::now_ms();
-    let prepared = prepare(&state, &tid, &req).await?;
-    // A forced tool call is constrained JSON: no tool parser reads it.
-    let parsing = match forced {
-        Some(_) => None,
-        None => ParseSetup::new(
-            &state.config,
-            req.tools.as_ref(),
-            req.tool_choice.as_ref(),
-            &prepared.prompt_text,
-        )?
-        .map(Arc::new),
-    };
-    let is_forced = forced.is_some();
-    let output = match forced {
-        Some((_, name)) => Output::ForcedTools(name),
-        None => Output::Chat(parsing.clone()),
-    };
-    let skip_special_tokens = req.skip_special_tokens.unwrap_or(true)
-        && !parsing.as_ref().is_some_and(|p| p.needs_special_tokens);
-    let plan = state.calls.plan(PlanRequest {
-        ctx: CallContext {
-            trajectory_id: tid.clone(),
-            request: Arc::new(body_json),
-            messages: (!req.continue_final_message.unwrap_or(false))
-                .then(|| Arc::new(std::mem::take(&mut req.messages))),
-            started_at,
-            weight_version: state.router.weight_version(),
-            normalized,
-        },
-        prepared,
-        params,
-        max_tokens,
-        n,
-        skip_special_tokens,
-        output,
-    })?;
+/// Chat Completions' answer: a `chat.completion` body or
+/// `chat.completion.chunk` events.
+struct ChatSurface {
+    shape: Shape,
+}
 
-    // Run.
-    let running = state
-        .calls
-        .start(new_id("chatcmpl"), vec![plan], Some(owner), req.stream)
-        .await?;
+impl Surface for ChatSurface {
+    type Stream = ChatEncoder;
 
-    // Respond.
-    let headers = super::trajectory_header(&tid);
-    if req.stream {
-        let chunks = Chunks::new(&state, "chat.completion.chunk", unix_now(), shape);
-        let encoder = ChatEncoder::new(chunks, parsing, is_forced);
-        return Ok(sse_response(&state, headers, move |tx| {
-            stream::run(running, encoder, ROUTE, tid, tx)
-        }));
+    fn route(&self) -> &'static str {
+        ROUTE
     }
-    let answer = running.finish().await?;
-    let body = response_body(&state, &answer, shape);
-    crate::metrics::gateway_overhead(
-        "chat",
-        handled.elapsed().saturating_sub(answer.generated_in),
-    );
-    let response = (headers, axum::Json(body)).into_response();
-    Ok(response)
-}
 
-/// A recorded answer, given again (an SDK retry or a repeated key).
-fn replay(state: &AppState, answer: Arc<Answer>, req: &ChatRequest, shape: Shape) -> Response {
-    let headers = super::trajectory_header(&answer.trajectory_id);
-    if !req.stream {
-        let body = response_body(state, &answer, shape);
-        return (headers, axum::Json(body)).into_response();
+    fn overhead_label(&self) -> &'static str {
+        "chat"
     }
-    let chunks = Chunks::new(state, "chat.completion.chunk", answer.created, shape);
-    let encoder = ChatEncoder::new(chunks, None, false);
-    sse_response(state, headers, move |tx| {
-        stream::replay(answer, encoder, tx)
-    })
-}
 
-/// Builds the prompt from the trajectory's history (exact or template mode).
-async fn prepare(state: &AppState, tid: &str, req: &ChatRequest) -> Result<Prepared, ApiError> {
-    if req.continue_final_message.unwrap_or(false) {
-        let ids = render_continuation(state, req)?;
-        return Ok(state.trajectories.prepare_root(tid, ids).await?);
+    fn body(&self, state: &AppState, answer: &Answer) -> Result<Response, ApiError> {
+        Ok(axum::Json(response_body(state, answer, self.shape)).into_response())
     }
-    let input = ChatInput {
-        messages: &req.messages,
-        tools: req.tools.as_deref(),
-        kwargs: req.chat_template_kwargs.as_ref(),
-        add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
-    };
-    Ok(state.trajectories.prepare_chat(tid, input).await?)
-}
 
-/// `continue_final_message` prompts: rendered without a generation prompt
-/// (unless asked) and cut right after the final message's content.
-fn render_continuation(state: &AppState, req: &ChatRequest) -> Result<Vec<u32>, ApiError> {
-    let renderer = &state.renderer;
-    run_render_work(render_bytes(&req.messages, req.tools.as_deref()), || {
-        let input = RenderInput {
-            messages: &req.messages,
-            tools: req.tools.as_deref(),
-            add_generation_prompt: req.add_generation_prompt.unwrap_or(false),
-            kwargs: req.chat_template_kwargs.as_ref(),
-        };
-        let text = cut_after_final_message(renderer.render(&input)?, &req.messages)?;
-        Ok(renderer.encode(&text)?)
-    })
-}
-
-/// `continue_final_message`: the prompt ends right after the final message's
-/// content, so the model continues it instead of starting a new turn.
-fn cut_after_final_message(mut text: String, messages: &[Json]) -> Result<String, ApiError> {
-    let content = messages
-        .last()
-        .and_then(|m| m.get("content"))
-        .and_then(Json::as_str)
-        .unwrap_or_default();
-    match text.rfind(content) {
-        Some(pos) if !content.is_empty() => {
-            text.truncate(pos + content.len());
-            Ok(text)
-        }
-        _ => Err(ApiError::invalid(
-            "continue_final_message",
-            "the final message's content was not found in the rendered prompt",
-        )),
+    fn stream(
+        &self,
+        state: &AppState,
+        created: u64,
+        parsing: Option<Arc<ParseSetup>>,
+        forced: bool,
+    ) -> ChatEncoder {
+        let chunks = Chunks::new(state, "chat.completion.chunk", created, self.shape);
+        ChatEncoder::new(chunks, parsing, forced)
     }
 }
 
@@ -446,27 +337,21 @@ impl ChatChunks {
 /// tool calls are sent once the call is recorded.
 struct ChatEncoder {
     chunks: ChatChunks,
-    parsing: Option<Arc<ParseSetup>>,
-    parsers: Vec<Option<ChatStream>>,
-    forced: bool,
+    deltas: Deltas,
 }
 
 impl ChatEncoder {
     fn new(chunks: ChatChunks, parsing: Option<Arc<ParseSetup>>, forced: bool) -> Self {
         ChatEncoder {
             chunks,
-            parsing,
-            parsers: Vec::new(),
-            forced,
+            deltas: Deltas::new(parsing, forced),
         }
     }
 }
 
 impl Encoder for ChatEncoder {
     fn open(&mut self, id: &str, prompts: &[Arc<Vec<u32>>], n: u32) -> Vec<Out> {
-        self.parsers = (0..n)
-            .map(|i| self.parsing.as_ref().map(|p| p.stream(i)))
-            .collect();
+        self.deltas.open(n);
         let prompt = prompts.first();
         (0..n)
             .map(|i| {
@@ -477,28 +362,19 @@ impl Encoder for ChatEncoder {
     }
 
     fn delta(&mut self, id: &str, ev: &ChoiceEvent) -> Vec<Out> {
-        let deltas = match self
-            .parsers
-            .get_mut(ev.index as usize)
-            .and_then(Option::as_mut)
-        {
-            Some(p) => {
-                let mut events = p.push(&ev.text);
-                if ev.finish.is_some() {
-                    events.extend(p.finish());
-                }
-                events.iter().map(|e| e.to_openai_delta()).collect()
-            }
-            None if !ev.text.is_empty() && !self.forced => vec![json!({"content": ev.text})],
-            None => Vec::new(),
-        };
+        let deltas = self
+            .deltas
+            .of(ev)
+            .iter()
+            .map(DeltaEvent::to_openai_delta)
+            .collect();
         let chunks = self.chunks.deltas(id, ev, deltas);
         chunks.iter().map(Out::json).collect()
     }
 
     fn end(&mut self, answer: &Answer) -> Vec<Out> {
         let mut out = Vec::new();
-        if self.forced {
+        if self.deltas.forced() {
             for r in &answer.choices {
                 let ev = ChoiceEvent {
                     index: r.index,

@@ -1,6 +1,7 @@
 //! HTTP layer: routes, shared state, server start-up and shutdown.
 //!
-//! Owns: the OpenAI-compatible surface (also under `/t/{trajectory_id}`),
+//! Owns: the OpenAI-compatible surfaces (Chat Completions, Completions,
+//! Responses) and Anthropic's Messages, also under `/t/{trajectory_id}`;
 //! trajectory id resolution, the context-window check. Must not: render
 //! templates or speak backend wire formats itself (see `render`, `backend`).
 
@@ -11,10 +12,13 @@ mod chat;
 mod completions;
 pub mod export;
 mod logprobs;
+mod messages;
 mod metrics;
 mod openapi;
 pub mod request;
 pub mod request_id;
+mod responses;
+mod run;
 mod sse;
 mod stream;
 pub mod trajectories;
@@ -356,6 +360,27 @@ pub(crate) fn check_extra_info(v: Option<&serde_json::Value>, param: &str) -> Re
 
 /// The named trajectory, or a new one. A new id is registered as an empty
 /// trajectory so its first call does not look for history in the store.
+/// The prompt tokens `chat` (a chat request body, a surface's translation)
+/// renders to with the served model's template, as a new conversation
+/// ending in the assistant's turn.
+pub(crate) fn count_prompt_tokens(
+    state: &AppState,
+    chat: &serde_json::Value,
+) -> Result<usize, ApiError> {
+    let mut req: request::ChatRequest = request::parse_value(chat)?;
+    req.check()?;
+    crate::trajectory::normalize::messages(&mut req.messages, state.renderer.content_format());
+    let input = crate::render::RenderInput {
+        messages: &req.messages,
+        tools: req.tools.as_deref(),
+        add_generation_prompt: true,
+        kwargs: req.chat_template_kwargs.as_ref(),
+    };
+    let bytes = crate::trajectory::messages::render_bytes(&req.messages, req.tools.as_deref());
+    let ids = crate::render::run_render_work(bytes, || state.renderer.render_ids(&input))?;
+    Ok(ids.len())
+}
+
 pub fn trajectory_id(state: &AppState, named: Option<String>) -> String {
     named.unwrap_or_else(|| {
         let id = new_trajectory_id();
@@ -534,6 +559,8 @@ fn v1_routes() -> axum::Router<AppState> {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/models", get(models))
         .route("/v1/models/{model}", get(model))
+        .merge(responses::routes())
+        .merge(messages::routes())
 }
 
 pub fn build_app(state: AppState) -> axum::Router {

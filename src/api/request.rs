@@ -29,7 +29,16 @@ pub fn parse_body<T: DeserializeOwned + WithSampling>(body: &Bytes) -> Result<(T
     Ok((req, value))
 }
 
-fn parse_json(body: &Bytes) -> Result<Json, ApiError> {
+/// Reads a request already parsed as JSON (a surface's translation) into
+/// `T` plus its sampling fields, naming the offending field on error.
+pub fn parse_value<T: DeserializeOwned + WithSampling>(value: &Json) -> Result<T, ApiError> {
+    let mut req: T = from_json(value)?;
+    req.set_sampling(from_json(value)?);
+    Ok(req)
+}
+
+/// The body as a JSON object: malformed JSON, or another value, is a 400.
+pub fn parse_json(body: &Bytes) -> Result<Json, ApiError> {
     if body.is_empty() {
         return Err(ApiError::bad_request(
             "request body is empty; expected a JSON object",

@@ -11,8 +11,9 @@ use std::sync::Arc;
 use serde_json::Value as Json;
 
 use super::sse::{Gone, SseSender};
-use crate::call::{Answer, CallEvent, ChoiceEvent, Running};
+use crate::call::{Answer, CallEvent, ChoiceEvent, ParseSetup, Running};
 use crate::error::ApiError;
+use crate::parse::{ChatStream, DeltaEvent};
 
 /// One SSE event: an optional `event:` name and its `data:` text.
 pub struct Out {
@@ -25,6 +26,14 @@ impl Out {
     pub fn json(v: &Json) -> Out {
         Out {
             event: None,
+            data: v.to_string(),
+        }
+    }
+
+    /// An `event: name` with `v` as its data.
+    pub fn named(name: &'static str, v: &Json) -> Out {
+        Out {
+            event: Some(name),
             data: v.to_string(),
         }
     }
@@ -114,5 +123,50 @@ async fn finish(tx: &SseSender, enc: &impl Encoder, out: Vec<Out>) -> Result<(),
     match enc.done() {
         Some(done) => tx.send_out(&done).await,
         None => Ok(()),
+    }
+}
+
+/// What each choice's deltas say, as the chat path parses them: through
+/// the tool / reasoning parser when one applies, else the text as content
+/// (none for a forced tool call, whose constrained JSON is no content).
+pub struct Deltas {
+    parsing: Option<Arc<ParseSetup>>,
+    parsers: Vec<Option<ChatStream>>,
+    forced: bool,
+}
+
+impl Deltas {
+    pub fn new(parsing: Option<Arc<ParseSetup>>, forced: bool) -> Self {
+        Deltas {
+            parsing,
+            parsers: Vec::new(),
+            forced,
+        }
+    }
+
+    /// Starts `n` choices.
+    pub fn open(&mut self, n: u32) {
+        self.parsers = (0..n)
+            .map(|i| self.parsing.as_ref().map(|p| p.stream(i)))
+            .collect();
+    }
+
+    /// The events of one delta (the parser's end with the choice's last).
+    pub fn of(&mut self, ev: &ChoiceEvent) -> Vec<DeltaEvent> {
+        match self.parsers.get_mut(ev.index as usize).and_then(Option::as_mut) {
+            Some(p) => {
+                let mut events = p.push(&ev.text);
+                if ev.finish.is_some() {
+                    events.extend(p.finish());
+                }
+                events
+            }
+            None if !ev.text.is_empty() && !self.forced => vec![DeltaEvent::Content(ev.text.clone())],
+            None => Vec::new(),
+        }
+    }
+
+    pub fn forced(&self) -> bool {
+        self.forced
     }
 }

@@ -19,7 +19,8 @@ use super::scan::{scan_markers, Scan};
 use super::stream::DeltaEvent;
 
 const OPEN: &str = "<think>";
-const CLOSE: &str = "</think>";
+/// The tag that ends reasoning.
+pub const CLOSE: &str = "</think>";
 
 /// True when the rendered prompt ends inside an opened `<think>` block
 /// (e.g. Qwen3-Thinking-2507 or DeepSeek-R1-0528 generation prompts).

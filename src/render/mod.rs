@@ -100,6 +100,8 @@ pub struct Renderer {
     /// `bos_token`, `eos_token`, ... and named extra special tokens).
     template_vars: serde_json::Map<String, Json>,
     content_format: ContentFormat,
+    /// The chat template's source, for [`Renderer::template_reads`].
+    template_source: String,
     /// Tokens in the vocabulary, added ones included (counted once, here).
     vocab_size: u32,
     /// Whether vocabulary pieces are GPT-2 byte-level strings (each char
@@ -162,6 +164,7 @@ impl Renderer {
             .ok_or(RenderError::NoTemplate)?;
         let template_sha256 = sha256_hex(template.as_bytes());
         let content_format = detect_content_format(&template);
+        let template_source = template.clone();
         let env = template::build_env(template)?;
         let mut template_vars = serde_json::Map::new();
         for (name, value) in [
@@ -199,6 +202,20 @@ impl Renderer {
             template_sha256,
             template_vars,
             content_format,
+            template_source,
+        })
+    }
+
+    /// Whether the chat template reads the variable `name` (a word of its
+    /// source), e.g. `enable_thinking` or `reasoning_effort`: only then is
+    /// a surface's switch for it passed as a template kwarg.
+    pub fn template_reads(&self, name: &str) -> bool {
+        let src = self.template_source.as_str();
+        let is_word = |c: char| c.is_ascii_alphanumeric() || c == '_';
+        src.match_indices(name).any(|(i, _)| {
+            let before = src[..i].chars().next_back();
+            let after = src[i + name.len()..].chars().next();
+            !before.is_some_and(is_word) && !after.is_some_and(is_word)
         })
     }
 

@@ -133,6 +133,7 @@ pub(super) struct NewCall {
     pub response_used: usize,
     pub parent: Option<Arc<HotCall>>,
     pub truncated: bool,
+    pub instructions: usize,
 }
 
 /// A served call as the hot view keeps it.
@@ -160,6 +161,9 @@ pub struct HotCall {
     /// See [`HotCall::noncanonical_at`]; computed on first use.
     noncanonical: OnceLock<Option<usize>>,
     pub truncated: bool,
+    /// Leading request messages from the request's own instructions (see
+    /// `CallContext::instructions`).
+    pub instructions: usize,
 }
 
 /// Drops a call's line of ancestors one by one: the default drop would
@@ -201,6 +205,7 @@ impl HotCall {
             parent: c.parent,
             noncanonical: OnceLock::new(),
             truncated: c.truncated,
+            instructions: c.instructions,
         }
     }
 
@@ -450,6 +455,7 @@ mod tests {
             response_used: 0,
             parent: parent.cloned(),
             truncated: false,
+            instructions: 0,
         }
     }
 

@@ -31,6 +31,7 @@ use crate::backend::FinishReason;
 use crate::config::{HistoryMode, TrajectoryConfig};
 use crate::error::ApiError;
 use crate::render::Renderer;
+use crate::surface::{Api, Switches};
 use crate::store::{
     now_ms, CallRecord, DynStore, SegmentKind, StoreError, TrajectoryMeta, TrajectoryMetadata,
 };
@@ -135,6 +136,15 @@ pub struct CallContext {
     /// Normalization rules applied to the request before rendering
     /// (see [`normalize`]).
     pub normalized: Vec<&'static str>,
+    /// The surface the request came through.
+    pub api: Api,
+    /// The id the call's answer stays retrievable by (a Responses call
+    /// with `store` on).
+    pub response_id: Option<String>,
+    /// Leading messages that come from the request's own instructions (a
+    /// Responses call's `instructions`), which a call continuing this one
+    /// by `previous_response_id` does not inherit.
+    pub instructions: usize,
 }
 
 pub struct Trajectories {
@@ -143,6 +153,8 @@ pub struct Trajectories {
     config: TrajectoryConfig,
     end_of_turn: Vec<(u32, String)>,
     hot: Mutex<hot::HotMap>,
+    /// The template switches the other surfaces may set.
+    switches: Switches,
 }
 
 /// Store reloads one commit may do after finding its call slot taken.
@@ -151,10 +163,15 @@ const MAX_RELOADS: u32 = 3;
 impl Trajectories {
     pub fn new(store: DynStore, renderer: Arc<Renderer>, config: TrajectoryConfig) -> Self {
         let end_of_turn = end_of_turn_tokens(&renderer);
+        let switches = Switches {
+            reasoning_effort: renderer.template_reads("reasoning_effort"),
+            enable_thinking: renderer.template_reads("enable_thinking"),
+        };
         Trajectories {
             store,
             renderer,
             end_of_turn,
+            switches,
             hot: Mutex::new(hot::HotMap::new(config.hot_bytes)),
             config,
         }
@@ -166,6 +183,30 @@ impl Trajectories {
 
     pub fn mode(&self) -> HistoryMode {
         self.config.history
+    }
+
+    /// The chat template's switches the Responses and Messages surfaces set
+    /// when it reads them.
+    pub fn switches(&self) -> Switches {
+        self.switches
+    }
+
+    /// The conversation a Responses call continuing call `call` of `tid`
+    /// (by `previous_response_id`) starts from: that call's messages
+    /// without its own instructions, then the message it served. `None`
+    /// when the trajectory has no such call or no later turn continues it.
+    pub async fn conversation(
+        &self,
+        tid: &str,
+        call: u32,
+    ) -> Result<Option<Vec<Json>>, TrajectoryError> {
+        let state = self.loaded(tid).await?;
+        let st = state.lock().await;
+        let Some(c) = st.calls.iter().find(|c| c.call_index == call) else {
+            return Ok(None);
+        };
+        Ok(c.messages()
+            .map(|m| crate::surface::responses::continued(&m, c.instructions, &c.served)))
     }
 
     /// Ids of the end-of-turn tokens (EOS and friends) found in the vocabulary.
@@ -413,6 +454,9 @@ impl Trajectories {
                 truncated,
                 normalized: ctx.normalized.iter().map(|s| s.to_string()).collect(),
                 request_of,
+                api: Some(ctx.api.as_str().to_string()),
+                // One call holds an id: the first choice's.
+                response_id: ctx.response_id.clone().filter(|_| indices.is_empty()),
             };
             match self.store.append_call(record).await {
                 Ok(()) => {}
@@ -460,6 +504,7 @@ impl Trajectories {
                 response_used,
                 parent: prepared.parent.clone(),
                 truncated,
+                instructions: ctx.instructions,
             }));
             st.push(call);
             indices.push(call_index);

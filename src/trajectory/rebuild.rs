@@ -23,6 +23,7 @@ use super::messages::{self, PrefixHasher};
 use super::{extend_segments, hot, normalize, TrajState, Trajectories, TrajectoryError};
 use crate::render::Renderer;
 use crate::store::{CallRecord, Trajectory, TrajectoryMeta, TrajectoryStatus};
+use crate::surface::{self, Api};
 
 /// What the rebuild knows of a call that later calls may continue.
 struct Built {
@@ -81,20 +82,60 @@ impl Trajectories {
     ) -> Result<(), TrajectoryError> {
         let mut built = HashMap::new();
         let mut bodies: HashMap<u32, Option<Arc<Vec<Json>>>> = HashMap::new();
+        // The chat requests of calls made through another surface, as they
+        // were translated live (their tools and kwargs are the render
+        // context), and each stored response's conversation, which a later
+        // call's `previous_response_id` continues.
+        let mut translated: HashMap<u32, (Json, usize)> = HashMap::new();
+        let mut conversations: HashMap<String, Vec<Json>> = HashMap::new();
         for i in 0..calls.len() {
+            let api = calls[i].api.as_deref().and_then(Api::from_name);
             let messages = match calls[i].request_of {
                 Some(first) => bodies.get(&first).cloned().flatten(),
                 None => {
-                    let m = self.messages_of(&mut calls[i].request);
+                    let m = match api.filter(|a| matches!(a, Api::Responses | Api::Messages)) {
+                        Some(a) => {
+                            let chat = surface::chat_request(
+                                a,
+                                &calls[i].request,
+                                |id| conversations.get(id).cloned(),
+                                self.switches(),
+                            );
+                            let m = chat.as_ref().and_then(|(c, _)| self.translated_messages(c));
+                            if let Some(t) = chat {
+                                translated.insert(calls[i].call_index, t);
+                            }
+                            m
+                        }
+                        None => self.messages_of(&mut calls[i].request),
+                    };
                     bodies.insert(calls[i].call_index, m.clone());
                     m
                 }
             };
             let rec = &calls[i];
-            let request = crate::store::request_of(calls, rec);
-            self.rebuild_call(st, &mut built, rec, request, messages)?;
+            let first = rec.request_of.unwrap_or(rec.call_index);
+            let request = match translated.get(&first) {
+                Some((chat, _)) => chat,
+                None => crate::store::request_of(calls, rec),
+            };
+            let instructions = translated.get(&first).map_or(0, |(_, n)| *n);
+            self.rebuild_call(st, &mut built, rec, request, messages.clone(), instructions)?;
+            if let (Some(id), Some(m)) = (&rec.response_id, &messages) {
+                let conversation =
+                    surface::responses::continued(m, instructions, &rec.response);
+                conversations.insert(id.clone(), conversation);
+            }
         }
         Ok(())
+    }
+
+    /// A translated chat request's messages, normalized as the live call
+    /// normalized them.
+    fn translated_messages(&self, chat: &Json) -> Option<Arc<Vec<Json>>> {
+        let mut list = chat.get("messages")?.as_array()?.clone();
+        normalize::messages(&mut list, self.renderer.content_format());
+        Some(Arc::new(list))
     }
 
     /// The messages of a stored `request`, normalized as the live call
@@ -122,6 +163,7 @@ impl Trajectories {
         rec: &CallRecord,
         request: &Json,
         messages: Option<Arc<Vec<Json>>>,
+        instructions: usize,
     ) -> Result<(), TrajectoryError> {
         if let Some(p) = rec.parent_call.filter(|p| !built.contains_key(p)) {
             // A call of the view: its text is taken as not joinable and its
@@ -181,6 +223,7 @@ impl Trajectories {
             sampled_text: hot::kept_text(info.text),
             parent: parent.map(|b| b.call.clone()),
             truncated: rec.truncated,
+            instructions,
         }));
         st.push(call.clone());
         built.insert(

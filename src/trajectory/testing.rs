@@ -20,6 +20,9 @@ pub fn context(tid: &str, request: Json, messages: Option<Vec<Json>>) -> CallCon
         started_at: 0,
         weight_version: None,
         normalized: Vec::new(),
+        api: crate::surface::Api::Chat,
+        response_id: None,
+        instructions: 0,
     }
 }
 
