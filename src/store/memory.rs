@@ -8,9 +8,9 @@ use async_trait::async_trait;
 
 use super::types::{clamp_limit, now_ms, parse_cursor};
 use super::{
-    new_cursor, validate_call, Acked, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore,
-    StoreError, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
-    TrajectoryStatus,
+    new_cursor, validate_call, Acked, CallRecord, Lease, ListQuery, Page, ResponseRef,
+    SampleReplay, SpanStore, StoreError, Trajectory, TrajectoryFilter, TrajectoryIter,
+    TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
 };
 
 #[derive(Default)]
@@ -26,6 +26,9 @@ struct Inner {
     /// (consumer, cursor) acknowledged.
     acked_cursors: HashSet<(String, String)>,
     weight_version: Option<String>,
+    /// Every response id ever recorded: the call holding it, `None` once
+    /// forgotten (the id stays taken).
+    responses: HashMap<String, Option<(String, u32)>>,
 }
 
 #[derive(Clone, Default)]
@@ -149,6 +152,15 @@ impl SpanStore for MemoryStore {
         if call.parent_call.is_some() && !inner.seq_of.contains_key(&call.trajectory_id) {
             return Err(missing_parent(&call));
         }
+        if let Some(id) = &call.response_id {
+            if inner.responses.contains_key(id) {
+                return Err(StoreError::ResponseIdTaken(id.clone()));
+            }
+        }
+        let response = call
+            .response_id
+            .clone()
+            .map(|id| (id, (call.trajectory_id.clone(), call.call_index)));
         let traj = inner.get_or_create(&call.trajectory_id, now)?;
         if traj.meta.status == TrajectoryStatus::Finished {
             return Err(StoreError::Finished(call.trajectory_id.clone()));
@@ -178,6 +190,9 @@ impl SpanStore for MemoryStore {
         m.next_call_index = m.next_call_index.max(call.call_index + 1);
         m.next_sample_index = m.next_sample_index.max(call.sample_index + 1);
         traj.calls.insert(pos, call);
+        if let Some((id, at)) = response {
+            inner.responses.insert(id, Some(at));
+        }
         Ok(())
     }
 
@@ -399,6 +414,36 @@ impl SpanStore for MemoryStore {
                 None
             },
         })
+    }
+
+    async fn find_response(&self, response_id: &str) -> Result<Option<ResponseRef>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .responses
+            .get(response_id)
+            .and_then(Option::as_ref)
+            .map(|(trajectory_id, call_index)| ResponseRef {
+                trajectory_id: trajectory_id.clone(),
+                call_index: *call_index,
+            }))
+    }
+
+    async fn forget_response(&self, response_id: &str) -> Result<bool, StoreError> {
+        let mut inner = self.lock();
+        let Some(slot) = inner.responses.get_mut(response_id) else {
+            return Ok(false);
+        };
+        let Some((trajectory, index)) = slot.take() else {
+            return Ok(false);
+        };
+        if let Ok(traj) = inner.get_mut(&trajectory) {
+            if let Ok(pos) = traj.calls.binary_search_by_key(&index, |c| c.call_index) {
+                if let Some(c) = traj.calls.get_mut(pos) {
+                    c.response_id = None;
+                }
+            }
+        }
+        Ok(true)
     }
 
     fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError> {

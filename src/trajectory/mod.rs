@@ -413,6 +413,8 @@ impl Trajectories {
                 truncated,
                 normalized: ctx.normalized.iter().map(|s| s.to_string()).collect(),
                 request_of,
+                api: None,
+                response_id: None,
             };
             match self.store.append_call(record).await {
                 Ok(()) => {}

@@ -7,7 +7,8 @@
 //! It refuses (returns an error, and the writer redoes the batch call by
 //! call, see [`super::writer`]) whenever a call would be refused on its own:
 //! a finished trajectory, a parent that is neither stored nor earlier in the
-//! run, a call slot already taken (the `COPY` fails on the primary key). So
+//! run, a call slot already taken (the `COPY` fails on the primary key), a
+//! response id taken (the insert into `responses` fails on its key). So
 //! when it succeeds, the rows are exactly those the call-by-call path would
 //! have written.
 
@@ -44,14 +45,19 @@ const PARENTS_MANY: &str = "SELECT c.traj, c.call_index FROM calls c \
 const COPY_CALLS: &str = "COPY calls (traj, call_index, sample_index, parent_call, backend, \
      started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
      response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
-     template_sha256, reward, truncated, normalized, request_of, message_refs) \
+     template_sha256, reward, truncated, normalized, request_of, message_refs, api, response_id) \
      FROM STDIN (FORMAT binary)";
 
 /// The messages the run's bodies keep apart (see the writer's `APPEND_SQL`).
 const MESSAGES_MANY: &str = "INSERT INTO request_messages (traj, sha256, body) \
      SELECT * FROM unnest($1::BIGINT[], $2::BYTEA[], $3::TEXT[]) ON CONFLICT DO NOTHING";
 
-const COPY_TYPES: [Type; 24] = [
+/// The run's response ids (see the writer's `APPEND_SQL`); one taken
+/// before fails the statement, and the run goes call by call.
+const RESPONSES_MANY: &str = "INSERT INTO responses (response_id, traj, call_index) \
+     SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[])";
+
+const COPY_TYPES: [Type; 26] = [
     Type::INT8,
     Type::INT8,
     Type::INT8,
@@ -76,6 +82,8 @@ const COPY_TYPES: [Type; 24] = [
     Type::TEXT,
     Type::INT8,
     Type::BYTEA,
+    Type::TEXT,
+    Type::TEXT,
 ];
 
 const COUNT_MANY: &str = "UPDATE trajectories t SET updated_at = GREATEST(t.updated_at, $7), \
@@ -165,7 +173,7 @@ pub(super) async fn append_many(
     let mut counts: BTreeMap<i64, Counts> = BTreeMap::new();
     for (c, p) in calls.iter().zip(&params) {
         let seq = seq_of(c)?;
-        let mut row: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(24);
+        let mut row: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(COPY_TYPES.len());
         row.push(&seq);
         row.extend(p.columns());
         writer.as_mut().write(&row).await?;
@@ -192,6 +200,21 @@ pub(super) async fn append_many(
         let messages = conn.prep(MESSAGES_MANY).await?;
         conn.client
             .execute(&messages, &[&trajs, &digests, &bodies])
+            .await?;
+    }
+
+    let (mut responses, mut trajs, mut indexes) = (Vec::new(), Vec::new(), Vec::new());
+    for (c, p) in calls.iter().zip(&params) {
+        if let Some(id) = &p.response_id {
+            responses.push(id);
+            trajs.push(seq_of(c)?);
+            indexes.push(p.call_index);
+        }
+    }
+    if !responses.is_empty() {
+        let insert = conn.prep(RESPONSES_MANY).await?;
+        conn.client
+            .execute(&insert, &[&responses, &trajs, &indexes])
             .await?;
     }
 
@@ -260,6 +283,8 @@ pub(super) mod tests {
             truncated: index == 3,
             normalized: vec!["developer_as_system".into()],
             request_of: None,
+            api: Some("chat".into()),
+            response_id: None,
         }
     }
 

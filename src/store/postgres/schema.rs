@@ -5,7 +5,8 @@
 //! or the new version, never in between. Only append to [`MIGRATIONS`].
 //!
 //! The layout follows the SQLite schema (`store::sqlite::schema`; version 1
-//! here is its version 8, version 2 its 9 and 10, version 4 its 11): every integer is
+//! here is its version 8, version 2 its 9 and 10, version 4 its 11, version 5
+//! its 13): every integer is
 //! `BIGINT`, token ids and logprobs are `BYTEA` in the
 //! [`crate::store::codec`] layout, and JSON is `TEXT`, not `JSONB`, so a
 //! stored request keeps its key order byte for byte.
@@ -139,6 +140,20 @@ const MIGRATIONS: &[&str] = &[
         PRIMARY KEY (traj, sha256)
     );
     ALTER TABLE calls ADD COLUMN message_refs BYTEA;
+    "#,
+    // 5: SQLite's migration 13: a call's surface (`api`) and the id its
+    // answer is retrieved by (`response_id`), NULL for calls stored before;
+    // each response id ever recorded once in `responses`, with the call
+    // holding it (NULL once forgotten: the id stays taken, on every
+    // replica, by its primary key).
+    r#"
+    ALTER TABLE calls ADD COLUMN api TEXT;
+    ALTER TABLE calls ADD COLUMN response_id TEXT;
+    CREATE TABLE responses (
+        response_id TEXT PRIMARY KEY,
+        traj BIGINT,
+        call_index BIGINT
+    );
     "#,
 ];
 

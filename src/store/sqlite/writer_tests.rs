@@ -38,6 +38,8 @@ fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
         truncated: false,
         normalized: Vec::new(),
         request_of: None,
+        api: None,
+        response_id: None,
     }
 }
 
