@@ -358,17 +358,19 @@ pub(crate) fn count(conn: &Connection, filter: &TrajectoryFilter) -> Result<u64,
     Ok(u64::try_from(n).unwrap_or(0))
 }
 
+/// The trajectory id and key of the call holding response id `?1` (a
+/// call's key is its trajectory's seq times 2^32 plus its index).
+pub(crate) const FIND_RESPONSE_SQL: &str = "SELECT t.id, r.call_key FROM responses r \
+     JOIN trajectories t ON t.seq = r.call_key >> 32 \
+     WHERE r.response_id = ?1 AND r.call_key IS NOT NULL";
+
 /// The trajectory id and call index of the call holding `response_id`.
 pub(crate) fn find_response(
     conn: &Connection,
     response_id: &str,
 ) -> Result<Option<ResponseRef>, StoreError> {
     let found: Option<(String, i64)> = conn
-        .prepare_cached(
-            "SELECT t.id, r.call_key FROM responses r \
-             JOIN trajectories t ON t.seq = r.call_key >> 32 \
-             WHERE r.response_id = ?1 AND r.call_key IS NOT NULL",
-        )?
+        .prepare_cached(FIND_RESPONSE_SQL)?
         .query_row(params![response_id], |r| Ok((r.get(0)?, r.get(1)?)))
         .optional()?;
     found

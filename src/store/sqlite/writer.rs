@@ -59,7 +59,7 @@ impl Writing {
     /// `checkpointer`.
     pub(crate) fn new(conn: Connection, checkpointer: Checkpointer) -> Self {
         conn.wal_hook(Some(note_wal_frames));
-        // The writing connection caches 30 statements (17 in writer.rs, 11
+        // The writing connection caches 31 statements (18 in writer.rs, 11
         // in consumers.rs, two from rows.rs), more than rusqlite's default
         // of 16 keeps.
         conn.set_prepared_statement_cache_capacity(64);
@@ -531,14 +531,15 @@ fn take_response_id(conn: &Connection, response_id: &str, key: i64) -> Result<()
 fn forget_response(conn: &Connection, response_id: &str) -> Result<bool, StoreError> {
     let key: Option<i64> = conn
         .prepare_cached(
-            "UPDATE responses SET call_key = NULL \
-             WHERE response_id = ?1 AND call_key IS NOT NULL RETURNING call_key",
+            "SELECT call_key FROM responses WHERE response_id = ?1 AND call_key IS NOT NULL",
         )?
         .query_row(params![response_id], |r| r.get(0))
         .optional()?;
     let Some(key) = key else {
         return Ok(false);
     };
+    conn.prepare_cached("UPDATE responses SET call_key = NULL WHERE response_id = ?1")?
+        .execute(params![response_id])?;
     conn.prepare_cached("UPDATE calls SET response_id = NULL WHERE call_key = ?1")?
         .execute(params![key])?;
     Ok(true)
