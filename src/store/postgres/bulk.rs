@@ -242,8 +242,8 @@ pub(super) mod tests {
     use super::super::rows::{load, Key};
     use super::super::{rows, schema, writer, Conn};
     use super::LOCK_MANY;
-    use crate::store::group_commit::{Job, Op};
-    use crate::store::{Bodies, CallRecord, StoreError, Trajectory, TrajectoryFilter};
+    use crate::store::group_commit::{Done, Job, Op};
+    use crate::store::{Bodies, CallRecord, ResponseRef, StoreError, Trajectory, TrajectoryFilter};
 
     /// A fresh database on the test cluster (`TITO_TEST_POSTGRES`, started by
     /// scripts/test.sh), connected and migrated.
@@ -511,6 +511,112 @@ pub(super) mod tests {
             .await
             .expect("query");
         assert!(u.is_none(), "a refused first call leaves no trajectory");
+    }
+
+    /// A call that records its answer under `id`.
+    fn answered(traj: &str, index: u32, parent: Option<u32>, id: &str) -> CallRecord {
+        CallRecord {
+            api: Some("responses".into()),
+            response_id: Some(id.into()),
+            ..call(traj, index, parent)
+        }
+    }
+
+    /// A run whose calls record response ids goes in whole by `COPY`, each
+    /// id found; in a run where one call takes an id recorded before (held,
+    /// or forgotten) the fast path refuses, and call by call that call
+    /// alone fails, with `ResponseIdTaken`.
+    #[tokio::test]
+    async fn response_ids_go_in_with_a_run_and_a_taken_one_fails_alone() {
+        let mut conn = database().await;
+        let run: Vec<CallRecord> = (0..10)
+            .map(|i| answered("run", i, i.checked_sub(1), &format!("resp_{i}")))
+            .collect();
+        let outcomes = writer::commit_all(&mut conn, &jobs(run.clone())).await;
+        let outcomes = outcomes.expect("the run commits whole");
+        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+        let t = load(&mut conn, Key::Id("run"), Bodies::Read)
+            .await
+            .expect("load")
+            .expect("stored");
+        assert_eq!(t.calls, run);
+        let found = rows::find_response(&mut conn, "resp_3")
+            .await
+            .expect("find");
+        assert_eq!(
+            found,
+            Some(ResponseRef {
+                trajectory_id: "run".into(),
+                call_index: 3
+            })
+        );
+        let forget = Op::ForgetResponse {
+            trajectory: "run".into(),
+            response_id: "resp_4".into(),
+        };
+        let out = writer::commit_batch(
+            &mut conn,
+            &mut [Job {
+                op: forget,
+                ack: None,
+            }],
+        )
+        .await;
+        assert!(matches!(out[0], Ok(Done::Forgot(true))), "{out:?}");
+
+        for taken in ["resp_3", "resp_4"] {
+            let mut run: Vec<CallRecord> = (0..10)
+                .map(|i| answered(&format!("{taken}-{i}"), 0, None, &format!("{taken}_{i}")))
+                .collect();
+            run[5].response_id = Some(taken.into());
+            assert!(
+                writer::commit_all(&mut conn, &jobs(run.clone()))
+                    .await
+                    .is_err(),
+                "{taken}: the fast path refuses the run"
+            );
+            let mut batch = jobs(run);
+            let outcomes = writer::commit_batch(&mut conn, &mut batch).await;
+            let failed: Vec<(String, u32)> = slots(&batch)
+                .into_iter()
+                .zip(&outcomes)
+                .filter(|(_, o)| o.is_err())
+                .map(|(slot, _)| slot)
+                .collect();
+            assert_eq!(failed, [(format!("{taken}-5"), 0)], "{outcomes:?}");
+            assert!(
+                outcomes
+                    .iter()
+                    .any(|o| matches!(o, Err(StoreError::ResponseIdTaken(id)) if id == taken)),
+                "{outcomes:?}"
+            );
+            let made = conn
+                .client
+                .query_opt(
+                    "SELECT 1 FROM trajectories WHERE id = $1",
+                    &[&format!("{taken}-5")],
+                )
+                .await
+                .expect("query");
+            assert!(
+                made.is_none(),
+                "{taken}: the refused call made no trajectory"
+            );
+        }
+        let held: i64 = conn
+            .client
+            .query_one(
+                "SELECT count(*) FROM calls WHERE response_id IS NOT NULL",
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        assert_eq!(
+            held,
+            9 + 9 + 9,
+            "resp_4 forgotten; one call of each later run refused"
+        );
     }
 
     /// Another replica's run holds a trajectory row while this writer

@@ -319,4 +319,25 @@ mod tests {
             "{filter}"
         );
     }
+
+    /// A response is found by its id with one lookup in `responses` and
+    /// one in `trajectories`, both by key.
+    #[test]
+    fn a_response_is_found_by_key_lookups() {
+        let mut conn = Connection::open_in_memory().expect("open");
+        migrate(&mut conn).expect("migrate");
+        let found = plan(
+            &conn,
+            super::super::rows::FIND_RESPONSE_SQL,
+            params!["resp_1"],
+        );
+        assert!(
+            found.contains("SEARCH r USING PRIMARY KEY (response_id=?)"),
+            "{found}"
+        );
+        assert!(
+            found.contains("SEARCH t USING INTEGER PRIMARY KEY (rowid=?)"),
+            "{found}"
+        );
+    }
 }
