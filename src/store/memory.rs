@@ -149,13 +149,19 @@ impl SpanStore for MemoryStore {
         call.response = Arc::new(serde_json::Value::clone(&call.response));
         let now = now_ms();
         let mut inner = self.lock();
-        if call.parent_call.is_some() && !inner.seq_of.contains_key(&call.trajectory_id) {
+        let exists = inner.seq_of.contains_key(&call.trajectory_id);
+        if call.parent_call.is_some() && !exists {
             return Err(missing_parent(&call));
         }
-        if let Some(id) = &call.response_id {
-            if inner.responses.contains_key(id) {
-                return Err(StoreError::ResponseIdTaken(id.clone()));
-            }
+        // Refused after every other check, as the durable stores refuse it
+        // (they record the id once the call's row is in), and before a new
+        // trajectory is made for it.
+        let taken = call
+            .response_id
+            .clone()
+            .filter(|id| inner.responses.contains_key(id));
+        if let (Some(id), false) = (&taken, exists) {
+            return Err(StoreError::ResponseIdTaken(id.clone()));
         }
         let response = call
             .response_id
@@ -182,6 +188,9 @@ impl SpanStore for MemoryStore {
             }
             Err(pos) => pos,
         };
+        if let Some(id) = taken {
+            return Err(StoreError::ResponseIdTaken(id));
+        }
         let m = &mut traj.meta;
         m.updated_at = m.updated_at.max(now);
         m.num_calls += 1;
