@@ -358,8 +358,8 @@ const CREATE_SQL: &str = "INSERT INTO trajectories (id, status, created_at, upda
 
 /// One call, in one statement: insert it when its trajectory is active and
 /// its parent is stored, record its response id (an id taken before fails
-/// the statement on `responses_pkey`), and count it on the trajectory row. Returns the
-/// trajectory's status and whether the call went in. `FOR NO KEY UPDATE`
+/// the statement on `responses_pkey`), and count it on the trajectory row.
+/// Returns the trajectory's status and whether the call went in. `FOR NO KEY UPDATE`
 /// waits for a finish another replica has not committed yet, then reads its
 /// outcome: a call is never stored after its trajectory's finish. It is the
 /// lock the `UPDATE` below takes anyway: a weaker `FOR SHARE` would let two
