@@ -92,6 +92,8 @@ fn call(traj: &str, i: u32, small: bool) -> CallRecord {
         truncated: false,
         normalized: Vec::new(),
         request_of: None,
+        api: None,
+        response_id: None,
     }
 }
 

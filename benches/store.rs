@@ -46,6 +46,8 @@ fn call(traj: &str, i: u32, delta: u32, sampled: u32) -> CallRecord {
         truncated: false,
         normalized: Vec::new(),
         request_of: None,
+        api: None,
+        response_id: None,
     }
 }
 

@@ -37,6 +37,8 @@ fn call(traj: &str, i: u32, parent: Option<u32>, delta: Vec<u32>, sampled: Vec<u
         truncated: false,
         normalized: Vec::new(),
         request_of: None,
+        api: None,
+        response_id: None,
     }
 }
 

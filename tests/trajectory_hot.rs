@@ -102,6 +102,15 @@ impl SpanStore for KeepSome {
     async fn list_trajectories(&self, query: &ListQuery) -> Result<Page, StoreError> {
         self.inner.list_trajectories(query).await
     }
+    async fn find_response(
+        &self,
+        response_id: &str,
+    ) -> Result<Option<tito::store::ResponseRef>, StoreError> {
+        self.inner.find_response(response_id).await
+    }
+    async fn forget_response(&self, response_id: &str) -> Result<bool, StoreError> {
+        self.inner.forget_response(response_id).await
+    }
     fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError> {
         self.inner.count(filter)
     }

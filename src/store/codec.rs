@@ -47,22 +47,35 @@ pub(crate) fn logprobs_from_bytes(bytes: &[u8]) -> Result<Vec<Option<f32>>, Stri
 /// has a non-empty `messages` list is kept as its text with `messages`
 /// written as null (the key keeps its place) and each message apart, known
 /// by the SHA-256 of its JSON text (each store keeps a trajectory's
-/// distinct messages once). Any other body is kept whole.
+/// distinct messages once). A body without a `messages` key whose `input`
+/// is a non-empty list (a Responses request carries its history there) is
+/// kept the same way on `input`. Any other body is kept whole.
 pub(crate) struct SplitRequest {
     pub text: String,
     /// Each message's JSON text and SHA-256, in order; `None`: kept whole.
     pub messages: Option<Vec<(String, [u8; 32])>>,
 }
 
-/// The body with the value of its `messages` written as null.
-struct Shell<'a>(&'a serde_json::Map<String, serde_json::Value>);
+/// The key a body's list is split on: `messages`, or `input` in a body
+/// without `messages`. A stored shell says which by the same rule, so no
+/// other record of it is kept.
+fn list_key(body: &serde_json::Map<String, serde_json::Value>) -> &'static str {
+    if body.contains_key("messages") {
+        "messages"
+    } else {
+        "input"
+    }
+}
+
+/// The body with the value of its key `.1` written as null.
+struct Shell<'a>(&'a serde_json::Map<String, serde_json::Value>, &'a str);
 
 impl serde::Serialize for Shell<'_> {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap;
         let mut map = s.serialize_map(Some(self.0.len()))?;
         for (k, v) in self.0 {
-            if k == "messages" {
+            if k == self.1 {
                 map.serialize_entry(k, &())?;
             } else {
                 map.serialize_entry(k, v)?;
@@ -85,15 +98,14 @@ pub(crate) fn split_request(
     continues: bool,
 ) -> Result<SplitRequest, StoreError> {
     use sha2::{Digest, Sha256};
-    let split =
-        request
-            .as_object()
-            .filter(|_| continues)
-            .and_then(|body| match body.get("messages") {
-                Some(serde_json::Value::Array(m)) if !m.is_empty() => Some((body, m)),
-                _ => None,
-            });
-    let Some((body, messages)) = split else {
+    let split = request.as_object().filter(|_| continues).and_then(|body| {
+        let key = list_key(body);
+        match body.get(key) {
+            Some(serde_json::Value::Array(m)) if !m.is_empty() => Some((body, key, m)),
+            _ => None,
+        }
+    });
+    let Some((body, key, messages)) = split else {
         return Ok(SplitRequest {
             text: request.to_string(),
             messages: None,
@@ -108,14 +120,15 @@ pub(crate) fn split_request(
         })
         .collect::<Result<Vec<_>, StoreError>>()?;
     Ok(SplitRequest {
-        text: serde_json::to_string(&Shell(body)).map_err(json_error)?,
+        text: serde_json::to_string(&Shell(body, key)).map_err(json_error)?,
         messages: Some(messages),
     })
 }
 
-/// The body a call was made with, from its stored text (`messages` null)
-/// and `refs`, its messages' keys in order, `width` bytes each, which
-/// `message` looks up among the trajectory's stored messages.
+/// The body a call was made with, from its stored text (`messages`, or
+/// `input` in a body without `messages`, null) and `refs`, its messages'
+/// keys in order, `width` bytes each, which `message` looks up among the
+/// trajectory's stored messages.
 pub(crate) fn join_request<'m>(
     mut shell: serde_json::Value,
     refs: &[u8],
@@ -137,13 +150,121 @@ pub(crate) fn join_request<'m>(
                 .ok_or_else(|| corrupt(format!("message {key:02x?} is not stored")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    match shell.get_mut("messages") {
+    let slot = shell.as_object_mut().and_then(|body| {
+        let key = list_key(body);
+        body.get_mut(key)
+    });
+    match slot {
         Some(slot) => *slot = serde_json::Value::Array(list),
         None => {
             return Err(corrupt(
-                "a body whose messages are stored apart has no `messages`".into(),
+                "a body whose messages are stored apart has no `messages` or `input`".into(),
             ))
         }
     }
     Ok(shell)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use serde_json::{json, Value};
+
+    use super::*;
+
+    /// `request` split as a continuing call's body, then joined back from
+    /// its stored text and digests.
+    fn round_trip(request: &Value) -> (SplitRequest, Value) {
+        let split = split_request(request, true).expect("split");
+        let shell: Value = serde_json::from_str(&split.text).expect("shell parses");
+        let Some(items) = &split.messages else {
+            return (split, shell);
+        };
+        let stored: HashMap<[u8; 32], Value> = items
+            .iter()
+            .map(|(text, d)| (*d, serde_json::from_str(text).expect("item parses")))
+            .collect();
+        let refs: Vec<u8> = items.iter().flat_map(|(_, d)| *d).collect();
+        let joined = join_request(shell, &refs, 32, |k| {
+            stored.get(<&[u8; 32]>::try_from(k).ok()?)
+        })
+        .expect("join");
+        (split, joined)
+    }
+
+    #[test]
+    fn an_input_list_is_split_like_messages_and_joined_byte_for_byte() {
+        let text = r#"{"model":"m","instructions":"be brief","input":[{"type":"message","role":"user","content":[{"type":"input_text","text":"hi"}]},{"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\":1}"},{"type":"function_call_output","call_id":"c1","output":"2"}],"store":true,"tools":[]}"#;
+        let request: Value = serde_json::from_str(text).expect("body");
+        let (split, joined) = round_trip(&request);
+        assert_eq!(
+            split.text,
+            r#"{"model":"m","instructions":"be brief","input":null,"store":true,"tools":[]}"#
+        );
+        let items = split.messages.as_ref().expect("split on input");
+        assert_eq!(items.len(), 3);
+        assert_eq!(
+            items[1].0,
+            r#"{"type":"function_call","call_id":"c1","name":"f","arguments":"{\"a\":1}"}"#
+        );
+        assert_eq!(joined.to_string(), text);
+    }
+
+    #[test]
+    fn a_messages_body_splits_as_before_and_input_never_takes_its_place() {
+        let text = r#"{"model":"m","messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"input":[{"role":"user","content":"x"}],"n":1}"#;
+        let request: Value = serde_json::from_str(text).expect("body");
+        let (split, joined) = round_trip(&request);
+        assert_eq!(
+            split.text,
+            r#"{"model":"m","messages":null,"input":[{"role":"user","content":"x"}],"n":1}"#
+        );
+        let items = split.messages.as_ref().expect("split on messages");
+        assert_eq!(items[0].0, r#"{"role":"user","content":"a"}"#);
+        assert_eq!(joined.to_string(), text);
+        // The shell a `messages` body was stored with before `input` bodies
+        // were split reads back the same.
+        let plain = r#"{"messages":[{"role":"user","content":"a"}],"temperature":1.0}"#;
+        let (split, joined) = round_trip(&serde_json::from_str(plain).expect("body"));
+        assert_eq!(split.text, r#"{"messages":null,"temperature":1.0}"#);
+        assert_eq!(joined.to_string(), plain);
+    }
+
+    #[test]
+    fn bodies_without_a_list_to_split_are_kept_whole() {
+        for body in [
+            json!({"model": "m", "input": "a string, not items"}),
+            json!({"model": "m", "input": []}),
+            json!({"model": "m", "messages": [], "input": [{"role": "user", "content": "x"}]}),
+            json!({"model": "m", "messages": "odd", "input": [{"role": "user", "content": "x"}]}),
+            json!({"model": "m", "messages": null, "input": [{"role": "user", "content": "x"}]}),
+            json!({"model": "m", "prompt": "text"}),
+            json!(["not", "an", "object"]),
+        ] {
+            let split = split_request(&body, true).expect("split");
+            assert!(split.messages.is_none(), "{body}");
+            assert_eq!(split.text, body.to_string());
+        }
+        // A root call's body is kept whole, `input` or `messages`.
+        let root = json!({"input": [{"role": "user", "content": "x"}]});
+        let split = split_request(&root, false).expect("split");
+        assert!(split.messages.is_none());
+        assert_eq!(split.text, root.to_string());
+    }
+
+    #[test]
+    fn a_shell_with_neither_key_or_a_missing_item_is_corrupt() {
+        let none = |_: &[u8]| None::<&Value>;
+        for shell in [json!({"model": "m"}), json!("text")] {
+            assert!(matches!(
+                join_request(shell, &[0; 32], 32, none),
+                Err(StoreError::Corrupt(_))
+            ));
+        }
+        assert!(matches!(
+            join_request(json!({"input": null}), &[0; 32], 32, none),
+            Err(StoreError::Corrupt(_))
+        ));
+    }
 }

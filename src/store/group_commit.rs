@@ -47,6 +47,13 @@ pub(crate) enum Op {
     Finish {
         trajectory: String,
     },
+    /// Clears a call's response id, which stays taken. `trajectory`: the
+    /// trajectory a read found it in, the key PostgreSQL's lock order
+    /// sorts the job by (a call row is locked as part of its trajectory).
+    ForgetResponse {
+        trajectory: String,
+        response_id: String,
+    },
     /// A serving gateway starts: see [`crate::store::SpanStore::begin_run`].
     BeginRun {
         queued: bool,
@@ -65,6 +72,8 @@ pub(crate) enum Done {
     Marked(u64),
     Leased(Lease),
     Acked(Acked),
+    /// Whether a response id was forgotten.
+    Forgot(bool),
 }
 
 pub(crate) type Outcome = Result<Done, StoreError>;
@@ -244,6 +253,22 @@ impl Writer {
         match self.submit(op).await? {
             Done::Acked(a) => Ok(a),
             _ => Err(StoreError::Task("writer returned no ack".into())),
+        }
+    }
+
+    /// Forgets `response_id`, which a read found in `trajectory`.
+    pub(crate) async fn forget_response(
+        &self,
+        trajectory: &str,
+        response_id: &str,
+    ) -> Result<bool, StoreError> {
+        let op = Op::ForgetResponse {
+            trajectory: trajectory.to_string(),
+            response_id: response_id.to_string(),
+        };
+        match self.submit(op).await? {
+            Done::Forgot(f) => Ok(f),
+            _ => Err(StoreError::Task("writer returned no forget".into())),
         }
     }
 

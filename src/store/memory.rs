@@ -8,9 +8,9 @@ use async_trait::async_trait;
 
 use super::types::{clamp_limit, now_ms, parse_cursor};
 use super::{
-    new_cursor, validate_call, Acked, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore,
-    StoreError, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
-    TrajectoryStatus,
+    new_cursor, validate_call, Acked, CallRecord, Lease, ListQuery, Page, ResponseRef,
+    SampleReplay, SpanStore, StoreError, Trajectory, TrajectoryFilter, TrajectoryIter,
+    TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
 };
 
 #[derive(Default)]
@@ -26,6 +26,9 @@ struct Inner {
     /// (consumer, cursor) acknowledged.
     acked_cursors: HashSet<(String, String)>,
     weight_version: Option<String>,
+    /// Every response id ever recorded: the call holding it, `None` once
+    /// forgotten (the id stays taken).
+    responses: HashMap<String, Option<(String, u32)>>,
 }
 
 #[derive(Clone, Default)]
@@ -146,9 +149,24 @@ impl SpanStore for MemoryStore {
         call.response = Arc::new(serde_json::Value::clone(&call.response));
         let now = now_ms();
         let mut inner = self.lock();
-        if call.parent_call.is_some() && !inner.seq_of.contains_key(&call.trajectory_id) {
+        let exists = inner.seq_of.contains_key(&call.trajectory_id);
+        if call.parent_call.is_some() && !exists {
             return Err(missing_parent(&call));
         }
+        // Refused after every other check, as the durable stores refuse it
+        // (they record the id once the call's row is in), and before a new
+        // trajectory is made for it.
+        let taken = call
+            .response_id
+            .clone()
+            .filter(|id| inner.responses.contains_key(id));
+        if let (Some(id), false) = (&taken, exists) {
+            return Err(StoreError::ResponseIdTaken(id.clone()));
+        }
+        let response = call
+            .response_id
+            .clone()
+            .map(|id| (id, (call.trajectory_id.clone(), call.call_index)));
         let traj = inner.get_or_create(&call.trajectory_id, now)?;
         if traj.meta.status == TrajectoryStatus::Finished {
             return Err(StoreError::Finished(call.trajectory_id.clone()));
@@ -170,6 +188,9 @@ impl SpanStore for MemoryStore {
             }
             Err(pos) => pos,
         };
+        if let Some(id) = taken {
+            return Err(StoreError::ResponseIdTaken(id));
+        }
         let m = &mut traj.meta;
         m.updated_at = m.updated_at.max(now);
         m.num_calls += 1;
@@ -178,6 +199,9 @@ impl SpanStore for MemoryStore {
         m.next_call_index = m.next_call_index.max(call.call_index + 1);
         m.next_sample_index = m.next_sample_index.max(call.sample_index + 1);
         traj.calls.insert(pos, call);
+        if let Some((id, at)) = response {
+            inner.responses.insert(id, Some(at));
+        }
         Ok(())
     }
 
@@ -399,6 +423,28 @@ impl SpanStore for MemoryStore {
                 None
             },
         })
+    }
+
+    async fn find_response(&self, response_id: &str) -> Result<Option<ResponseRef>, StoreError> {
+        let inner = self.lock();
+        Ok(inner
+            .responses
+            .get(response_id)
+            .and_then(Option::as_ref)
+            .map(|(trajectory_id, call_index)| ResponseRef {
+                trajectory_id: trajectory_id.clone(),
+                call_index: *call_index,
+            }))
+    }
+
+    async fn forget_response(&self, response_id: &str) -> Result<bool, StoreError> {
+        let mut inner = self.lock();
+        let Some(slot) = inner.responses.get_mut(response_id) else {
+            return Ok(false);
+        };
+        // The call keeps its id (a continuation of it is rebuilt by it);
+        // only the lookup goes.
+        Ok(slot.take().is_some())
     }
 
     fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError> {

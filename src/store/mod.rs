@@ -48,8 +48,9 @@ pub use sample::{
 pub use sqlite::SqliteStore;
 pub(crate) use types::Bodies;
 pub use types::{
-    now_ms, Acked, CallRecord, Drift, Lease, ListQuery, Page, ReplayPosition, SampleReplay,
-    Trajectory, TrajectoryFilter, TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
+    now_ms, Acked, CallRecord, Drift, Lease, ListQuery, Page, ReplayPosition, ResponseRef,
+    SampleReplay, Trajectory, TrajectoryFilter, TrajectoryMeta, TrajectoryMetadata,
+    TrajectoryStatus,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +61,10 @@ pub enum StoreError {
     CallNotFound { trajectory: String, call: u32 },
     #[error("call {call} of trajectory `{trajectory}` already exists")]
     Duplicate { trajectory: String, call: u32 },
+    /// A call's `response_id` is held by another call, or was held by one
+    /// and forgotten: an id names one response, once.
+    #[error("response id `{0}` is already taken")]
+    ResponseIdTaken(String),
     #[error("trajectory `{0}` is finished and takes no more calls")]
     Finished(String),
     #[error("trajectory `{trajectory}`: parent chain of call {call} is broken")]
@@ -96,7 +101,10 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound(_) | StoreError::CallNotFound { .. } => {
                 ApiError::not_found(e.to_string())
             }
-            StoreError::Duplicate { .. } | StoreError::Finished(_) | StoreError::Conflict(_) => {
+            StoreError::Duplicate { .. }
+            | StoreError::ResponseIdTaken(_)
+            | StoreError::Finished(_)
+            | StoreError::Conflict(_) => {
                 ApiError::new(StatusCode::CONFLICT, "invalid_request_error", e.to_string())
                     .with_code("conflict")
             }
@@ -224,6 +232,16 @@ pub trait SpanStore: Send + Sync + 'static {
 
     async fn list_trajectories(&self, query: &ListQuery) -> Result<Page, StoreError>;
 
+    /// The call whose [`CallRecord::response_id`] is `response_id`; `None`
+    /// for an id never stored or forgotten.
+    async fn find_response(&self, response_id: &str) -> Result<Option<ResponseRef>, StoreError>;
+
+    /// Forgets a response id: the call keeps everything else (ids,
+    /// logprobs, bodies) and only its retrieval by id goes. `true` when an
+    /// id was forgotten, `false` when no call held it (idempotent). A
+    /// forgotten id stays taken: no later call may record it.
+    async fn forget_response(&self, response_id: &str) -> Result<bool, StoreError>;
+
     /// Blocking. Number of trajectories matching `filter` (for progress bars).
     fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError>;
 
@@ -321,6 +339,19 @@ pub(crate) fn validate_call(call: &CallRecord) -> Result<(), StoreError> {
             call.call_index, call.request_of
         )));
     }
+    if let Some(api) = &call.api {
+        if !CallRecord::APIS.contains(&api.as_str()) {
+            return Err(StoreError::Invalid(format!(
+                "call {}: api `{api}` is not one of {}",
+                call.call_index,
+                CallRecord::APIS.join(", ")
+            )));
+        }
+    }
+    if let Some(id) = &call.response_id {
+        validate_response_id(id)
+            .map_err(|e| StoreError::Invalid(format!("call {}: {e}", call.call_index)))?;
+    }
     if let Some(p) = call.parent_call {
         if p >= call.call_index {
             return Err(StoreError::Invalid(format!(
@@ -328,6 +359,28 @@ pub(crate) fn validate_call(call: &CallRecord) -> Result<(), StoreError> {
                 call.call_index
             )));
         }
+    }
+    Ok(())
+}
+
+/// A response id is 1 to [`CallRecord::MAX_RESPONSE_ID`] characters of
+/// `[A-Za-z0-9_-]`.
+fn validate_response_id(id: &str) -> Result<(), String> {
+    if id.is_empty() || id.len() > CallRecord::MAX_RESPONSE_ID {
+        return Err(format!(
+            "a response id has 1 to {} characters, not {}",
+            CallRecord::MAX_RESPONSE_ID,
+            id.chars().count()
+        ));
+    }
+    if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(format!(
+            "response id `{}` has characters other than A-Z, a-z, 0-9, `_` and `-`",
+            id.escape_debug()
+        ));
     }
     Ok(())
 }

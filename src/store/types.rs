@@ -99,9 +99,26 @@ pub struct CallRecord {
     /// name that call here. See [`Trajectory::request_of`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_of: Option<u32>,
+    /// The surface the call came through: `chat`, `completions`,
+    /// `responses` or `messages` (see [`CallRecord::APIS`]); `None` for
+    /// calls recorded before the store kept it.
+    #[serde(default)]
+    pub api: Option<String>,
+    /// The id under which the call's answer can be retrieved (`GET
+    /// /v1/responses/{id}`): unique across the store, `None` for calls
+    /// that keep none and once forgotten
+    /// ([`crate::store::SpanStore::forget_response`]).
+    #[serde(default)]
+    pub response_id: Option<String>,
 }
 
 impl CallRecord {
+    /// The values [`CallRecord::api`] takes.
+    pub const APIS: [&'static str; 4] = ["chat", "completions", "responses", "messages"];
+
+    /// Longest [`CallRecord::response_id`] the store takes.
+    pub const MAX_RESPONSE_ID: usize = 128;
+
     /// The call as the export scans give it out ([`Bodies::Skip`]): every
     /// field but `request` and `response`, which are `null`.
     pub fn without_bodies(&self) -> CallRecord {
@@ -112,6 +129,14 @@ impl CallRecord {
             ..self.clone()
         }
     }
+}
+
+/// Where a retrievable response was recorded
+/// ([`crate::store::SpanStore::find_response`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResponseRef {
+    pub trajectory_id: String,
+    pub call_index: u32,
 }
 
 /// Summary row of a trajectory (no calls).

@@ -40,6 +40,8 @@ pub fn call(
         truncated: false,
         normalized: Vec::new(),
         request_of: None,
+        api: None,
+        response_id: None,
     }
 }
 

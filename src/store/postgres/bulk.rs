@@ -7,7 +7,8 @@
 //! It refuses (returns an error, and the writer redoes the batch call by
 //! call, see [`super::writer`]) whenever a call would be refused on its own:
 //! a finished trajectory, a parent that is neither stored nor earlier in the
-//! run, a call slot already taken (the `COPY` fails on the primary key). So
+//! run, a call slot already taken (the `COPY` fails on the primary key), a
+//! response id taken (the insert into `responses` fails on its key). So
 //! when it succeeds, the rows are exactly those the call-by-call path would
 //! have written.
 
@@ -44,14 +45,19 @@ const PARENTS_MANY: &str = "SELECT c.traj, c.call_index FROM calls c \
 const COPY_CALLS: &str = "COPY calls (traj, call_index, sample_index, parent_call, backend, \
      started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
      response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
-     template_sha256, reward, truncated, normalized, request_of, message_refs) \
+     template_sha256, reward, truncated, normalized, request_of, message_refs, api, response_id) \
      FROM STDIN (FORMAT binary)";
 
 /// The messages the run's bodies keep apart (see the writer's `APPEND_SQL`).
 const MESSAGES_MANY: &str = "INSERT INTO request_messages (traj, sha256, body) \
      SELECT * FROM unnest($1::BIGINT[], $2::BYTEA[], $3::TEXT[]) ON CONFLICT DO NOTHING";
 
-const COPY_TYPES: [Type; 24] = [
+/// The run's response ids (see the writer's `APPEND_SQL`); one taken
+/// before fails the statement, and the run goes call by call.
+const RESPONSES_MANY: &str = "INSERT INTO responses (response_id, traj, call_index) \
+     SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[])";
+
+const COPY_TYPES: [Type; 26] = [
     Type::INT8,
     Type::INT8,
     Type::INT8,
@@ -76,6 +82,8 @@ const COPY_TYPES: [Type; 24] = [
     Type::TEXT,
     Type::INT8,
     Type::BYTEA,
+    Type::TEXT,
+    Type::TEXT,
 ];
 
 const COUNT_MANY: &str = "UPDATE trajectories t SET updated_at = GREATEST(t.updated_at, $7), \
@@ -165,7 +173,7 @@ pub(super) async fn append_many(
     let mut counts: BTreeMap<i64, Counts> = BTreeMap::new();
     for (c, p) in calls.iter().zip(&params) {
         let seq = seq_of(c)?;
-        let mut row: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(24);
+        let mut row: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(COPY_TYPES.len());
         row.push(&seq);
         row.extend(p.columns());
         writer.as_mut().write(&row).await?;
@@ -195,6 +203,21 @@ pub(super) async fn append_many(
             .await?;
     }
 
+    let (mut responses, mut trajs, mut indexes) = (Vec::new(), Vec::new(), Vec::new());
+    for (c, p) in calls.iter().zip(&params) {
+        if let Some(id) = &p.response_id {
+            responses.push(id);
+            trajs.push(seq_of(c)?);
+            indexes.push(p.call_index);
+        }
+    }
+    if !responses.is_empty() {
+        let insert = conn.prep(RESPONSES_MANY).await?;
+        conn.client
+            .execute(&insert, &[&responses, &trajs, &indexes])
+            .await?;
+    }
+
     let mut cols: [Vec<i64>; 6] = Default::default();
     for (seq, k) in counts {
         for (col, v) in
@@ -219,8 +242,8 @@ pub(super) mod tests {
     use super::super::rows::{load, Key};
     use super::super::{rows, schema, writer, Conn};
     use super::LOCK_MANY;
-    use crate::store::group_commit::{Job, Op};
-    use crate::store::{Bodies, CallRecord, StoreError, Trajectory, TrajectoryFilter};
+    use crate::store::group_commit::{Done, Job, Op};
+    use crate::store::{Bodies, CallRecord, ResponseRef, StoreError, Trajectory, TrajectoryFilter};
 
     /// A fresh database on the test cluster (`TITO_TEST_POSTGRES`, started by
     /// scripts/test.sh), connected and migrated.
@@ -260,6 +283,8 @@ pub(super) mod tests {
             truncated: index == 3,
             normalized: vec!["developer_as_system".into()],
             request_of: None,
+            api: Some("chat".into()),
+            response_id: None,
         }
     }
 
@@ -486,6 +511,112 @@ pub(super) mod tests {
             .await
             .expect("query");
         assert!(u.is_none(), "a refused first call leaves no trajectory");
+    }
+
+    /// A call that records its answer under `id`.
+    fn answered(traj: &str, index: u32, parent: Option<u32>, id: &str) -> CallRecord {
+        CallRecord {
+            api: Some("responses".into()),
+            response_id: Some(id.into()),
+            ..call(traj, index, parent)
+        }
+    }
+
+    /// A run whose calls record response ids goes in whole by `COPY`, each
+    /// id found; in a run where one call takes an id recorded before (held,
+    /// or forgotten) the fast path refuses, and call by call that call
+    /// alone fails, with `ResponseIdTaken`.
+    #[tokio::test]
+    async fn response_ids_go_in_with_a_run_and_a_taken_one_fails_alone() {
+        let mut conn = database().await;
+        let run: Vec<CallRecord> = (0..10)
+            .map(|i| answered("run", i, i.checked_sub(1), &format!("resp_{i}")))
+            .collect();
+        let outcomes = writer::commit_all(&mut conn, &jobs(run.clone())).await;
+        let outcomes = outcomes.expect("the run commits whole");
+        assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+        let t = load(&mut conn, Key::Id("run"), Bodies::Read)
+            .await
+            .expect("load")
+            .expect("stored");
+        assert_eq!(t.calls, run);
+        let found = rows::find_response(&mut conn, "resp_3")
+            .await
+            .expect("find");
+        assert_eq!(
+            found,
+            Some(ResponseRef {
+                trajectory_id: "run".into(),
+                call_index: 3
+            })
+        );
+        let forget = Op::ForgetResponse {
+            trajectory: "run".into(),
+            response_id: "resp_4".into(),
+        };
+        let out = writer::commit_batch(
+            &mut conn,
+            &mut [Job {
+                op: forget,
+                ack: None,
+            }],
+        )
+        .await;
+        assert!(matches!(out[0], Ok(Done::Forgot(true))), "{out:?}");
+
+        for taken in ["resp_3", "resp_4"] {
+            let mut run: Vec<CallRecord> = (0..10)
+                .map(|i| answered(&format!("{taken}-{i}"), 0, None, &format!("{taken}_{i}")))
+                .collect();
+            run[5].response_id = Some(taken.into());
+            assert!(
+                writer::commit_all(&mut conn, &jobs(run.clone()))
+                    .await
+                    .is_err(),
+                "{taken}: the fast path refuses the run"
+            );
+            let mut batch = jobs(run);
+            let outcomes = writer::commit_batch(&mut conn, &mut batch).await;
+            let failed: Vec<(String, u32)> = slots(&batch)
+                .into_iter()
+                .zip(&outcomes)
+                .filter(|(_, o)| o.is_err())
+                .map(|(slot, _)| slot)
+                .collect();
+            assert_eq!(failed, [(format!("{taken}-5"), 0)], "{outcomes:?}");
+            assert!(
+                outcomes
+                    .iter()
+                    .any(|o| matches!(o, Err(StoreError::ResponseIdTaken(id)) if id == taken)),
+                "{outcomes:?}"
+            );
+            let made = conn
+                .client
+                .query_opt(
+                    "SELECT 1 FROM trajectories WHERE id = $1",
+                    &[&format!("{taken}-5")],
+                )
+                .await
+                .expect("query");
+            assert!(
+                made.is_none(),
+                "{taken}: the refused call made no trajectory"
+            );
+        }
+        let held: i64 = conn
+            .client
+            .query_one(
+                "SELECT count(*) FROM calls WHERE response_id IS NOT NULL",
+                &[],
+            )
+            .await
+            .expect("count")
+            .get(0);
+        assert_eq!(
+            held,
+            9 + 9 + 9,
+            "resp_4 forgotten; one call of each later run refused"
+        );
     }
 
     /// Another replica's run holds a trajectory row while this writer

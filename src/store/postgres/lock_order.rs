@@ -51,7 +51,8 @@ pub(super) fn key(op: &Op) -> Key<'_> {
         Op::Reward { trajectory, .. }
         | Op::Metadata { trajectory, .. }
         | Op::Replays { trajectory, .. }
-        | Op::Finish { trajectory } => Key::Trajectory(trajectory),
+        | Op::Finish { trajectory }
+        | Op::ForgetResponse { trajectory, .. } => Key::Trajectory(trajectory),
         Op::Lease { consumer, .. } | Op::Ack { consumer, .. } => Key::Consumer(consumer),
         Op::BeginRun { .. } | Op::Ping | Op::WeightVersion(_) => Key::Other,
     }

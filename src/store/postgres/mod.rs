@@ -40,8 +40,8 @@ use super::group_commit::{Writer, QUEUE};
 use super::scan::{self, listing_page};
 use super::types::{clamp_limit, cursor_key};
 use super::{
-    Ack, Acked, Bodies, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
-    Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
+    Ack, Acked, Bodies, CallRecord, Lease, ListQuery, Page, ResponseRef, SampleReplay, SpanStore,
+    StoreError, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
 };
 use rows::Key;
 
@@ -404,6 +404,26 @@ impl SpanStore for PgStore {
         let mut c = self.readers.take().await?;
         let out = rows::page(&mut c.conn, &query.filter, after, limit + 1).await;
         Ok(listing_page(c.done(out)?, limit))
+    }
+
+    async fn find_response(&self, response_id: &str) -> Result<Option<ResponseRef>, StoreError> {
+        let mut c = self.readers.take().await?;
+        let out = rows::find_response(&mut c.conn, response_id).await;
+        c.done(out)
+    }
+
+    async fn forget_response(&self, response_id: &str) -> Result<bool, StoreError> {
+        // Found first: the writer sorts the job by its trajectory (the lock
+        // order, `lock_order`), and clears the id only if a call still
+        // holds it.
+        match self.find_response(response_id).await? {
+            Some(at) => {
+                self.jobs
+                    .forget_response(&at.trajectory_id, response_id)
+                    .await
+            }
+            None => Ok(false),
+        }
     }
 
     fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError> {

@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 use super::Conn;
 use crate::store::codec::{ids_from_bytes, join_request, logprobs_from_bytes};
 use crate::store::{
-    Bodies, CallRecord, Drift, SampleReplay, StoreError, Trajectory, TrajectoryFilter,
+    Bodies, CallRecord, Drift, ResponseRef, SampleReplay, StoreError, Trajectory, TrajectoryFilter,
     TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
 };
 
@@ -97,7 +97,7 @@ fn call_cols(bodies: Bodies) -> &'static str {
                 "call_index, sample_index, parent_call, backend, started_at, finished_at, \
                  prompt_delta_ids, sampled_ids, logprobs, finish_reason, drift, parse_outcome, \
                  moved_from, weight_version, tokenizer_sha256, template_sha256, reward, \
-                 truncated, normalized, request_of, ",
+                 truncated, normalized, request_of, api, response_id, ",
                 $bodies
             )
         };
@@ -142,6 +142,8 @@ fn call_from_row(row: &Row, trajectory_id: &str, bodies: Bodies) -> Result<CallR
         truncated: row.try_get("truncated")?,
         normalized: json_opt_col(row, "normalized")?.unwrap_or_default(),
         request_of: opt_u32_col(row, "request_of")?,
+        api: row.try_get("api")?,
+        response_id: row.try_get("response_id")?,
     })
 }
 
@@ -379,6 +381,27 @@ pub(crate) async fn group(conn: &mut Conn, group: &str) -> Result<Vec<Trajectory
     rows.iter()
         .map(|r| meta_from_row(r).map(|(_, m)| m))
         .collect()
+}
+
+/// The trajectory id and call index of the call holding `response_id`
+/// (a forgotten id's row names no call).
+pub(crate) async fn find_response(
+    conn: &mut Conn,
+    response_id: &str,
+) -> Result<Option<ResponseRef>, StoreError> {
+    let stmt = conn
+        .prep(
+            "SELECT t.id, r.call_index FROM responses r JOIN trajectories t ON t.seq = r.traj \
+             WHERE r.response_id = $1",
+        )
+        .await?;
+    match conn.client.query_opt(&stmt, &[&response_id]).await? {
+        Some(row) => Ok(Some(ResponseRef {
+            trajectory_id: row.try_get(0)?,
+            call_index: u32_col(&row, "call_index")?,
+        })),
+        None => Ok(None),
+    }
 }
 
 /// A `gateway_state` value.

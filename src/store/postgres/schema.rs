@@ -5,7 +5,8 @@
 //! or the new version, never in between. Only append to [`MIGRATIONS`].
 //!
 //! The layout follows the SQLite schema (`store::sqlite::schema`; version 1
-//! here is its version 8, version 2 its 9 and 10, version 4 its 11): every integer is
+//! here is its version 8, version 2 its 9 and 10, version 4 its 11, version 5
+//! its 13): every integer is
 //! `BIGINT`, token ids and logprobs are `BYTEA` in the
 //! [`crate::store::codec`] layout, and JSON is `TEXT`, not `JSONB`, so a
 //! stored request keeps its key order byte for byte.
@@ -140,6 +141,20 @@ const MIGRATIONS: &[&str] = &[
     );
     ALTER TABLE calls ADD COLUMN message_refs BYTEA;
     "#,
+    // 5: SQLite's migration 13: a call's surface (`api`) and the id its
+    // answer is retrieved by (`response_id`), NULL for calls stored before;
+    // each response id ever recorded once in `responses`, with the call
+    // holding it (NULL once forgotten: the id stays taken, on every
+    // replica, by its primary key).
+    r#"
+    ALTER TABLE calls ADD COLUMN api TEXT;
+    ALTER TABLE calls ADD COLUMN response_id TEXT;
+    CREATE TABLE responses (
+        response_id TEXT PRIMARY KEY,
+        traj BIGINT,
+        call_index BIGINT
+    );
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -218,6 +233,61 @@ async fn migrate_step(conn: &Conn) -> Result<Option<u32>, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::Bodies;
+
+    /// A database at version 4 with a call: migration 5 leaves it without
+    /// an api or a response id, and new calls record both.
+    #[tokio::test]
+    async fn migration_5_reads_old_calls_with_api_and_response_id_null() {
+        let (_, mut conn) = super::super::test_database().await;
+        for sql in &MIGRATIONS[..4] {
+            conn.client.batch_execute(sql).await.expect("v4");
+        }
+        // Call 0: prompt [1], sampled [2], logprob -0.5 (little-endian).
+        conn.client
+            .batch_execute(
+                "CREATE TABLE tito_schema (version BIGINT NOT NULL); \
+                 INSERT INTO tito_schema VALUES (4); \
+                 INSERT INTO trajectories (id, status, created_at, updated_at, num_calls, \
+                   next_call_index, next_sample_index, lseq) VALUES ('old', 0, 1, 1, 1, 1, 1, 1); \
+                 INSERT INTO calls (traj, call_index, sample_index, backend, started_at, \
+                   finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
+                   response, tokenizer_sha256, template_sha256, truncated) \
+                 SELECT seq, 0, 0, 'b', 1, 2, decode('01000000', 'hex'), \
+                   decode('02000000', 'hex'), decode('000000bf', 'hex'), 'stop', '{}', '{}', \
+                   't', 'p', false FROM trajectories",
+            )
+            .await
+            .expect("a version 4 database");
+        assert_eq!(migrate(&conn).await.expect("migrates"), SCHEMA_VERSION);
+        let load = super::super::rows::load;
+        let old = load(&mut conn, super::super::rows::Key::Id("old"), Bodies::Read)
+            .await
+            .expect("load")
+            .expect("kept");
+        let c = &old.calls[0];
+        assert_eq!((c.api.as_deref(), c.response_id.as_deref()), (None, None));
+        assert_eq!(
+            (c.prompt_delta_ids.as_slice(), c.sampled_ids.as_slice()),
+            (&[1][..], &[2][..])
+        );
+        assert_eq!(c.logprobs, [Some(-0.5)]);
+
+        let mut new = super::super::bulk::tests::call("old", 1, Some(0));
+        new.response_id = Some("resp_1".into());
+        let mut jobs = super::super::bulk::tests::jobs(vec![new.clone()]);
+        let out = super::super::writer::commit_batch(&mut conn, &mut jobs).await;
+        assert!(out[0].is_ok(), "{out:?}");
+        let t = load(&mut conn, super::super::rows::Key::Id("old"), Bodies::Read)
+            .await
+            .expect("load")
+            .expect("kept");
+        assert_eq!(t.calls[1], new);
+        let found = super::super::rows::find_response(&mut conn, "resp_1")
+            .await
+            .expect("find");
+        assert_eq!(found.map(|r| r.call_index), Some(1));
+    }
 
     /// A database at version 2 with trajectories: migration 3 gives them
     /// listing keys equal to their creation order, and new keys go above.

@@ -328,6 +328,9 @@ async fn apply(conn: &mut Conn, op: &Op, now: i64) -> Outcome {
         Op::Finish { trajectory } => finish(conn, trajectory, now)
             .await
             .map(|m| Done::Meta(Box::new(m))),
+        Op::ForgetResponse { response_id, .. } => {
+            forget_response(conn, response_id).await.map(Done::Forgot)
+        }
         // Several replicas share the database, so no one of them can say
         // which trajectories a crashed queued run left behind; the config
         // refuses `ack = "queued"` with a postgres store.
@@ -354,8 +357,9 @@ const CREATE_SQL: &str = "INSERT INTO trajectories (id, status, created_at, upda
      VALUES ($1, 0, $2, $2) ON CONFLICT (id) DO NOTHING RETURNING seq";
 
 /// One call, in one statement: insert it when its trajectory is active and
-/// its parent is stored, and count it on the trajectory row. Returns the
-/// trajectory's status and whether the call went in. `FOR NO KEY UPDATE`
+/// its parent is stored, record its response id (an id taken before fails
+/// the statement on `responses_pkey`), and count it on the trajectory row.
+/// Returns the trajectory's status and whether the call went in. `FOR NO KEY UPDATE`
 /// waits for a finish another replica has not committed yet, then reads its
 /// outcome: a call is never stored after its trajectory's finish. It is the
 /// lock the `UPDATE` below takes anyway: a weaker `FOR SHARE` would let two
@@ -365,21 +369,24 @@ const APPEND_SQL: &str =
      ins AS (INSERT INTO calls (traj, call_index, sample_index, parent_call, backend, \
        started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
        response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
-       template_sha256, reward, truncated, normalized, request_of, message_refs) \
+       template_sha256, reward, truncated, normalized, request_of, message_refs, api, \
+       response_id) \
      SELECT t.seq, $2::BIGINT, $3::BIGINT, $4::BIGINT, $5::TEXT, $6::BIGINT, $7::BIGINT, \
        $8::BYTEA, $9::BYTEA, $10::BYTEA, $11::TEXT, $12::TEXT, $13::TEXT, $14::TEXT, $15::TEXT, \
        $16::TEXT, $17::TEXT, $18::TEXT, $19::TEXT, $20::FLOAT8, $21::BOOLEAN, $22::TEXT, \
-       $23::BIGINT, $24::BYTEA FROM t \
+       $23::BIGINT, $24::BYTEA, $25::TEXT, $26::TEXT FROM t \
      WHERE t.status = 0 AND ($4::BIGINT IS NULL OR EXISTS \
        (SELECT 1 FROM calls p WHERE p.traj = t.seq AND p.call_index = $4::BIGINT)) \
      RETURNING traj), \
      msgs AS (INSERT INTO request_messages (traj, sha256, body) \
-       SELECT ins.traj, m.d, m.b FROM ins, unnest($28::BYTEA[], $29::TEXT[]) AS m(d, b) \
+       SELECT ins.traj, m.d, m.b FROM ins, unnest($30::BYTEA[], $31::TEXT[]) AS m(d, b) \
        ON CONFLICT DO NOTHING), \
-     up AS (UPDATE trajectories SET updated_at = GREATEST(updated_at, $25::BIGINT), \
+     resp AS (INSERT INTO responses (response_id, traj, call_index) \
+       SELECT $26::TEXT, ins.traj, $2::BIGINT FROM ins WHERE $26::TEXT IS NOT NULL), \
+     up AS (UPDATE trajectories SET updated_at = GREATEST(updated_at, $27::BIGINT), \
        num_calls = num_calls + 1, next_call_index = GREATEST(next_call_index, $2::BIGINT + 1), \
        next_sample_index = GREATEST(next_sample_index, $3::BIGINT + 1), \
-       num_tokens = num_tokens + $26::BIGINT, drift_count = drift_count + $27::BIGINT \
+       num_tokens = num_tokens + $28::BIGINT, drift_count = drift_count + $29::BIGINT \
      WHERE seq IN (SELECT traj FROM ins) RETURNING seq) \
      SELECT t.status, EXISTS (SELECT 1 FROM up) AS stored FROM t";
 
@@ -411,6 +418,8 @@ pub(super) struct AppendParams {
     pub request_of: Option<i64>,
     /// The digests of the body's messages when they are stored apart.
     pub message_refs: Option<Vec<u8>>,
+    pub api: Option<String>,
+    pub response_id: Option<String>,
     /// Those messages, digests and texts, for `request_messages`.
     pub message_digests: Vec<Vec<u8>>,
     pub message_bodies: Vec<String>,
@@ -456,6 +465,8 @@ impl AppendParams {
             request_of: call.request_of.map(i64::from),
             message_refs: (!messages.is_empty())
                 .then(|| messages.iter().flat_map(|m| m.1).collect()),
+            api: call.api.clone(),
+            response_id: call.response_id.clone(),
             message_digests: messages.iter().map(|m| m.1.to_vec()).collect(),
             message_bodies: messages.into_iter().map(|m| m.0).collect(),
             now,
@@ -464,9 +475,9 @@ impl AppendParams {
         })
     }
 
-    /// The `calls` columns after `traj`, in table order: `$2`..`$24` of
+    /// The `calls` columns after `traj`, in table order: `$2`..`$26` of
     /// [`APPEND_SQL`], and the bulk `COPY`'s columns after its first.
-    pub(super) fn columns(&self) -> [&(dyn ToSql + Sync); 23] {
+    pub(super) fn columns(&self) -> [&(dyn ToSql + Sync); 25] {
         [
             &self.call_index,
             &self.sample_index,
@@ -491,12 +502,14 @@ impl AppendParams {
             &self.normalized,
             &self.request_of,
             &self.message_refs,
+            &self.api,
+            &self.response_id,
         ]
     }
 
-    /// `$1`..`$29` of [`APPEND_SQL`].
+    /// `$1`..`$31` of [`APPEND_SQL`].
     fn values(&self) -> Vec<&(dyn ToSql + Sync)> {
-        let mut v: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(29);
+        let mut v: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(31);
         v.push(&self.id);
         v.extend(self.columns());
         v.push(&self.now);
@@ -548,10 +561,7 @@ pub(super) async fn append_pipelined(
         let rows = match inserted {
             Ok(rows) => rows,
             Err(e) if e.code() == Some(&SqlState::UNIQUE_VIOLATION) => {
-                return Err(StoreError::Duplicate {
-                    trajectory: call.trajectory_id.clone(),
-                    call: call.call_index,
-                })
+                return Err(taken(call, e));
             }
             Err(e) => return Err(e.clone_error()),
         };
@@ -572,6 +582,32 @@ pub(super) async fn append_pipelined(
         });
     }
     Ok(out)
+}
+
+/// The unique key a call's insert violated: its response id, or its slot.
+fn taken(call: &CallRecord, e: &tokio_postgres::Error) -> StoreError {
+    let constraint = e.as_db_error().and_then(|db| db.constraint());
+    match (&call.response_id, constraint) {
+        (Some(id), Some(RESPONSES_KEY)) => StoreError::ResponseIdTaken(id.clone()),
+        _ => StoreError::Duplicate {
+            trajectory: call.trajectory_id.clone(),
+            call: call.call_index,
+        },
+    }
+}
+
+/// The primary key of `responses`, as PostgreSQL names it.
+const RESPONSES_KEY: &str = "responses_pkey";
+
+/// Unlinks the response id from its call, keeping the id taken (its
+/// `responses` row stays, without a call); whether a call held it. The call
+/// keeps its id, for the rebuild of a call that continued it.
+const FORGET_SQL: &str = "UPDATE responses SET traj = NULL, call_index = NULL \
+     WHERE response_id = $1 AND traj IS NOT NULL";
+
+async fn forget_response(conn: &mut Conn, response_id: &str) -> Result<bool, StoreError> {
+    let stmt = conn.prep(FORGET_SQL).await?;
+    Ok(conn.client.execute(&stmt, &[&response_id]).await? > 0)
 }
 
 trait CloneError {

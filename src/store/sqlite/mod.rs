@@ -42,8 +42,9 @@ use super::group_commit::{Writer, QUEUE};
 use super::scan::{self, listing_page};
 use super::types::{clamp_limit, cursor_key};
 use super::{
-    Ack, Acked, Bodies, CallRecord, Lease, ListQuery, Page, SampleReplay, SpanStore, StoreError,
-    StoreOptions, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
+    Ack, Acked, Bodies, CallRecord, Lease, ListQuery, Page, ResponseRef, SampleReplay, SpanStore,
+    StoreError, StoreOptions, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta,
+    TrajectoryMetadata,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -382,6 +383,24 @@ impl SpanStore for SqliteStore {
             ))
         })
         .await
+    }
+
+    async fn find_response(&self, response_id: &str) -> Result<Option<ResponseRef>, StoreError> {
+        let id = response_id.to_string();
+        self.read(move |c| rows::find_response(c, &id)).await
+    }
+
+    async fn forget_response(&self, response_id: &str) -> Result<bool, StoreError> {
+        // Found first, as on PostgreSQL, whose writer sorts the job by its
+        // trajectory; the writer clears it only if a call still holds it.
+        match self.find_response(response_id).await? {
+            Some(at) => {
+                self.jobs
+                    .forget_response(&at.trajectory_id, response_id)
+                    .await
+            }
+            None => Ok(false),
+        }
     }
 
     fn count(&self, filter: &TrajectoryFilter) -> Result<u64, StoreError> {

@@ -7,7 +7,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 
 use crate::store::codec::{ids_from_bytes, logprobs_from_bytes};
 use crate::store::{
-    Bodies, CallRecord, Drift, SampleReplay, StoreError, Trajectory, TrajectoryFilter,
+    Bodies, CallRecord, Drift, ResponseRef, SampleReplay, StoreError, Trajectory, TrajectoryFilter,
     TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
 };
 
@@ -125,7 +125,7 @@ macro_rules! call_cols {
             ", ",
             $response,
             ", drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
-             template_sha256, reward, truncated, normalized, request_of, ",
+             template_sha256, reward, truncated, normalized, request_of, api, response_id, ",
             $refs
         )
     };
@@ -183,8 +183,10 @@ fn call_from_row(
         truncated: row.get(19)?,
         normalized: json_opt_col(row, 20)?.unwrap_or_default(),
         request_of: row.get(21)?,
+        api: row.get(22)?,
+        response_id: row.get(23)?,
     };
-    Ok((call, row.get(22)?))
+    Ok((call, row.get(24)?))
 }
 
 pub(crate) fn meta_by_id(
@@ -354,6 +356,34 @@ pub(crate) fn count(conn: &Connection, filter: &TrajectoryFilter) -> Result<u64,
             r.get(0)
         })?;
     Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// The trajectory id and key of the call holding response id `?1` (a
+/// call's key is its trajectory's seq times 2^32 plus its index).
+pub(crate) const FIND_RESPONSE_SQL: &str = "SELECT t.id, r.call_key FROM responses r \
+     JOIN trajectories t ON t.seq = r.call_key >> 32 \
+     WHERE r.response_id = ?1 AND r.call_key IS NOT NULL";
+
+/// The trajectory id and call index of the call holding `response_id`.
+pub(crate) fn find_response(
+    conn: &Connection,
+    response_id: &str,
+) -> Result<Option<ResponseRef>, StoreError> {
+    let found: Option<(String, i64)> = conn
+        .prepare_cached(FIND_RESPONSE_SQL)?
+        .query_row(params![response_id], |r| Ok((r.get(0)?, r.get(1)?)))
+        .optional()?;
+    found
+        .map(|(trajectory_id, key)| {
+            // The low 32 bits of a call key are its call index.
+            let call_index = u32::try_from(key & i64::from(u32::MAX))
+                .map_err(|_| StoreError::Corrupt(format!("call key {key}")))?;
+            Ok(ResponseRef {
+                trajectory_id,
+                call_index,
+            })
+        })
+        .transpose()
 }
 
 /// Every trajectory of a group, in creation order.

@@ -203,6 +203,20 @@ const MIGRATIONS: &[&str] = &[
     DROP TABLE calls;
     ALTER TABLE calls_v12 RENAME TO calls;
     "#,
+    // 13: the surface a call came through (`api`) and the id its answer is
+    // retrieved by (`response_id`), NULL for calls stored before. Each
+    // response id ever recorded is kept in `responses`, unique, with the
+    // key of the call holding it (NULL once forgotten: the id stays
+    // taken). An index on `calls` would do for uniqueness, but a table of
+    // its own keeps forgotten ids, and leaves `calls` one B-tree.
+    r#"
+    ALTER TABLE calls ADD COLUMN api TEXT;
+    ALTER TABLE calls ADD COLUMN response_id TEXT;
+    CREATE TABLE responses (
+        response_id TEXT PRIMARY KEY,
+        call_key INTEGER
+    ) WITHOUT ROWID;
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -303,6 +317,27 @@ mod tests {
         assert!(
             filter.contains("USING COVERING INDEX trajectories_group"),
             "{filter}"
+        );
+    }
+
+    /// A response is found by its id with one lookup in `responses` and
+    /// one in `trajectories`, both by key.
+    #[test]
+    fn a_response_is_found_by_key_lookups() {
+        let mut conn = Connection::open_in_memory().expect("open");
+        migrate(&mut conn).expect("migrate");
+        let found = plan(
+            &conn,
+            super::super::rows::FIND_RESPONSE_SQL,
+            params!["resp_1"],
+        );
+        assert!(
+            found.contains("SEARCH r USING PRIMARY KEY (response_id=?)"),
+            "{found}"
+        );
+        assert!(
+            found.contains("SEARCH t USING INTEGER PRIMARY KEY (rowid=?)"),
+            "{found}"
         );
     }
 }

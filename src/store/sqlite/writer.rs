@@ -59,7 +59,7 @@ impl Writing {
     /// `checkpointer`.
     pub(crate) fn new(conn: Connection, checkpointer: Checkpointer) -> Self {
         conn.wal_hook(Some(note_wal_frames));
-        // The writing connection caches 27 statements (14 in writer.rs, 11
+        // The writing connection caches 31 statements (18 in writer.rs, 11
         // in consumers.rs, two from rows.rs), more than rusqlite's default
         // of 16 keeps.
         conn.set_prepared_statement_cache_capacity(64);
@@ -300,6 +300,9 @@ fn apply(conn: &Connection, op: &Op, now: i64) -> Outcome {
             consumers::ack(conn, consumer, cursor, now).map(Done::Acked)
         }
         Op::Finish { trajectory } => finish(conn, trajectory, now).map(|m| Done::Meta(Box::new(m))),
+        Op::ForgetResponse { response_id, .. } => {
+            forget_response(conn, response_id).map(Done::Forgot)
+        }
         Op::BeginRun { queued } => begin_run(conn, *queued, now).map(Done::Marked),
     }
 }
@@ -449,8 +452,8 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
              finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
              response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
              template_sha256, reward, truncated, normalized, request_of, message_refs, \
-             call_key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-             ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25)",
+             call_key, api, response_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, \
+             ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)",
         )?
         .execute(params![
             seq,
@@ -479,6 +482,8 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             call.request_of,
             request.refs,
             key,
+            call.api,
+            call.response_id,
         ]);
     match inserted {
         Ok(_) => {}
@@ -489,6 +494,9 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             })
         }
         Err(e) => return Err(e.into()),
+    }
+    if let Some(response_id) = &call.response_id {
+        take_response_id(conn, response_id, key)?;
     }
     if counted {
         return Ok(());
@@ -501,6 +509,34 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
     )?
     .execute(&added.bound(&seq, &now)[..])?;
     Ok(())
+}
+
+/// Records that the call keyed `key` holds `response_id`; an id recorded
+/// before (held, or forgotten) is [`StoreError::ResponseIdTaken`].
+fn take_response_id(conn: &Connection, response_id: &str, key: i64) -> Result<(), StoreError> {
+    let inserted = conn
+        .prepare_cached(
+            "INSERT INTO responses (response_id, call_key) VALUES (?1, ?2) \
+             ON CONFLICT(response_id) DO NOTHING",
+        )?
+        .execute(params![response_id, key])?;
+    if inserted == 0 {
+        return Err(StoreError::ResponseIdTaken(response_id.to_string()));
+    }
+    Ok(())
+}
+
+/// Unlinks `response_id` from its call, so it is no longer found, and keeps
+/// the id taken; whether a call held it. The call keeps its id: a later
+/// call that continued it by `previous_response_id` is still rebuilt from
+/// the store exactly.
+fn forget_response(conn: &Connection, response_id: &str) -> Result<bool, StoreError> {
+    let unlinked = conn
+        .prepare_cached(
+            "UPDATE responses SET call_key = NULL WHERE response_id = ?1 AND call_key IS NOT NULL",
+        )?
+        .execute(params![response_id])?;
+    Ok(unlinked > 0)
 }
 
 fn existing(conn: &Connection, id: &str) -> Result<i64, StoreError> {

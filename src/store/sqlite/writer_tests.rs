@@ -38,6 +38,8 @@ fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
         truncated: false,
         normalized: Vec::new(),
         request_of: None,
+        api: None,
+        response_id: None,
     }
 }
 
@@ -364,5 +366,85 @@ async fn a_root_call_writes_three_b_trees() {
     assert!(
         (3.0..4.0).contains(&per_call),
         "{per_call:.2} frames a root call: three B-trees and their splits"
+    );
+}
+
+/// A batch whose calls record response ids: one that takes an id another
+/// call of the batch took fails alone (nothing of it written, not even its
+/// new trajectory), and a forgotten id is refused as a taken one.
+#[test]
+fn a_taken_response_id_fails_its_call_alone() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut conn = Connection::open(dir.path().join("s.db")).expect("open");
+    super::super::schema::migrate(&mut conn).expect("migrate");
+    let answered = |traj: &str, index: u32, parent: Option<u32>, id: &str| CallRecord {
+        api: Some("responses".into()),
+        response_id: Some(id.into()),
+        ..call(traj, index, parent)
+    };
+    let jobs = |ops: Vec<Op>| -> (Vec<Job>, Vec<_>) {
+        ops.into_iter()
+            .map(|op| {
+                let (ack, rx) = oneshot::channel();
+                (Job { op, ack: Some(ack) }, rx)
+            })
+            .unzip()
+    };
+    let append = |c: CallRecord| Op::Append(Box::new(c));
+    let (batch, _acks) = jobs(vec![
+        append(answered("t", 0, None, "resp_a")),
+        append(answered("u", 0, None, "resp_a")), // taken in this batch
+        append(answered("t", 1, Some(0), "resp_b")),
+    ]);
+    let outcomes = commit_batch(&mut conn, &batch);
+    let ok: Vec<bool> = outcomes.iter().map(Result::is_ok).collect();
+    assert_eq!(ok, [true, false, true]);
+    assert!(
+        matches!(&outcomes[1], Err(StoreError::ResponseIdTaken(id)) if id == "resp_a"),
+        "{outcomes:?}"
+    );
+    let count = |conn: &Connection, sql: &str| -> i64 {
+        conn.query_row(sql, [], |r| r.get(0)).expect("count")
+    };
+    assert_eq!(count(&conn, "SELECT count(*) FROM calls"), 2);
+    assert_eq!(
+        count(&conn, "SELECT count(*) FROM trajectories WHERE id = 'u'"),
+        0
+    );
+    assert_eq!(count(&conn, "SELECT count(*) FROM responses"), 2);
+
+    let forget = |id: &str| Op::ForgetResponse {
+        trajectory: "t".into(),
+        response_id: id.into(),
+    };
+    let (batch, _acks) = jobs(vec![
+        forget("resp_a"),
+        forget("resp_a"),
+        append(answered("v", 0, None, "resp_a")),
+    ]);
+    let outcomes = commit_batch(&mut conn, &batch);
+    assert!(
+        matches!(outcomes[0], Ok(Done::Forgot(true))),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(outcomes[1], Ok(Done::Forgot(false))),
+        "{outcomes:?}"
+    );
+    assert!(
+        matches!(&outcomes[2], Err(StoreError::ResponseIdTaken(_))),
+        "{outcomes:?}"
+    );
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT count(*) FROM calls WHERE response_id IS NOT NULL"
+        ),
+        1
+    );
+    assert_eq!(
+        count(&conn, "SELECT count(*) FROM responses"),
+        2,
+        "the id stays"
     );
 }
