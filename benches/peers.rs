@@ -259,6 +259,17 @@ fn row(concurrency: usize, name: &str, c: &Cell, base: Option<&Stats>) {
     );
 }
 
+/// sglang-router and smg each serve Prometheus metrics, on 0.0.0.0:29000
+/// unless told otherwise: each gets a free loopback port of its own.
+fn prometheus_on_loopback() -> [String; 4] {
+    [
+        "--prometheus-host".into(),
+        "127.0.0.1".into(),
+        "--prometheus-port".into(),
+        free_port().to_string(),
+    ]
+}
+
 /// Waits until the target answers a request with 200.
 async fn wait_ready(client: &reqwest::Client, target: &Target, proc: &mut Proc) {
     procs::wait_ready(proc, || async {
@@ -355,7 +366,8 @@ async fn main() {
         Command::new(&python)
             .args(["-m", "sglang_router.launch_router", "--host", "127.0.0.1"])
             .args(["--port", &sgl_port.to_string()])
-            .args(["--worker-urls", &mock.url(), "--policy", "round_robin"]),
+            .args(["--worker-urls", &mock.url(), "--policy", "round_robin"])
+            .args(prometheus_on_loopback()),
     );
 
     // Without `--backend openai` smg probes the worker for SGLang's own
@@ -373,7 +385,8 @@ async fn main() {
                 &smg_port.to_string(),
             ])
             .args(["--worker-urls", &mock.url(), "--policy", "round_robin"])
-            .args(["--backend", "openai", "--log-level", "warn"]),
+            .args(["--backend", "openai", "--log-level", "warn"])
+            .args(prometheus_on_loopback()),
     );
 
     let bare_port = free_port();
@@ -509,6 +522,16 @@ async fn main() {
             let cells = &rounds.median;
             for (t, c) in picked.iter().zip(cells) {
                 row(concurrency, t.name, c, None);
+            }
+            // Each loaded target's calls over the first's, summed over all
+            // rounds (the same spells of the host for all of them).
+            for (i, t) in picked.iter().enumerate().skip(1) {
+                println!(
+                    "concurrency {concurrency}: {} / {} over all rounds = {:.3}x",
+                    t.name,
+                    picked[0].name,
+                    rounds.over_all(i, 0)
+                );
             }
             if let (Some(b), Some(a), Some(_)) = (cells.last(), cells.first(), &tito_b_t) {
                 println!(

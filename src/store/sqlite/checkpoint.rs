@@ -13,7 +13,8 @@
 //! the WAL holds ([`Checkpointer::after_commit`]), which asks its thread for
 //! a passive checkpoint as often as SQLite's automatic one would have run:
 //! every `wal_autocheckpoint` frames of the writing connection (1,000 in
-//! SQLite's default build).
+//! SQLite's default build). A checkpoint that ends that many frames or more
+//! behind (the commits outran it) runs again at once.
 //!
 //! The WAL starts over from its beginning only at a commit that finds all
 //! of it copied, and a checkpoint leaves behind what was committed while it
@@ -94,7 +95,19 @@ impl Checkpointer {
             .name("tito-store-checkpoint".into())
             .spawn(move || {
                 while let Ok(ask) = asked.recv() {
-                    checkpoint(&conn);
+                    // Each pass copies what was committed when it began; a
+                    // pass that ends a cadence or more behind the WAL goes
+                    // again at once, so the copy keeps up with the commits
+                    // as fast as the disk allows instead of once an ask. A
+                    // pass that copied nothing (a reader holds the frames)
+                    // waits for the next ask.
+                    let mut copied_before = -1;
+                    while let Some((behind, copied)) = checkpoint(&conn) {
+                        if behind < every.max(1) || copied == copied_before {
+                            break;
+                        }
+                        copied_before = copied;
+                    }
                     if let Ask::Answer(done) = ask {
                         let _ = done.send(());
                     }
@@ -169,11 +182,21 @@ impl Drop for Checkpointer {
 }
 
 /// A passive checkpoint: copies what no reader still needs from the WAL into
-/// the database, waiting for nobody (as SQLite's automatic one). An error is
-/// logged; the next checkpoint tries again.
-fn checkpoint(conn: &Connection) {
-    if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
-        tracing::warn!(error = %e, "WAL checkpoint failed; the next one tries again");
+/// the database, waiting for nobody (as SQLite's automatic one). Returns how
+/// many frames of the WAL it left uncopied and how many the WAL has had
+/// copied; `None` after an error, which is logged (the next checkpoint
+/// tries again).
+fn checkpoint(conn: &Connection) -> Option<(i32, i32)> {
+    // (busy, frames in the WAL, frames copied), as SQLite reports them.
+    let counts = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+        Ok((r.get::<_, i32>(1)?, r.get::<_, i32>(2)?))
+    });
+    match counts {
+        Ok((frames, copied)) => Some((frames.saturating_sub(copied), copied)),
+        Err(e) => {
+            tracing::warn!(error = %e, "WAL checkpoint failed; the next one tries again");
+            None
+        }
     }
 }
 
@@ -240,6 +263,47 @@ mod tests {
             c.limit, 1,
             "a limit below one frame holds after every commit"
         );
+    }
+
+    /// A checkpoint that a reader holds back (the frames after the reader's
+    /// snapshot cannot be copied) ends instead of going round again, and
+    /// the copy resumes at the next ask once the reader is gone.
+    #[test]
+    fn a_checkpoint_a_reader_holds_back_ends_and_resumes_later() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("c.db");
+        let writer = wal_mode(&path);
+        writer
+            .execute_batch("CREATE TABLE t (x BLOB); INSERT INTO t VALUES (zeroblob(10))")
+            .expect("create");
+        let reader = Connection::open(&path).expect("reader");
+        reader.execute_batch("BEGIN").expect("begin");
+        let n: i64 = reader
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .expect("snapshot");
+        assert_eq!(n, 1);
+        for _ in 0..100 {
+            writer
+                .execute("INSERT INTO t VALUES (zeroblob(4000))", [])
+                .expect("insert");
+        }
+        // A cadence of one frame: every pass ends behind it.
+        let checkpointer = Checkpointer::start(&path, "NORMAL", 1, 1 << 30).expect("start");
+        let (done, ran) = std::sync::mpsc::channel();
+        let waiting = std::thread::spawn(move || {
+            checkpointer.run_now();
+            let _ = done.send(());
+            checkpointer
+        });
+        ran.recv_timeout(Duration::from_secs(30))
+            .expect("the checkpoint ended while the reader held it back");
+        let checkpointer = waiting.join().expect("thread");
+        reader.execute_batch("COMMIT").expect("end the read");
+        checkpointer.run_now();
+        let (frames, copied): (i32, i32) = writer
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| Ok((r.get(1)?, r.get(2)?)))
+            .expect("counts");
+        assert_eq!(frames, copied, "everything copied once the reader left");
     }
 
     /// The writer's pages reach the database file through the checkpoint
