@@ -35,14 +35,20 @@ async fn a_response_answers_with_its_output_and_usage() {
     let r: Value = resp.json().await.expect("json");
     assert_eq!(r["object"], "response");
     assert_eq!(r["status"], "completed");
-    assert!(r["id"].as_str().is_some_and(|id| id.starts_with("resp_")), "{r}");
+    assert!(
+        r["id"].as_str().is_some_and(|id| id.starts_with("resp_")),
+        "{r}"
+    );
     assert_eq!(r["output"][0]["type"], "message");
     assert_eq!(r["output"][0]["content"][0]["type"], "output_text");
     assert_eq!(r["output"][0]["content"][0]["text"], "ok");
     let prompt = ids(&r["prompt_token_ids"]);
     assert_eq!(r["usage"]["input_tokens"], prompt.len());
     assert_eq!(r["usage"]["output_tokens"], 3);
-    assert_eq!(ids(&r["token_ids"]), vec![u32::from(b'o'), u32::from(b'k'), IM_END]);
+    assert_eq!(
+        ids(&r["token_ids"]),
+        vec![u32::from(b'o'), u32::from(b'k'), IM_END]
+    );
     assert_eq!(ids(&mock.last_request()["prompt"]), prompt);
     // The call is recorded as a Responses call, under its response id.
     let t = g.get_json("/v1/trajectories/resp-1").await;
@@ -85,8 +91,13 @@ async fn the_stream_is_the_typed_event_sequence() {
     let done = events.last().expect("completed");
     assert_eq!(&done["response"]["id"], id);
     assert_eq!(done["response"]["output"][0]["content"][0]["text"], "ok");
-    for k in ["response.output_item.added", "response.content_part.added",
-              "response.output_text.done", "response.content_part.done", "response.output_item.done"] {
+    for k in [
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+    ] {
         assert!(kinds.contains(&k), "{k} missing from {kinds:?}");
     }
 }
@@ -95,7 +106,10 @@ async fn the_stream_is_the_typed_event_sequence() {
 async fn previous_response_id_continues_the_trajectory_exactly() {
     let (mock, g) = gateway().await;
     let first: Value = g
-        .post("/v1/responses", json!({"input": "hi", "return_token_ids": true}))
+        .post(
+            "/v1/responses",
+            json!({"input": "hi", "return_token_ids": true}),
+        )
         .await
         .json()
         .await
@@ -109,19 +123,32 @@ async fn previous_response_id_continues_the_trajectory_exactly() {
         )
         .await;
     assert_eq!(resp.status(), 200);
-    let tid = resp.headers()["x-trajectory-id"].to_str().expect("ascii").to_string();
+    let tid = resp.headers()["x-trajectory-id"]
+        .to_str()
+        .expect("ascii")
+        .to_string();
     let second: Value = resp.json().await.expect("json");
     let prompt2 = ids(&second["prompt_token_ids"]);
     let continued = [prompt1.clone(), sampled1].concat();
-    assert_eq!(&prompt2[..continued.len()], &continued[..], "sampled ids kept verbatim");
+    assert_eq!(
+        &prompt2[..continued.len()],
+        &continued[..],
+        "sampled ids kept verbatim"
+    );
     assert_eq!(ids(&mock.last_request()["prompt"]), prompt2);
     // Both calls are one trajectory, one sample.
     let t = g.get_json(&format!("/v1/trajectories/{tid}")).await;
     assert_eq!(t["calls"].as_array().map(Vec::len), Some(2), "{t}");
     assert_eq!(t["calls"][1]["parent_call"], 0);
-    let rows = g.export_jsonl(&format!("layout=trajectory&status=any&trajectory_id={tid}")).await;
-    let sample: Vec<&Value> = rows.iter().filter(|r| r["trajectory_id"] == tid.as_str()).collect();
+    g.post(&format!("/v1/trajectories/{tid}/finish"), json!({}))
+        .await;
+    let rows = g.export_jsonl("layout=trajectory").await;
+    let sample: Vec<&Value> = rows
+        .iter()
+        .filter(|r| r["trajectory_id"] == tid.as_str())
+        .collect();
     assert_eq!(sample.len(), 1, "{rows:?}");
+    assert_eq!(ids(&sample[0]["prompt_ids"]), prompt1);
 }
 
 #[tokio::test]
@@ -129,7 +156,10 @@ async fn replayed_output_items_continue_the_trajectory_exactly() {
     let (_mock, g) = gateway().await;
     let path = "/t/resp-items/v1/responses";
     let first: Value = g
-        .post(path, json!({"input": [{"role": "user", "content": "hi"}], "return_token_ids": true}))
+        .post(
+            path,
+            json!({"input": [{"role": "user", "content": "hi"}], "return_token_ids": true}),
+        )
         .await
         .json()
         .await
@@ -154,14 +184,25 @@ async fn replayed_output_items_continue_the_trajectory_exactly() {
 async fn a_stored_response_reads_back_until_it_is_deleted() {
     let (_mock, g) = gateway().await;
     let r: Value = g
-        .post("/t/resp-get/v1/responses", json!({"input": "hi", "metadata": {"k": "v"}}))
+        .post(
+            "/t/resp-get/v1/responses",
+            json!({"input": "hi", "metadata": {"k": "v"}}),
+        )
         .await
         .json()
         .await
         .expect("json");
     let id = r["id"].as_str().expect("id").to_string();
     let got = g.get_json(&format!("/v1/responses/{id}")).await;
-    for key in ["id", "status", "output", "usage", "metadata", "created_at", "model"] {
+    for key in [
+        "id",
+        "status",
+        "output",
+        "usage",
+        "metadata",
+        "created_at",
+        "model",
+    ] {
         assert_eq!(got[key], r[key], "{key}: {got}");
     }
     let items = g.get_json(&format!("/v1/responses/{id}/input_items")).await;
@@ -169,16 +210,31 @@ async fn a_stored_response_reads_back_until_it_is_deleted() {
     assert_eq!(items["data"][0]["content"][0]["text"], "hi");
     assert_eq!(items["has_more"], false);
 
-    let del = g.client.delete(g.url(&format!("/v1/responses/{id}"))).send().await.expect("delete");
+    let del = g
+        .client
+        .delete(g.url(&format!("/v1/responses/{id}")))
+        .send()
+        .await
+        .expect("delete");
     assert_eq!(del.status(), 200);
     let v: Value = del.json().await.expect("json");
     assert_eq!(v, json!({"id": id, "object": "response", "deleted": true}));
-    let gone = g.client.get(g.url(&format!("/v1/responses/{id}"))).send().await.expect("get");
+    let gone = g
+        .client
+        .get(g.url(&format!("/v1/responses/{id}")))
+        .send()
+        .await
+        .expect("get");
     assert_eq!(gone.status(), 404);
     let e: Value = gone.json().await.expect("json");
     assert_eq!(e["error"]["type"], "invalid_request_error");
     // Deleted: no longer continued by id; the call itself stays recorded.
-    let cont = g.post("/v1/responses", json!({"input": "x", "previous_response_id": id})).await;
+    let cont = g
+        .post(
+            "/v1/responses",
+            json!({"input": "x", "previous_response_id": id}),
+        )
+        .await;
     assert_eq!(cont.status(), 404);
     let e: Value = cont.json().await.expect("json");
     assert_eq!(e["error"]["code"], "previous_response_not_found");
@@ -191,13 +247,21 @@ async fn a_stored_response_reads_back_until_it_is_deleted() {
 async fn store_false_answers_without_keeping_a_retrievable_response() {
     let (_mock, g) = gateway().await;
     let r: Value = g
-        .post("/t/resp-nostore/v1/responses", json!({"input": "hi", "store": false}))
+        .post(
+            "/t/resp-nostore/v1/responses",
+            json!({"input": "hi", "store": false}),
+        )
         .await
         .json()
         .await
         .expect("json");
     let id = r["id"].as_str().expect("id");
-    let got = g.client.get(g.url(&format!("/v1/responses/{id}"))).send().await.expect("get");
+    let got = g
+        .client
+        .get(g.url(&format!("/v1/responses/{id}")))
+        .send()
+        .await
+        .expect("get");
     assert_eq!(got.status(), 404);
     let t = g.get_json("/v1/trajectories/resp-nostore").await;
     assert_eq!(t["calls"][0]["api"], "responses");
@@ -208,7 +272,12 @@ async fn store_false_answers_without_keeping_a_retrievable_response() {
 async fn an_sdk_retry_is_answered_from_the_record() {
     let (mock, g) = gateway().await;
     let body = json!({"input": "hi"});
-    let first: Value = g.post("/t/resp-retry/v1/responses", body.clone()).await.json().await.expect("json");
+    let first: Value = g
+        .post("/t/resp-retry/v1/responses", body.clone())
+        .await
+        .json()
+        .await
+        .expect("json");
     let again = g
         .client
         .post(g.url("/t/resp-retry/v1/responses"))
@@ -227,32 +296,60 @@ async fn an_sdk_retry_is_answered_from_the_record() {
 async fn bad_input_is_refused_by_name_and_nothing_is_recorded() {
     let (mock, g) = gateway().await;
     let cases = [
-        (json!({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}), 400, "input[0].call_id"),
-        (json!({"input": "x", "tools": [{"type": "file_search"}]}), 400, "tools[0]"),
+        (
+            json!({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}),
+            400,
+            "input[0].call_id",
+        ),
+        (
+            json!({"input": "x", "tools": [{"type": "file_search"}]}),
+            400,
+            "tools[0]",
+        ),
         (json!({"input": "x", "background": true}), 400, "background"),
-        (json!({"input": "x", "previous_response_id": "resp_nope"}), 404, "previous_response_id"),
+        (
+            json!({"input": "x", "previous_response_id": "resp_nope"}),
+            404,
+            "previous_response_id",
+        ),
         (json!({"input": "x", "model": "other"}), 404, "model"),
-        (json!({"input": "x", "max_output_tokens": -1}), 400, "max_output_tokens"),
+        (
+            json!({"input": "x", "max_output_tokens": -1}),
+            400,
+            "max_output_tokens",
+        ),
     ];
     for (body, status, param) in cases {
         let resp = g.post("/t/resp-bad/v1/responses", body.clone()).await;
         assert_eq!(resp.status().as_u16(), status, "{body}");
         let e: Value = resp.json().await.expect("json");
         assert_eq!(e["error"]["param"], param, "{body}: {e}");
-        assert!(e["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+        assert!(e["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty()));
     }
     assert!(mock.requests().is_empty());
-    let t = g.client.get(g.url("/v1/trajectories/resp-bad")).send().await.expect("get");
+    let t = g
+        .client
+        .get(g.url("/v1/trajectories/resp-bad"))
+        .send()
+        .await
+        .expect("get");
     assert_eq!(t.status(), 404, "nothing was recorded");
 }
 
 #[tokio::test]
 async fn input_tokens_counts_with_the_template() {
     let (_mock, g) = gateway().await;
-    let v = g.post_json("/v1/responses/input_tokens", json!({"input": "hi"})).await;
+    let v = g
+        .post_json("/v1/responses/input_tokens", json!({"input": "hi"}))
+        .await;
     assert_eq!(v["object"], "response.input_tokens");
     let r: Value = g
-        .post("/v1/responses", json!({"input": "hi", "return_token_ids": true}))
+        .post(
+            "/v1/responses",
+            json!({"input": "hi", "return_token_ids": true}),
+        )
         .await
         .json()
         .await
@@ -282,23 +379,41 @@ async fn a_function_call_round_trip_keeps_the_sampled_ids() {
         "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}]);
     let path = "/t/resp-tools/v1/responses";
     let first: Value = g
-        .post(path, json!({"input": "2+2?", "tools": tools, "return_token_ids": true}))
+        .post(
+            path,
+            json!({"input": "2+2?", "tools": tools, "return_token_ids": true}),
+        )
         .await
         .json()
         .await
         .expect("json");
-    let fc = first["output"].as_array().and_then(|o| o.iter().find(|i| i["type"] == "function_call")).cloned();
+    let fc = first["output"]
+        .as_array()
+        .and_then(|o| o.iter().find(|i| i["type"] == "function_call"))
+        .cloned();
     let fc = fc.expect("a function call item");
     assert_eq!(fc["name"], "calc");
     let call_id = fc["call_id"].as_str().expect("call id").to_string();
     let recorded = g.get_json("/v1/trajectories/resp-tools").await;
-    assert_eq!(recorded["calls"][0]["response"]["tool_calls"][0]["id"], call_id.as_str());
+    assert_eq!(
+        recorded["calls"][0]["response"]["tool_calls"][0]["id"],
+        call_id.as_str()
+    );
 
-    mock.push(Scripted::ids(r.encode("4").expect("enc").into_iter().chain([im_end]).collect()));
+    mock.push(Scripted::ids(
+        r.encode("4")
+            .expect("enc")
+            .into_iter()
+            .chain([im_end])
+            .collect(),
+    ));
     let second: Value = g
-        .post(path, json!({"previous_response_id": first["id"], "tools": tools,
+        .post(
+            path,
+            json!({"previous_response_id": first["id"], "tools": tools,
             "input": [{"type": "function_call_output", "call_id": call_id, "output": "4"}],
-            "return_token_ids": true}))
+            "return_token_ids": true}),
+        )
         .await
         .json()
         .await
@@ -319,7 +434,10 @@ async fn a_rebuilt_trajectory_continues_a_response_exactly() {
     let store_cfg = format!("[store]\nurl = \"{url}\"\n");
     let g1 = start_gateway(config(&[mock.url()], &store_cfg)).await;
     let first: Value = g1
-        .post("/v1/responses", json!({"instructions": "be kind", "input": "hi", "return_token_ids": true}))
+        .post(
+            "/v1/responses",
+            json!({"instructions": "be kind", "input": "hi", "return_token_ids": true}),
+        )
         .await
         .json()
         .await
@@ -327,11 +445,17 @@ async fn a_rebuilt_trajectory_continues_a_response_exactly() {
     drop(g1);
     let g2 = start_gateway(config(&[mock.url()], &store_cfg)).await;
     let resp = g2
-        .post("/v1/responses", json!({"instructions": "be kind", "input": "more",
-            "previous_response_id": first["id"], "return_token_ids": true}))
+        .post(
+            "/v1/responses",
+            json!({"instructions": "be kind", "input": "more",
+            "previous_response_id": first["id"], "return_token_ids": true}),
+        )
         .await;
     assert_eq!(resp.status(), 200);
-    let tid = resp.headers()["x-trajectory-id"].to_str().expect("ascii").to_string();
+    let tid = resp.headers()["x-trajectory-id"]
+        .to_str()
+        .expect("ascii")
+        .to_string();
     let second: Value = resp.json().await.expect("json");
     let continued = [ids(&first["prompt_token_ids"]), ids(&first["token_ids"])].concat();
     let prompt2 = ids(&second["prompt_token_ids"]);
@@ -344,8 +468,18 @@ async fn a_rebuilt_trajectory_continues_a_response_exactly() {
 #[tokio::test]
 async fn streamed_and_whole_answers_agree() {
     let (_mock, g) = gateway().await;
-    let whole: Value = g.post("/t/resp-agree-1/v1/responses", json!({"input": "hi"})).await.json().await.expect("json");
-    let resp = g.post("/t/resp-agree-2/v1/responses", json!({"input": "hi", "stream": true})).await;
+    let whole: Value = g
+        .post("/t/resp-agree-1/v1/responses", json!({"input": "hi"}))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let resp = g
+        .post(
+            "/t/resp-agree-2/v1/responses",
+            json!({"input": "hi", "stream": true}),
+        )
+        .await;
     let events = sse_events(resp).await;
     let done: Value = events
         .iter()
@@ -353,6 +487,9 @@ async fn streamed_and_whole_answers_agree() {
         .find(|e| e["type"] == "response.completed")
         .expect("completed");
     let streamed = &done["response"];
-    assert_eq!(streamed["output"][0]["content"], whole["output"][0]["content"]);
+    assert_eq!(
+        streamed["output"][0]["content"],
+        whole["output"][0]["content"]
+    );
     assert_eq!(streamed["usage"], whole["usage"]);
 }

@@ -67,7 +67,16 @@ fn parse(
         usage_chunk: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         legacy_functions,
     };
-    let call = chat_call(state, path, headers, req, received, body, Api::Chat, new_id("chatcmpl"))?;
+    let call = chat_call(
+        state,
+        path,
+        headers,
+        req,
+        received,
+        body,
+        Api::Chat,
+        new_id("chatcmpl"),
+    )?;
     Ok((call, shape))
 }
 
@@ -131,8 +140,8 @@ async fn handle(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let handled = Instant::now();
-    let (call, shape) =
-        tracing::info_span!(target: PHASE, "parse").in_scope(|| parse(&state, path, headers, body))?;
+    let (call, shape) = tracing::info_span!(target: PHASE, "parse")
+        .in_scope(|| parse(&state, path, headers, body))?;
     run::run(state, call, headers, ChatSurface { shape }, handled).await
 }
 

@@ -157,7 +157,12 @@ pub(super) async fn run<S: Surface>(
 }
 
 /// A recorded answer, given again (an SDK retry or a repeated key).
-fn replay<S: Surface>(state: &AppState, answer: Arc<Answer>, stream: bool, surface: &S) -> Response {
+fn replay<S: Surface>(
+    state: &AppState,
+    answer: Arc<Answer>,
+    stream: bool,
+    surface: &S,
+) -> Response {
     let headers = super::trajectory_header(&answer.trajectory_id);
     if !stream {
         return match surface.body(state, &answer) {
@@ -169,7 +174,9 @@ fn replay<S: Surface>(state: &AppState, answer: Arc<Answer>, stream: bool, surfa
         };
     }
     let encoder = surface.stream(state, answer.created, None, false);
-    sse_response(state, headers, move |tx| stream::replay(answer, encoder, tx))
+    sse_response(state, headers, move |tx| {
+        stream::replay(answer, encoder, tx)
+    })
 }
 
 /// Builds the prompt from the trajectory's history (exact or template mode).

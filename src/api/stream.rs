@@ -93,7 +93,7 @@ pub async fn run(
                         cause = %e.message, "stream failed");
                 }
                 let out = enc.error(&e);
-                let _ = finish(&tx, &enc, out).await;
+                let _ = finish(&tx, out, enc.done()).await;
                 return;
             }
         };
@@ -101,13 +101,13 @@ pub async fn run(
             return;
         }
     }
-    let _ = finish(&tx, &enc, Vec::new()).await;
+    let _ = finish(&tx, Vec::new(), enc.done()).await;
 }
 
 /// A recorded answer, streamed again through `enc`.
 pub async fn replay(answer: Arc<Answer>, mut enc: impl Encoder, tx: SseSender) {
     let out = enc.replay(&answer);
-    let _ = finish(&tx, &enc, out).await;
+    let _ = finish(&tx, out, enc.done()).await;
 }
 
 async fn send_all(tx: &SseSender, out: Vec<Out>) -> Result<(), Gone> {
@@ -117,10 +117,10 @@ async fn send_all(tx: &SseSender, out: Vec<Out>) -> Result<(), Gone> {
     Ok(())
 }
 
-/// Sends `out`, then the surface's closing event.
-async fn finish(tx: &SseSender, enc: &impl Encoder, out: Vec<Out>) -> Result<(), Gone> {
+/// Sends `out`, then the surface's closing event, if it has one.
+async fn finish(tx: &SseSender, out: Vec<Out>, done: Option<Out>) -> Result<(), Gone> {
     send_all(tx, out).await?;
-    match enc.done() {
+    match done {
         Some(done) => tx.send_out(&done).await,
         None => Ok(()),
     }
@@ -153,7 +153,11 @@ impl Deltas {
 
     /// The events of one delta (the parser's end with the choice's last).
     pub fn of(&mut self, ev: &ChoiceEvent) -> Vec<DeltaEvent> {
-        match self.parsers.get_mut(ev.index as usize).and_then(Option::as_mut) {
+        match self
+            .parsers
+            .get_mut(ev.index as usize)
+            .and_then(Option::as_mut)
+        {
             Some(p) => {
                 let mut events = p.push(&ev.text);
                 if ev.finish.is_some() {
@@ -161,7 +165,9 @@ impl Deltas {
                 }
                 events
             }
-            None if !ev.text.is_empty() && !self.forced => vec![DeltaEvent::Content(ev.text.clone())],
+            None if !ev.text.is_empty() && !self.forced => {
+                vec![DeltaEvent::Content(ev.text.clone())]
+            }
             None => Vec::new(),
         }
     }

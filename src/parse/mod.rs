@@ -84,7 +84,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value as Json};
 
 pub use ids::{IdGen, IdStyle};
-pub use reasoning::{prompt_opens_reasoning, ReasoningParser, ReasoningStream, CLOSE as REASONING_CLOSE};
+pub use reasoning::{
+    prompt_opens_reasoning, ReasoningParser, ReasoningStream, CLOSE as REASONING_CLOSE,
+};
 pub use scan::Scan;
 pub use stream::{ChatStream, DeltaEvent, EventAssembler, ToolStream};
 

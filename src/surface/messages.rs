@@ -37,9 +37,18 @@ const PASSED: &[&str] = &[
 
 /// Top-level fields refused unless null: what each asks for.
 const REFUSED: &[(&str, &str)] = &[
-    ("container", "containers (server-side code execution) are not supported"),
-    ("mcp_servers", "MCP servers are not supported: give the tools as `tools`"),
-    ("context_management", "context management is not supported: tito never drops history"),
+    (
+        "container",
+        "containers (server-side code execution) are not supported",
+    ),
+    (
+        "mcp_servers",
+        "MCP servers are not supported: give the tools as `tools`",
+    ),
+    (
+        "context_management",
+        "context management is not supported: tito never drops history",
+    ),
 ];
 
 /// What a Messages body asks that is not in its history.
@@ -72,7 +81,12 @@ pub fn translate(body: &Json, thinking_kwarg: bool) -> Result<Translated, Surfac
                 format!("`max_tokens` must be a positive integer, got {v}"),
             ))
         }
-        None => return Err(SurfaceError::invalid("max_tokens", "`max_tokens` is required")),
+        None => {
+            return Err(SurfaceError::invalid(
+                "max_tokens",
+                "`max_tokens` is required",
+            ))
+        }
     };
     let History { messages, .. } = history(body)?;
     let mut chat = Map::new();
@@ -152,12 +166,15 @@ fn thinking(v: Option<&Json>, max_tokens: &Json) -> Result<Option<bool>, Surface
     match t.get("type").and_then(Json::as_str) {
         Some("disabled") => Ok(Some(false)),
         Some("enabled") => {
-            let budget = t.get("budget_tokens").and_then(Json::as_u64).ok_or_else(|| {
-                SurfaceError::invalid(
-                    "thinking.budget_tokens",
-                    "`thinking.budget_tokens` must be a positive integer",
-                )
-            })?;
+            let budget = t
+                .get("budget_tokens")
+                .and_then(Json::as_u64)
+                .ok_or_else(|| {
+                    SurfaceError::invalid(
+                        "thinking.budget_tokens",
+                        "`thinking.budget_tokens` must be a positive integer",
+                    )
+                })?;
             let max = max_tokens.as_u64().unwrap_or(0);
             if budget < 1024 || budget >= max {
                 return Err(SurfaceError::invalid(
@@ -196,19 +213,27 @@ fn tools(v: Option<&Json>) -> Result<Option<Json>, SurfaceError> {
             Some(kind) => {
                 return Err(SurfaceError::unsupported(
                     &param,
-                    format!("`{param}`: server tools (`{kind}`) are not supported; only custom tools are"),
+                    format!(
+                    "`{param}`: server tools (`{kind}`) are not supported; only custom tools are"
+                ),
                 ))
             }
         }
         let name = t.get("name").and_then(Json::as_str).ok_or_else(|| {
-            SurfaceError::invalid(format!("{param}.name"), format!("`{param}.name` must be a string"))
-        })?;
-        let schema = t.get("input_schema").filter(|s| s.is_object()).ok_or_else(|| {
             SurfaceError::invalid(
-                format!("{param}.input_schema"),
-                format!("`{param}.input_schema` must be a JSON Schema object"),
+                format!("{param}.name"),
+                format!("`{param}.name` must be a string"),
             )
         })?;
+        let schema = t
+            .get("input_schema")
+            .filter(|s| s.is_object())
+            .ok_or_else(|| {
+                SurfaceError::invalid(
+                    format!("{param}.input_schema"),
+                    format!("`{param}.input_schema` must be a JSON Schema object"),
+                )
+            })?;
         let mut f = Map::new();
         f.insert("name".into(), json!(name));
         if let Some(d) = t.get("description").filter(|d| !d.is_null()) {
@@ -290,9 +315,17 @@ pub fn history(body: &Json) -> Result<History, SurfaceError> {
     let list = match body.get("messages") {
         Some(Json::Array(l)) if !l.is_empty() => l,
         Some(Json::Array(_)) => {
-            return Err(SurfaceError::invalid("messages", "`messages` must not be empty"))
+            return Err(SurfaceError::invalid(
+                "messages",
+                "`messages` must not be empty",
+            ))
         }
-        _ => return Err(SurfaceError::invalid("messages", "`messages` must be a list")),
+        _ => {
+            return Err(SurfaceError::invalid(
+                "messages",
+                "`messages` must be a list",
+            ))
+        }
     };
     for (i, m) in list.iter().enumerate() {
         let param = format!("messages[{i}]");
@@ -321,13 +354,19 @@ pub fn history(body: &Json) -> Result<History, SurfaceError> {
 /// The block at `param` as an object with a `type`.
 fn block_type<'a>(b: &'a Json, param: &str) -> Result<&'a str, SurfaceError> {
     b.get("type").and_then(Json::as_str).ok_or_else(|| {
-        SurfaceError::invalid(param, format!("`{param}` must be a content block with a `type`"))
+        SurfaceError::invalid(
+            param,
+            format!("`{param}` must be a content block with a `type`"),
+        )
     })
 }
 
 fn string_field<'a>(b: &'a Json, key: &str, param: &str) -> Result<&'a str, SurfaceError> {
     b.get(key).and_then(Json::as_str).ok_or_else(|| {
-        SurfaceError::invalid(format!("{param}.{key}"), format!("`{param}.{key}` must be a string"))
+        SurfaceError::invalid(
+            format!("{param}.{key}"),
+            format!("`{param}.{key}` must be a string"),
+        )
     })
 }
 
@@ -339,7 +378,9 @@ fn unsupported_block(param: &str, kind: &str) -> SurfaceError {
 }
 
 fn text_block(b: &Json, param: &str) -> Result<String, SurfaceError> {
-    if b.get("citations").is_some_and(|c| c.as_array().is_some_and(|l| !l.is_empty())) {
+    if b.get("citations")
+        .is_some_and(|c| c.as_array().is_some_and(|l| !l.is_empty()))
+    {
         return Err(SurfaceError::unsupported(
             format!("{param}.citations"),
             format!("`{param}.citations`: citations are not supported"),
@@ -468,7 +509,11 @@ fn signature_matches(signature: &str, thinking: &str) -> bool {
 /// `tool_use`, `length` → `max_tokens`, a stop on one of the request's
 /// `stop_sequences` → `stop_sequence` (naming it), another stop →
 /// `end_turn`; an aborted generation has none.
-pub fn stop_reason(finish: &str, stopped_on: Option<&str>, stop_sequences: &[String]) -> (Json, Json) {
+pub fn stop_reason(
+    finish: &str,
+    stopped_on: Option<&str>,
+    stop_sequences: &[String],
+) -> (Json, Json) {
     match finish {
         "tool_calls" => (json!("tool_use"), Json::Null),
         "length" => (json!("max_tokens"), Json::Null),
@@ -483,7 +528,12 @@ pub fn stop_reason(finish: &str, stopped_on: Option<&str>, stop_sequences: &[Str
 /// The content blocks of the served message: thinking (signed), text,
 /// then one `tool_use` per tool call (`input` parsed from its arguments).
 pub fn content_blocks(id: &str, served: &Json) -> Vec<Json> {
-    let nonempty = |k: &str| served.get(k).and_then(Json::as_str).filter(|s| !s.is_empty());
+    let nonempty = |k: &str| {
+        served
+            .get(k)
+            .and_then(Json::as_str)
+            .filter(|s| !s.is_empty())
+    };
     let mut out = Vec::new();
     if let Some(r) = nonempty("reasoning_content") {
         out.push(json!({"type": "thinking", "thinking": r, "signature": signature(id, r)}));
@@ -522,7 +572,10 @@ pub fn tool_calls(served: &Json) -> Vec<ToolUse<'_>> {
                 .unwrap_or("{}");
             ToolUse {
                 id: c.get("id").and_then(Json::as_str).unwrap_or_default(),
-                name: f.and_then(|f| f.get("name")).and_then(Json::as_str).unwrap_or_default(),
+                name: f
+                    .and_then(|f| f.get("name"))
+                    .and_then(Json::as_str)
+                    .unwrap_or_default(),
                 arguments,
                 input: serde_json::from_str::<Json>(arguments)
                     .ok()
@@ -566,16 +619,16 @@ mod tests {
     fn system_tool_use_and_results_become_chat_messages() {
         let sig = signature("msg_1", "plan");
         let body = json!({"model": "m", "max_tokens": 64, "system": "be brief",
-            "messages": [
-                {"role": "user", "content": "weather?"},
-                {"role": "assistant", "content": [
-                    {"type": "thinking", "thinking": "plan", "signature": sig},
-                    {"type": "text", "text": "Checking."},
-                    {"type": "tool_use", "id": "call_a", "name": "w", "input": {"city": "Paris"}}]},
-                {"role": "user", "content": [
-                    {"type": "tool_result", "tool_use_id": "call_a", "content": "sunny", "is_error": false},
-                    {"type": "text", "text": "and tomorrow?"}]},
-            ]});
+        "messages": [
+            {"role": "user", "content": "weather?"},
+            {"role": "assistant", "content": [
+                {"type": "thinking", "thinking": "plan", "signature": sig},
+                {"type": "text", "text": "Checking."},
+                {"type": "tool_use", "id": "call_a", "name": "w", "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "call_a", "content": "sunny", "is_error": false},
+                {"type": "text", "text": "and tomorrow?"}]},
+        ]});
         let c = chat(&body);
         assert_eq!(c["max_tokens"], 64);
         assert_eq!(
@@ -613,7 +666,10 @@ mod tests {
             "stop_sequences": ["END"], "temperature": 0.2, "top_k": 5});
         let t = translate(&body, true).expect("translates");
         let c = &t.chat;
-        assert_eq!(c["tools"][0]["function"]["parameters"], json!({"type": "object"}));
+        assert_eq!(
+            c["tools"][0]["function"]["parameters"],
+            json!({"type": "object"})
+        );
         assert_eq!(c["tool_choice"], "required");
         assert_eq!(c["parallel_tool_calls"], false);
         assert_eq!(c["chat_template_kwargs"]["enable_thinking"], true);
@@ -635,16 +691,33 @@ mod tests {
             b
         };
         let cases = [
-            (json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}), "max_tokens"),
-            (base(json!({"tools": [{"type": "web_search_20250305", "name": "s"}]})), "tools[0]"),
+            (
+                json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+                "max_tokens",
+            ),
+            (
+                base(json!({"tools": [{"type": "web_search_20250305", "name": "s"}]})),
+                "tools[0]",
+            ),
             (base(json!({"container": "c1"})), "container"),
-            (base(json!({"thinking": {"type": "enabled", "budget_tokens": 100}})), "thinking.budget_tokens"),
-            (base(json!({"thinking": {"type": "adaptive"}})), "thinking.type"),
-            (base(json!({"messages": [{"role": "user", "content": [
+            (
+                base(json!({"thinking": {"type": "enabled", "budget_tokens": 100}})),
+                "thinking.budget_tokens",
+            ),
+            (
+                base(json!({"thinking": {"type": "adaptive"}})),
+                "thinking.type",
+            ),
+            (
+                base(json!({"messages": [{"role": "user", "content": [
                 {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}]}]})),
-             "messages[0].content[0]"),
-            (base(json!({"messages": [{"role": "user", "content": [
-                {"type": "tool_result", "content": "x"}]}]})), "messages[0].content[0].tool_use_id"),
+                "messages[0].content[0]",
+            ),
+            (
+                base(json!({"messages": [{"role": "user", "content": [
+                {"type": "tool_result", "content": "x"}]}]})),
+                "messages[0].content[0].tool_use_id",
+            ),
             (base(json!({"messages": []})), "messages"),
         ];
         for (body, param) in cases {
@@ -659,12 +732,21 @@ mod tests {
             "tool_calls": [{"id": "call_1", "function": {"name": "f", "arguments": "{\"a\": 1}"}}]});
         let blocks = content_blocks("msg_9", &served);
         assert_eq!(blocks[0]["type"], "thinking");
-        assert!(signature_matches(blocks[0]["signature"].as_str().unwrap_or_default(), "r"));
+        assert!(signature_matches(
+            blocks[0]["signature"].as_str().unwrap_or_default(),
+            "r"
+        ));
         assert_eq!(blocks[1], json!({"type": "text", "text": "t"}));
         assert_eq!(blocks[2]["input"], json!({"a": 1}));
         let stops = vec!["END".to_string()];
-        assert_eq!(stop_reason("stop", Some("END"), &stops), (json!("stop_sequence"), json!("END")));
-        assert_eq!(stop_reason("stop", None, &stops), (json!("end_turn"), Json::Null));
+        assert_eq!(
+            stop_reason("stop", Some("END"), &stops),
+            (json!("stop_sequence"), json!("END"))
+        );
+        assert_eq!(
+            stop_reason("stop", None, &stops),
+            (json!("end_turn"), Json::Null)
+        );
         assert_eq!(stop_reason("length", None, &stops).0, json!("max_tokens"));
         assert_eq!(stop_reason("tool_calls", None, &stops).0, json!("tool_use"));
     }

@@ -126,7 +126,8 @@ pub fn chat_request(
                 Some(id) => Some(previous(id)?),
                 None => None,
             };
-            let t = responses::translate(request, prev.as_deref(), switches.reasoning_effort).ok()?;
+            let t =
+                responses::translate(request, prev.as_deref(), switches.reasoning_effort).ok()?;
             Some((t.chat, t.instructions))
         }
         Api::Messages => {
@@ -140,7 +141,11 @@ pub fn chat_request(
 /// text parts (`{"type": T, "text"}`, `T` one of `types`) as chat text parts
 /// (`{"type": "text", "text"}`), which normalization joins as it joins any
 /// chat message's parts; `param` names the value in an error.
-pub(crate) fn chat_content(value: &Json, types: &[&str], param: &str) -> Result<Json, SurfaceError> {
+pub(crate) fn chat_content(
+    value: &Json,
+    types: &[&str],
+    param: &str,
+) -> Result<Json, SurfaceError> {
     match value {
         Json::String(s) => Ok(Json::String(s.clone())),
         Json::Array(parts) => {

@@ -31,10 +31,10 @@ use crate::backend::FinishReason;
 use crate::config::{HistoryMode, TrajectoryConfig};
 use crate::error::ApiError;
 use crate::render::Renderer;
-use crate::surface::{Api, Switches};
 use crate::store::{
     now_ms, CallRecord, DynStore, SegmentKind, StoreError, TrajectoryMeta, TrajectoryMetadata,
 };
+use crate::surface::{Api, Switches};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrajectoryError {

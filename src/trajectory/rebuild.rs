@@ -122,8 +122,7 @@ impl Trajectories {
             let instructions = translated.get(&first).map_or(0, |(_, n)| *n);
             self.rebuild_call(st, &mut built, rec, request, messages.clone(), instructions)?;
             if let (Some(id), Some(m)) = (&rec.response_id, &messages) {
-                let conversation =
-                    surface::responses::continued(m, instructions, &rec.response);
+                let conversation = surface::responses::continued(m, instructions, &rec.response);
                 conversations.insert(id.clone(), conversation);
             }
         }

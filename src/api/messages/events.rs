@@ -82,7 +82,11 @@ impl MessagesEncoder {
     }
 
     fn delta_event(index: usize, delta: Json, out: &mut Vec<Out>) {
-        Self::event("content_block_delta", json!({"index": index, "delta": delta}), out);
+        Self::event(
+            "content_block_delta",
+            json!({"index": index, "delta": delta}),
+            out,
+        );
     }
 
     /// Ends the open block; a thinking block gets its signature first.
@@ -150,7 +154,12 @@ impl MessagesEncoder {
 
     /// The served message's blocks as events.
     fn served_blocks(&mut self, served: &Json, reasoning_and_text: bool, out: &mut Vec<Out>) {
-        let text = |k: &str| served.get(k).and_then(Json::as_str).filter(|s| !s.is_empty());
+        let text = |k: &str| {
+            served
+                .get(k)
+                .and_then(Json::as_str)
+                .filter(|s| !s.is_empty())
+        };
         if reasoning_and_text {
             if let Some(r) = text("reasoning_content") {
                 self.push(DeltaEvent::Reasoning(r.to_string()), out);

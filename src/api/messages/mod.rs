@@ -19,7 +19,8 @@ use serde_json::{json, Value as Json};
 use super::request::{parse_json, parse_value, ChatRequest};
 use super::run::{self, Surface};
 use super::AppState;
-use crate::call::{Answer, ParseSetup, StopReason};
+use crate::call::assemble::StopReason;
+use crate::call::{Answer, ParseSetup};
 use crate::error::ApiError;
 use crate::metrics::PHASE;
 use crate::surface::messages as wire;
@@ -86,7 +87,7 @@ fn parse(
         ));
     }
     let translated = wire::translate(&received, state.trajectories.switches().enable_thinking)?;
-    let mut req: ChatRequest = parse_value(&translated.chat)?;
+    let req: ChatRequest = parse_value(&translated.chat)?;
     req.check()?;
     super::unsupported::chat(&translated.chat)?;
     let token_ids = req.return_token_ids;
@@ -163,7 +164,12 @@ impl Surface for MessagesSurface {
         parsing: Option<Arc<ParseSetup>>,
         forced: bool,
     ) -> events::MessagesEncoder {
-        events::MessagesEncoder::new(self.model.clone(), self.stop_sequences.clone(), parsing, forced)
+        events::MessagesEncoder::new(
+            self.model.clone(),
+            self.stop_sequences.clone(),
+            parsing,
+            forced,
+        )
     }
 }
 

@@ -24,9 +24,20 @@ use crate::surface::responses::output::{self, Head};
 
 /// The item being streamed.
 enum Open {
-    Reasoning { index: usize, text: String },
-    Message { index: usize, text: String, logprobs: Vec<Json> },
-    Call { index: usize, n: usize, call: Json },
+    Reasoning {
+        index: usize,
+        text: String,
+    },
+    Message {
+        index: usize,
+        text: String,
+        logprobs: Vec<Json>,
+    },
+    Call {
+        index: usize,
+        n: usize,
+        call: Json,
+    },
 }
 
 pub struct ResponsesEncoder {
@@ -122,7 +133,11 @@ impl ResponsesEncoder {
         } else {
             let item = json!({"type": "message", "id": output::message_id(&self.id),
                 "role": "assistant", "status": "in_progress", "content": []});
-            (item, output::text_part("", Vec::new()), output::message_id(&self.id))
+            (
+                item,
+                output::text_part("", Vec::new()),
+                output::message_id(&self.id),
+            )
         };
         self.event(
             "response.output_item.added",
@@ -302,21 +317,33 @@ impl ResponsesEncoder {
             self.push(DeltaEvent::Reasoning(r.to_string()), &mut None, out);
         }
         if let Some(t) = p.text {
-            self.push(DeltaEvent::Content(t.to_string()), &mut logprobs.clone(), out);
+            self.push(
+                DeltaEvent::Content(t.to_string()),
+                &mut logprobs.clone(),
+                out,
+            );
         }
         for c in p.calls {
             let f = c.get("function").unwrap_or(&Json::Null);
             let id = c.get("id").and_then(Json::as_str).unwrap_or_default();
             let name = f.get("name").and_then(Json::as_str).unwrap_or_default();
             self.open_call(id, name, out);
-            let args = f.get("arguments").and_then(Json::as_str).unwrap_or_default();
+            let args = f
+                .get("arguments")
+                .and_then(Json::as_str)
+                .unwrap_or_default();
             self.arguments(args, out);
         }
     }
 
     /// The last events: the open item closed, then the finished response.
     fn finish(&mut self, answer: &Answer, out: &mut Vec<Out>) {
-        let o = match outcome_of(&self.renderer, answer, self.shape, crate::api::unix_now() as i64) {
+        let o = match outcome_of(
+            &self.renderer,
+            answer,
+            self.shape,
+            crate::api::unix_now() as i64,
+        ) {
             Ok(o) => o,
             Err(e) => {
                 out.extend(self.error(&e));

@@ -108,7 +108,7 @@ async fn parse(
             }
         }
     }
-    let mut req: ChatRequest = parse_value(&chat)?;
+    let req: ChatRequest = parse_value(&chat)?;
     req.check()?;
     super::unsupported::chat(&chat)?;
     let shape = Shape {
@@ -155,7 +155,12 @@ async fn previous(state: &AppState, id: &str) -> Result<(String, Vec<Json>), Api
     let ResponseRef {
         trajectory_id,
         call_index,
-    } = state.store.store.find_response(id).await?.ok_or_else(not_found)?;
+    } = state
+        .store
+        .store
+        .find_response(id)
+        .await?
+        .ok_or_else(not_found)?;
     let conversation = state
         .trajectories
         .conversation(&trajectory_id, call_index)
@@ -196,7 +201,12 @@ impl Surface for ResponsesSurface {
             model: &self.model,
             request: &self.request,
         };
-        let o = outcome_of(&state.renderer, answer, self.shape, super::unix_now() as i64)?;
+        let o = outcome_of(
+            &state.renderer,
+            answer,
+            self.shape,
+            super::unix_now() as i64,
+        )?;
         Ok(axum::Json(output::finished(&head, &o)).into_response())
     }
 
@@ -321,10 +331,14 @@ pub(super) fn reasoning_tokens(renderer: &Renderer, ids: &[u32], served: &Json) 
 /// The stored Responses call `id`, with its trajectory.
 async fn stored(state: &AppState, id: &str) -> Result<(Trajectory, usize), ApiError> {
     let not_found = || {
-        ApiError::not_found(format!("Response with id '{id}' not found."))
-            .with_param("response_id")
+        ApiError::not_found(format!("Response with id '{id}' not found.")).with_param("response_id")
     };
-    let r = state.store.store.find_response(id).await?.ok_or_else(not_found)?;
+    let r = state
+        .store
+        .store
+        .find_response(id)
+        .await?
+        .ok_or_else(not_found)?;
     let t = state
         .store
         .store
@@ -416,8 +430,10 @@ async fn delete(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     if !state.store.store.forget_response(&id).await? {
-        return Err(ApiError::not_found(format!("Response with id '{id}' not found."))
-            .with_param("response_id"));
+        return Err(
+            ApiError::not_found(format!("Response with id '{id}' not found."))
+                .with_param("response_id"),
+        );
     }
     Ok(axum::Json(json!({"id": id, "object": "response", "deleted": true})).into_response())
 }
@@ -439,7 +455,10 @@ async fn input_items(
     let Query(q) = query?;
     let limit = q.limit.unwrap_or(20);
     if !(1..=100).contains(&limit) {
-        return Err(ApiError::invalid("limit", "`limit` must be between 1 and 100"));
+        return Err(ApiError::invalid(
+            "limit",
+            "`limit` must be between 1 and 100",
+        ));
     }
     let (t, at) = stored(&state, &id).await?;
     let mut items = output::input_items(&id, t.request_of(&t.calls[at]));
@@ -472,10 +491,7 @@ async fn input_items(
 /// `POST /v1/responses/input_tokens`: the prompt tokens the request would
 /// render to with the served model's template, as a new conversation or
 /// continuing its `previous_response_id`.
-async fn input_tokens(
-    State(state): State<AppState>,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+async fn input_tokens(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let received = parse_json(&body)?;
     let previous = match received.get("previous_response_id") {
         Some(Json::String(id)) => Some(previous(&state, id).await?),

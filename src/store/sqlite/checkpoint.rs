@@ -301,7 +301,9 @@ mod tests {
         reader.execute_batch("COMMIT").expect("end the read");
         checkpointer.run_now();
         let (frames, copied): (i32, i32) = writer
-            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| Ok((r.get(1)?, r.get(2)?)))
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                Ok((r.get(1)?, r.get(2)?))
+            })
             .expect("counts");
         assert_eq!(frames, copied, "everything copied once the reader left");
     }

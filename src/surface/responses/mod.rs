@@ -45,12 +45,27 @@ const INCLUDE: &[&str] = &[
 /// Top-level fields refused unless null (or, for `background`, false):
 /// what each would ask for and tito does not do.
 const REFUSED: &[(&str, &str)] = &[
-    ("background", "background responses are not supported: answers are generated while the request waits"),
-    ("conversation", "conversations are not supported: continue a response with `previous_response_id`"),
-    ("prompt", "stored prompt templates are not supported: send `input` and `instructions`"),
-    ("context_management", "context management is not supported: tito never drops history"),
+    (
+        "background",
+        "background responses are not supported: answers are generated while the request waits",
+    ),
+    (
+        "conversation",
+        "conversations are not supported: continue a response with `previous_response_id`",
+    ),
+    (
+        "prompt",
+        "stored prompt templates are not supported: send `input` and `instructions`",
+    ),
+    (
+        "context_management",
+        "context management is not supported: tito never drops history",
+    ),
     ("moderation", "moderation is not supported"),
-    ("audio", "audio output is not supported: the served model is text-only"),
+    (
+        "audio",
+        "audio output is not supported: the served model is text-only",
+    ),
     ("modalities", "only text output is supported"),
 ];
 
@@ -133,7 +148,7 @@ pub fn translate(
     if let Some(choice) = tool_choice(obj.get("tool_choice"))? {
         chat.insert("tool_choice".into(), choice);
     }
-    if let Some(format) = response_format(obj.pointer("/text/format"))? {
+    if let Some(format) = response_format(body.pointer("/text/format"))? {
         chat.insert("response_format".into(), format);
     }
     let include = include(obj.get("include"))?;
@@ -151,7 +166,7 @@ pub fn translate(
             ))
         }
     };
-    if let Some(effort) = obj.pointer("/reasoning/effort").filter(|e| !e.is_null()) {
+    if let Some(effort) = body.pointer("/reasoning/effort").filter(|e| !e.is_null()) {
         if !effort.is_string() {
             return Err(SurfaceError::invalid(
                 "reasoning.effort",
@@ -240,7 +255,10 @@ fn tools(v: Option<&Json>) -> Result<Option<Json>, SurfaceError> {
             ));
         }
         let name = t.get("name").and_then(Json::as_str).ok_or_else(|| {
-            SurfaceError::invalid(format!("{param}.name"), format!("`{param}.name` must be a string"))
+            SurfaceError::invalid(
+                format!("{param}.name"),
+                format!("`{param}.name` must be a string"),
+            )
         })?;
         let mut f = Map::new();
         f.insert("name".into(), json!(name));
@@ -264,7 +282,9 @@ fn tool_choice(v: Option<&Json>) -> Result<Option<Json>, SurfaceError> {
             let name = c.get("name").and_then(Json::as_str).ok_or_else(|| {
                 SurfaceError::invalid("tool_choice.name", "`tool_choice.name` must be a string")
             })?;
-            Ok(Some(json!({"type": "function", "function": {"name": name}})))
+            Ok(Some(
+                json!({"type": "function", "function": {"name": name}}),
+            ))
         }
         Some(c) => Err(SurfaceError::unsupported(
             "tool_choice",
@@ -430,7 +450,12 @@ impl Items {
         Ok(())
     }
 
-    fn message(&mut self, item: &Json, param: &str, out: &mut Vec<Json>) -> Result<(), SurfaceError> {
+    fn message(
+        &mut self,
+        item: &Json,
+        param: &str,
+        out: &mut Vec<Json>,
+    ) -> Result<(), SurfaceError> {
         let role = item.get("role").and_then(Json::as_str).unwrap_or_default();
         let content = item.get("content").unwrap_or(&Json::Null);
         let cparam = format!("{param}.content");
@@ -472,7 +497,8 @@ impl Items {
     /// reasoning, 1 text, 2 tool call): one that comes back in the order
     /// (or repeats reasoning or text) closes the open one first.
     fn assistant(&mut self, stage: u8, out: &mut Vec<Json>) -> &mut Map<String, Json> {
-        let goes_back = self.open.is_some() && (stage < self.stage || (stage == self.stage && stage < 2));
+        let goes_back =
+            self.open.is_some() && (stage < self.stage || (stage == self.stage && stage < 2));
         if goes_back {
             self.close(out);
         }

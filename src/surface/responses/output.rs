@@ -89,7 +89,12 @@ pub struct Parts<'a> {
 }
 
 pub fn parts(served: &Json) -> Parts<'_> {
-    let nonempty = |k: &str| served.get(k).and_then(Json::as_str).filter(|s| !s.is_empty());
+    let nonempty = |k: &str| {
+        served
+            .get(k)
+            .and_then(Json::as_str)
+            .filter(|s| !s.is_empty())
+    };
     Parts {
         reasoning: nonempty("reasoning_content"),
         text: nonempty("content"),
@@ -138,7 +143,12 @@ pub fn output_items(head: &Head<'_>, o: &Outcome<'_>) -> Vec<Json> {
         out.push(reasoning_item(head.id, r, st));
     }
     if let Some(t) = p.text {
-        out.push(message_item(head.id, t, o.logprobs.clone().unwrap_or_default(), st));
+        out.push(message_item(
+            head.id,
+            t,
+            o.logprobs.clone().unwrap_or_default(),
+            st,
+        ));
     }
     for (i, c) in p.calls.iter().enumerate() {
         out.push(call_item(head.id, i, c, st));
@@ -208,18 +218,36 @@ fn base(head: &Head<'_>) -> Map<String, Json> {
     r.insert("object".into(), json!("response"));
     r.insert("created_at".into(), json!(head.created_at));
     r.insert("model".into(), json!(head.model));
-    r.insert("instructions".into(), get("instructions").unwrap_or(Json::Null));
-    r.insert("previous_response_id".into(), get("previous_response_id").unwrap_or(Json::Null));
+    r.insert(
+        "instructions".into(),
+        get("instructions").unwrap_or(Json::Null),
+    );
+    r.insert(
+        "previous_response_id".into(),
+        get("previous_response_id").unwrap_or(Json::Null),
+    );
     r.insert("tools".into(), get("tools").unwrap_or_else(|| json!([])));
-    r.insert("tool_choice".into(), get("tool_choice").unwrap_or_else(|| json!("auto")));
+    r.insert(
+        "tool_choice".into(),
+        get("tool_choice").unwrap_or_else(|| json!("auto")),
+    );
     r.insert(
         "parallel_tool_calls".into(),
         get("parallel_tool_calls").unwrap_or(Json::Bool(true)),
     );
-    r.insert("temperature".into(), get("temperature").unwrap_or(Json::Null));
+    r.insert(
+        "temperature".into(),
+        get("temperature").unwrap_or(Json::Null),
+    );
     r.insert("top_p".into(), get("top_p").unwrap_or(Json::Null));
-    r.insert("max_output_tokens".into(), get("max_output_tokens").unwrap_or(Json::Null));
-    r.insert("top_logprobs".into(), get("top_logprobs").unwrap_or(Json::Null));
+    r.insert(
+        "max_output_tokens".into(),
+        get("max_output_tokens").unwrap_or(Json::Null),
+    );
+    r.insert(
+        "top_logprobs".into(),
+        get("top_logprobs").unwrap_or(Json::Null),
+    );
     let mut text = match get("text") {
         Some(Json::Object(t)) => t,
         _ => Map::new(),
@@ -235,9 +263,15 @@ fn base(head: &Head<'_>) -> Map<String, Json> {
     r.insert("truncation".into(), json!("disabled"));
     r.insert("store".into(), get("store").unwrap_or(Json::Bool(true)));
     r.insert("background".into(), Json::Bool(false));
-    r.insert("metadata".into(), get("metadata").unwrap_or_else(|| json!({})));
+    r.insert(
+        "metadata".into(),
+        get("metadata").unwrap_or_else(|| json!({})),
+    );
     r.insert("user".into(), get("user").unwrap_or(Json::Null));
-    r.insert("service_tier".into(), get("service_tier").unwrap_or(Json::Null));
+    r.insert(
+        "service_tier".into(),
+        get("service_tier").unwrap_or(Json::Null),
+    );
     r
 }
 
@@ -269,7 +303,11 @@ pub fn input_items(id: &str, request: &Json) -> Vec<Json> {
             if !m.get("id").is_some_and(Json::is_string) {
                 m.insert("id".into(), json!(format!("in_{}_{n}", suffix(id))));
             }
-            let kind = m.get("type").and_then(Json::as_str).unwrap_or_default();
+            let kind = m
+                .get("type")
+                .and_then(Json::as_str)
+                .unwrap_or_default()
+                .to_string();
             if kind == "message" {
                 if let Some(Json::String(s)) = m.get("content").cloned() {
                     let part = if m.get("role").and_then(Json::as_str) == Some("assistant") {

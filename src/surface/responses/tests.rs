@@ -36,7 +36,7 @@ fn items_become_one_assistant_turn_and_its_tool_results() {
          "output": [{"type": "input_text", "text": "noon"}]},
     ]});
     assert_eq!(
-        messages(&body),
+        Json::Array(messages(&body)),
         json!([
             {"role": "user", "content": "weather in Paris?"},
             {"role": "assistant", "reasoning_content": "look it up", "content": "Checking.",
@@ -99,14 +99,23 @@ fn tools_sampling_and_formats_map_onto_the_chat_request() {
     let c = &t.chat;
     assert_eq!(c["max_tokens"], 32);
     assert_eq!(c["temperature"], 0.5);
-    assert_eq!(c["tools"][0], json!({"type": "function", "function":
-        {"name": "f", "description": "d", "parameters": {"type": "object"}, "strict": true}}));
-    assert_eq!(c["tool_choice"], json!({"type": "function", "function": {"name": "f"}}));
+    assert_eq!(
+        c["tools"][0],
+        json!({"type": "function", "function":
+        {"name": "f", "description": "d", "parameters": {"type": "object"}, "strict": true}})
+    );
+    assert_eq!(
+        c["tool_choice"],
+        json!({"type": "function", "function": {"name": "f"}})
+    );
     assert_eq!(c["response_format"]["json_schema"]["name"], "out");
     assert_eq!(c["logprobs"], true);
     assert_eq!(c["top_logprobs"], 2);
     assert_eq!(c["chat_template_kwargs"]["reasoning_effort"], "low");
-    assert!(c.get("metadata").is_none(), "metadata is recorded, not sent");
+    assert!(
+        c.get("metadata").is_none(),
+        "metadata is recorded, not sent"
+    );
     assert!(t.logprobs && !t.store);
     // A template that does not read it: the effort is kept, not sent.
     let t = translate(&body, None, false).expect("translates");
@@ -116,16 +125,33 @@ fn tools_sampling_and_formats_map_onto_the_chat_request() {
 #[test]
 fn what_is_not_built_is_refused_by_name() {
     let cases = [
-        (json!({"input": "x", "tools": [{"type": "web_search"}]}), "tools[0]"),
+        (
+            json!({"input": "x", "tools": [{"type": "web_search"}]}),
+            "tools[0]",
+        ),
         (json!({"input": "x", "background": true}), "background"),
-        (json!({"input": "x", "conversation": "conv_1"}), "conversation"),
+        (
+            json!({"input": "x", "conversation": "conv_1"}),
+            "conversation",
+        ),
         (json!({"input": "x", "truncation": "auto"}), "truncation"),
         (json!({"input": "x", "prompt": {"id": "p"}}), "prompt"),
-        (json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
-         "input[0].content[0]"),
-        (json!({"input": [{"type": "item_reference", "id": "msg_1"}]}), "input[0]"),
-        (json!({"input": [{"type": "computer_call", "id": "c"}]}), "input[0]"),
-        (json!({"input": "x", "tool_choice": {"type": "allowed_tools", "tools": []}}), "tool_choice"),
+        (
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
+            "input[0].content[0]",
+        ),
+        (
+            json!({"input": [{"type": "item_reference", "id": "msg_1"}]}),
+            "input[0]",
+        ),
+        (
+            json!({"input": [{"type": "computer_call", "id": "c"}]}),
+            "input[0]",
+        ),
+        (
+            json!({"input": "x", "tool_choice": {"type": "allowed_tools", "tools": []}}),
+            "tool_choice",
+        ),
     ];
     for (body, param) in cases {
         let e = translate(&body, None, false).expect_err("refused");
@@ -140,10 +166,22 @@ fn malformed_items_are_refused_naming_the_item() {
         (json!({}), "input"),
         (json!({"input": 3}), "input"),
         (json!({"input": [{"content": "no role"}]}), "input[0]"),
-        (json!({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}), "input[0].call_id"),
-        (json!({"input": [{"type": "function_call_output", "output": "x"}]}), "input[0].call_id"),
-        (json!({"input": [{"role": "robot", "content": "x"}]}), "input[0].role"),
-        (json!({"input": "x", "max_output_tokens": 0}), "max_output_tokens"),
+        (
+            json!({"input": [{"type": "function_call", "name": "f", "arguments": "{}"}]}),
+            "input[0].call_id",
+        ),
+        (
+            json!({"input": [{"type": "function_call_output", "output": "x"}]}),
+            "input[0].call_id",
+        ),
+        (
+            json!({"input": [{"role": "robot", "content": "x"}]}),
+            "input[0].role",
+        ),
+        (
+            json!({"input": "x", "max_output_tokens": 0}),
+            "max_output_tokens",
+        ),
         (json!({"input": "x", "include": ["bogus"]}), "include[0]"),
         (json!({"input": "x", "instructions": 4}), "instructions"),
     ];
@@ -207,6 +245,9 @@ fn input_items_all_get_ids_and_list_content() {
     let items = output::input_items("resp_z", &request);
     assert_eq!(items[0]["id"], "in_z_0");
     assert_eq!(items[0]["type"], "message");
-    assert_eq!(items[0]["content"], json!([{"type": "input_text", "text": "hi"}]));
+    assert_eq!(
+        items[0]["content"],
+        json!([{"type": "input_text", "text": "hi"}])
+    );
     assert_eq!(items[1]["id"], "mine");
 }
