@@ -200,8 +200,35 @@ fn routes_in(src: &str) -> Vec<(String, BTreeSet<String>)> {
     out
 }
 
+/// The routes of `src/api/<module>.rs` or `src/api/<module>/mod.rs`.
+fn routes_of_module(module: &str) -> Vec<(String, BTreeSet<String>)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/api");
+    let file = [
+        dir.join(format!("{module}.rs")),
+        dir.join(module).join("mod.rs"),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .unwrap_or_else(|| panic!("no source for module `{module}` in {}", dir.display()));
+    routes_in(&std::fs::read_to_string(&file).expect("source"))
+}
+
+/// The module names of `.merge(module::routes())` in `src`.
+fn merged_modules(src: &str) -> Vec<&str> {
+    src.match_indices(".merge(")
+        .filter_map(|(at, _)| {
+            let rest = &src[at + ".merge(".len()..];
+            let end = rest.find("::routes())")?;
+            let name = &rest[..end];
+            name.chars()
+                .all(|c| c.is_alphanumeric() || c == '_')
+                .then_some(name)
+        })
+        .collect()
+}
+
 /// Routes nested under a prefix: `.nest("prefix", f())` where `fn f` is in
-/// the same file.
+/// the same file, with what `f` merges from other modules.
 fn nested_in(src: &str) -> Vec<(String, BTreeSet<String>)> {
     let mut out = Vec::new();
     for (at, _) in src.match_indices(".nest(") {
@@ -226,7 +253,8 @@ fn nested_in(src: &str) -> Vec<(String, BTreeSet<String>)> {
             .map(|i| &src[i..])
             .and_then(|rest| rest.find("\n}\n").map(|end| &rest[..end]))
             .unwrap_or_else(|| panic!("nested router `{f}` is not defined beside its .nest"));
-        for (path, methods) in routes_in(body) {
+        let merged = merged_modules(body).into_iter().flat_map(routes_of_module);
+        for (path, methods) in routes_in(body).into_iter().chain(merged) {
             out.push((format!("{prefix}{path}"), methods));
         }
     }
@@ -238,11 +266,20 @@ async fn every_route_in_the_source_is_documented_with_its_methods() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/api");
     let mut registered: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
     let mut files = 0;
-    for entry in std::fs::read_dir(&dir).expect("src/api") {
-        let path = entry.expect("entry").path();
-        if path.extension().and_then(|e| e.to_str()) != Some("rs") {
-            continue;
+    // Every source file under src/api, its subdirectories included.
+    let mut sources = Vec::new();
+    let mut dirs = vec![dir.clone()];
+    while let Some(d) = dirs.pop() {
+        for entry in std::fs::read_dir(&d).expect("src/api") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().and_then(|e| e.to_str()) == Some("rs") {
+                sources.push(path);
+            }
         }
+    }
+    for path in sources {
         files += 1;
         let src = std::fs::read_to_string(&path).expect("source");
         for (p, methods) in routes_in(&src).into_iter().chain(nested_in(&src)) {
@@ -256,6 +293,8 @@ async fn every_route_in_the_source_is_documented_with_its_methods() {
         "/t/{tid}/v1/models",
         "/metrics",
         "/openapi.json",
+        "/v1/responses/{id}/input_items",
+        "/g/{gid}/t/{tid}/v1/messages",
     ] {
         assert!(
             registered.contains_key(known),
