@@ -58,6 +58,7 @@ export function describe(tok) {
     d.mask === "1" ? "sampled" : d.kind,
     d.logprob !== "" ? `logprob ${Number(d.logprob).toFixed(4)} (p ${Math.exp(Number(d.logprob)).toFixed(3)})` : "no logprob",
     `call ${d.call}`,
+    `api ${d.api || "—"}`,
     `backend ${d.backend || "—"}`,
     `weights ${d.weights || "initial"}`,
     `position ${d.pos}`,
@@ -92,8 +93,8 @@ export function tokenStream(sample, calls, drifts, texts) {
     if (seg.call !== lastCall) {
       lastCall = seg.call;
       frag.append(el("span", {
-        class: "boundary", role: "separator", dataset: { call: seg.call },
-        text: `call ${seg.call} · ${call?.backend ?? "?"}${call?.weight_version ? ` · weights ${call.weight_version}` : ""}`,
+        class: "boundary", role: "separator", dataset: { call: seg.call, api: call?.api ?? "" },
+        text: `call ${seg.call}${call?.api ? ` · ${call.api}` : ""} · ${call?.backend ?? "?"}${call?.weight_version ? ` · weights ${call.weight_version}` : ""}`,
       }));
     }
     const label = seg.kind === "sampled" ? toolCallLabel(call)
@@ -113,7 +114,7 @@ export function tokenStream(sample, calls, drifts, texts) {
         class: `tok ${sampled ? "sampled" : seg.kind} ${sampled ? heat(lp) : ""}${ds ? " drift" : ""}${r ? " replay-diff" : ""}`,
         dataset: {
           mask: sampled ? 1 : 0, tokenId: id, logprob: lp ?? "", pos, call: seg.call, kind: seg.kind,
-          backend: call?.backend ?? "", weights: call?.weight_version ?? "",
+          api: call?.api ?? "", backend: call?.backend ?? "", weights: call?.weight_version ?? "",
           text: texts[id] ?? "", drift: ds?.map((d) => d.cause).join(", "), replay: r ? `recorded ${r.recorded}, replayed ${r.replayed}` : undefined,
         },
         text: shown(texts[id], id),

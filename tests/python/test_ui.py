@@ -138,6 +138,7 @@ def test_token_view_matches_the_recorded_trajectory(env):
             }),
             reward: document.getElementById('reward').textContent,
             boundaries: document.querySelectorAll('.sample .boundary').length,
+            boundaryApis: [...document.querySelectorAll('.sample .boundary')].map(b => b.dataset.api),
             toolCalls: document.querySelectorAll('.sample .label-toolcall').length,
             toolResults: document.querySelectorAll('.sample .label-toolresult').length,
             title: document.querySelector('.sample span.tok.sampled').title,
@@ -158,8 +159,11 @@ def test_token_view_matches_the_recorded_trajectory(env):
         assert d["drifted"] and d["cause"] in d["tokCauses"]
     assert dom["reward"] == "0.75"
     assert dom["boundaries"] == 3
+    # Each call's boundary names the surface it came through.
+    assert dom["boundaryApis"] == [c["api"] for c in t["calls"]] == ["chat"] * 3
     assert dom["toolCalls"] == 2 and dom["toolResults"] == 2
     assert "call 0" in dom["title"] and "logprob" in dom["title"] and "backend" in dom["title"]
+    assert "api chat" in dom["title"]
     browser.screenshot(ARTIFACTS / "trajectory-1280.png")
 
     # Message view toggles; keyboard walks tokens.
