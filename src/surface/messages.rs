@@ -327,12 +327,21 @@ pub fn history(body: &Json) -> Result<History, SurfaceError> {
             ))
         }
     };
+    // The ids of the tool calls so far: a tool result answers one of them.
+    let mut tool_ids = std::collections::HashSet::new();
     for (i, m) in list.iter().enumerate() {
         let param = format!("messages[{i}]");
         let content = m.get("content").unwrap_or(&Json::Null);
         match m.get("role").and_then(Json::as_str) {
-            Some("user") => user(content, &format!("{param}.content"), &mut out)?,
-            Some("assistant") => out.push(assistant(content, &format!("{param}.content"))?),
+            Some("user") => user(content, &format!("{param}.content"), &tool_ids, &mut out)?,
+            Some("assistant") => {
+                let message = assistant(content, &format!("{param}.content"))?;
+                let calls = message.get("tool_calls").and_then(Json::as_array);
+                for id in calls.into_iter().flatten().filter_map(|c| c.get("id")) {
+                    tool_ids.insert(id.as_str().unwrap_or_default().to_string());
+                }
+                out.push(message);
+            }
             Some("system") => {
                 let content = chat_content(content, &["text"], &format!("{param}.content"))?;
                 out.push(json!({"role": "system", "content": content}));
@@ -390,7 +399,14 @@ fn text_block(b: &Json, param: &str) -> Result<String, SurfaceError> {
 }
 
 /// A user message: its tool results as tool messages, then its text.
-fn user(content: &Json, param: &str, out: &mut Vec<Json>) -> Result<(), SurfaceError> {
+/// `tool_ids`: the ids of the earlier `tool_use` blocks, one of which each
+/// `tool_result` must answer.
+fn user(
+    content: &Json,
+    param: &str,
+    tool_ids: &std::collections::HashSet<String>,
+    out: &mut Vec<Json>,
+) -> Result<(), SurfaceError> {
     let blocks = match content {
         Json::String(s) => {
             out.push(json!({"role": "user", "content": s}));
@@ -411,6 +427,14 @@ fn user(content: &Json, param: &str, out: &mut Vec<Json>) -> Result<(), SurfaceE
             "text" => parts.push(json!({"type": "text", "text": text_block(b, &bparam)?})),
             "tool_result" => {
                 let id = string_field(b, "tool_use_id", &bparam)?;
+                if !tool_ids.contains(id) {
+                    return Err(SurfaceError::invalid(
+                        format!("{bparam}.tool_use_id"),
+                        format!(
+                            "`{bparam}.tool_use_id`: no earlier `tool_use` block has the id {id:?}"
+                        ),
+                    ));
+                }
                 let content = match b.get("content") {
                     None | Some(Json::Null) => json!(""),
                     Some(c) => chat_content(c, &["text"], &format!("{bparam}.content"))?,
@@ -717,6 +741,15 @@ mod tests {
                 base(json!({"messages": [{"role": "user", "content": [
                 {"type": "tool_result", "content": "x"}]}]})),
                 "messages[0].content[0].tool_use_id",
+            ),
+            (
+                base(json!({"messages": [
+                {"role": "user", "content": "go"},
+                {"role": "assistant", "content": [
+                    {"type": "tool_use", "id": "call_a", "name": "w", "input": {}}]},
+                {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "call_b", "content": "x"}]}]})),
+                "messages[2].content[0].tool_use_id",
             ),
             (base(json!({"messages": []})), "messages"),
         ];

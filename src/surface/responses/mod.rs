@@ -369,6 +369,15 @@ pub fn history(body: &Json, previous: Option<&[Json]>) -> Result<History, Surfac
     })
 }
 
+/// Whether an assistant message in `history` made the tool call `id`.
+fn answers_a_call(history: &[Json], id: &str) -> bool {
+    history
+        .iter()
+        .filter_map(|m| m.get("tool_calls").and_then(Json::as_array))
+        .flatten()
+        .any(|c| c.get("id").and_then(Json::as_str) == Some(id))
+}
+
 /// The assistant message being gathered from consecutive items, and how
 /// far into its order (reasoning, content, tool calls) it has come.
 #[derive(Default)]
@@ -427,6 +436,12 @@ impl Items {
                             format!("`{param}.call_id` must be a string"),
                         )
                     })?;
+                    if !answers_a_call(out, call_id) {
+                        return Err(SurfaceError::invalid(
+                            format!("{param}.call_id"),
+                            format!("`{param}.call_id`: no earlier `function_call` has the call id {call_id:?}"),
+                        ));
+                    }
                     let output = item.get("output").unwrap_or(&Json::Null);
                     let content =
                         chat_content(output, &["input_text", "output_text"], &format!("{param}.output"))?;

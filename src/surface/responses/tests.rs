@@ -175,6 +175,12 @@ fn malformed_items_are_refused_naming_the_item() {
             "input[0].call_id",
         ),
         (
+            json!({"input": [
+                {"type": "function_call", "call_id": "call_a", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "call_b", "output": "x"}]}),
+            "input[1].call_id",
+        ),
+        (
             json!({"input": [{"role": "robot", "content": "x"}]}),
             "input[0].role",
         ),
