@@ -33,7 +33,9 @@
 //! cell, default 2), `TITO_PEERS_ROUNDS` (interleaved rounds, median
 //! reported, default 8), `TITO_PEERS_ONLY` (comma-separated target names to
 //! load, e.g. `tito` while `perf record -p` watches it; the direct calls and
-//! ratios are then skipped), `TITO_PEERS_CONC` (in those rounds, the
+//! ratios are then skipped; `tito responses`, `tito messages`, `smg
+//! responses` and `smg messages` post the same conversation to each
+//! gateway's `/v1/responses` and `/v1/messages`), `TITO_PEERS_CONC` (in those rounds, the
 //! concurrencies loaded, comma-separated, default `1,64`), `TITO_BIN_B` (a
 //! second tito binary, e.g. the previous commit's, loaded beside `tito` in
 //! the `TITO_PEERS_ONLY` rounds with the same config: an A/B in one run),
@@ -66,6 +68,11 @@ use serde_json::{json, Value};
 const REPLY: &str = "Sure, here you go.";
 const LITELLM_KEY: &str = "sk-tito-bench";
 const USER: &str = "Write one short sentence about the sea.";
+/// The user message in the chat body, the Responses body and the Messages
+/// body.
+const CHAT_USER: &str = "/messages/1/content";
+const RESPONSES_USER: &str = "/input/0/content";
+const MESSAGES_USER: &str = "/messages/0/content";
 
 /// One target of the load: where to post, what, with which headers.
 #[derive(Clone)]
@@ -74,9 +81,10 @@ struct Target {
     url: String,
     body: Arc<Value>,
     bearer: Option<&'static str>,
-    /// Number the user message of every request, so that no gateway can
-    /// answer from a cache of earlier prompts (tito tokenizes each one).
-    vary: bool,
+    /// Where the user message is (a JSON pointer into `body`): numbered in
+    /// every request, so that no gateway can answer from a cache of earlier
+    /// prompts (tito tokenizes each one).
+    vary: Option<&'static str>,
     /// The gateway's process, whose CPU time per request is measured.
     pid: Option<u32>,
 }
@@ -111,8 +119,25 @@ impl Target {
             url: format!("http://127.0.0.1:{port}/v1/chat/completions"),
             body: body.clone(),
             bearer: None,
-            vary: true,
+            vary: Some(CHAT_USER),
             pid: Some(proc.child.id()),
+        }
+    }
+
+    /// The same conversation as a Responses or a Messages request, posted
+    /// to `path` on loopback `port`.
+    fn surface(
+        name: &'static str,
+        port: u16,
+        proc: &Proc,
+        path: &str,
+        body: &Arc<Value>,
+        user: &'static str,
+    ) -> Target {
+        Target {
+            url: format!("http://127.0.0.1:{port}{path}"),
+            vary: Some(user),
+            ..Target::gateway(name, port, proc, body)
         }
     }
 
@@ -122,13 +147,15 @@ impl Target {
     }
 
     fn request(&self, client: &reqwest::Client) -> reqwest::RequestBuilder {
-        let mut r = if self.vary {
+        let varied = self.vary.and_then(|at| {
             let mut body = (*self.body).clone();
             let n = SEQ.fetch_add(1, Ordering::Relaxed);
-            body["messages"][1]["content"] = json!(format!("{USER} (request {n})"));
-            client.post(&self.url).json(&body)
-        } else {
-            client.post(&self.url).json(&*self.body)
+            *body.pointer_mut(at)? = json!(format!("{USER} (request {n})"));
+            Some(body)
+        });
+        let mut r = match varied {
+            Some(body) => client.post(&self.url).json(&body),
+            None => client.post(&self.url).json(&*self.body),
         };
         if let Some(key) = self.bearer {
             r = r.bearer_auth(key);
@@ -470,7 +497,7 @@ async fn main() {
             "return_token_ids": true, "skip_special_tokens": false, "logprobs": 0,
             "return_tokens_as_token_ids": true, "stream": true})),
         bearer: None,
-        vary: false,
+        vary: None,
         pid: None,
     };
     let direct_text = Target {
@@ -478,7 +505,7 @@ async fn main() {
         url: format!("{}/v1/chat/completions", mock.url()),
         body: chat.clone(),
         bearer: None,
-        vary: true,
+        vary: Some(CHAT_USER),
         pid: None,
     };
     let sgl_t = Target::gateway("sglang-router", sgl_port, &sgl, &chat);
@@ -488,6 +515,48 @@ async fn main() {
         ..Target::gateway("litellm", lite_port, &lite, &chat)
     };
     let bare_t = Target::gateway("bare hop", bare_port, &bare, &chat);
+    // The chat conversation over the Responses and the Messages API.
+    let responses = Arc::new(json!({"model": "m", "instructions": messages[0]["content"],
+        "input": [{"role": "user", "content": USER}], "max_output_tokens": 64}));
+    let anthropic = Arc::new(json!({"model": "m", "system": messages[0]["content"],
+        "messages": [{"role": "user", "content": USER}], "max_tokens": 64}));
+    let surfaces = [
+        (
+            "tito responses",
+            tito_port,
+            &tito,
+            "/v1/responses",
+            &responses,
+            RESPONSES_USER,
+        ),
+        (
+            "tito messages",
+            tito_port,
+            &tito,
+            "/v1/messages",
+            &anthropic,
+            MESSAGES_USER,
+        ),
+        (
+            "smg responses",
+            smg_port,
+            &smg_proc,
+            "/v1/responses",
+            &responses,
+            RESPONSES_USER,
+        ),
+        (
+            "smg messages",
+            smg_port,
+            &smg_proc,
+            "/v1/messages",
+            &anthropic,
+            MESSAGES_USER,
+        ),
+    ]
+    .map(|(name, port, proc, path, body, user)| {
+        Target::surface(name, port, proc, path, body, user)
+    });
     wait_ready(&client, &bare_t, &mut bare).await;
     wait_ready(&client, &sgl_t, &mut sgl).await;
     wait_ready(&client, &smg_t, &mut smg_proc).await;
@@ -508,6 +577,7 @@ async fn main() {
     if let Some(only) = &only {
         let mut picked: Vec<&Target> = [&tito_t, &tito_q_t, &smg_t, &sgl_t, &lite_t, &bare_t]
             .into_iter()
+            .chain(&surfaces)
             .filter(|t| only.iter().any(|n| n == t.name))
             .collect();
         picked.extend(tito_b_t.as_ref());
