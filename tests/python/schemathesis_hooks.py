@@ -14,6 +14,32 @@ def map_body(ctx, body):
     return body
 
 
+ANTHROPIC_ERRORS = {
+    "invalid_request_error", "authentication_error", "permission_error", "not_found_error",
+    "request_too_large", "rate_limit_error", "api_error", "overloaded_error",
+}
+
+
+def on_messages_route(case):
+    """The Messages routes (plain and under a trajectory prefix) answer
+    errors in Anthropic's shape."""
+    path = case.operation.path
+    return path.endswith("/v1/messages") or path.endswith("/v1/messages/count_tokens")
+
+
+def check_anthropic_error(response):
+    try:
+        body = response.json()
+    except ValueError:
+        raise AssertionError(f"{response.status_code} with a body that is not JSON: {response.text[:300]!r}")
+    err = body.get("error") if isinstance(body, dict) else None
+    if not (isinstance(body, dict) and set(body) == {"type", "error"} and body["type"] == "error"
+            and isinstance(err, dict) and set(err) == {"type", "message"}):
+        raise AssertionError(f"{response.status_code} not in Anthropic's error shape: {body}")
+    if err["type"] not in ANTHROPIC_ERRORS or not (isinstance(err["message"], str) and err["message"].strip()):
+        raise AssertionError(f"{response.status_code} without a known type and a message: {body}")
+
+
 @schemathesis.check
 def error_names_its_cause(ctx, response, case):
     if 400 <= response.status_code < 500:
@@ -27,8 +53,12 @@ def error_names_its_cause(ctx, response, case):
 @schemathesis.check
 def error_in_openai_shape(ctx, response, case):
     """tito's own document: every error, 4xx or 5xx, whether documented
-    for the operation or not, is exactly OpenAI's error body."""
+    for the operation or not, is exactly OpenAI's error body (Anthropic's
+    on the Messages routes)."""
     if response.status_code < 400:
+        return
+    if on_messages_route(case):
+        check_anthropic_error(response)
         return
     try:
         body = response.json()
