@@ -243,6 +243,47 @@ async fn a_stored_response_reads_back_until_it_is_deleted() {
     assert_eq!(t["calls"].as_array().map(Vec::len), Some(1));
 }
 
+/// The retrieval routes under a trajectory's path prefix (where the
+/// `openai` SDK's `base_url` points) name the trajectory too: each still
+/// finds the response by its id.
+#[tokio::test]
+async fn retrieval_routes_answer_under_a_trajectory_path() {
+    let (_mock, g) = gateway().await;
+    let r: Value = g
+        .post("/g/grp/t/resp-path/v1/responses", json!({"input": "hi"}))
+        .await
+        .json()
+        .await
+        .expect("json");
+    let id = r["id"].as_str().expect("id").to_string();
+    for prefix in ["/t/resp-path", "/g/grp/t/resp-path"] {
+        let got = g.get_json(&format!("{prefix}/v1/responses/{id}")).await;
+        assert_eq!(got["id"], r["id"], "{prefix}: {got}");
+        assert_eq!(got["output"], r["output"], "{prefix}");
+        let items = g
+            .get_json(&format!("{prefix}/v1/responses/{id}/input_items"))
+            .await;
+        assert_eq!(
+            items["data"][0]["content"][0]["text"], "hi",
+            "{prefix}: {items}"
+        );
+    }
+    let del = g
+        .client
+        .delete(g.url(&format!("/t/resp-path/v1/responses/{id}")))
+        .send()
+        .await
+        .expect("delete");
+    assert_eq!(del.status(), 200);
+    let gone = g
+        .client
+        .get(g.url(&format!("/t/resp-path/v1/responses/{id}")))
+        .send()
+        .await
+        .expect("get");
+    assert_eq!(gone.status(), 404);
+}
+
 #[tokio::test]
 async fn store_false_answers_without_keeping_a_retrievable_response() {
     let (_mock, g) = gateway().await;

@@ -10,6 +10,7 @@
 //! verbatim. A stored response is retrievable until it is deleted; the
 //! call stays in the training store either way.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -328,6 +329,12 @@ pub(super) fn reasoning_tokens(renderer: &Renderer, ids: &[u32], served: &Json) 
 
 // ---- Retrieval routes -------------------------------------------------
 
+/// The `{id}` of a retrieval route. Under `/t/{tid}/v1/...` the path names
+/// the trajectory too, so the parameters are read by name.
+fn response_id(params: &HashMap<String, String>) -> String {
+    params.get("id").cloned().unwrap_or_default()
+}
+
 /// The stored Responses call `id`, with its trajectory.
 async fn stored(state: &AppState, id: &str) -> Result<(Trajectory, usize), ApiError> {
     let not_found = || {
@@ -382,8 +389,9 @@ fn finish_of(call: &CallRecord) -> &'static str {
 
 async fn retrieve(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Path(params): Path<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
+    let id = response_id(&params);
     let (t, at) = stored(&state, &id).await?;
     let call = &t.calls[at];
     let request = t.request_of(call);
@@ -427,8 +435,9 @@ async fn retrieve(
 
 async fn delete(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Path(params): Path<HashMap<String, String>>,
 ) -> Result<Response, ApiError> {
+    let id = response_id(&params);
     if !state.store.store.forget_response(&id).await? {
         return Err(
             ApiError::not_found(format!("Response with id '{id}' not found."))
@@ -449,10 +458,11 @@ struct ItemsQuery {
 
 async fn input_items(
     State(state): State<AppState>,
-    Path(id): Path<String>,
+    Path(params): Path<HashMap<String, String>>,
     query: Result<Query<ItemsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(q) = query?;
+    let id = response_id(&params);
     let limit = q.limit.unwrap_or(20);
     if !(1..=100).contains(&limit) {
         return Err(ApiError::invalid(
