@@ -267,7 +267,10 @@ fn base(head: &Head<'_>) -> Map<String, Json> {
         "metadata".into(),
         get("metadata").unwrap_or_else(|| json!({})),
     );
-    r.insert("user".into(), get("user").unwrap_or(Json::Null));
+    // A string in OpenAI's schema, not nullable: echoed only when given.
+    if let Some(user) = get("user") {
+        r.insert("user".into(), user);
+    }
     r.insert(
         "service_tier".into(),
         get("service_tier").unwrap_or(Json::Null),

@@ -231,6 +231,17 @@ fn the_output_comes_from_the_served_message_with_ids_from_the_response_id() {
     assert_eq!(r["usage"]["total_tokens"], 12);
     assert_eq!(r["usage"]["output_tokens_details"]["reasoning_tokens"], 2);
     assert_eq!(r["tools"], request["tools"]);
+    // `user` is a string in OpenAI's schema: absent unless the request set it.
+    assert!(r.get("user").is_none(), "{r}");
+    let named = json!({"input": "x", "user": "u-1"});
+    let with_user = output::finished(
+        &Head {
+            request: &named,
+            ..head
+        },
+        &o,
+    );
+    assert_eq!(with_user["user"], "u-1");
     // The same record, the same object.
     assert_eq!(r, output::finished(&head, &o));
     // A length cut: incomplete, naming why.
