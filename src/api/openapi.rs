@@ -98,7 +98,8 @@ mod tests {
 
     /// Errors answer OpenAI's error body: every documented 4xx and 5xx is
     /// the `Error` schema, except the admin fan-out reports (502) and
-    /// `/ready` (503), which say per backend what failed.
+    /// `/ready` (503), which say per backend what failed, and the Messages
+    /// routes, whose every error is Anthropic's (`AnthropicError`).
     #[test]
     fn every_error_response_is_the_openai_error_shape() {
         let d = doc();
@@ -117,7 +118,14 @@ mod tests {
                     let schema = &resp["content"]["application/json"]["schema"]["$ref"];
                     let report = path.starts_with("/admin/") && status == "502"
                         || path == "/ready" && status == "503";
-                    if !report {
+                    let anthropic = path.ends_with("/v1/messages")
+                        || path.ends_with("/v1/messages/count_tokens");
+                    if anthropic {
+                        assert_eq!(
+                            schema, "#/components/schemas/AnthropicError",
+                            "{method} {path} {status}"
+                        );
+                    } else if !report {
                         assert_eq!(
                             schema, "#/components/schemas/Error",
                             "{method} {path} {status}"

@@ -603,19 +603,22 @@ pub(super) mod tests {
                 "{taken}: the refused call made no trajectory"
             );
         }
-        let held: i64 = conn
-            .client
-            .query_one(
-                "SELECT count(*) FROM calls WHERE response_id IS NOT NULL",
-                &[],
-            )
-            .await
-            .expect("count")
-            .get(0);
+        let count = |sql: &'static str| {
+            let client = &conn.client;
+            async move {
+                let n: i64 = client.query_one(sql, &[]).await.expect("count").get(0);
+                n
+            }
+        };
         assert_eq!(
-            held,
+            count("SELECT count(*) FROM responses WHERE traj IS NOT NULL").await,
             9 + 9 + 9,
             "resp_4 forgotten; one call of each later run refused"
+        );
+        // Forgetting ends the retrieval only: the call keeps its id.
+        assert_eq!(
+            count("SELECT count(*) FROM calls WHERE response_id IS NOT NULL").await,
+            10 + 9 + 9,
         );
     }
 

@@ -435,12 +435,20 @@ fn a_taken_response_id_fails_its_call_alone() {
         matches!(&outcomes[2], Err(StoreError::ResponseIdTaken(_))),
         "{outcomes:?}"
     );
+    // Only the retrieval goes: the call keeps the id it was answered with.
+    assert_eq!(
+        count(
+            &conn,
+            "SELECT count(*) FROM responses WHERE call_key IS NOT NULL"
+        ),
+        1
+    );
     assert_eq!(
         count(
             &conn,
             "SELECT count(*) FROM calls WHERE response_id IS NOT NULL"
         ),
-        1
+        2
     );
     assert_eq!(
         count(&conn, "SELECT count(*) FROM responses"),
