@@ -108,7 +108,10 @@ async fn a_replay_of_the_sampled_logprobs_is_exact_with_the_scripted_argmax_shar
     let mut seq = ids(&sample["prompt_ids"]);
     seq.extend(ids(&sample["response_ids"]));
     assert_eq!(ids(&scored["prompt"]), seq);
-    assert_eq!(scored["prompt_logprobs"], 0);
+    assert_eq!(
+        scored["prompt_logprobs"], 1,
+        "the own token and the most likely one"
+    );
     assert_eq!(scored["stream"], false);
 
     // Stored with the sample, exported, and observed in the histogram.

@@ -9,14 +9,23 @@
 //! "finish_reason": null | "stop" | "length" | ..}]}`; a failure inside the
 //! stream is `{"error": {"message", "code"}}` (older vLLM: `{"object":
 //! "error", "message", "code"}`). Null logprob fields mean "no number": the
-//! token gets `logprob: None` and no alternatives, never an error.
+//! token gets `logprob: None` and no alternatives, never an error. vLLM
+//! writes -inf as -9999.0 (`max(logprob, -9999.0)` in
+//! `_create_completion_logprobs`, `vllm/entrypoints/openai/completion/serving.py`):
+//! that value, and anything below it, is read back as -inf, never recorded
+//! as a real logprob.
 //!
 //! The replay check's teacher-forced pass ([`Backend::prompt_logprobs`]) is
-//! one non-streamed request with `prompt_logprobs: 0` and `max_tokens: 1`;
+//! one non-streamed request with `prompt_logprobs: 1` and `max_tokens: 1`;
 //! vLLM answers `choices[0].prompt_logprobs` = `[null, {"<id>": {"logprob",
 //! "rank", "decoded_token"}}, ...]` (dict keys are the token ids as strings,
-//! -inf written as -9999.0; rank 1 is the argmax), checked against vLLM's
-//! `CompletionResponseChoice` and `clamp_prompt_logprobs`.
+//! -inf written as -9999.0), checked against vLLM's
+//! `CompletionResponseChoice` and `clamp_prompt_logprobs`. Each position
+//! holds the own token and the most likely one. vLLM's rank counts the
+//! tokens at least as likely (`(x >= values).sum(-1)`,
+//! `batched_count_greater_than` in `vllm/v1/sample/ops/logprobs.py`), so a
+//! token tied with another for the top has rank 2: the own token is read as
+//! the argmax when its logprob is not below the top one's, as on SGLang.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value as Json};
@@ -100,8 +109,9 @@ impl VllmBackend {
     }
 
     /// The body of a teacher-forced pass: the sequence as the prompt, one
-    /// token generated (vLLM wants at least one), and `prompt_logprobs: 0`,
-    /// which makes vLLM return every prompt token's own logprob and rank.
+    /// token generated (vLLM wants at least one), and `prompt_logprobs: 1`,
+    /// which makes vLLM return every prompt token's own logprob and rank
+    /// and the most likely token's.
     /// Not streamed: vLLM refuses prompt logprobs on a stream.
     pub fn score_body(&self, req: &ScoreRequest) -> Json {
         let mut body = json!({
@@ -110,7 +120,7 @@ impl VllmBackend {
             "temperature": 0.0,
             "n": 1,
             "stream": false,
-            "prompt_logprobs": 0,
+            "prompt_logprobs": 1,
             "request_id": req.request_id,
         });
         if let (Some(m), Some(obj)) = (&self.model, body.as_object_mut()) {
@@ -201,15 +211,25 @@ fn prompt_logprobs(answer: ScoreAnswer, ids: &[u32]) -> Result<Vec<PositionLogpr
             });
             continue;
         };
+        // The most likely other token's logprob, when vLLM listed one.
+        let other = position
+            .0
+            .iter()
+            .filter(|(t, _)| *t != id)
+            .filter_map(|(_, e)| e.logprob)
+            .map(from_vllm)
+            .max_by(f32::total_cmp);
         let own = position
             .0
             .into_iter()
             .find_map(|(t, e)| (t == id).then_some(e))
             .ok_or_else(|| format!("prompt_logprobs[{i}] has no entry for token {id}"))?;
-        out.push(PositionLogprob {
-            logprob: own.logprob.map(|v| v as f32),
-            argmax: own.rank.map(|r| r == 1),
-        });
+        let logprob = own.logprob.map(from_vllm);
+        let argmax = match (logprob, other, own.rank) {
+            (Some(lp), Some(other), _) => Some(lp >= other),
+            (_, _, rank) => rank.map(|r| r == 1),
+        };
+        out.push(PositionLogprob { logprob, argmax });
     }
     Ok(out)
 }
@@ -270,7 +290,7 @@ impl<'de> Deserialize<'de> for TopLogprobs {
                 while let Some(key) = m.next_key::<std::borrow::Cow<'de, str>>()? {
                     let value: Json = m.next_value()?;
                     if let (Some(id), Some(v)) = (parse_token_key(&key), value.as_f64()) {
-                        out.push((id, v as f32));
+                        out.push((id, from_vllm(v)));
                     }
                 }
                 Ok(TopLogprobs(out))
@@ -285,6 +305,16 @@ fn finish_reason(s: Option<&str>) -> Option<FinishReason> {
         "stop" => Some(FinishReason::Stop),
         "length" => Some(FinishReason::Length),
         _ => Some(FinishReason::Abort),
+    }
+}
+
+/// A logprob as vLLM wrote it: -9999.0 (or below) is its -inf.
+fn from_vllm(v: impl Into<f64>) -> f32 {
+    let v = v.into();
+    if v <= -9999.0 {
+        f32::NEG_INFINITY
+    } else {
+        v as f32
     }
 }
 
@@ -389,7 +419,10 @@ fn token_logprobs(
             // vLLM lists the sampled token besides the top k: keep the top k.
             top.sort_by(|a, b| b.1.total_cmp(&a.1));
             top.truncate(keep);
-            TokenLogprob { logprob, top }
+            TokenLogprob {
+                logprob: logprob.map(from_vllm),
+                top,
+            }
         })
         .collect())
 }

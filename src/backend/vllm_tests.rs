@@ -177,6 +177,23 @@ fn null_logprobs_are_unknown_not_errors() {
             }
         ]
     );
+    // vLLM writes -inf as -9999.0: read back as -inf, the sampled token's
+    // and an alternative's alike.
+    assert_eq!(
+        tokens(
+            json!({"token_logprobs": [-9999.0, -0.5], "top_logprobs": [null, {"token_id:6": -0.5, "token_id:7": -9999.0}]})
+        ),
+        vec![
+            TokenLogprob {
+                logprob: Some(f32::NEG_INFINITY),
+                top: vec![]
+            },
+            TokenLogprob {
+                logprob: Some(-0.5),
+                top: vec![(6, -0.5), (7, f32::NEG_INFINITY)]
+            }
+        ]
+    );
     // A chunk without the field at all reads the same as null.
     let events = decode(Some(0), json!({"choices": [{"token_ids": [5]}]})).unwrap();
     assert_eq!(
@@ -343,7 +360,8 @@ fn read_prompt_logprobs(
 fn score_body_asks_for_prompt_logprobs_without_streaming() {
     let body = backend().score_body(&score_request(vec![5, 6, 7]));
     assert_eq!(body["prompt"], json!([5, 6, 7]));
-    assert_eq!(body["prompt_logprobs"], 0);
+    // The own token's logprob and rank, and the most likely token's.
+    assert_eq!(body["prompt_logprobs"], 1);
     assert_eq!(body["max_tokens"], 1);
     assert_eq!(body["stream"], false);
     assert_eq!(body["model"], "m");
@@ -374,11 +392,24 @@ fn prompt_logprobs_are_read_per_position_with_rank() {
             argmax: Some(true)
         }
     );
+    // vLLM's -9999.0 is its -inf.
     assert_eq!(
         got[2],
         PositionLogprob {
-            logprob: Some(-9999.0),
+            logprob: Some(f32::NEG_INFINITY),
             argmax: Some(false)
+        }
+    );
+    // A token tied with another for the top has vLLM rank 2 (it counts the
+    // tokens at least as likely) and is the argmax, as SGLang reads a tie.
+    let tie = json!({"choices": [{"prompt_logprobs": [null,
+        {"6": {"logprob": -0.69, "rank": 2}, "9": {"logprob": -0.69, "rank": 2}}]}]});
+    let got = read_prompt_logprobs(tie, &[5, 6]).unwrap();
+    assert_eq!(
+        got[1],
+        PositionLogprob {
+            logprob: Some(-0.69),
+            argmax: Some(true)
         }
     );
     // No rank: the argmax is unknown, the number still counts.

@@ -40,6 +40,16 @@ pub fn has_comparable(sample: &Sample) -> bool {
         .any(|(&m, lp)| m == 1 && lp.is_some())
 }
 
+/// |recorded − replayed| in nats: 0 where both are the same (-inf and -inf
+/// included), +inf where one of them is -inf and the other is not.
+fn gap(recorded: f32, replayed: f32) -> f64 {
+    if recorded == replayed {
+        0.0
+    } else {
+        (f64::from(recorded) - f64::from(replayed)).abs()
+    }
+}
+
 /// Compares `sample` with `replayed` (one entry per id of
 /// [`sequence(sample)`](sequence); a shorter answer leaves the positions it
 /// does not cover uncompared). `threshold` is in nats; `checked_at` in unix
@@ -74,7 +84,7 @@ pub fn compare(
         let Some(value) = replay.logprob else {
             continue;
         };
-        let d = (f64::from(recorded) - f64::from(value)).abs();
+        let d = gap(recorded, value);
         abs_diffs.push(d);
         sum += d;
         max = Some(max.map_or(d, |m: f64| m.max(d)));
@@ -94,8 +104,8 @@ pub fn compare(
     let compared = abs_diffs.len() as u32;
     let above_threshold = above.len() as u32;
     // Largest |Δ| first; equal ones in position order.
-    let gap = |p: &ReplayPosition| (f64::from(p.recorded) - f64::from(p.replayed)).abs();
-    above.sort_by(|a, b| gap(b).total_cmp(&gap(a)).then(a.position.cmp(&b.position)));
+    let of = |p: &ReplayPosition| gap(p.recorded, p.replayed);
+    above.sort_by(|a, b| of(b).total_cmp(&of(a)).then(a.position.cmp(&b.position)));
     above.truncate(SampleReplay::MAX_POSITIONS);
     let replay = SampleReplay {
         sample: sample.sample,
@@ -142,6 +152,25 @@ mod tests {
 
     fn at(logprob: Option<f32>, argmax: Option<bool>) -> PositionLogprob {
         PositionLogprob { logprob, argmax }
+    }
+
+    #[test]
+    fn minus_infinity_on_both_sides_is_no_gap() {
+        let inf = f32::NEG_INFINITY;
+        let s = sample([Some(inf), Some(-1.0), None, Some(-2.0)]);
+        let replayed = [
+            at(None, None),
+            at(Some(-3.0), None),
+            at(Some(inf), None),
+            at(Some(inf), None),
+            at(Some(-9.0), None),
+            at(Some(-2.0), None),
+        ];
+        let c = compare(&s, &replayed, 0.1, "b", 7);
+        assert_eq!(c.replay.compared, 3);
+        assert_eq!(c.abs_diffs, [0.0, f64::INFINITY, 0.0]);
+        assert_eq!(c.above_threshold, 1);
+        assert_eq!(c.replay.positions[0].position, 1);
     }
 
     #[test]

@@ -490,9 +490,11 @@ fn remember(s: &MockState, prompt: &[u32], ids: &[u32], lps: &[f32], ranks: Opti
     }
 }
 
-/// vLLM's answer to `prompt_logprobs: 0`: per position the own token's
-/// `{logprob, rank, decoded_token}`, null at position 0.
-fn prompt_logprobs(s: &MockState, prompt: &[u32]) -> Value {
+/// vLLM's answer to `prompt_logprobs: k`: per position the own token's
+/// `{logprob, rank, decoded_token}`, and with k >= 1 the most likely token
+/// when that is another one (rank above 1: another token, a little more
+/// likely); null at position 0.
+fn prompt_logprobs(s: &MockState, prompt: &[u32], k: u64) -> Value {
     let table = s.sampled.lock().expect("lock");
     let shift = s.replay_shift.lock().expect("lock");
     let mut h = prefix_hash(&[]);
@@ -512,6 +514,13 @@ fn prompt_logprobs(s: &MockState, prompt: &[u32]) -> Value {
                 id.to_string(),
                 json!({"logprob": lp, "rank": rank, "decoded_token": format!("t{id}")}),
             );
+            if k >= 1 && rank > 1 {
+                let other = id.wrapping_add(1);
+                m.insert(
+                    other.to_string(),
+                    json!({"logprob": lp / 2.0, "rank": 1, "decoded_token": format!("t{other}")}),
+                );
+            }
             out.push(Value::Object(m));
         }
     }
@@ -530,7 +539,7 @@ fn score(s: &MockState, body: &Value) -> Response {
     }
     let prompt: Vec<u32> = serde_json::from_value(body["prompt"].clone()).unwrap_or_default();
     let choice = json!({"index": 0, "text": "", "token_ids": [0], "finish_reason": "length",
-        "stop_reason": null, "logprobs": null, "prompt_logprobs": prompt_logprobs(s, &prompt)});
+        "stop_reason": null, "logprobs": null, "prompt_logprobs": prompt_logprobs(s, &prompt, body["prompt_logprobs"].as_u64().unwrap_or(0))});
     s.scored.fetch_add(1, Ordering::SeqCst);
     s.scored_notify.notify_waiters();
     Json(json!({"id": "cmpl-mock", "object": "text_completion", "model": "mock", "choices": [choice],
