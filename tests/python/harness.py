@@ -107,14 +107,16 @@ def start_tito_with_default_config():
 
 
 @contextlib.contextmanager
-def mock_gateway(tokenizer_dir, reply_ids, script=None, structured_reply_ids=None, extra_config=""):
+def mock_gateway(tokenizer_dir, reply_ids, script=None, structured_reply_ids=None, extra_config="",
+                 model_extra=""):
     """`tito serve` in front of a mock backend (see `start_mock`); yields
-    tito's address and stops both on exit. `extra_config` as for
-    `start_tito`."""
+    tito's address and stops both on exit. `extra_config` and
+    `model_extra` as for `start_tito`."""
     build()
     mock, mock_addr = start_mock(reply_ids, script=script, structured_reply_ids=structured_reply_ids)
     try:
-        tito, addr = start_tito(tokenizer_dir, f"http://{mock_addr}", extra_config=extra_config)
+        tito, addr = start_tito(tokenizer_dir, f"http://{mock_addr}", extra_config=extra_config,
+                                model_extra=model_extra)
     except BaseException:
         mock.terminate()
         mock.wait(timeout=30)
@@ -260,3 +262,173 @@ def qwen3_tokenizer():
         pytest.fail("missing .cache/tokenizers/qwen3: run scripts/fetch-tokenizers.sh")
     build()
     return AutoTokenizer.from_pretrained(str(QWEN3))
+
+
+# --- Exact trajectories driven by agent clients ---
+
+
+def pieces(tok, parts):
+    """Token ids of `parts` tokenized one by one: text the model could have
+    sampled, but not the tokenizer's own (canonical) encoding of it."""
+    return [i for p in parts for i in tok.encode(p, add_special_tokens=False)]
+
+
+def sampled(tok, parts):
+    """A scripted reply: `parts` tokenized one by one, then `<|im_end|>`.
+    Fails unless the ids differ from the canonical encoding of their text,
+    so that a gateway re-tokenizing the history could not pass."""
+    ids = pieces(tok, parts)
+    assert tok.encode(tok.decode(ids), add_special_tokens=False) != ids, f"canonical: {parts}"
+    return ids + [tok.convert_tokens_to_ids("<|im_end|>")]
+
+
+def tool_call_text(name, arguments):
+    """A hermes tool call's text (Qwen3's format)."""
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
+
+
+def http_json(addr, path):
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{addr}{path}") as r:
+        return json.load(r)
+
+
+def export_rows(addr, tid=None):
+    """The trainer export's rows (`layout=trajectory`), of `tid` if given."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{addr}/v1/export?format=jsonl&layout=trajectory") as r:
+        rows = [json.loads(line) for line in r.read().decode().splitlines()]
+    return [r for r in rows if tid is None or r["trajectory_id"] == tid]
+
+
+def mock_logprobs(n):
+    """The mock backend's logprob of the i-th token of each reply."""
+    return [-0.5 - i / 100 for i in range(n)]
+
+
+def assert_one_exact_sample(addr, tid, script, api):
+    """Trajectory `tid` was made of len(script) calls through surface `api`
+    (`responses`, `messages`), answered in order with the replies `script`:
+    its export is one sample in which every call's sampled ids sit verbatim
+    at its call offset, the mask is 1 exactly on them, and the logprobs are
+    the mock's there and null elsewhere. Returns the row."""
+    import pytest
+
+    rows = export_rows(addr, tid)
+    assert len(rows) == 1, f"one sample for the whole conversation, got {len(rows)}"
+    row = rows[0]
+    resp, mask, lps = row["response_ids"], row["response_mask"], row["response_logprobs"]
+    assert row["num_turns"] == len(script)
+    offsets = row["call_offsets"]
+    assert len(offsets) == len(script)
+    assert resp[: len(script[0])] == script[0] and offsets[0] == 0
+    want_mask = [0] * len(resp)
+    want_lps = [None] * len(resp)
+    for off, reply in zip(offsets, script):
+        assert resp[off : off + len(reply)] == reply, "sampled ids verbatim in the next prompts"
+        want_mask[off : off + len(reply)] = [1] * len(reply)
+        want_lps[off : off + len(reply)] = mock_logprobs(len(reply))
+    assert mask == want_mask
+    assert [lp is None for lp in lps] == [lp is None for lp in want_lps]
+    assert [lp for lp in lps if lp is not None] == pytest.approx(
+        [lp for lp in want_lps if lp is not None], abs=1e-6)
+    t = http_json(addr, f"/v1/trajectories/{tid}")
+    assert [c["api"] for c in t["calls"]] == [api] * len(script)
+    assert [c["sampled_ids"] for c in t["calls"]] == script
+    calls = t["calls"]
+    assert [c["parent_call"] for c in calls[1:]] == [c["call_index"] for c in calls[:-1]]
+    return row
+
+
+class CuttingProxy:
+    """A loopback HTTP/1.1 relay in front of tito at `upstream`, standing
+    for a network that loses answers: a request whose
+    `x-stainless-retry-count` is `0` (an SDK's first attempt) is sent to
+    tito and answered there in full, then its connection is reset before a
+    byte of the answer reaches the client, which must retry. Every other
+    request is relayed, its answer given back whole, with the headers in
+    `strip` removed on the way to tito. `cut`: the answers lost; `relayed`:
+    the headers of the relayed requests as the client sent them."""
+
+    def __init__(self, upstream, strip=()):
+        import socketserver
+        import threading
+
+        self.upstream = upstream
+        self.strip = {h.lower() for h in strip}
+        self.cut = 0
+        self.relayed = []
+        self.lock = threading.Lock()
+        proxy = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self):
+                proxy._serve(self.request)
+
+        self.server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.addr = "%s:%d" % self.server.server_address
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=30)
+
+    @staticmethod
+    def _read_request(f):
+        line = f.readline()
+        if not line:
+            return None
+        method, target, _ = line.decode("latin-1").split(" ", 2)
+        headers = []
+        while True:
+            h = f.readline().decode("latin-1")
+            if h in ("\r\n", "\n", ""):
+                break
+            name, value = h.split(":", 1)
+            headers.append((name.strip(), value.strip()))
+        length = next((int(v) for k, v in headers if k.lower() == "content-length"), 0)
+        return method, target, headers, f.read(length) if length else b""
+
+    def _serve(self, sock):
+        import http.client
+        import socket
+        import struct
+
+        f = sock.makefile("rb")
+        upstream = http.client.HTTPConnection(self.upstream, timeout=120)
+        try:
+            while True:
+                req = self._read_request(f)
+                if req is None:
+                    return
+                method, target, headers, body = req
+                first = any(k.lower() == "x-stainless-retry-count" and v == "0" for k, v in headers)
+                hop = {"host", "connection", "keep-alive", "content-length", "transfer-encoding"}
+                sent = {k: v for k, v in headers
+                        if k.lower() not in hop and (first or k.lower() not in self.strip)}
+                upstream.request(method, target, body=body, headers=sent)
+                resp = upstream.getresponse()
+                data = resp.read()
+                if first:
+                    with self.lock:
+                        self.cut += 1
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    return
+                with self.lock:
+                    self.relayed.append({k.lower(): v for k, v in headers})
+                out = [f"HTTP/1.1 {resp.status} {resp.reason}\r\n"]
+                out += [f"{k}: {v}\r\n" for k, v in resp.getheaders()
+                        if k.lower() not in hop]
+                out.append(f"content-length: {len(data)}\r\n\r\n")
+                sock.sendall("".join(out).encode("latin-1") + data)
+        finally:
+            upstream.close()
+            f.close()
