@@ -164,3 +164,58 @@ fn an_unreadable_ca_file_fails_at_start_up_naming_the_key() {
     };
     assert!(err.contains("backends.ca_file"), "{err}");
 }
+
+/// A backend's `api_key` goes with every request to it and its
+/// `admin_api_key` with the admin ones, as `Authorization: Bearer`; neither
+/// shows in the config's debug output.
+#[tokio::test]
+async fn backend_keys_go_with_their_requests() {
+    let mock = MockVllm::start(reply()).await;
+    let text = format!(
+        "[model]\nname = \"test-model\"\ntokenizer = \"unused\"\nmax_model_len = 512\n\
+         [[backends]]\nurl = \"{}\"\nkind = \"vllm\"\napi_key = \"backend-key-1\"\n\
+         admin_api_key = \"backend-admin-key-1\"\n\
+         [auth]\nadmin_tokens = [\"{ADMIN}\"]\n[store]\nurl = \"memory://\"\n",
+        mock.url()
+    );
+    let cfg = Config::from_toml(&text).expect("valid config");
+    let shown = format!("{cfg:?}");
+    assert!(
+        !shown.contains("backend-key-1") && !shown.contains("backend-admin-key-1"),
+        "{shown}"
+    );
+    let g = start_gateway(cfg).await;
+    let body = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let resp = g.post("/t/keys-1/v1/chat/completions", body).await;
+    assert_eq!(resp.status(), 200);
+    let r = g
+        .client
+        .post(g.url("/admin/sleep?level=1"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("sleep");
+    assert_eq!(r.status(), 200);
+    let seen = mock.authorizations();
+    let of = |path: &str| -> Vec<Option<String>> {
+        seen.iter()
+            .filter(|(p, _)| p == path)
+            .map(|(_, a)| a.clone())
+            .collect()
+    };
+    let api = Some("Bearer backend-key-1".to_string());
+    let admin = Some("Bearer backend-admin-key-1".to_string());
+    assert_eq!(of("/v1/completions"), [api.clone()], "{seen:?}");
+    assert_eq!(of("/sleep"), [admin], "{seen:?}");
+    assert!(of("/health").iter().all(|a| *a == api), "{seen:?}");
+}
+
+#[test]
+fn a_backend_key_that_is_no_token_fails_naming_the_key() {
+    let text = "[model]\nname = \"m\"\ntokenizer = \"unused\"\n\
+         [[backends]]\nurl = \"http://127.0.0.1:9\"\nkind = \"sglang\"\nadmin_api_key = \"has space\"\n\
+         [store]\nurl = \"memory://\"\n";
+    let e = Config::from_toml(text).expect_err("refused").to_string();
+    assert!(e.contains("backends[0].admin_api_key"), "{e}");
+    assert!(!e.contains("has space"), "the key is not shown: {e}");
+}

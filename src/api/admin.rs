@@ -64,6 +64,10 @@ struct AddBackend {
     model: String,
     #[serde(default)]
     ca_file: std::path::PathBuf,
+    #[serde(default)]
+    api_key: crate::config::Secret,
+    #[serde(default)]
+    admin_api_key: crate::config::Secret,
 }
 
 async fn add_backend(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
@@ -86,7 +90,20 @@ async fn add_backend(State(state): State<AppState>, body: Bytes) -> Result<Respo
         name: b.name,
         model: b.model,
         ca_file: b.ca_file,
+        api_key: b.api_key,
+        admin_api_key: b.admin_api_key,
     };
+    for (field, key) in [
+        ("api_key", &cfg.api_key),
+        ("admin_api_key", &cfg.admin_api_key),
+    ] {
+        if key.get().is_some_and(|k| !crate::config::usable_token(k)) {
+            return Err(ApiError::invalid(
+                field,
+                format!("`{field}` must be 8 to 4096 printable ASCII characters without spaces"),
+            ));
+        }
+    }
     if cfg.ca_file().is_some() && !cfg.url.starts_with("https://") {
         return Err(ApiError::invalid(
             "ca_file",

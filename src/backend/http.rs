@@ -20,6 +20,10 @@ pub struct HttpBackend {
     base: String,
     client: reqwest::Client,
     timeouts: StreamTimeouts,
+    /// `Authorization` of every request (`[[backends]] api_key`).
+    auth: Option<String>,
+    /// `Authorization` of admin requests (`admin_api_key`, else `api_key`).
+    admin_auth: Option<String>,
 }
 
 impl HttpBackend {
@@ -29,7 +33,22 @@ impl HttpBackend {
             base: cfg.url.trim_end_matches('/').to_string(),
             client: super::http_client(router, cfg.ca_file())?,
             timeouts: StreamTimeouts::from_router(router),
+            auth: cfg.api_key.get().map(|k| format!("Bearer {k}")),
+            admin_auth: cfg
+                .admin_api_key
+                .get()
+                .or(cfg.api_key.get())
+                .map(|k| format!("Bearer {k}")),
         })
+    }
+
+    /// A request to `path` with this backend's key, if it has one.
+    fn request(&self, method: reqwest::Method, path: &str, admin: bool) -> reqwest::RequestBuilder {
+        let req = self.client.request(method, self.url(path));
+        match if admin { &self.admin_auth } else { &self.auth } {
+            Some(a) => req.header(reqwest::header::AUTHORIZATION, a),
+            None => req,
+        }
     }
 
     pub fn name(&self) -> &str {
@@ -56,8 +75,7 @@ impl HttpBackend {
         body: Vec<u8>,
     ) -> Result<(u16, Body), BackendError> {
         let resp = self
-            .client
-            .post(self.url(path))
+            .request(reqwest::Method::POST, path, false)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .body(body)
             .send()
@@ -89,15 +107,14 @@ impl HttpBackend {
         path: &str,
         body: &impl Serialize,
     ) -> Result<T, BackendError> {
-        let request = self.client.post(self.url(path)).json(body);
+        let request = self.request(reqwest::Method::POST, path, false).json(body);
         super::send_json(&self.name, request, self.timeouts.first_token).await
     }
 
     /// `GET /health`: any 2xx is healthy.
     pub async fn health(&self) -> Result<(), BackendError> {
         let resp = self
-            .client
-            .get(self.url("/health"))
+            .request(reqwest::Method::GET, "/health", false)
             .send()
             .await
             .map_err(|e| self.unreachable(e))?;
@@ -111,7 +128,7 @@ impl HttpBackend {
         path: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<String, BackendError> {
-        let mut req = self.client.post(self.url(path));
+        let mut req = self.request(reqwest::Method::POST, path, true);
         if let Some(b) = body {
             req = req.json(b);
         }

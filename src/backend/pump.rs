@@ -449,6 +449,8 @@ mod tests {
             name: "b".into(),
             model: String::new(),
             ca_file: Default::default(),
+            api_key: Default::default(),
+            admin_api_key: Default::default(),
         };
         let http = HttpBackend::new(&cfg, &RouterConfig::default()).expect("client");
         let body = serde_json::json!({});

@@ -188,6 +188,8 @@ fn backend_at(url: &str) -> SglangBackend {
         name: "sg".into(),
         model: String::new(),
         ca_file: Default::default(),
+        api_key: Default::default(),
+        admin_api_key: Default::default(),
     };
     SglangBackend::new(&cfg, &RouterConfig::default()).unwrap()
 }

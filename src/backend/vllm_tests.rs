@@ -19,6 +19,8 @@ fn backend() -> VllmBackend {
         name: "vl".into(),
         model: "m".into(),
         ca_file: Default::default(),
+        api_key: Default::default(),
+        admin_api_key: Default::default(),
     };
     VllmBackend::new(&cfg, &RouterConfig::default()).unwrap()
 }
@@ -458,6 +460,8 @@ async fn https_backends_open_with_a_tls_handshake() {
         name: String::new(),
         model: "m".into(),
         ca_file: Default::default(),
+        api_key: Default::default(),
+        admin_api_key: Default::default(),
     };
     let b = VllmBackend::new(&cfg, &RouterConfig::default()).unwrap();
     assert_eq!(b.name(), format!("https://***@{addr}"));

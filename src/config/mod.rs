@@ -8,7 +8,7 @@
 
 mod redact;
 
-pub use redact::{redact_store_url, redact_url, redacted_token, usable_token};
+pub use redact::{redact_store_url, redact_url, redacted_token, usable_token, Secret};
 
 use std::path::{Path, PathBuf};
 
@@ -196,6 +196,14 @@ pub struct BackendConfig {
     /// may chain to, besides the bundled web roots (a private CA).
     #[serde(default)]
     pub ca_file: PathBuf,
+    /// Sent as `Authorization: Bearer` on every request to this backend
+    /// (vLLM's and SGLang's `--api-key`).
+    #[serde(default)]
+    pub api_key: Secret,
+    /// Sent as `Authorization: Bearer` on admin requests instead of
+    /// `api_key` (SGLang's `--admin-api-key`).
+    #[serde(default)]
+    pub admin_api_key: Secret,
 }
 
 impl BackendConfig {
@@ -640,6 +648,31 @@ impl Config {
                         ca.display().to_string(),
                         "applies to an https:// url only",
                     ));
+                }
+            }
+            for (field, secret) in [("api_key", &b.api_key), ("admin_api_key", &b.admin_api_key)] {
+                if let Some(t) = secret.get() {
+                    if !usable_token(t) {
+                        return Err(invalid(
+                            &format!("backends[{i}].{field}"),
+                            redacted_token(t),
+                            "a key is 8 to 4096 printable ASCII characters without spaces",
+                        ));
+                    }
+                    if b.url == "engine" {
+                        return Err(invalid(
+                            &format!("backends[{i}].{field}"),
+                            redacted_token(t),
+                            "the in-process engine takes no key",
+                        ));
+                    }
+                    if redact_url(&b.url) != b.url {
+                        return Err(invalid(
+                            &format!("backends[{i}].{field}"),
+                            redacted_token(t),
+                            "the url carries credentials too (sent as basic auth): give one of them",
+                        ));
+                    }
                 }
             }
             if b.url == "engine" && b.kind != BackendKind::Engine {

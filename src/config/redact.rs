@@ -1,6 +1,32 @@
 //! URLs and config errors for display: credentials, passwords and tokens
 //! become `***`.
 
+/// A credential from the config file: kept out of `Debug` output (logs,
+/// error reports), read only where it is sent.
+#[derive(Clone, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(s: impl Into<String>) -> Self {
+        Secret(s.into())
+    }
+
+    /// The credential, or `None` when it is not set.
+    pub fn get(&self) -> Option<&str> {
+        (!self.0.is_empty()).then_some(self.0.as_str())
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.get() {
+            Some(t) => f.write_str(&redacted_token(t)),
+            None => f.write_str("<unset>"),
+        }
+    }
+}
+
 /// A token is 8 to 4096 printable ASCII characters without spaces.
 pub fn usable_token(t: &str) -> bool {
     (8..=4096).contains(&t.len()) && t.bytes().all(|b| b.is_ascii_graphic())

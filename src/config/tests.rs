@@ -26,6 +26,8 @@ fn backend_urls_are_shown_without_credentials() {
         name: String::new(),
         model: String::new(),
         ca_file: Default::default(),
+        api_key: Default::default(),
+        admin_api_key: Default::default(),
     };
     assert_eq!(b.display_name(), "http://***@h:1");
 }

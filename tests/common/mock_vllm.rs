@@ -107,6 +107,27 @@ pub struct MockState {
     pub held_notify: Notify,
     pub released: std::sync::atomic::AtomicBool,
     pub release_notify: Notify,
+    /// Every request's path and `Authorization` header, in arrival order
+    /// (none when quiet).
+    pub authorizations: Mutex<Vec<(String, Option<String>)>>,
+}
+
+/// Records each request's path and `Authorization` header.
+async fn record_authorization(
+    State(s): State<Arc<MockState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if !s.quiet.load(Ordering::Relaxed) {
+        let auth = req
+            .headers()
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let path = req.uri().path().to_string();
+        s.authorizations.lock().expect("lock").push((path, auth));
+    }
+    next.run(req).await
 }
 
 /// Waits until `ready()` holds, woken by `notify` (registered before each
@@ -190,6 +211,10 @@ impl MockVllm {
             .route("/resume", post(admin))
             .route("/start_weight_update", post(admin))
             .route("/finish_weight_update", post(admin))
+            .layer(axum::middleware::from_fn_with_state(
+                state.clone(),
+                record_authorization,
+            ))
             .with_state(state.clone());
         (state, app)
     }
@@ -254,6 +279,11 @@ impl MockVllm {
             }
             notified.await;
         }
+    }
+
+    /// Every request's path and `Authorization` header, in arrival order.
+    pub fn authorizations(&self) -> Vec<(String, Option<String>)> {
+        self.state.authorizations.lock().expect("lock").clone()
     }
 
     pub fn requests(&self) -> Vec<Value> {
