@@ -87,7 +87,15 @@ async fn calls_during_sleep_complete_after_wake_up() {
     for m in [&a, &b] {
         let log = m.log();
         let admin_log: Vec<&String> = log.iter().filter(|l| !l.starts_with("/v1/")).collect();
-        assert_eq!(admin_log, vec!["/sleep?level=1", "/wake_up"], "{log:?}");
+        assert_eq!(
+            admin_log,
+            vec![
+                "/server_info?config_format=json",
+                "/sleep?level=1",
+                "/wake_up"
+            ],
+            "{log:?}"
+        );
     }
     let combined: Vec<String> = [a.log(), b.log()].concat();
     assert!(combined.iter().any(|l| l == "/v1/completions"));
@@ -148,7 +156,10 @@ async fn weight_version_tags_later_calls() {
         tail[0].starts_with("/collective_rpc") && tail[0].contains("/ckpt/13"),
         "{log:?}"
     );
-    assert_eq!(tail[1], "/reset_prefix_cache", "{log:?}");
+    assert_eq!(
+        tail[1], "/reset_prefix_cache?reset_running_requests=true",
+        "{log:?}"
+    );
     let r = admin(
         &g,
         reqwest::Method::POST,
@@ -369,4 +380,33 @@ async fn gateway_overhead_leaves_out_the_wait_for_the_first_token() {
         overhead < 0.3,
         "overhead {overhead} s of a {took} s call: the backend's wait is in it"
     );
+}
+
+/// Sleep is asked of every backend's server first: one started without
+/// `--enable-sleep-mode` (what its `/server_info` says) refuses the whole
+/// sleep with a 409 naming it and the flag, and no backend is put to
+/// sleep; admission is not paused.
+#[tokio::test]
+async fn sleep_is_refused_naming_a_backend_without_sleep_mode() {
+    let (a, b, g) = gateway().await;
+    b.set_sleep_mode(false);
+    let r = admin(&g, reqwest::Method::POST, "/admin/sleep?level=1", None).await;
+    assert_eq!(r.status(), 409);
+    let v: Value = r.json().await.expect("json");
+    let message = v["error"]["message"].as_str().expect("message");
+    assert!(message.contains("--enable-sleep-mode"), "{message}");
+    assert!(message.contains(&format!("{}: ", b.url())), "{message}");
+    assert!(!message.contains(&format!("{}: ", a.url())), "{message}");
+    for m in [&a, &b] {
+        assert!(
+            !m.log().iter().any(|l| l.starts_with("/sleep")),
+            "{:?}",
+            m.log()
+        );
+    }
+    let r = admin(&g, reqwest::Method::GET, "/admin/backends", None).await;
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["paused"], false, "{v}");
+    let r = g.spawn_chat("/v1/chat/completions").await.expect("join");
+    assert_eq!(r, 200, "calls go on");
 }

@@ -130,7 +130,7 @@ async fn a_hung_backend_is_named_traffic_resumes_and_the_version_waits_for_all()
         admin_log,
         [
             r#"/collective_rpc {"method":"reload_weights","kwargs":{"weights_path":"/ckpt/1"}}"#,
-            "/reset_prefix_cache"
+            "/reset_prefix_cache?reset_running_requests=true"
         ]
     );
 
@@ -251,11 +251,13 @@ async fn two_step_update_forwards_vllm_pause_start_finish_resume() {
     assert_eq!(
         admin_log,
         [
+            "/server_info?config_format=json",
             "/sleep?level=1",
             "/wake_up",
             "/pause?mode=wait",
             "/start_weight_update",
             r#"/finish_weight_update {"weight_version":"step-9"}"#,
+            "/reset_prefix_cache?reset_running_requests=true",
             "/resume"
         ]
     );
@@ -294,10 +296,12 @@ async fn a_refused_begin_is_called_off_everywhere_and_traffic_resumes() {
     assert_eq!(call_version(&g, "after-abort").await, Value::Null);
 }
 
-/// Admission stays paused while any reason holds: a weight update made
-/// while the backends sleep ends its own pause, not the sleep's, so a call
-/// waits for the wake-up instead of failing on sleeping backends. Neither a
-/// wake-up nor another update cuts into a two-step update.
+/// Admission stays paused while any reason holds, and a weight update is
+/// refused while the backends sleep (a reload into a sleeping vLLM is lost
+/// at wake-up, when its host copy of the old weights is copied back): a
+/// call waits for the wake-up instead of failing on sleeping backends, and
+/// the update goes through once they are awake. Neither a wake-up nor
+/// another update cuts into a two-step update.
 #[tokio::test]
 async fn each_pause_ends_only_with_its_own_operation() {
     let a = MockVllm::start(mock_reply()).await;
@@ -307,15 +311,31 @@ async fn each_pause_ends_only_with_its_own_operation() {
     let (status, report) = post_admin(&g, "/admin/sleep", json!({"level": 1})).await;
     assert_eq!(status, 200, "{report}");
     assert_eq!(report["paused_for"], json!(["asleep"]));
-    let (status, report) = post_admin(
-        &g,
-        "/admin/weights",
-        json!({"version": "v1", "path": "/ckpt/1"}),
-    )
-    .await;
-    assert_eq!(status, 200, "{report}");
-    assert_eq!(report["paused"], true, "still asleep: {report}");
-    assert_eq!(report["paused_for"], json!(["asleep"]));
+    let reload = json!({"version": "v1", "path": "/ckpt/1"});
+    for (path, body) in [
+        ("/admin/weights", reload.clone()),
+        ("/admin/weights/begin", json!({})),
+    ] {
+        let (status, report) = post_admin(&g, path, body).await;
+        assert_eq!(status, 409, "{path} while asleep: {report}");
+        assert!(
+            report["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("POST /admin/wake_up first")),
+            "{report}"
+        );
+    }
+    assert!(
+        !a.log()
+            .iter()
+            .any(|l| l.starts_with("/collective_rpc") || l.starts_with("/pause")),
+        "nothing reached the sleeping backend: {:?}",
+        a.log()
+    );
+    assert_eq!(
+        get_admin(&g, "/admin/backends").await["paused_for"],
+        json!(["asleep"])
+    );
     // A call made now waits for the wake-up.
     let waiting = g.spawn_chat("/t/asleep/v1/chat/completions");
     assert_eq!(get_admin(&g, "/admin/backends").await["paused"], true);
@@ -329,6 +349,8 @@ async fn each_pause_ends_only_with_its_own_operation() {
         .position(|l| l.starts_with("/v1/"))
         .expect("call");
     assert!(called > woken, "{log:?}");
+    let (status, report) = post_admin(&g, "/admin/weights", reload).await;
+    assert_eq!(status, 200, "awake, the reload goes through: {report}");
     assert_eq!(call_version(&g, "after-wake").await, "v1");
 
     // A two-step update: only its commit ends its pause.

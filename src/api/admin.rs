@@ -224,6 +224,48 @@ where
         .map_err(|e| ApiError::internal(format!("admin operation ended abnormally: {e}")))?
 }
 
+/// A 409 naming the sleeping backends that would lose new weights loaded
+/// now (vLLM copies its host copy of the old weights back at wake-up;
+/// SGLang's released weights are restored or left uninitialised), and a
+/// trainer cannot push into a sleeping server.
+fn awake(state: &AppState) -> Result<(), ApiError> {
+    let asleep = state.router.asleep_without_reload();
+    if asleep.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::conflict(format!(
+        "backends asleep: {}; POST /admin/wake_up first, then update the weights (a reload into a sleeping vLLM or SGLang server is lost at wake-up)",
+        asleep.join(", ")
+    )))
+}
+
+/// Asks every backend whether it can sleep safely: a 409 naming each that
+/// cannot (and why: the server flag it lacks), before any is put to sleep.
+async fn can_sleep(state: &AppState, deadline: std::time::Duration) -> Result<(), ApiError> {
+    let checks = state
+        .router
+        .broadcast_admin(&AdminOp::SleepCheck, deadline)
+        .await;
+    let refused: Vec<String> = checks
+        .iter()
+        .filter(|r| !r.ok)
+        .map(|r| match &r.outcome {
+            crate::router::AdminOutcome::Failed { error } => format!("{}: {error}", r.backend),
+            crate::router::AdminOutcome::TimedOut { after_s } => {
+                format!("{}: no answer within {after_s} s", r.backend)
+            }
+            crate::router::AdminOutcome::Done { .. } => r.backend.clone(),
+        })
+        .collect();
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::conflict(format!(
+        "no backend was put to sleep: {}",
+        refused.join("; ")
+    )))
+}
+
 /// A 409 while a two-step weight update is begun and not committed.
 fn not_updating(state: &AppState) -> Result<(), ApiError> {
     if state.router.is_paused_for(Pause::Updating) {
@@ -265,6 +307,7 @@ async fn sleep(
     one_at_a_time(&state, move |state| async move {
         // A level-2 sleep would drop the weights a trainer is pushing.
         not_updating(&state)?;
+        can_sleep(&state, timing.deadline(&state)).await?;
         pause_and_drain(&state, timing.drain()).await?;
         let op = AdminOp::Sleep { level };
         let results = state
@@ -358,6 +401,7 @@ async fn update_weights(state: AppState, w: Weights) -> Result<Response, ApiErro
         tracing::info!(version = %w.version, "weight version set");
         return Ok(report(&state, Vec::new(), json!({"version": w.version})));
     };
+    awake(&state)?;
     pause_and_drain(&state, w.timing.drain()).await?;
     if let Err(e) = mark_in_doubt(&state, &w.version).await {
         state.router.resume_admission(Pause::Operation);
@@ -395,6 +439,7 @@ async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Res
 
 async fn begin_update(state: AppState, timing: Timing) -> Result<Response, ApiError> {
     not_updating(&state)?;
+    awake(&state)?;
     pause_and_drain(&state, timing.drain()).await?;
     // Recorded before any backend starts: from then on the trainer may
     // change the weights. Called off, the record goes back as it was.

@@ -121,6 +121,20 @@ impl HttpBackend {
         super::check_status(&self.name, resp).await.map(|_| ())
     }
 
+    /// GETs an admin endpoint with the admin key: its status and text,
+    /// whatever the status (the caller tells a missing endpoint from an
+    /// answer).
+    pub async fn get_admin(&self, path: &str) -> Result<(u16, String), BackendError> {
+        let resp = self
+            .request(reqwest::Method::GET, path, true)
+            .send()
+            .await
+            .map_err(|e| self.unreachable(e))?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await.map_err(|e| self.unreachable(e))?;
+        Ok((status, text))
+    }
+
     /// POSTs to an admin endpoint (a query may be in `path`), with a JSON
     /// body or none; the answer's text.
     pub async fn post_admin(

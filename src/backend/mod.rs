@@ -269,6 +269,10 @@ pub struct PositionLogprob {
 /// names the endpoints and the versions they were checked against).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AdminOp {
+    /// Whether the server was started so that sleeping is safe (its
+    /// weights come back as they were): asked of every backend before any
+    /// is put to sleep. Changes nothing.
+    SleepCheck,
     Sleep {
         level: u32,
     },
@@ -293,6 +297,7 @@ pub enum AdminOp {
 impl AdminOp {
     pub fn name(&self) -> &'static str {
         match self {
+            AdminOp::SleepCheck => "sleep_check",
             AdminOp::Sleep { .. } => "sleep",
             AdminOp::WakeUp => "wake_up",
             AdminOp::UpdateWeights { .. } => "update_weights",
@@ -332,6 +337,13 @@ pub trait Backend: Send + Sync + 'static {
     async fn health(&self) -> Result<(), BackendError>;
     /// Forwards an admin operation; returns the backend's answer as text.
     async fn admin(&self, op: &AdminOp) -> Result<String, BackendError>;
+    /// Whether new weights loaded while it sleeps are the ones it serves
+    /// after the wake-up. Not on vLLM (wake-up copies its host copy of the
+    /// old weights back) or SGLang (released weights are restored, or left
+    /// uninitialised): those are refused an update while asleep.
+    fn reloads_while_asleep(&self) -> bool {
+        false
+    }
     /// Teacher-forced logprobs of a whole sequence: one entry per id of
     /// `req.ids`, in order (position 0 has no logprob). A backend that
     /// cannot compute them says so with [`BackendError::Rejected`].

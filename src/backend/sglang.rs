@@ -154,6 +154,53 @@ impl SglangBackend {
     }
 }
 
+impl SglangBackend {
+    fn rejected(&self, message: impl Into<String>) -> BackendError {
+        BackendError::Rejected {
+            backend: self.name().to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// Sleep is safe only on a server started with `--enable-memory-saver`
+    /// (else releasing frees nothing) and `--enable-weights-cpu-backup`
+    /// (else the weights' contents are thrown away on release and the
+    /// server wakes with uninitialised weights, without a warning). Read
+    /// from `GET /server_info` (SGLang 0.5.7+; `/get_server_info` before),
+    /// whose top level holds the server's arguments.
+    async fn sleep_check(&self) -> Result<String, BackendError> {
+        let (mut status, mut text) = self.http.get_admin("/server_info").await?;
+        if status == 404 {
+            (status, text) = self.http.get_admin("/get_server_info").await?;
+        }
+        if !(200..300).contains(&status) {
+            return Err(super::status_error(
+                self.name(),
+                status,
+                format!("GET /server_info: {text}"),
+            ));
+        }
+        let info: Json = serde_json::from_str(&text)
+            .map_err(|e| self.rejected(format!("GET /server_info is not JSON: {e}")))?;
+        let flag = |name: &str| info.get(name).and_then(Json::as_bool);
+        match (
+            flag("enable_memory_saver"),
+            flag("enable_weights_cpu_backup"),
+        ) {
+            (Some(true), Some(true)) => Ok("memory saver with a CPU copy of the weights".into()),
+            (Some(false), _) => Err(self.rejected(
+                "started without --enable-memory-saver: sleep would free no memory",
+            )),
+            (_, Some(false)) => Err(self.rejected(
+                "started without --enable-weights-cpu-backup: sleep would throw the weights away and the server would wake with uninitialised weights",
+            )),
+            _ => Err(self.rejected(
+                "GET /server_info does not say whether --enable-memory-saver and --enable-weights-cpu-backup are on",
+            )),
+        }
+    }
+}
+
 fn protocol(backend: &str, message: impl Into<String>) -> BackendError {
     BackendError::Protocol {
         backend: backend.to_string(),
@@ -552,6 +599,7 @@ impl Backend for SglangBackend {
 
     async fn admin(&self, op: &AdminOp) -> Result<String, BackendError> {
         match op {
+            AdminOp::SleepCheck => self.sleep_check().await,
             // SGLang has one sleep depth: release weights and KV cache.
             AdminOp::Sleep { .. } => {
                 self.post_admin("/release_memory_occupation", json!({}))

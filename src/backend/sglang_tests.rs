@@ -677,3 +677,34 @@ fn input_logprobs_for_other_ids_or_lengths_are_protocol_errors() {
     let e = read_input_logprobs(none, &[4, 5]).unwrap_err();
     assert!(e.contains("no input_token_logprobs"), "{e}");
 }
+
+/// A server answering only `path` with `info` (SGLang's server arguments
+/// at the top level, as `GET /server_info` gives them).
+async fn info_server(path: &'static str, info: Json) -> SglangBackend {
+    let app = Router::new().route(path, get(move || async move { AxJson(info) }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    backend_at(&format!("http://{addr}"))
+}
+
+#[tokio::test]
+async fn sleep_needs_the_memory_saver_and_a_cpu_copy_of_the_weights() {
+    let flags = |saver: bool, backup: bool| json!({"enable_memory_saver": saver, "enable_weights_cpu_backup": backup, "version": "0.5.23"});
+    let b = info_server("/server_info", flags(true, true)).await;
+    b.admin(&AdminOp::SleepCheck).await.unwrap();
+    let b = info_server("/server_info", flags(false, true)).await;
+    let e = b.admin(&AdminOp::SleepCheck).await.unwrap_err();
+    assert!(e.to_string().contains("--enable-memory-saver"), "{e}");
+    let b = info_server("/server_info", flags(true, false)).await;
+    let e = b.admin(&AdminOp::SleepCheck).await.unwrap_err();
+    assert!(e.to_string().contains("--enable-weights-cpu-backup"), "{e}");
+    // Before SGLang 0.5.7 the route was /get_server_info.
+    let b = info_server("/get_server_info", flags(true, true)).await;
+    b.admin(&AdminOp::SleepCheck).await.unwrap();
+    let b = info_server("/get_server_info", json!({"version": "0.5.5"})).await;
+    let e = b.admin(&AdminOp::SleepCheck).await.unwrap_err();
+    assert!(e.to_string().contains("does not say"), "{e}");
+}

@@ -484,6 +484,7 @@ impl Backend for VllmBackend {
     /// transfer: 0.25+, with `--weight-transfer-config`).
     async fn admin(&self, op: &AdminOp) -> Result<String, BackendError> {
         match op {
+            AdminOp::SleepCheck => self.sleep_check().await,
             AdminOp::Sleep { level } => {
                 self.post_admin(&format!("/sleep?level={level}"), None)
                     .await
@@ -494,17 +495,7 @@ impl Backend for VllmBackend {
                 let loaded = self.post_admin("/collective_rpc", Some(body)).await?;
                 // The reload keeps cached prefixes computed with the old
                 // weights: drop them, or later prompts would reuse them.
-                let reset = self.post_admin("/reset_prefix_cache", None).await?;
-                if serde_json::from_str::<Json>(&reset)
-                    .ok()
-                    .and_then(|v| v.get("success").and_then(Json::as_bool))
-                    == Some(false)
-                {
-                    return Err(BackendError::Rejected {
-                        backend: self.name().to_string(),
-                        message: "weights reloaded, but the prefix cache could not be reset".into(),
-                    });
-                }
+                self.reset_prefix_cache("weights reloaded").await?;
                 Ok(loaded)
             }
             AdminOp::BeginWeightUpdate => {
@@ -524,6 +515,10 @@ impl Backend for VllmBackend {
             AdminOp::FinishWeightUpdate { version } => {
                 let body = json!({ "weight_version": version });
                 self.post_admin("/finish_weight_update", Some(body)).await?;
+                // Explicitly, not through `/pause`'s deprecated
+                // `clear_cache` default: nothing cached under the old
+                // weights survives into the resumed generation.
+                self.reset_prefix_cache("weights updated").await?;
                 self.post_admin("/resume", None).await
             }
             AdminOp::AbortWeightUpdate => {
@@ -545,6 +540,74 @@ impl VllmBackend {
     /// POSTs to an admin endpoint (query in `path`); the answer's text.
     async fn post_admin(&self, path: &str, body: Option<Json>) -> Result<String, BackendError> {
         self.http.post_admin(path, body.as_ref()).await
+    }
+
+    fn rejected(&self, message: impl Into<String>) -> BackendError {
+        BackendError::Rejected {
+            backend: self.name().to_string(),
+            message: message.into(),
+        }
+    }
+
+    /// Drops every cached prefix, running requests' included
+    /// (`reset_running_requests=true`: vLLM otherwise skips the reset while
+    /// any block is in use). vLLM 0.26+ confirms with `{"success": true}`;
+    /// older ones answer an empty 200, taken as done because every call was
+    /// drained or paused first. `{"success": false}` fails the operation.
+    async fn reset_prefix_cache(&self, done: &str) -> Result<(), BackendError> {
+        let reset = self
+            .post_admin("/reset_prefix_cache?reset_running_requests=true", None)
+            .await?;
+        let success = serde_json::from_str::<Json>(&reset)
+            .ok()
+            .and_then(|v| v.get("success").and_then(Json::as_bool));
+        if success == Some(false) {
+            return Err(self.rejected(format!(
+                "{done}, but the prefix cache could not be reset: prefixes cached under the old weights would be reused"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sleep is safe only on a server started with `--enable-sleep-mode`
+    /// (its weights then go to host memory at level 1 and come back at
+    /// wake-up); without it `/sleep` frees nothing. Read from
+    /// `GET /server_info?config_format=json` (`vllm_config.model_config.
+    /// enable_sleep_mode`), which, like `/sleep`, needs
+    /// `VLLM_SERVER_DEV_MODE=1`.
+    async fn sleep_check(&self) -> Result<String, BackendError> {
+        let (status, text) = self
+            .http
+            .get_admin("/server_info?config_format=json")
+            .await?;
+        if status == 404 {
+            return Err(self.rejected(
+                "no /server_info: the server was not started with VLLM_SERVER_DEV_MODE=1, which sleep needs",
+            ));
+        }
+        if !(200..300).contains(&status) {
+            return Err(super::status_error(
+                self.name(),
+                status,
+                format!("GET /server_info: {text}"),
+            ));
+        }
+        let info: Json = serde_json::from_str(&text)
+            .map_err(|e| self.rejected(format!("GET /server_info is not JSON: {e}")))?;
+        match info
+            .pointer("/vllm_config/model_config/enable_sleep_mode")
+            .and_then(Json::as_bool)
+        {
+            Some(true) => Ok("sleep mode enabled".into()),
+            Some(false) => {
+                Err(self
+                    .rejected("started without --enable-sleep-mode: sleep would free no memory"))
+            }
+            None => {
+                Err(self
+                    .rejected("GET /server_info does not say whether --enable-sleep-mode is on"))
+            }
+        }
     }
 }
 

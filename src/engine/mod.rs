@@ -343,6 +343,12 @@ impl EngineBackend {
 
 #[async_trait::async_trait]
 impl Backend for EngineBackend {
+    /// The engine keeps the path and loads it at wake-up (level 2) or swaps
+    /// at once (level 1).
+    fn reloads_while_asleep(&self) -> bool {
+        true
+    }
+
     fn name(&self) -> &str {
         &self.name
     }
@@ -406,6 +412,8 @@ impl Backend for EngineBackend {
     /// update off on every backend.
     async fn admin(&self, op: &AdminOp) -> Result<String, BackendError> {
         let control = match op {
+            // The engine keeps its weights in host memory while asleep.
+            AdminOp::SleepCheck => return Ok("the bundled engine can sleep".into()),
             AdminOp::Sleep { level } if (1..=2).contains(level) => {
                 // Refuse new requests now; those already sent finish first.
                 self.shared.asleep.store(true, Ordering::SeqCst);

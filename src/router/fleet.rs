@@ -110,6 +110,18 @@ impl Router {
         futures::future::join_all(calls).await
     }
 
+    /// The backends asleep now that would lose new weights loaded before
+    /// their wake-up ([`Backend::reloads_while_asleep`]).
+    ///
+    /// [`Backend::reloads_while_asleep`]: crate::backend::Backend::reloads_while_asleep
+    pub fn asleep_without_reload(&self) -> Vec<String> {
+        self.slots()
+            .iter()
+            .filter(|s| s.is_sleeping() && !s.backend.reloads_while_asleep())
+            .map(|s| s.name.to_string())
+            .collect()
+    }
+
     /// The fleet's weight version (`None`: the initial weights).
     pub fn weight_version(&self) -> Option<String> {
         self.lock().weight_version.as_deref().map(str::to_string)

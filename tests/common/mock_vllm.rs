@@ -100,6 +100,8 @@ pub struct MockState {
     pub transfer_started: std::sync::atomic::AtomicBool,
     /// Generation paused with `/pause`.
     pub paused: std::sync::atomic::AtomicBool,
+    /// Started with `--enable-sleep-mode` (what `/server_info` reports).
+    pub sleep_mode: std::sync::atomic::AtomicBool,
     /// Admin requests received (hung ones included).
     pub admin_seen: Notify,
     /// Streams waiting at their `hold_after` point (ever).
@@ -197,6 +199,7 @@ impl MockVllm {
         let state = Arc::new(MockState {
             default: Mutex::new(default),
             healthy: std::sync::atomic::AtomicBool::new(true),
+            sleep_mode: std::sync::atomic::AtomicBool::new(true),
             ..Default::default()
         });
         let app = Router::new()
@@ -211,6 +214,7 @@ impl MockVllm {
             .route("/resume", post(admin))
             .route("/start_weight_update", post(admin))
             .route("/finish_weight_update", post(admin))
+            .route("/server_info", get(server_info))
             .layer(axum::middleware::from_fn_with_state(
                 state.clone(),
                 record_authorization,
@@ -279,6 +283,12 @@ impl MockVllm {
             }
             notified.await;
         }
+    }
+
+    /// Whether `/server_info` says the server runs with
+    /// `--enable-sleep-mode` (default yes).
+    pub fn set_sleep_mode(&self, on: bool) {
+        self.state.sleep_mode.store(on, Ordering::SeqCst);
     }
 
     /// Every request's path and `Authorization` header, in arrival order.
@@ -464,6 +474,24 @@ async fn admin(
         }
         _ => refuse(StatusCode::NOT_FOUND, "Not Found"),
     }
+}
+
+/// vLLM's dev-mode `GET /server_info`: with `config_format=json` the
+/// config as JSON (`vllm_config.model_config.enable_sleep_mode`), else its
+/// text form, which carries no such field.
+async fn server_info(State(s): State<Arc<MockState>>, uri: axum::http::Uri) -> Response {
+    s.log.lock().expect("lock").push(uri.to_string());
+    if !uri.query().unwrap_or("").contains("config_format=json") {
+        return Json(json!({"vllm_config": "model='mock', ...", "vllm_env": {}})).into_response();
+    }
+    let sleep = s.sleep_mode.load(Ordering::SeqCst);
+    Json(json!({
+        "vllm_config": {"model_config": {"model": "mock", "enable_sleep_mode": sleep},
+                        "weight_transfer_config": null},
+        "vllm_env": {"VLLM_SERVER_DEV_MODE": "1"},
+        "system_env": {},
+    }))
+    .into_response()
 }
 
 fn refuse(status: StatusCode, message: &str) -> Response {
