@@ -227,6 +227,38 @@ def test_batches_exactly_once_across_restart_and_a_raising_step(tok):
         assert sorted(audit) == sorted(everything)
 
 
+def test_async_client_batches_weights_and_errors(tok):
+    rep = Replies(tok)
+    with harness.mock_gateway(TOKENIZER, rep.text("ok")) as addr:
+        gw = f"http://{addr}"
+        with tito.Client(gw) as setup:
+            everything = roll(addr, setup, 4)
+
+        async def main():
+            trained, failed = [], None
+            async with tito.AsyncClient(gw) as client:
+                t = await client.new_trajectory("async-g", index=3)
+                assert t.base_url == f"{gw}/g/async-g/t/{t.id}/v1"
+                with pytest.raises(RuntimeError):
+                    async for batch in client.batches("ppo", layout="trajectory", batch_size=3):
+                        if failed is None:
+                            failed = batch
+                            raise RuntimeError("step failed")
+                async for batch in client.batches("ppo", layout="trajectory", batch_size=3):
+                    trained.append(batch.trajectory_ids)
+                assert trained[0] == failed.trajectory_ids, "the raised batch comes first"
+                async with client.weight_push("step-9") as begun:
+                    assert begun["ok"] is True
+                assert (await client.fleet())["weight_version"] == "step-9"
+                with pytest.raises(tito.NotFoundError):
+                    await client.group("no-such-group")
+                assert await client.health() is True
+            return [tid for ids in trained for tid in ids]
+
+        trained = asyncio.run(main())
+        assert sorted(trained) == sorted(everything)
+
+
 def test_a_crashed_client_s_batch_comes_back_after_its_lease(tok):
     rep = Replies(tok)
     with harness.mock_gateway(TOKENIZER, rep.text("ok")) as addr:
