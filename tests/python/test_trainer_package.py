@@ -545,6 +545,47 @@ def test_verl_agent_loop_with_openai_sdk_and_langchain_agents(tok):
             assert got["uid"] == f"verl-uid-{outputs.index(out)}"
 
 
+def one_call_agent(base_url, task):
+    OpenAI(base_url=base_url, api_key="unused").chat.completions.create(
+        model=MODEL, messages=messages_of(task))
+    return 1.0
+
+
+def test_verl_agent_loop_registers_verl_s_rollout_servers(tok):
+    """With register_servers, the addresses of the server actors verl hands
+    the loop (`server_manager.server_handles[i].get_server_address`) join
+    tito's fleet, once."""
+    rep = Replies(tok)
+    second, second_addr = harness.start_mock(rep.text("ok"))
+    try:
+        host, port = second_addr.rsplit(":", 1)
+
+        class Method:
+            def remote(self):
+                async def address():
+                    return host, int(port)
+                return address()
+
+        handle = types.SimpleNamespace(get_server_address=Method())
+        server_manager = types.SimpleNamespace(server_handles=[handle])
+        with harness.mock_gateway(TOKENIZER, rep.text("ok")) as addr, \
+                tito.Client(f"http://{addr}") as client:
+            before = client.fleet()["backends"]
+            assert len(before) == 1
+            for uid in ("reg-0", "reg-1"):
+                loop = tito.verl.TitoAgentLoop(server_manager=server_manager,
+                                               gateway=f"http://{addr}", agent=one_call_agent,
+                                               response_length=R, register_servers=True)
+                out = asyncio.run(loop.run({}, raw_prompt=[{"role": "user", "content": "hi"}],
+                                           uid=uid))
+                assert out.reward_score == 1.0
+            urls = sorted(b["url"] for b in client.fleet()["backends"])
+            assert urls == sorted([before[0]["url"], f"http://{second_addr}"])
+    finally:
+        second.terminate()
+        second.wait(timeout=30)
+
+
 # slime's `Sample` (slime/utils/types.py lines 94-142 at commit
 # 624b824a898ab0ec1fcb4d373004c7f3852bf515): the fields this package reads
 # or writes, with their annotations, and `Sample.Status`.

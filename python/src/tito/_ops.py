@@ -228,6 +228,15 @@ def commit_weights(version: str, timeout_s: float | None) -> Op:
     return _json((yield Req("POST", "/admin/weights/commit", json=body, admin=True)))
 
 
+def add_backend(url: str, kind: str, name: str | None) -> Op:
+    body = _drop_none({"url": url, "kind": kind, "name": name})
+    return _json((yield Req("POST", "/admin/backends", json=body, admin=True)))
+
+
+def remove_backend(backend: str | int) -> Op:
+    return _json((yield Req("DELETE", f"/admin/backends/{backend}", admin=True)))
+
+
 def admin_post(path: str, params: dict[str, Any] | None = None,
                body: dict[str, Any] | None = None) -> Op:
     return _json((yield Req("POST", path, params=params, json=body, admin=True)))

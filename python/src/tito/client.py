@@ -293,6 +293,15 @@ class Client(_Common):
         version, whether admission is paused and why."""
         return self._run(_ops.get("/admin/backends", admin=True))
 
+    def add_backend(self, url: str, *, kind: str = "vllm",
+                    name: str | None = None) -> dict[str, Any]:
+        """Adds an inference server to the fleet (`kind`: vllm | sglang)."""
+        return self._run(_ops.add_backend(url, kind, name))
+
+    def remove_backend(self, backend: str | int) -> dict[str, Any]:
+        """Removes a backend by id or name."""
+        return self._run(_ops.remove_backend(backend))
+
     def gateway_version(self) -> str | None:
         return self._run(_ops.gateway_version())
 
@@ -436,6 +445,13 @@ class AsyncClient(_Common):
 
     async def fleet(self) -> dict[str, Any]:
         return await self._run(_ops.get("/admin/backends", admin=True))
+
+    async def add_backend(self, url: str, *, kind: str = "vllm",
+                          name: str | None = None) -> dict[str, Any]:
+        return await self._run(_ops.add_backend(url, kind, name))
+
+    async def remove_backend(self, backend: str | int) -> dict[str, Any]:
+        return await self._run(_ops.remove_backend(backend))
 
     async def gateway_version(self) -> str | None:
         return await self._run(_ops.gateway_version())

@@ -23,6 +23,7 @@ returns its `AgentLoopOutput`; otherwise stand-ins with the same fields."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 from typing import Any
@@ -134,12 +135,21 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]
     `gateway` (default `$TITO_URL`), `token` (a trainer token, default
     `$TITO_TRAINER_TOKEN`) and `api_key` (what the agent sends, default
     `$TITO_API_KEY`) locate tito; `response_length` / `prompt_length`
-    default to verl's `actor_rollout_ref.rollout` values."""
+    default to verl's `actor_rollout_ref.rollout` values.
+
+    With `register_servers=True` the first run in a worker adds verl's own
+    rollout servers to tito's fleet (`POST /admin/backends`, needing
+    `admin_token`, default `$TITO_ADMIN_TOKEN` or `token`): their
+    addresses come from the server actors verl hands the loop
+    (`server_manager.server_handles`, each answering
+    `get_server_address()`), and `backend_kind` (default verl's
+    `actor_rollout_ref.rollout.name`) says how tito speaks to them."""
 
     def __init__(self, *args: Any, gateway: str | None = None, agent: Agent | str | None = None,
                  token: str | None = None, api_key: str | None = None,
-                 response_length: int | None = None, prompt_length: int | None = None,
-                 **kwargs: Any) -> None:
+                 admin_token: str | None = None, response_length: int | None = None,
+                 prompt_length: int | None = None, register_servers: bool = False,
+                 backend_kind: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         if agent is None:
             agent = os.environ.get("TITO_AGENT")
@@ -149,9 +159,14 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]
         self.gateway = gateway or os.environ.get("TITO_URL", "http://127.0.0.1:8000")
         self.token = token or os.environ.get("TITO_TRAINER_TOKEN")
         self.api_key = api_key or os.environ.get("TITO_API_KEY")
+        self.admin_token = admin_token or os.environ.get("TITO_ADMIN_TOKEN")
         config = getattr(self, "config", None)
         self.response_length = response_length or _rollout_length(config, "response_length")
         self.prompt_length = prompt_length or _rollout_length(config, "prompt_length")
+        self.register_servers = register_servers
+        name = getattr(getattr(getattr(config, "actor_rollout_ref", None), "rollout", None),
+                       "name", None)
+        self.backend_kind = backend_kind or (name if name in ("vllm", "sglang") else "vllm")
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> Any:
         """verl's `AgentLoopBase.run`: `kwargs` are the sample's dataset
@@ -160,7 +175,10 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]
         uid = kwargs.get("uid")
         index = kwargs.get("index")
         extra_info = kwargs.get("extra_info")
-        async with AsyncClient(self.gateway, token=self.token, api_key=self.api_key) as client:
+        async with AsyncClient(self.gateway, token=self.token, api_key=self.api_key,
+                               admin_token=self.admin_token) as client:
+            if self.register_servers:
+                await _register(client, self.server_manager, self.backend_kind)
             episode = await run_episode(
                 client, self.agent,
                 group=str(uid) if uid is not None else _fresh_group(),
@@ -174,6 +192,34 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]
                 f"{len(episode.sample['prompt_ids'])} tokens is longer than verl's "
                 f"prompt_length {self.prompt_length}")
         return agent_loop_output(episode, self.response_length)
+
+
+# gateway -> its lock, and the gateways whose fleet this process completed
+_REGISTERING: dict[str, asyncio.Lock] = {}
+_REGISTERED: set[str] = set()
+
+
+async def _register(client: AsyncClient, server_manager: Any, kind: str) -> None:
+    """Adds the rollout servers behind `server_manager` to tito's fleet,
+    once per gateway and process; servers already there are left alone."""
+    if client.base_url in _REGISTERED:
+        return
+    lock = _REGISTERING.setdefault(client.base_url, asyncio.Lock())
+    async with lock:
+        if client.base_url in _REGISTERED:
+            return
+        handles = list(getattr(server_manager, "server_handles", None) or [])
+        if not handles:
+            raise ValueError("register_servers: verl handed the loop no server handles")
+        addresses = await asyncio.gather(*(h.get_server_address.remote() for h in handles))
+        known = {b["url"].rstrip("/") for b in (await client.fleet())["backends"]}
+        for host, port in addresses:
+            host = f"[{host}]" if ":" in str(host) else host
+            url = f"http://{host}:{port}"
+            if url not in known:
+                await client.add_backend(url, kind=kind)
+                known.add(url)
+        _REGISTERED.add(client.base_url)
 
 
 def _opt_str(v: Any) -> str | None:
