@@ -551,19 +551,20 @@ def one_call_agent(base_url, task):
     return 1.0
 
 
-def test_verl_agent_loop_registers_verl_s_rollout_servers(tok):
-    """With register_servers, the addresses of the server actors verl hands
-    the loop (`server_manager.server_handles[i].get_server_address`) join
-    tito's fleet, once."""
+def test_verl_and_slime_register_their_rollout_servers(tok):
+    """verl's loop adds the servers of the actors verl hands it
+    (`server_manager.server_handles[i].get_server_address`), slime's
+    generate function adds slime's router (`args.sglang_router_ip` /
+    `_port`), each once."""
     rep = Replies(tok)
-    second, second_addr = harness.start_mock(rep.text("ok"))
+    mocks = [harness.start_mock(rep.text("ok")) for _ in range(2)]
     try:
-        host, port = second_addr.rsplit(":", 1)
+        (vh, vp), (sh, sp) = [addr.rsplit(":", 1) for _, addr in mocks]
 
         class Method:
             def remote(self):
                 async def address():
-                    return host, int(port)
+                    return vh, int(vp)
                 return address()
 
         handle = types.SimpleNamespace(get_server_address=Method())
@@ -579,11 +580,20 @@ def test_verl_agent_loop_registers_verl_s_rollout_servers(tok):
                 out = asyncio.run(loop.run({}, raw_prompt=[{"role": "user", "content": "hi"}],
                                            uid=uid))
                 assert out.reward_score == 1.0
-            urls = sorted(b["url"] for b in client.fleet()["backends"])
-            assert urls == sorted([before[0]["url"], f"http://{second_addr}"])
+            args = types.SimpleNamespace(tito_url=f"http://{addr}", sglang_router_ip=sh,
+                                         sglang_router_port=int(sp))
+            generate = tito.slime.make_generate(one_call_agent, register_router=True,
+                                                router_kind="vllm")  # the mock speaks vLLM
+            for i in range(2):
+                sample = asyncio.run(generate(args, SlimeSample(group_index=i, prompt="hi"), {}))
+                assert sample.reward == 1.0
+            fleet = client.fleet()["backends"]
+            assert sorted(b["url"] for b in fleet) == sorted(
+                [before[0]["url"]] + [f"http://{a}" for _, a in mocks])
     finally:
-        second.terminate()
-        second.wait(timeout=30)
+        for proc, _ in mocks:
+            proc.terminate()
+            proc.wait(timeout=30)
 
 
 # slime's `Sample` (slime/utils/types.py lines 94-142 at commit

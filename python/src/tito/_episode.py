@@ -9,7 +9,7 @@ import importlib
 import inspect
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,6 +168,36 @@ def sampled_logprobs(sample: dict[str, Any]) -> list[float] | None:
         else:
             out.append(0.0)
     return out
+
+
+# (gateway, what) -> its lock; those this process has registered
+_REGISTERING: dict[tuple[str, str], asyncio.Lock] = {}
+_REGISTERED: set[tuple[str, str]] = set()
+
+
+def http_url(host: Any, port: Any) -> str:
+    host = f"[{host}]" if ":" in str(host) else host
+    return f"http://{host}:{int(port)}"
+
+
+async def ensure_backends(client: AsyncClient, what: str,
+                          urls: Callable[[], Awaitable[list[str]]], kind: str) -> None:
+    """Adds the inference servers `urls()` names (`what` names that set) to
+    tito's fleet, once per gateway and process; servers already in the
+    fleet are left alone."""
+    key = (client.base_url, what)
+    if key in _REGISTERED:
+        return
+    lock = _REGISTERING.setdefault(key, asyncio.Lock())
+    async with lock:
+        if key in _REGISTERED:
+            return
+        known = {b["url"].rstrip("/") for b in (await client.fleet())["backends"]}
+        for url in await urls():
+            if url not in known:
+                await client.add_backend(url, kind=kind)
+                known.add(url)
+        _REGISTERED.add(key)
 
 
 class EpisodeError(TitoError):

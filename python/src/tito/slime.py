@@ -25,9 +25,11 @@ gives `Status`), so nothing of slime is imported here.
 
 Configuration of the module-level `generate`: `$TITO_URL`, `$TITO_AGENT`
 (an import path of the agent), `$TITO_TRAINER_TOKEN`, `$TITO_API_KEY`,
-`$TITO_RUN_ID` (a prefix for group names; default random per process), or
-the same as attributes of slime's `args` (`args.tito_url`, `args.tito_agent`,
-...). `make_generate(agent, ...)` builds one in code."""
+`$TITO_ADMIN_TOKEN`, `$TITO_REGISTER_ROUTER=1` (add slime's SGLang router
+to tito's fleet), `$TITO_RUN_ID` (a prefix for group names; default random
+per process), or the same as attributes of slime's `args`
+(`args.tito_url`, `args.tito_agent`, ...). `make_generate(agent, ...)`
+builds one in code."""
 
 from __future__ import annotations
 
@@ -36,7 +38,15 @@ import secrets
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ._episode import Agent, EpisodeError, load_agent, run_episode, sampled_logprobs
+from ._episode import (
+    Agent,
+    EpisodeError,
+    ensure_backends,
+    http_url,
+    load_agent,
+    run_episode,
+    sampled_logprobs,
+)
 from ._ops import new_trajectory_id
 from .client import AsyncClient
 
@@ -101,16 +111,31 @@ def task_of(sample: Any) -> dict[str, Any]:
 
 
 def make_generate(agent: Agent | str, *, gateway: str | None = None, token: str | None = None,
-                  api_key: str | None = None, run: str | None = None
+                  api_key: str | None = None, admin_token: str | None = None,
+                  run: str | None = None, register_router: bool = False,
+                  router_kind: str = "sglang"
                   ) -> Callable[[Any, Any, dict[str, Any]], Awaitable[Any]]:
     """A slime custom generate function running `agent` (a callable taking
-    an OpenAI `base_url` and the task, or its import path) through tito."""
+    an OpenAI `base_url` and the task, or its import path) through tito.
+
+    With `register_router` the first call in a process adds slime's SGLang
+    router (`args.sglang_router_ip`, `args.sglang_router_port`) to tito's
+    fleet as a `router_kind` backend (needs an admin token)."""
     fn = load_agent(agent)
 
     async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> Any:
         url = gateway or _setting(args, "url") or "http://127.0.0.1:8000"
         async with AsyncClient(url, token=token or _setting(args, "trainer_token"),
-                               api_key=api_key or _setting(args, "api_key")) as client:
+                               api_key=api_key or _setting(args, "api_key"),
+                               admin_token=admin_token or _setting(args, "admin_token")
+                               ) as client:
+            if register_router:
+                router = http_url(args.sglang_router_ip, args.sglang_router_port)
+
+                async def urls() -> list[str]:
+                    return [router]
+
+                await ensure_backends(client, router, urls, router_kind)
             index = getattr(sample, "index", None)
             episode = await run_episode(
                 client, fn, group=group_of(sample, run or _RUN), task=task_of(sample),
@@ -128,4 +153,6 @@ async def generate(args: Any, sample: Any, sampling_params: dict[str, Any]) -> A
     if agent is None:
         raise ValueError("tito.slime.generate needs the agent's import path in $TITO_AGENT "
                          "(or args.tito_agent)")
-    return await make_generate(agent)(args, sample, sampling_params)
+    register = (_setting(args, "register_router") or "") not in ("", "0", "false", "False")
+    return await make_generate(agent, register_router=bool(register))(
+        args, sample, sampling_params)

@@ -28,7 +28,15 @@ import dataclasses
 import os
 from typing import Any
 
-from ._episode import Agent, Episode, load_agent, run_episode, sampled_logprobs
+from ._episode import (
+    Agent,
+    Episode,
+    ensure_backends,
+    http_url,
+    load_agent,
+    run_episode,
+    sampled_logprobs,
+)
 from .client import AsyncClient
 
 try:  # verl is optional: imported here, never by `import tito`
@@ -194,32 +202,17 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]
         return agent_loop_output(episode, self.response_length)
 
 
-# gateway -> its lock, and the gateways whose fleet this process completed
-_REGISTERING: dict[str, asyncio.Lock] = {}
-_REGISTERED: set[str] = set()
-
-
 async def _register(client: AsyncClient, server_manager: Any, kind: str) -> None:
-    """Adds the rollout servers behind `server_manager` to tito's fleet,
-    once per gateway and process; servers already there are left alone."""
-    if client.base_url in _REGISTERED:
-        return
-    lock = _REGISTERING.setdefault(client.base_url, asyncio.Lock())
-    async with lock:
-        if client.base_url in _REGISTERED:
-            return
-        handles = list(getattr(server_manager, "server_handles", None) or [])
-        if not handles:
-            raise ValueError("register_servers: verl handed the loop no server handles")
+    """Adds the rollout servers behind `server_manager` to tito's fleet."""
+    handles = list(getattr(server_manager, "server_handles", None) or [])
+    if not handles:
+        raise ValueError("register_servers: verl handed the loop no server handles")
+
+    async def urls() -> list[str]:
         addresses = await asyncio.gather(*(h.get_server_address.remote() for h in handles))
-        known = {b["url"].rstrip("/") for b in (await client.fleet())["backends"]}
-        for host, port in addresses:
-            host = f"[{host}]" if ":" in str(host) else host
-            url = f"http://{host}:{port}"
-            if url not in known:
-                await client.add_backend(url, kind=kind)
-                known.add(url)
-        _REGISTERED.add(client.base_url)
+        return [http_url(host, port) for host, port in addresses]
+
+    await ensure_backends(client, "verl-rollout-servers", urls, kind)
 
 
 def _opt_str(v: Any) -> str | None:
