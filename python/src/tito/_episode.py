@@ -71,7 +71,8 @@ def load_agent(agent: Agent | str) -> Agent:
         obj = getattr(obj, part)
     if not callable(obj):
         raise TypeError(f"{agent} is not callable")
-    return obj
+    fn: Agent = obj
+    return fn
 
 
 def _accepts(fn: Agent, name: str) -> bool:

@@ -11,14 +11,14 @@ import time
 import warnings
 from collections.abc import Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pyarrow as pa
 
 from . import schema
 from .batch import Batch, read_parquet, rows
-from .errors import NoSampleError, raise_for_status
+from .errors import NoSampleError, TitoError, raise_for_status
 
 LAYOUTS = ("trajectory", "per_call", "verl")
 WEIGHT_MODES = ("wait", "abort", "keep")
@@ -39,7 +39,9 @@ class Req:
     accept: tuple[int, ...] = ()
 
 
-Op = Generator[Req, httpx.Response, Any]
+T = TypeVar("T")
+#: an operation giving a T
+Op = Generator[Req, httpx.Response, T]
 
 
 def new_trajectory_id() -> str:
@@ -52,55 +54,61 @@ def _drop_none(d: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in d.items() if v is not None}
 
 
-def _json(r: httpx.Response) -> Any:
+def _json(r: httpx.Response) -> dict[str, Any]:
+    """The answer's JSON object (an empty body is `{}`)."""
     raise_for_status(r)
-    return r.json() if r.content else None
+    body = r.json() if r.content else {}
+    if not isinstance(body, dict):
+        raise TitoError(f"{r.request.method} {r.request.url}: expected a JSON object, "
+                        f"got {type(body).__name__}")
+    return body
 
 
 # -- trajectories ------------------------------------------------------------
 
 def metadata(tid: str, group: str | None = None, data_source: str | None = None,
-             index: int | None = None, extra_info: dict[str, Any] | None = None) -> Op:
+             index: int | None = None, extra_info: dict[str, Any] | None = None) -> Op[dict[str, Any]]:
     body = _drop_none({"group": group, "data_source": data_source,
                        "index": None if index is None else int(index), "extra_info": extra_info})
     return _json((yield Req("POST", f"/v1/trajectories/{tid}/metadata", json=body)))
 
 
 def reward(tid: str, value: float, call: int | None = None,
-           extra: dict[str, Any] | None = None) -> Op:
+           extra: dict[str, Any] | None = None) -> Op[dict[str, Any]]:
     body = _drop_none({"reward": float(value), "call": call, "extra": extra})
     return _json((yield Req("POST", f"/v1/trajectories/{tid}/reward", json=body)))
 
 
-def finish(tid: str) -> Op:
+def finish(tid: str) -> Op[dict[str, Any]]:
     return _json((yield Req("POST", f"/v1/trajectories/{tid}/finish")))
 
 
-def verify(tid: str, threshold: float | None = None, backend: str | None = None) -> Op:
+def verify(tid: str, threshold: float | None = None, backend: str | None = None) -> Op[dict[str, Any]]:
     body = _drop_none({"threshold": threshold, "backend": backend})
     return _json((yield Req("POST", f"/v1/trajectories/{tid}/verify", json=body)))
 
 
-def get(path: str, params: dict[str, Any] | None = None, admin: bool = False) -> Op:
+def get(path: str, params: dict[str, Any] | None = None, admin: bool = False) -> Op[dict[str, Any]]:
     return _json((yield Req("GET", path, params=params, admin=admin)))
 
 
-def ready() -> Op:
+def ready() -> Op[dict[str, Any]]:
     """`/ready`'s body whether it is 200 or 503."""
     r = yield Req("GET", "/ready", accept=(503,))
     return _json(r)
 
 
-def health() -> Op:
+def health() -> Op[bool]:
     r = yield Req("GET", "/health", accept=(500, 502, 503, 504))
-    return r.status_code == 200
+    return bool(r.status_code == 200)
 
 
-def gateway_version() -> Op:
+def gateway_version() -> Op[str | None]:
     """The gateway's version (`info.version` of `/openapi.json`)."""
     doc = _json((yield Req("GET", "/openapi.json")))
     info = doc.get("info") if isinstance(doc, dict) else None
-    return info.get("version") if isinstance(info, dict) else None
+    version = info.get("version") if isinstance(info, dict) else None
+    return version if isinstance(version, str) else None
 
 
 # -- export ------------------------------------------------------------------
@@ -121,7 +129,7 @@ def export_params(layout: str, prompt_length: int | None, response_length: int |
     return params
 
 
-def _checked_table(r: httpx.Response, layout: str, state: dict[str, Any]) -> Op:
+def _checked_table(r: httpx.Response, layout: str, state: dict[str, Any]) -> Op[pa.Table]:
     """The page's table, after the schema check (once per client)."""
     table = read_parquet(r.content)
     header = r.headers.get(schema.SCHEMA_HEADER)
@@ -136,13 +144,13 @@ def _checked_table(r: httpx.Response, layout: str, state: dict[str, Any]) -> Op:
     return table
 
 
-def export(params: dict[str, Any], state: dict[str, Any]) -> Op:
+def export(params: dict[str, Any], state: dict[str, Any]) -> Op[pa.Table]:
     r = yield Req("GET", "/v1/export", params=params)
     raise_for_status(r)
     return (yield from _checked_table(r, params["layout"], state))
 
 
-def lease(consumer: str, params: dict[str, Any], state: dict[str, Any]) -> Op:
+def lease(consumer: str, params: dict[str, Any], state: dict[str, Any]) -> Op[Batch | None]:
     """The consumer's next page as a `Batch`, or None when nothing is left."""
     r = yield Req("GET", "/v1/export", params={**params, "consumer": consumer})
     raise_for_status(r)
@@ -158,10 +166,10 @@ def lease(consumer: str, params: dict[str, Any], state: dict[str, Any]) -> Op:
 
 
 def batch_ids(table: pa.Table) -> list[str]:
-    return table.column("trajectory_id").to_pylist()
+    return [str(t) for t in table.column("trajectory_id").to_pylist()]
 
 
-def ack(consumer: str, cursor: str) -> Op:
+def ack(consumer: str, cursor: str) -> Op[dict[str, Any]]:
     body = {"consumer": consumer, "cursor": cursor}
     return _json((yield Req("POST", "/v1/export/ack", json=body)))
 
@@ -171,7 +179,7 @@ def lease_running(batch: Batch) -> bool:
     return batch.lease_expires_ms is None or batch.lease_expires_ms > time.time() * 1000
 
 
-def samples(tid: str, group: str | None, state: dict[str, Any]) -> Op:
+def samples(tid: str, group: str | None, state: dict[str, Any]) -> Op[list[dict[str, Any]]]:
     """A trajectory's samples as the export writes them (`layout=trajectory`
     rows, JSON columns parsed), by `sample`. The export filters by group,
     not by trajectory: the group's export is read and this trajectory's
@@ -182,7 +190,7 @@ def samples(tid: str, group: str | None, state: dict[str, Any]) -> Op:
             "filters by group, not by trajectory id")
     params = export_params("trajectory", None, None, None, {"group": group})
     table = yield from export(params, state)
-    found = [row for row in rows(table) if row["trajectory_id"] == tid]
+    found: list[dict[str, Any]] = [row for row in rows(table) if row["trajectory_id"] == tid]
     if not found:
         raise NoSampleError(f"trajectory {tid} has no sample in the export (no call recorded)")
     return sorted(found, key=lambda row: row["sample"])
@@ -206,7 +214,7 @@ def _confirm_mode(answer: Any, mode: str) -> None:
 
 
 def update_weights(version: str, path: str | None, mode: str, timeout_s: float | None,
-                   drain_timeout_s: float | None) -> Op:
+                   drain_timeout_s: float | None) -> Op[dict[str, Any]]:
     _check_mode(mode)
     body = _drop_none({"version": version, "path": path, "mode": mode,
                        "timeout_s": timeout_s, "drain_timeout_s": drain_timeout_s})
@@ -215,7 +223,7 @@ def update_weights(version: str, path: str | None, mode: str, timeout_s: float |
     return answer
 
 
-def begin_weights(mode: str, timeout_s: float | None, drain_timeout_s: float | None) -> Op:
+def begin_weights(mode: str, timeout_s: float | None, drain_timeout_s: float | None) -> Op[dict[str, Any]]:
     _check_mode(mode)
     body = _drop_none({"mode": mode, "timeout_s": timeout_s, "drain_timeout_s": drain_timeout_s})
     answer = _json((yield Req("POST", "/admin/weights/begin", json=body, admin=True)))
@@ -223,22 +231,22 @@ def begin_weights(mode: str, timeout_s: float | None, drain_timeout_s: float | N
     return answer
 
 
-def commit_weights(version: str, timeout_s: float | None) -> Op:
+def commit_weights(version: str, timeout_s: float | None) -> Op[dict[str, Any]]:
     body = _drop_none({"version": version, "timeout_s": timeout_s})
     return _json((yield Req("POST", "/admin/weights/commit", json=body, admin=True)))
 
 
-def add_backend(url: str, kind: str, name: str | None) -> Op:
+def add_backend(url: str, kind: str, name: str | None) -> Op[dict[str, Any]]:
     body = _drop_none({"url": url, "kind": kind, "name": name})
     return _json((yield Req("POST", "/admin/backends", json=body, admin=True)))
 
 
-def remove_backend(backend: str | int) -> Op:
+def remove_backend(backend: str | int) -> Op[dict[str, Any]]:
     return _json((yield Req("DELETE", f"/admin/backends/{backend}", admin=True)))
 
 
 def admin_post(path: str, params: dict[str, Any] | None = None,
-               body: dict[str, Any] | None = None) -> Op:
+               body: dict[str, Any] | None = None) -> Op[dict[str, Any]]:
     return _json((yield Req("POST", path, params=params, json=body, admin=True)))
 
 

@@ -41,7 +41,7 @@ from ._ops import new_trajectory_id
 from .client import AsyncClient
 
 try:  # AReaL is optional: imported here, never by `import tito`
-    from areal.api.workflow_api import RolloutWorkflow  # type: ignore[import-not-found]
+    from areal.api.workflow_api import RolloutWorkflow
 
     HAVE_AREAL = True
 except ImportError:
@@ -132,7 +132,7 @@ def _as_agent(agent: Any) -> Agent:
     return call
 
 
-class TitoWorkflow(RolloutWorkflow):  # type: ignore[misc,valid-type]
+class TitoWorkflow(RolloutWorkflow):  # type: ignore[misc]
     """A rollout workflow that runs `agent` on a fresh tito trajectory per
     episode. `group_fn(data)` names the trajectory's group (default: a
     fresh group per episode); `gateway` (default `$TITO_URL`), `token`

@@ -77,7 +77,7 @@ def to_data_proto(table: pa.Table) -> Any:
 
 def rows(table: pa.Table) -> list[dict[str, Any]]:
     """The table's rows as dicts, the JSON text columns parsed."""
-    out = table.to_pylist()
+    out: list[dict[str, Any]] = table.to_pylist()
     for row in out:
         for name in _JSON_COLUMNS:
             if isinstance(row.get(name), str):
@@ -105,12 +105,12 @@ class Batch:
     _ack: Callable[[Batch], Any] | None = field(default=None, repr=False, compare=False)
 
     def __len__(self) -> int:
-        return self.table.num_rows
+        return int(self.table.num_rows)
 
     @property
     def trajectory_ids(self) -> list[str]:
         """The page's trajectory ids, one per sample (row)."""
-        return self.table.column("trajectory_id").to_pylist()
+        return [str(t) for t in self.table.column("trajectory_id").to_pylist()]
 
     @property
     def num_tokens(self) -> int:

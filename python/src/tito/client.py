@@ -12,7 +12,7 @@ import httpx
 import pyarrow as pa
 
 from . import _ops
-from ._ops import Op, Req
+from ._ops import Op, Req, T
 from .batch import Batch, rows
 from .errors import TitoConnectionError, raise_for_status
 
@@ -134,7 +134,7 @@ class Client(_Common):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _run(self, op: Op) -> Any:
+    def _run(self, op: Op[T]) -> T:
         try:
             req = next(op)
             while True:
@@ -148,7 +148,8 @@ class Client(_Common):
                     raise_for_status(r)
                 req = op.send(r)
         except StopIteration as done:
-            return done.value
+            value: T = done.value
+            return value
 
     # trajectories
 
@@ -326,7 +327,7 @@ class AsyncClient(_Common):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _run(self, op: Op) -> Any:
+    async def _run(self, op: Op[T]) -> T:
         try:
             req = next(op)
             while True:
@@ -340,7 +341,8 @@ class AsyncClient(_Common):
                     raise_for_status(r)
                 req = op.send(r)
         except StopIteration as done:
-            return done.value
+            value: T = done.value
+            return value
 
     async def new_trajectory(self, group: str | None = None, *,
                              trajectory_id: str | None = None, data_source: str | None = None,

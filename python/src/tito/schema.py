@@ -85,11 +85,11 @@ def _same(got: pa.DataType, want: pa.DataType) -> bool:
     """Type equality that ignores list element names and nullability
     (Parquet writers name the element `item` or `element`)."""
     if pa.types.is_list(want) or pa.types.is_large_list(want):
-        return ((pa.types.is_list(got) or pa.types.is_large_list(got))
-                and _same(got.value_type, want.value_type))
+        return bool((pa.types.is_list(got) or pa.types.is_large_list(got))
+                    and _same(got.value_type, want.value_type))
     if pa.types.is_string(want):
-        return pa.types.is_string(got) or pa.types.is_large_string(got)
-    return got.equals(want)
+        return bool(pa.types.is_string(got) or pa.types.is_large_string(got))
+    return bool(got.equals(want))
 
 
 def check(schema: pa.Schema, layout: str, header: str | None,

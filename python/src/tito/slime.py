@@ -3,8 +3,8 @@ tito.slime.generate`) that runs an agent through tito and fills slime's
 `Sample` from tito's record.
 
 The signature is slime's `async def custom_generate(args, sample: Sample,
-sampling_params: dict) -> Sample` (docs/en/get_started/customization.md,
-section 2; called at slime/rollout/sglang_rollout.py lines 251-260), and
+sampling_params: dict) -> Sample` (slime's docs,
+en/get_started/customization.md, section 2; called at slime/rollout/sglang_rollout.py lines 251-260), and
 the fields are those of `slime.utils.types.Sample` (lines 94-142), both at
 commit 624b824a898ab0ec1fcb4d373004c7f3852bf515:
 

@@ -40,7 +40,7 @@ from ._episode import (
 from .client import AsyncClient
 
 try:  # verl is optional: imported here, never by `import tito`
-    from verl.experimental.agent_loop.agent_loop import (  # type: ignore[import-not-found]
+    from verl.experimental.agent_loop.agent_loop import (
         AgentLoopBase,
         AgentLoopMetrics,
         AgentLoopOutput,
@@ -133,7 +133,7 @@ def agent_loop_output(episode: Episode, response_length: int | None = None) -> A
     )
 
 
-class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc,valid-type]
+class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
     """An agent loop that runs `agent` (a callable taking an OpenAI
     `base_url` and the sample's dataset fields, or its import path) on a
     fresh tito trajectory per sample, in the group named by the sample's
