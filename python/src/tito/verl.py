@@ -158,7 +158,11 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
                  admin_token: str | None = None, response_length: int | None = None,
                  prompt_length: int | None = None, register_servers: bool = False,
                  backend_kind: str | None = None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+        if args or "trainer_config" in kwargs:
+            super().__init__(*args, **kwargs)
+        else:  # made outside verl's workers (a script, a test): no verl state to keep
+            self.config = None
+            self.server_manager = kwargs.get("server_manager")
         if agent is None:
             agent = os.environ.get("TITO_AGENT")
         if agent is None:
