@@ -205,7 +205,11 @@ async fn backend_keys_go_with_their_requests() {
     };
     let api = Some("Bearer backend-key-1".to_string());
     let admin = Some("Bearer backend-admin-key-1".to_string());
-    assert_eq!(of("/v1/completions"), std::slice::from_ref(&api), "{seen:?}");
+    assert_eq!(
+        of("/v1/completions"),
+        std::slice::from_ref(&api),
+        "{seen:?}"
+    );
     assert_eq!(of("/sleep"), [admin], "{seen:?}");
     assert!(of("/health").iter().all(|a| *a == api), "{seen:?}");
 }
