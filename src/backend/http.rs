@@ -121,18 +121,36 @@ impl HttpBackend {
         super::check_status(&self.name, resp).await.map(|_| ())
     }
 
-    /// GETs an admin endpoint with the admin key: its status and text,
-    /// whatever the status (the caller tells a missing endpoint from an
-    /// answer).
-    pub async fn get_admin(&self, path: &str) -> Result<(u16, String), BackendError> {
-        let resp = self
-            .request(reqwest::Method::GET, path, true)
-            .send()
-            .await
-            .map_err(|e| self.unreachable(e))?;
-        let status = resp.status().as_u16();
-        let text = resp.text().await.map_err(|e| self.unreachable(e))?;
-        Ok((status, text))
+    /// A refusal by this backend, for `message`.
+    pub fn rejected(&self, message: impl Into<String>) -> BackendError {
+        BackendError::Rejected {
+            backend: self.name.clone(),
+            message: message.into(),
+        }
+    }
+
+    /// The JSON a server describes itself with: the first of `paths` (GET,
+    /// with the admin key) that exists; `None` when every one is a 404.
+    pub async fn server_info(
+        &self,
+        paths: &[&str],
+    ) -> Result<Option<serde_json::Value>, BackendError> {
+        for path in paths {
+            let resp = self
+                .request(reqwest::Method::GET, path, true)
+                .send()
+                .await
+                .map_err(|e| self.unreachable(e))?;
+            if resp.status() == reqwest::StatusCode::NOT_FOUND {
+                continue;
+            }
+            let resp = super::check_status(&self.name, resp).await?;
+            let text = resp.text().await.map_err(|e| self.unreachable(e))?;
+            let info = serde_json::from_str(&text)
+                .map_err(|e| self.rejected(format!("GET {path} is not JSON: {e}")))?;
+            return Ok(Some(info));
+        }
+        Ok(None)
     }
 
     /// POSTs to an admin endpoint (a query may be in `path`), with a JSON

@@ -156,10 +156,7 @@ impl SglangBackend {
 
 impl SglangBackend {
     fn rejected(&self, message: impl Into<String>) -> BackendError {
-        BackendError::Rejected {
-            backend: self.name().to_string(),
-            message: message.into(),
-        }
+        self.http.rejected(message)
     }
 
     /// Sleep is safe only on a server started with `--enable-memory-saver`
@@ -169,19 +166,15 @@ impl SglangBackend {
     /// from `GET /server_info` (SGLang 0.5.7+; `/get_server_info` before),
     /// whose top level holds the server's arguments.
     async fn sleep_check(&self) -> Result<String, BackendError> {
-        let (mut status, mut text) = self.http.get_admin("/server_info").await?;
-        if status == 404 {
-            (status, text) = self.http.get_admin("/get_server_info").await?;
-        }
-        if !(200..300).contains(&status) {
-            return Err(super::status_error(
-                self.name(),
-                status,
-                format!("GET /server_info: {text}"),
+        let Some(info) = self
+            .http
+            .server_info(&["/server_info", "/get_server_info"])
+            .await?
+        else {
+            return Err(self.rejected(
+                "no /server_info or /get_server_info: cannot tell whether sleeping is safe",
             ));
-        }
-        let info: Json = serde_json::from_str(&text)
-            .map_err(|e| self.rejected(format!("GET /server_info is not JSON: {e}")))?;
+        };
         let flag = |name: &str| info.get(name).and_then(Json::as_bool);
         match (
             flag("enable_memory_saver"),

@@ -543,10 +543,7 @@ impl VllmBackend {
     }
 
     fn rejected(&self, message: impl Into<String>) -> BackendError {
-        BackendError::Rejected {
-            backend: self.name().to_string(),
-            message: message.into(),
-        }
+        self.http.rejected(message)
     }
 
     /// Drops every cached prefix, running requests' included
@@ -576,24 +573,15 @@ impl VllmBackend {
     /// enable_sleep_mode`), which, like `/sleep`, needs
     /// `VLLM_SERVER_DEV_MODE=1`.
     async fn sleep_check(&self) -> Result<String, BackendError> {
-        let (status, text) = self
+        let Some(info) = self
             .http
-            .get_admin("/server_info?config_format=json")
-            .await?;
-        if status == 404 {
+            .server_info(&["/server_info?config_format=json"])
+            .await?
+        else {
             return Err(self.rejected(
                 "no /server_info: the server was not started with VLLM_SERVER_DEV_MODE=1, which sleep needs",
             ));
-        }
-        if !(200..300).contains(&status) {
-            return Err(super::status_error(
-                self.name(),
-                status,
-                format!("GET /server_info: {text}"),
-            ));
-        }
-        let info: Json = serde_json::from_str(&text)
-            .map_err(|e| self.rejected(format!("GET /server_info is not JSON: {e}")))?;
+        };
         match info
             .pointer("/vllm_config/model_config/enable_sleep_mode")
             .and_then(Json::as_bool)
