@@ -494,3 +494,47 @@ async fn an_update_whose_client_left_still_finishes_and_resumes_admission() {
         .expect("admission resumed");
     assert_eq!(version, "v1");
 }
+
+/// An update's `mode`: `wait` (drain first) is the default and is echoed;
+/// `abort` and `keep` are refused by name (400 `unsupported_parameter`,
+/// `param: mode`) rather than run as `wait`, and so is an unknown mode;
+/// nothing reaches the backend.
+#[tokio::test]
+async fn an_update_mode_other_than_wait_is_refused_by_name() {
+    let a = MockVllm::start(mock_reply()).await;
+    a.state.transfer_configured.store(true, Ordering::SeqCst);
+    let g = gateway(&[a.url()], "memory://").await;
+    for (path, base) in [
+        (
+            "/admin/weights",
+            json!({"version": "v1", "path": "/ckpt/1"}),
+        ),
+        ("/admin/weights/begin", json!({})),
+    ] {
+        for (mode, code) in [
+            ("abort", json!("unsupported_parameter")),
+            ("keep", json!("unsupported_parameter")),
+            ("fast", Value::Null),
+        ] {
+            let mut body = base.clone();
+            body["mode"] = json!(mode);
+            let (status, report) = post_admin(&g, path, body).await;
+            assert_eq!(status, 400, "{path} {mode}: {report}");
+            assert_eq!(report["error"]["param"], "mode", "{report}");
+            assert_eq!(report["error"]["code"], code, "{report}");
+        }
+    }
+    assert!(
+        a.log().iter().all(|l| l.starts_with("/v1/")),
+        "nothing reached the backend: {:?}",
+        a.log()
+    );
+    let (status, report) = post_admin(
+        &g,
+        "/admin/weights",
+        json!({"version": "v1", "path": "/ckpt/1", "mode": "wait"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["mode"], "wait");
+}

@@ -348,8 +348,37 @@ async fn wake_up(State(state): State<AppState>, body: Bytes) -> Result<Response,
 struct Weights {
     version: String,
     path: Option<String>,
+    mode: Option<String>,
     #[serde(flatten)]
     timing: Timing,
+}
+
+/// `/admin/weights/begin`'s fields.
+#[derive(Deserialize, Default)]
+struct Begin {
+    mode: Option<String>,
+    #[serde(flatten)]
+    timing: Timing,
+}
+
+/// What an update does with in-flight calls: `wait` (drain them first,
+/// the default) is the one mode built; `abort` and `keep` are refused by
+/// name rather than run as `wait`.
+fn update_mode(mode: Option<&str>) -> Result<&'static str, ApiError> {
+    match mode {
+        None | Some("wait") => Ok("wait"),
+        Some(m @ ("abort" | "keep")) => Err(ApiError::invalid(
+            "mode",
+            format!(
+                "mode `{m}` is not supported: weight updates drain in-flight calls first (`wait`)"
+            ),
+        )
+        .with_code("unsupported_parameter")),
+        Some(m) => Err(ApiError::invalid(
+            "mode",
+            format!("unknown mode `{m}`: expected `wait`"),
+        )),
+    }
 }
 
 fn check_version(v: &str) -> Result<(), ApiError> {
@@ -390,6 +419,7 @@ async fn commit_version(state: &AppState, version: &str) -> Result<(), ApiError>
 async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let w: Weights = parse_json(&body)?;
     check_version(&w.version)?;
+    update_mode(w.mode.as_deref())?;
     one_at_a_time(&state, move |state| update_weights(state, w)).await
 }
 
@@ -399,7 +429,11 @@ async fn update_weights(state: AppState, w: Weights) -> Result<Response, ApiErro
         state.store.store.set_weight_version(&w.version).await?;
         state.router.set_weight_version(&w.version);
         tracing::info!(version = %w.version, "weight version set");
-        return Ok(report(&state, Vec::new(), json!({"version": w.version})));
+        return Ok(report(
+            &state,
+            Vec::new(),
+            json!({"version": w.version, "mode": "wait"}),
+        ));
     };
     awake(&state)?;
     pause_and_drain(&state, w.timing.drain()).await?;
@@ -424,7 +458,11 @@ async fn update_weights(state: AppState, w: Weights) -> Result<Response, ApiErro
     state.router.resume_admission(Pause::Operation);
     stored?;
     tracing::info!(version = %w.version, ok, "weights updated");
-    Ok(report(&state, results, json!({"version": w.version})))
+    Ok(report(
+        &state,
+        results,
+        json!({"version": w.version, "mode": "wait"}),
+    ))
 }
 
 /// Two steps, first: drains, then tells every backend a weight update
@@ -433,8 +471,9 @@ async fn update_weights(state: AppState, w: Weights) -> Result<Response, ApiErro
 /// weights and the pause ends: nothing to push. Refused while an update is
 /// already begun (a retried `begin`).
 async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
-    let timing: Timing = parse_json(&body)?;
-    one_at_a_time(&state, move |state| begin_update(state, timing)).await
+    let b: Begin = parse_json(&body)?;
+    update_mode(b.mode.as_deref())?;
+    one_at_a_time(&state, move |state| begin_update(state, b.timing)).await
 }
 
 async fn begin_update(state: AppState, timing: Timing) -> Result<Response, ApiError> {
@@ -463,7 +502,7 @@ async fn begin_update(state: AppState, timing: Timing) -> Result<Response, ApiEr
         state.router.pause_admission(Pause::Updating);
         state.router.resume_admission(Pause::Operation);
         tracing::info!("weight update begun: push the weights, then commit");
-        return Ok(report(&state, results, json!({})));
+        return Ok(report(&state, results, json!({"mode": "wait"})));
     }
     let undo = state
         .router
