@@ -20,12 +20,29 @@ fn config_for(url: &str, ca_file: Option<&std::path::Path>) -> Config {
     let ca = ca_file.map_or(String::new(), |p| {
         format!("ca_file = \"{}\"\n", p.display())
     });
+    config_with(url, &ca)
+}
+
+/// One vLLM backend at `url` with the `[[backends]]` lines `backend`.
+fn config_with(url: &str, backend: &str) -> Config {
     let text = format!(
         "[model]\nname = \"test-model\"\ntokenizer = \"unused\"\nmax_model_len = 512\n\
-         [[backends]]\nurl = \"{url}\"\nkind = \"vllm\"\n{ca}\
+         [[backends]]\nurl = \"{url}\"\nkind = \"vllm\"\n{backend}\
          [auth]\nadmin_tokens = [\"{ADMIN}\"]\n[store]\nurl = \"memory://\"\n"
     );
     Config::from_toml(&text).expect("valid config")
+}
+
+/// `POST /admin/sleep?level=1` through the gateway: status and report.
+async fn sleep(g: &Gateway) -> (u16, Value) {
+    let r = g
+        .client
+        .post(g.url("/admin/sleep?level=1"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .expect("sleep");
+    (r.status().as_u16(), r.json().await.expect("json"))
 }
 
 /// The mock vLLM behind TLS, with a server certificate `ca` signed.
@@ -85,15 +102,8 @@ async fn health_and_admin_go_over_https() {
     let cfg = config_for(&mock.url(), Some(&ca.ca_file));
     let backend = tito::backend::build_backend(&cfg.backends[0], &cfg.router).expect("backend");
     backend.health().await.expect("healthy over https");
-    let r = g
-        .client
-        .post(g.url("/admin/sleep?level=1"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .expect("sleep");
-    assert_eq!(r.status(), 200);
-    let v: Value = r.json().await.expect("json");
+    let (status, v) = sleep(&g).await;
+    assert_eq!(status, 200);
     assert_eq!(v["ok"], true, "{v}");
     assert!(
         mock.log().iter().any(|l| l.starts_with("/sleep")),
@@ -171,14 +181,10 @@ fn an_unreadable_ca_file_fails_at_start_up_naming_the_key() {
 #[tokio::test]
 async fn backend_keys_go_with_their_requests() {
     let mock = MockVllm::start(reply()).await;
-    let text = format!(
-        "[model]\nname = \"test-model\"\ntokenizer = \"unused\"\nmax_model_len = 512\n\
-         [[backends]]\nurl = \"{}\"\nkind = \"vllm\"\napi_key = \"backend-key-1\"\n\
-         admin_api_key = \"backend-admin-key-1\"\n\
-         [auth]\nadmin_tokens = [\"{ADMIN}\"]\n[store]\nurl = \"memory://\"\n",
-        mock.url()
+    let cfg = config_with(
+        &mock.url(),
+        "api_key = \"backend-key-1\"\nadmin_api_key = \"backend-admin-key-1\"\n",
     );
-    let cfg = Config::from_toml(&text).expect("valid config");
     let shown = format!("{cfg:?}");
     assert!(
         !shown.contains("backend-key-1") && !shown.contains("backend-admin-key-1"),
@@ -188,14 +194,7 @@ async fn backend_keys_go_with_their_requests() {
     let body = json!({"messages": [{"role": "user", "content": "hi"}]});
     let resp = g.post("/t/keys-1/v1/chat/completions", body).await;
     assert_eq!(resp.status(), 200);
-    let r = g
-        .client
-        .post(g.url("/admin/sleep?level=1"))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .expect("sleep");
-    assert_eq!(r.status(), 200);
+    assert_eq!(sleep(&g).await.0, 200);
     let seen = mock.authorizations();
     let of = |path: &str| -> Vec<Option<String>> {
         seen.iter()
