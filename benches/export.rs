@@ -94,6 +94,7 @@ fn call(traj: &str, i: u32, small: bool) -> CallRecord {
         request_of: None,
         api: None,
         response_id: None,
+        versions: Vec::new(),
     }
 }
 

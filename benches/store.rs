@@ -48,6 +48,7 @@ fn call(traj: &str, i: u32, delta: u32, sampled: u32) -> CallRecord {
         request_of: None,
         api: None,
         response_id: None,
+        versions: Vec::new(),
     }
 }
 

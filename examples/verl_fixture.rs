@@ -39,6 +39,7 @@ fn call(traj: &str, i: u32, parent: Option<u32>, delta: Vec<u32>, sampled: Vec<u
         request_of: None,
         api: None,
         response_id: None,
+        versions: Vec::new(),
     }
 }
 

@@ -71,6 +71,12 @@ impl SpanStore for KeepSome {
     async fn weight_version(&self) -> Result<Option<String>, StoreError> {
         self.inner.weight_version().await
     }
+    async fn register_version(&self, label: &str) -> Result<u64, StoreError> {
+        self.inner.register_version(label).await
+    }
+    async fn versions(&self) -> Result<Vec<tito::store::VersionRecord>, StoreError> {
+        self.inner.versions().await
+    }
     async fn group(&self, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError> {
         self.inner.group(group).await
     }

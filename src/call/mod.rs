@@ -578,6 +578,7 @@ async fn record_plan(
             moved_from: r.moved_from.clone(),
             weight_version: r.weight_version.clone(),
             parse_outcome: r.parse_outcome.clone(),
+            versions: Vec::new(),
         })
         .collect();
     let start = Instant::now();

@@ -61,6 +61,10 @@ pub(crate) enum Op {
     /// Nothing to write: proves the writer commits (readiness).
     Ping,
     WeightVersion(String),
+    /// See [`crate::store::SpanStore::register_version`].
+    RegisterVersion {
+        label: String,
+    },
 }
 
 /// What a job returns.
@@ -74,6 +78,8 @@ pub(crate) enum Done {
     Acked(Acked),
     /// Whether a response id was forgotten.
     Forgot(bool),
+    /// A weight version's sequence number.
+    Version(u64),
 }
 
 pub(crate) type Outcome = Result<Done, StoreError>;
@@ -174,6 +180,16 @@ impl Writer {
         self.submit(Op::WeightVersion(version.to_string()))
             .await
             .map(|_| ())
+    }
+
+    pub(crate) async fn register_version(&self, label: &str) -> Result<u64, StoreError> {
+        let op = Op::RegisterVersion {
+            label: label.to_string(),
+        };
+        match self.submit(op).await? {
+            Done::Version(seq) => Ok(seq),
+            _ => Err(StoreError::Task("writer returned no version".into())),
+        }
     }
 
     pub(crate) async fn begin_run(&self, ack: Ack) -> Result<u64, StoreError> {

@@ -10,7 +10,7 @@ use super::types::{clamp_limit, now_ms, parse_cursor};
 use super::{
     new_cursor, validate_call, Acked, CallRecord, Lease, ListQuery, Page, ResponseRef,
     SampleReplay, SpanStore, StoreError, Trajectory, TrajectoryFilter, TrajectoryIter,
-    TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
+    TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus, VersionRecord,
 };
 
 #[derive(Default)]
@@ -29,6 +29,8 @@ struct Inner {
     /// Every response id ever recorded: the call holding it, `None` once
     /// forgotten (the id stays taken).
     responses: HashMap<String, Option<(String, u32)>>,
+    /// Registered weight versions, ascending by seq (1, 2, ...).
+    versions: Vec<VersionRecord>,
 }
 
 #[derive(Clone, Default)]
@@ -283,6 +285,24 @@ impl SpanStore for MemoryStore {
 
     async fn weight_version(&self) -> Result<Option<String>, StoreError> {
         Ok(self.lock().weight_version.clone())
+    }
+
+    async fn register_version(&self, label: &str) -> Result<u64, StoreError> {
+        let mut inner = self.lock();
+        if let Some(v) = inner.versions.iter().find(|v| v.label == label) {
+            return Ok(v.seq);
+        }
+        let seq = inner.versions.last().map_or(1, |v| v.seq + 1);
+        inner.versions.push(VersionRecord {
+            seq,
+            label: label.to_string(),
+            registered_at: now_ms(),
+        });
+        Ok(seq)
+    }
+
+    async fn versions(&self) -> Result<Vec<VersionRecord>, StoreError> {
+        Ok(self.lock().versions.clone())
     }
 
     async fn group(&self, group: &str) -> Result<Vec<TrajectoryMeta>, StoreError> {

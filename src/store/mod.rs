@@ -50,7 +50,7 @@ pub(crate) use types::Bodies;
 pub use types::{
     now_ms, Acked, CallRecord, Drift, Lease, ListQuery, Page, ReplayPosition, ResponseRef,
     SampleReplay, Trajectory, TrajectoryFilter, TrajectoryMeta, TrajectoryMetadata,
-    TrajectoryStatus,
+    TrajectoryStatus, VersionRecord, VersionSpan,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -269,6 +269,14 @@ pub trait SpanStore: Send + Sync + 'static {
     /// The last weight version recorded with [`SpanStore::set_weight_version`].
     async fn weight_version(&self) -> Result<Option<String>, StoreError>;
 
+    /// The fleet sequence number of the weight version `label`: the one it
+    /// was given when first registered, or else (largest so far) + 1, the
+    /// first being 1. Durable on return; replicas sharing a store agree.
+    async fn register_version(&self, label: &str) -> Result<u64, StoreError>;
+
+    /// Every registered weight version, ascending by `seq`.
+    async fn versions(&self) -> Result<Vec<VersionRecord>, StoreError>;
+
     /// Whether other processes (gateway replicas) may write this store. The
     /// hot view then checks a trajectory's stored call count before each
     /// call and reloads what another replica appended.
@@ -359,6 +367,41 @@ pub(crate) fn validate_call(call: &CallRecord) -> Result<(), StoreError> {
                 call.call_index
             )));
         }
+    }
+    validate_versions(call)
+}
+
+/// [`CallRecord::versions`] is empty, or spans that start at 0, strictly
+/// increasing, each below the number of sampled ids.
+fn validate_versions(call: &CallRecord) -> Result<(), StoreError> {
+    let bad = |why: String| {
+        Err(StoreError::Invalid(format!(
+            "call {}: versions: {why}",
+            call.call_index
+        )))
+    };
+    let n = call.sampled_ids.len();
+    let mut previous: Option<u32> = None;
+    for span in &call.versions {
+        match previous {
+            None if span.start != 0 => {
+                return bad(format!("the first span starts at {}, not 0", span.start))
+            }
+            Some(p) if span.start <= p => {
+                return bad(format!(
+                    "span starts must increase, and {} follows {p}",
+                    span.start
+                ))
+            }
+            _ => {}
+        }
+        if span.start as usize >= n {
+            return bad(format!(
+                "a span starts at {} of {n} sampled ids",
+                span.start
+            ));
+        }
+        previous = Some(span.start);
     }
     Ok(())
 }

@@ -110,6 +110,34 @@ pub struct CallRecord {
     /// ([`crate::store::SpanStore::forget_response`]).
     #[serde(default)]
     pub response_id: Option<String>,
+    /// The weights that generated `sampled_ids`, as runs of tokens: empty
+    /// when unknown (calls recorded before the store kept it, answers no
+    /// backend generated); otherwise the first span starts at 0, starts
+    /// increase strictly and each is below `sampled_ids.len()`. A call
+    /// continued on new weights after an update interrupted it has a second
+    /// span starting at the seam.
+    #[serde(default)]
+    pub versions: Vec<VersionSpan>,
+}
+
+/// The weights that generated a run of a call's sampled tokens: tokens
+/// `start..` (up to the next span's start) came from `version` (the user's
+/// label) whose fleet sequence number is `seq`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionSpan {
+    pub start: u32,
+    pub version: Option<String>,
+    pub seq: Option<u64>,
+}
+
+/// A weight version the fleet has served: its label and the sequence
+/// number [`crate::store::SpanStore::register_version`] gave it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionRecord {
+    pub seq: u64,
+    pub label: String,
+    /// Unix milliseconds.
+    pub registered_at: i64,
 }
 
 impl CallRecord {
@@ -128,6 +156,13 @@ impl CallRecord {
             response: null,
             ..self.clone()
         }
+    }
+
+    /// The span of [`CallRecord::versions`] covering sampled token `i`;
+    /// `None` when the versions are unknown.
+    pub fn version_at(&self, i: usize) -> Option<&VersionSpan> {
+        let after = self.versions.partition_point(|s| s.start as usize <= i);
+        after.checked_sub(1).and_then(|k| self.versions.get(k))
     }
 }
 

@@ -33,6 +33,7 @@ use crate::error::ApiError;
 use crate::render::Renderer;
 use crate::store::{
     now_ms, CallRecord, DynStore, SegmentKind, StoreError, TrajectoryMeta, TrajectoryMetadata,
+    VersionSpan,
 };
 use crate::surface::{Api, Switches};
 
@@ -118,6 +119,9 @@ pub struct ChoiceOutcome {
     /// The weights of the backend that generated it.
     pub weight_version: Option<String>,
     pub parse_outcome: Option<String>,
+    /// The weights that generated each run of `sampled_ids`
+    /// ([`CallRecord::versions`]); empty when unknown.
+    pub versions: Vec<VersionSpan>,
 }
 
 /// Everything about a call besides its choices.
@@ -457,6 +461,13 @@ impl Trajectories {
                 api: Some(ctx.api.as_str().to_string()),
                 // One call holds an id: the first choice's.
                 response_id: ctx.response_id.clone().filter(|_| indices.is_empty()),
+                // No weights generated an answer no backend gave (a spent
+                // budget), nor any token of an empty one.
+                versions: if choice.backend.is_empty() || choice.sampled_ids.is_empty() {
+                    Vec::new()
+                } else {
+                    choice.versions.clone()
+                },
             };
             match self.store.append_call(record).await {
                 Ok(()) => {}

@@ -38,5 +38,6 @@ pub fn stopped(sampled_ids: Vec<u32>, served: Json) -> ChoiceOutcome {
         moved_from: None,
         weight_version: None,
         parse_outcome: None,
+        versions: Vec::new(),
     }
 }

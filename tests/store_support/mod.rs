@@ -42,6 +42,7 @@ pub fn call(
         request_of: None,
         api: None,
         response_id: None,
+        versions: Vec::new(),
     }
 }
 

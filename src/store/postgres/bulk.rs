@@ -45,8 +45,8 @@ const PARENTS_MANY: &str = "SELECT c.traj, c.call_index FROM calls c \
 const COPY_CALLS: &str = "COPY calls (traj, call_index, sample_index, parent_call, backend, \
      started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
      response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
-     template_sha256, reward, truncated, normalized, request_of, message_refs, api, response_id) \
-     FROM STDIN (FORMAT binary)";
+     template_sha256, reward, truncated, normalized, request_of, message_refs, api, response_id, \
+     versions) FROM STDIN (FORMAT binary)";
 
 /// The messages the run's bodies keep apart (see the writer's `APPEND_SQL`).
 const MESSAGES_MANY: &str = "INSERT INTO request_messages (traj, sha256, body) \
@@ -57,7 +57,7 @@ const MESSAGES_MANY: &str = "INSERT INTO request_messages (traj, sha256, body) \
 const RESPONSES_MANY: &str = "INSERT INTO responses (response_id, traj, call_index) \
      SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[])";
 
-const COPY_TYPES: [Type; 26] = [
+const COPY_TYPES: [Type; 27] = [
     Type::INT8,
     Type::INT8,
     Type::INT8,
@@ -82,6 +82,7 @@ const COPY_TYPES: [Type; 26] = [
     Type::TEXT,
     Type::INT8,
     Type::BYTEA,
+    Type::TEXT,
     Type::TEXT,
     Type::TEXT,
 ];
@@ -285,6 +286,15 @@ pub(super) mod tests {
             request_of: None,
             api: Some("chat".into()),
             response_id: None,
+            // Every other call continued on new weights after its first token.
+            versions: std::iter::once(0)
+                .chain((index % 2 == 1).then_some(1))
+                .map(|start| crate::store::VersionSpan {
+                    start,
+                    version: Some(format!("w{start}")),
+                    seq: Some(u64::from(start) + 1),
+                })
+                .collect(),
         }
     }
 
@@ -386,6 +396,9 @@ pub(super) mod tests {
                 .await
                 .expect("load")
                 .expect("bulk");
+            let spans: Vec<_> = bulk.calls.iter().map(|c| c.versions.clone()).collect();
+            let sent: Vec<_> = (0..6).map(|i| call(t, i, None).versions).collect();
+            assert_eq!(spans, sent, "{t}");
             assert_eq!(renamed(bulk), renamed(single.clone()), "{t}");
         }
         assert_eq!(

@@ -16,7 +16,8 @@
 //! beside this module count 23 reruns in 20 rounds of six trajectories).
 //!
 //! So the writer applies a batch sorted by [`key`]: the jobs that take no
-//! lock of this kind, then consumers by name, then trajectories by id
+//! lock of this kind, then the weight versions' numbering (one advisory
+//! lock), then consumers by name, then trajectories by id
 //! (bytewise), each trajectory's own jobs in their arrival order (the sort
 //! is stable). Every transaction then creates or locks each trajectory as
 //! one step, in that one order (the bulk path too: `bulk::LOCK_MANY`), so a
@@ -39,6 +40,9 @@ pub(super) enum Key<'a> {
     /// No consumer or trajectory lock: a run's start, a ping, the weight
     /// version (`gateway_state`'s own row).
     Other,
+    /// The advisory lock under which weight versions are numbered
+    /// (`versions::VERSIONS_LOCK`).
+    Versions,
     /// A consumer's advisory lock (a lease, an acknowledgement).
     Consumer(&'a str),
     /// A trajectory's row, created or locked.
@@ -55,6 +59,7 @@ pub(super) fn key(op: &Op) -> Key<'_> {
         | Op::ForgetResponse { trajectory, .. } => Key::Trajectory(trajectory),
         Op::Lease { consumer, .. } | Op::Ack { consumer, .. } => Key::Consumer(consumer),
         Op::BeginRun { .. } | Op::Ping | Op::WeightVersion(_) => Key::Other,
+        Op::RegisterVersion { .. } => Key::Versions,
     }
 }
 

@@ -26,6 +26,7 @@ mod lock_order;
 mod rows;
 pub mod schema;
 mod settle;
+mod versions;
 mod writer;
 
 use std::collections::HashMap;
@@ -42,6 +43,7 @@ use super::types::{clamp_limit, cursor_key};
 use super::{
     Ack, Acked, Bodies, CallRecord, Lease, ListQuery, Page, ResponseRef, SampleReplay, SpanStore,
     StoreError, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
+    VersionRecord,
 };
 use rows::Key;
 
@@ -309,6 +311,16 @@ impl SpanStore for PgStore {
     async fn weight_version(&self) -> Result<Option<String>, StoreError> {
         let mut c = self.readers.take().await?;
         let out = rows::state(&mut c.conn, super::group_commit::WEIGHT_VERSION).await;
+        c.done(out)
+    }
+
+    async fn register_version(&self, label: &str) -> Result<u64, StoreError> {
+        self.jobs.register_version(label).await
+    }
+
+    async fn versions(&self) -> Result<Vec<VersionRecord>, StoreError> {
+        let mut c = self.readers.take().await?;
+        let out = versions::all(&mut c.conn).await;
         c.done(out)
     }
 

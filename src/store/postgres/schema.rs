@@ -6,7 +6,7 @@
 //!
 //! The layout follows the SQLite schema (`store::sqlite::schema`; version 1
 //! here is its version 8, version 2 its 9 and 10, version 4 its 11, version 5
-//! its 13): every integer is
+//! its 13, version 6 its 14): every integer is
 //! `BIGINT`, token ids and logprobs are `BYTEA` in the
 //! [`crate::store::codec`] layout, and JSON is `TEXT`, not `JSONB`, so a
 //! stored request keeps its key order byte for byte.
@@ -155,6 +155,19 @@ const MIGRATIONS: &[&str] = &[
         call_index BIGINT
     );
     "#,
+    // 6: SQLite's migration 14: a call's version spans (`versions`, JSON,
+    // NULL when unknown, as for calls stored before) and the fleet's
+    // numbering of weight version labels, one row per label; a writer
+    // numbers a new label under an advisory lock (`versions::VERSIONS_LOCK`),
+    // so replicas agree and numbers leave no gaps.
+    r#"
+    ALTER TABLE calls ADD COLUMN versions TEXT;
+    CREATE TABLE weight_versions (
+        seq BIGINT PRIMARY KEY,
+        label TEXT NOT NULL UNIQUE,
+        registered_at BIGINT NOT NULL
+    );
+    "#,
 ];
 
 /// The schema version this build writes.
@@ -287,6 +300,58 @@ mod tests {
             .await
             .expect("find");
         assert_eq!(found.map(|r| r.call_index), Some(1));
+    }
+
+    /// A database at version 5 with a call: migration 6 reads it back with
+    /// no version spans, numbers no version, and new calls keep theirs.
+    #[tokio::test]
+    async fn migration_6_reads_old_calls_without_versions() {
+        let (_, mut conn) = super::super::test_database().await;
+        for sql in &MIGRATIONS[..5] {
+            conn.client.batch_execute(sql).await.expect("v5");
+        }
+        conn.client
+            .batch_execute(
+                "CREATE TABLE tito_schema (version BIGINT NOT NULL); \
+                 INSERT INTO tito_schema VALUES (5); \
+                 INSERT INTO trajectories (id, status, created_at, updated_at, num_calls, \
+                   next_call_index, next_sample_index, lseq) VALUES ('old', 0, 1, 1, 1, 1, 1, 1); \
+                 INSERT INTO calls (traj, call_index, sample_index, backend, started_at, \
+                   finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
+                   response, weight_version, tokenizer_sha256, template_sha256, truncated, api) \
+                 SELECT seq, 0, 0, 'b', 1, 2, decode('01000000', 'hex'), \
+                   decode('02000000', 'hex'), decode('000000bf', 'hex'), 'stop', '{}', '{}', \
+                   'w1', 't', 'p', false, 'chat' FROM trajectories",
+            )
+            .await
+            .expect("a version 5 database");
+        assert_eq!(migrate(&conn).await.expect("migrates"), SCHEMA_VERSION);
+        let load = super::super::rows::load;
+        let old = load(&mut conn, super::super::rows::Key::Id("old"), Bodies::Read)
+            .await
+            .expect("load")
+            .expect("kept");
+        let c = &old.calls[0];
+        assert_eq!(c.versions, []);
+        assert_eq!(
+            (c.sampled_ids.as_slice(), c.weight_version.as_deref()),
+            (&[2][..], Some("w1"))
+        );
+        assert_eq!(
+            super::super::versions::all(&mut conn).await.expect("all"),
+            []
+        );
+
+        let new = super::super::bulk::tests::call("old", 1, Some(0));
+        assert_eq!(new.versions.len(), 2);
+        let mut jobs = super::super::bulk::tests::jobs(vec![new.clone()]);
+        let out = super::super::writer::commit_batch(&mut conn, &mut jobs).await;
+        assert!(out[0].is_ok(), "{out:?}");
+        let t = load(&mut conn, super::super::rows::Key::Id("old"), Bodies::Read)
+            .await
+            .expect("load")
+            .expect("kept");
+        assert_eq!(t.calls[1], new);
     }
 
     /// A database at version 2 with trajectories: migration 3 gives them

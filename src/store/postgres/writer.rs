@@ -325,6 +325,9 @@ async fn apply(conn: &mut Conn, op: &Op, now: i64) -> Outcome {
         Op::WeightVersion(v) => set_state(conn, WEIGHT_VERSION, v, now)
             .await
             .map(|()| Done::Appended),
+        Op::RegisterVersion { label } => super::versions::register(conn, label, now)
+            .await
+            .map(Done::Version),
         Op::Finish { trajectory } => finish(conn, trajectory, now)
             .await
             .map(|m| Done::Meta(Box::new(m))),
@@ -370,23 +373,23 @@ const APPEND_SQL: &str =
        started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
        response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
        template_sha256, reward, truncated, normalized, request_of, message_refs, api, \
-       response_id) \
+       response_id, versions) \
      SELECT t.seq, $2::BIGINT, $3::BIGINT, $4::BIGINT, $5::TEXT, $6::BIGINT, $7::BIGINT, \
        $8::BYTEA, $9::BYTEA, $10::BYTEA, $11::TEXT, $12::TEXT, $13::TEXT, $14::TEXT, $15::TEXT, \
        $16::TEXT, $17::TEXT, $18::TEXT, $19::TEXT, $20::FLOAT8, $21::BOOLEAN, $22::TEXT, \
-       $23::BIGINT, $24::BYTEA, $25::TEXT, $26::TEXT FROM t \
+       $23::BIGINT, $24::BYTEA, $25::TEXT, $26::TEXT, $27::TEXT FROM t \
      WHERE t.status = 0 AND ($4::BIGINT IS NULL OR EXISTS \
        (SELECT 1 FROM calls p WHERE p.traj = t.seq AND p.call_index = $4::BIGINT)) \
      RETURNING traj), \
      msgs AS (INSERT INTO request_messages (traj, sha256, body) \
-       SELECT ins.traj, m.d, m.b FROM ins, unnest($30::BYTEA[], $31::TEXT[]) AS m(d, b) \
+       SELECT ins.traj, m.d, m.b FROM ins, unnest($31::BYTEA[], $32::TEXT[]) AS m(d, b) \
        ON CONFLICT DO NOTHING), \
      resp AS (INSERT INTO responses (response_id, traj, call_index) \
        SELECT $26::TEXT, ins.traj, $2::BIGINT FROM ins WHERE $26::TEXT IS NOT NULL), \
-     up AS (UPDATE trajectories SET updated_at = GREATEST(updated_at, $27::BIGINT), \
+     up AS (UPDATE trajectories SET updated_at = GREATEST(updated_at, $28::BIGINT), \
        num_calls = num_calls + 1, next_call_index = GREATEST(next_call_index, $2::BIGINT + 1), \
        next_sample_index = GREATEST(next_sample_index, $3::BIGINT + 1), \
-       num_tokens = num_tokens + $28::BIGINT, drift_count = drift_count + $29::BIGINT \
+       num_tokens = num_tokens + $29::BIGINT, drift_count = drift_count + $30::BIGINT \
      WHERE seq IN (SELECT traj FROM ins) RETURNING seq) \
      SELECT t.status, EXISTS (SELECT 1 FROM up) AS stored FROM t";
 
@@ -420,6 +423,8 @@ pub(super) struct AppendParams {
     pub message_refs: Option<Vec<u8>>,
     pub api: Option<String>,
     pub response_id: Option<String>,
+    /// The call's version spans, JSON; `None` when it has none.
+    pub versions: Option<String>,
     /// Those messages, digests and texts, for `request_messages`.
     pub message_digests: Vec<Vec<u8>>,
     pub message_bodies: Vec<String>,
@@ -467,6 +472,10 @@ impl AppendParams {
                 .then(|| messages.iter().flat_map(|m| m.1).collect()),
             api: call.api.clone(),
             response_id: call.response_id.clone(),
+            versions: (!call.versions.is_empty())
+                .then(|| serde_json::to_string(&call.versions))
+                .transpose()
+                .map_err(|e| StoreError::Invalid(e.to_string()))?,
             message_digests: messages.iter().map(|m| m.1.to_vec()).collect(),
             message_bodies: messages.into_iter().map(|m| m.0).collect(),
             now,
@@ -475,9 +484,9 @@ impl AppendParams {
         })
     }
 
-    /// The `calls` columns after `traj`, in table order: `$2`..`$26` of
+    /// The `calls` columns after `traj`, in table order: `$2`..`$27` of
     /// [`APPEND_SQL`], and the bulk `COPY`'s columns after its first.
-    pub(super) fn columns(&self) -> [&(dyn ToSql + Sync); 25] {
+    pub(super) fn columns(&self) -> [&(dyn ToSql + Sync); 26] {
         [
             &self.call_index,
             &self.sample_index,
@@ -504,12 +513,13 @@ impl AppendParams {
             &self.message_refs,
             &self.api,
             &self.response_id,
+            &self.versions,
         ]
     }
 
-    /// `$1`..`$31` of [`APPEND_SQL`].
+    /// `$1`..`$32` of [`APPEND_SQL`].
     fn values(&self) -> Vec<&(dyn ToSql + Sync)> {
-        let mut v: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(31);
+        let mut v: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(32);
         v.push(&self.id);
         v.extend(self.columns());
         v.push(&self.now);

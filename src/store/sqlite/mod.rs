@@ -44,7 +44,7 @@ use super::types::{clamp_limit, cursor_key};
 use super::{
     Ack, Acked, Bodies, CallRecord, Lease, ListQuery, Page, ResponseRef, SampleReplay, SpanStore,
     StoreError, StoreOptions, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta,
-    TrajectoryMetadata,
+    TrajectoryMetadata, VersionRecord,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -291,6 +291,14 @@ impl SpanStore for SqliteStore {
             }
         })
         .await
+    }
+
+    async fn register_version(&self, label: &str) -> Result<u64, StoreError> {
+        self.jobs.register_version(label).await
+    }
+
+    async fn versions(&self) -> Result<Vec<VersionRecord>, StoreError> {
+        self.read(rows::versions).await
     }
 
     async fn begin_run(&self, ack: Ack) -> Result<u64, StoreError> {

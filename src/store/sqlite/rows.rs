@@ -8,7 +8,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use crate::store::codec::{ids_from_bytes, logprobs_from_bytes};
 use crate::store::{
     Bodies, CallRecord, Drift, ResponseRef, SampleReplay, StoreError, Trajectory, TrajectoryFilter,
-    TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
+    TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus, VersionRecord,
 };
 
 /// The largest trajectory seq a call can be keyed under: a call's key is
@@ -125,7 +125,8 @@ macro_rules! call_cols {
             ", ",
             $response,
             ", drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
-             template_sha256, reward, truncated, normalized, request_of, api, response_id, ",
+             template_sha256, reward, truncated, normalized, request_of, api, response_id, \
+             versions, ",
             $refs
         )
     };
@@ -185,8 +186,9 @@ fn call_from_row(
         request_of: row.get(21)?,
         api: row.get(22)?,
         response_id: row.get(23)?,
+        versions: json_opt_col(row, 24)?.unwrap_or_default(),
     };
-    Ok((call, row.get(24)?))
+    Ok((call, row.get(25)?))
 }
 
 pub(crate) fn meta_by_id(
@@ -394,6 +396,24 @@ pub(crate) fn group(conn: &Connection, group: &str) -> Result<Vec<TrajectoryMeta
     Ok(rows
         .map(|r| r.map(|(_, m)| m))
         .collect::<Result<Vec<_>, _>>()?)
+}
+
+/// Every registered weight version, ascending by seq.
+pub(crate) fn versions(conn: &Connection) -> Result<Vec<VersionRecord>, StoreError> {
+    let mut stmt =
+        conn.prepare_cached("SELECT seq, label, registered_at FROM weight_versions ORDER BY seq")?;
+    let rows = stmt.query_map([], |r| Ok((r.get::<_, i64>(0)?, r.get(1)?, r.get(2)?)))?;
+    rows.map(|row| {
+        let (seq, label, registered_at) = row?;
+        let seq = u64::try_from(seq)
+            .map_err(|_| StoreError::Corrupt(format!("weight version seq {seq}")))?;
+        Ok(VersionRecord {
+            seq,
+            label,
+            registered_at,
+        })
+    })
+    .collect()
 }
 
 #[cfg(test)]

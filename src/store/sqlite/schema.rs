@@ -217,6 +217,18 @@ const MIGRATIONS: &[&str] = &[
         call_key INTEGER
     ) WITHOUT ROWID;
     "#,
+    // 14: per-token policy versions. A call's `versions` is its JSON list
+    // of version spans (NULL when unknown, as for calls stored before);
+    // `weight_versions` numbers each weight version label the fleet served,
+    // from 1 up, in the order they were first registered.
+    r#"
+    ALTER TABLE calls ADD COLUMN versions TEXT;
+    CREATE TABLE weight_versions (
+        seq INTEGER PRIMARY KEY,
+        label TEXT NOT NULL UNIQUE,
+        registered_at INTEGER NOT NULL
+    );
+    "#,
 ];
 
 /// The schema version this build writes.

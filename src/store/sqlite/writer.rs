@@ -59,7 +59,7 @@ impl Writing {
     /// `checkpointer`.
     pub(crate) fn new(conn: Connection, checkpointer: Checkpointer) -> Self {
         conn.wal_hook(Some(note_wal_frames));
-        // The writing connection caches 31 statements (18 in writer.rs, 11
+        // The writing connection caches 33 statements (20 in writer.rs, 11
         // in consumers.rs, two from rows.rs), more than rusqlite's default
         // of 16 keeps.
         conn.set_prepared_statement_cache_capacity(64);
@@ -296,6 +296,7 @@ fn apply(conn: &Connection, op: &Op, now: i64) -> Outcome {
         } => consumers::lease(conn, consumer, filter, *limit, *lease_ms, now).map(Done::Leased),
         Op::Ping => Ok(Done::Appended),
         Op::WeightVersion(v) => set_state(conn, WEIGHT_VERSION, v, now).map(|()| Done::Appended),
+        Op::RegisterVersion { label } => register_version(conn, label, now).map(Done::Version),
         Op::Ack { consumer, cursor } => {
             consumers::ack(conn, consumer, cursor, now).map(Done::Acked)
         }
@@ -314,6 +315,37 @@ fn set_state(conn: &Connection, key: &str, value: &str, now: i64) -> Result<(), 
         params![key, value, now],
     )?;
     Ok(())
+}
+
+/// The sequence number of the weight version `label`, numbered (largest so
+/// far) + 1 when new. Only this connection writes, so nothing registers a
+/// label between the lookup and the insert.
+fn register_version(conn: &Connection, label: &str, now: i64) -> Result<u64, StoreError> {
+    let found: Option<i64> = conn
+        .prepare_cached("SELECT seq FROM weight_versions WHERE label = ?1")?
+        .query_row(params![label], |r| r.get(0))
+        .optional()?;
+    let seq = match found {
+        Some(seq) => seq,
+        None => conn
+            .prepare_cached(
+                "INSERT INTO weight_versions (seq, label, registered_at) \
+                 SELECT COALESCE(MAX(seq), 0) + 1, ?1, ?2 FROM weight_versions RETURNING seq",
+            )?
+            .query_row(params![label, now], |r| r.get(0))?,
+    };
+    u64::try_from(seq).map_err(|_| StoreError::Corrupt(format!("weight version seq {seq}")))
+}
+
+/// A call's version spans as the JSON text of its `versions` column; `None`
+/// when it has none.
+fn versions_text(call: &CallRecord) -> Result<Option<String>, StoreError> {
+    if call.versions.is_empty() {
+        return Ok(None);
+    }
+    serde_json::to_string(&call.versions)
+        .map(Some)
+        .map_err(|e| StoreError::Invalid(e.to_string()))
 }
 
 /// Marks the active trajectories of a crashed queued run, then records this run.
@@ -452,8 +484,9 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
              finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
              response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
              template_sha256, reward, truncated, normalized, request_of, message_refs, \
-             call_key, api, response_id) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, \
-             ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27)",
+             call_key, api, response_id, versions) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
+             ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, \
+             ?26, ?27, ?28)",
         )?
         .execute(params![
             seq,
@@ -484,6 +517,7 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             key,
             call.api,
             call.response_id,
+            versions_text(call)?,
         ]);
     match inserted {
         Ok(_) => {}

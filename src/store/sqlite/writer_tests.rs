@@ -40,6 +40,7 @@ fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
         request_of: None,
         api: None,
         response_id: None,
+        versions: Vec::new(),
     }
 }
 
