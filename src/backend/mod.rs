@@ -278,13 +278,18 @@ pub enum AdminOp {
     },
     WakeUp,
     /// Load new weights from a path on the backend's disk (one step), and
-    /// drop caches computed with the old ones.
+    /// drop caches computed with the old ones. With [`UpdateMode::Abort`]
+    /// the generations in flight are stopped first.
     UpdateWeights {
         path: String,
         version: String,
+        mode: UpdateMode,
     },
-    /// A trainer is about to push weights itself: stop generating.
-    BeginWeightUpdate,
+    /// A trainer is about to push weights itself: stop generating (with
+    /// [`UpdateMode::Abort`], stop what is in flight too).
+    BeginWeightUpdate {
+        mode: UpdateMode,
+    },
     /// The trainer's push is done: generate again, with the new weights.
     FinishWeightUpdate {
         version: String,
@@ -294,6 +299,25 @@ pub enum AdminOp {
     AbortWeightUpdate,
 }
 
+/// What a weight update does with the generations in flight.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UpdateMode {
+    /// The gateway drains them before the update (nothing is in flight).
+    Wait,
+    /// The backend stops them now; each call continues on the new weights.
+    Abort,
+}
+
+impl UpdateMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpdateMode::Wait => "wait",
+            UpdateMode::Abort => "abort",
+        }
+    }
+}
+
 impl AdminOp {
     pub fn name(&self) -> &'static str {
         match self {
@@ -301,7 +325,7 @@ impl AdminOp {
             AdminOp::Sleep { .. } => "sleep",
             AdminOp::WakeUp => "wake_up",
             AdminOp::UpdateWeights { .. } => "update_weights",
-            AdminOp::BeginWeightUpdate => "begin_weight_update",
+            AdminOp::BeginWeightUpdate { .. } => "begin_weight_update",
             AdminOp::FinishWeightUpdate { .. } => "finish_weight_update",
             AdminOp::AbortWeightUpdate => "abort_weight_update",
         }

@@ -46,7 +46,7 @@ use super::http::HttpBackend;
 use super::pump::EventDecoder;
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
-    PositionLogprob, ScoreRequest, SharedSampling, StructuredOutput, TokenLogprob,
+    PositionLogprob, ScoreRequest, SharedSampling, StructuredOutput, TokenLogprob, UpdateMode,
 };
 use crate::config::{BackendConfig, RouterConfig};
 
@@ -603,13 +603,36 @@ impl Backend for SglangBackend {
                     .await
             }
             // Flushes the radix cache itself (`flush_cache` defaults to true).
-            AdminOp::UpdateWeights { path, version } => {
+            AdminOp::UpdateWeights {
+                path,
+                version,
+                mode: UpdateMode::Wait,
+            } => {
                 let body = json!({ "model_path": path, "weight_version": version });
                 self.post_admin("/update_weights_from_disk", body).await
             }
+            // Stops every request in flight (each ends with an `abort`
+            // finish), updates while paused, and continues whatever the
+            // update did: generation must not stay paused.
+            AdminOp::UpdateWeights {
+                path,
+                version,
+                mode: UpdateMode::Abort,
+            } => {
+                self.post_admin("/pause_generation", json!({"mode": "abort"}))
+                    .await?;
+                let body = json!({ "model_path": path, "weight_version": version });
+                let loaded = self.post_admin("/update_weights_from_disk", body).await;
+                let continued = self.post_admin("/continue_generation", json!({})).await;
+                let loaded = loaded?;
+                continued?;
+                Ok(loaded)
+            }
             // The trainer then pushes with `/init_weights_update_group` and
             // `/update_weights_from_distributed`, which flush the cache.
-            AdminOp::BeginWeightUpdate => {
+            // `abort` in both modes: after the gateway's drain (`wait`)
+            // nothing is left to stop.
+            AdminOp::BeginWeightUpdate { .. } => {
                 self.post_admin("/pause_generation", json!({"mode": "abort"}))
                     .await
             }

@@ -377,10 +377,15 @@ async fn health_and_admin_use_sglang_endpoints() {
     b.admin(&AdminOp::UpdateWeights {
         path: "/ckpt/step-3".into(),
         version: "step-3".into(),
+        mode: UpdateMode::Wait,
     })
     .await
     .unwrap();
-    b.admin(&AdminOp::BeginWeightUpdate).await.unwrap();
+    b.admin(&AdminOp::BeginWeightUpdate {
+        mode: UpdateMode::Wait,
+    })
+    .await
+    .unwrap();
     b.admin(&AdminOp::FinishWeightUpdate {
         version: "step-4".into(),
     })
@@ -391,6 +396,7 @@ async fn health_and_admin_use_sglang_endpoints() {
         .admin(&AdminOp::UpdateWeights {
             path: "/missing/ckpt".into(),
             version: "step-5".into(),
+            mode: UpdateMode::Wait,
         })
         .await
         .unwrap_err();

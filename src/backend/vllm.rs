@@ -34,7 +34,7 @@ use super::http::HttpBackend;
 use super::pump::EventDecoder;
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
-    PositionLogprob, ScoreRequest, SharedSampling, StructuredOutput, TokenLogprob,
+    PositionLogprob, ScoreRequest, SharedSampling, StructuredOutput, TokenLogprob, UpdateMode,
 };
 use crate::config::{BackendConfig, RouterConfig};
 
@@ -490,16 +490,31 @@ impl Backend for VllmBackend {
                     .await
             }
             AdminOp::WakeUp => self.post_admin("/wake_up", None).await,
-            AdminOp::UpdateWeights { path, .. } => {
-                let body = json!({"method": "reload_weights", "kwargs": {"weights_path": path}});
-                let loaded = self.post_admin("/collective_rpc", Some(body)).await?;
-                // The reload keeps cached prefixes computed with the old
-                // weights: drop them, or later prompts would reuse them.
-                self.reset_prefix_cache("weights reloaded").await?;
+            AdminOp::UpdateWeights {
+                path,
+                mode: UpdateMode::Wait,
+                ..
+            } => self.reload(path).await,
+            AdminOp::UpdateWeights {
+                path,
+                mode: UpdateMode::Abort,
+                ..
+            } => {
+                // Stops every request in flight (each ends with
+                // `finish_reason: "abort"`), reloads, and resumes whatever
+                // the reload did: generation must not stay paused.
+                self.post_admin("/pause?mode=abort", None).await?;
+                let loaded = self.reload(path).await;
+                let resumed = self.post_admin("/resume", None).await;
+                let loaded = loaded?;
+                resumed?;
                 Ok(loaded)
             }
-            AdminOp::BeginWeightUpdate => {
-                self.post_admin("/pause?mode=wait", None).await?;
+            AdminOp::BeginWeightUpdate { mode } => {
+                // `wait` after the gateway drained: nothing left to wait
+                // for; `abort` stops what runs.
+                self.post_admin(&format!("/pause?mode={}", mode.as_str()), None)
+                    .await?;
                 match self.post_admin("/start_weight_update", None).await {
                     Ok(text) => Ok(text),
                     Err(e) => {
@@ -537,6 +552,16 @@ impl Backend for VllmBackend {
 }
 
 impl VllmBackend {
+    /// Reloads the weights from `path` (`collective_rpc reload_weights`)
+    /// and drops the prefixes cached with the old ones: the reload keeps
+    /// them, and later prompts would reuse them.
+    async fn reload(&self, path: &str) -> Result<String, BackendError> {
+        let body = json!({"method": "reload_weights", "kwargs": {"weights_path": path}});
+        let loaded = self.post_admin("/collective_rpc", Some(body)).await?;
+        self.reset_prefix_cache("weights reloaded").await?;
+        Ok(loaded)
+    }
+
     /// POSTs to an admin endpoint (query in `path`); the answer's text.
     async fn post_admin(&self, path: &str, body: Option<Json>) -> Result<String, BackendError> {
         self.http.post_admin(path, body.as_ref()).await

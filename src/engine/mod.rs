@@ -196,6 +196,7 @@ impl EngineBackend {
             alive: AtomicBool::new(true),
             asleep: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
+            aborting: AtomicBool::new(false),
             stats: EngineStats::default(),
         });
         let (tx, rx) = std::sync::mpsc::channel();
@@ -426,7 +427,7 @@ impl Backend for EngineBackend {
             AdminOp::UpdateWeights { path, .. } => worker::Control::Reload {
                 path: PathBuf::from(path),
             },
-            AdminOp::BeginWeightUpdate => {
+            AdminOp::BeginWeightUpdate { .. } => {
                 return Err(self.rejected(
                     "the bundled engine cannot take weights pushed by a trainer (NCCL / IPC): \
                      load them from a GGUF file with POST /admin/weights {\"version\", \"path\"}"
@@ -447,6 +448,16 @@ impl Backend for EngineBackend {
             backend: self.name.clone(),
             message: "the engine thread has stopped".into(),
         };
+        // An update in `abort` mode stops the generations in flight until
+        // the reload has answered (or this call is dropped: a deadline).
+        let abort = matches!(
+            op,
+            AdminOp::UpdateWeights {
+                mode: crate::backend::UpdateMode::Abort,
+                ..
+            }
+        );
+        let _aborting = abort.then(|| Aborting::set(&self.shared.aborting));
         self.tx
             .send(worker::Msg::Control(control, tx))
             .map_err(|_| stopped())?;
@@ -455,6 +466,22 @@ impl Backend for EngineBackend {
             Ok(Err(message)) => Err(self.rejected(message)),
             Err(_) => Err(stopped()),
         }
+    }
+}
+
+/// Holds [`worker::Shared::aborting`] set while it lives.
+struct Aborting<'a>(&'a AtomicBool);
+
+impl<'a> Aborting<'a> {
+    fn set(flag: &'a AtomicBool) -> Self {
+        flag.store(true, Ordering::SeqCst);
+        Aborting(flag)
+    }
+}
+
+impl Drop for Aborting<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
     }
 }
 

@@ -173,6 +173,10 @@ pub(crate) struct Shared {
     /// runs or holds (with an error) at its next step instead of finishing
     /// them, so dropping the handle does not wait for whole generations.
     pub stopping: AtomicBool,
+    /// Set while a weight update in `abort` mode waits for the worker: the
+    /// generations it runs or holds end now with an `abort` finish (the
+    /// gateway continues them on the new weights). Scoring jobs finish.
+    pub aborting: AtomicBool,
     pub stats: EngineStats,
 }
 
@@ -278,6 +282,9 @@ impl Worker {
                 }
             }
             self.drop_cancelled(ctx);
+            if self.shared.aborting.load(Ordering::SeqCst) {
+                self.abort_generations(ctx);
+            }
             self.admit(ctx);
             if self.running.is_empty() {
                 continue;
@@ -375,6 +382,33 @@ impl Worker {
             } else {
                 i += 1;
             }
+        }
+    }
+
+    /// Ends every generation running or waiting with an `abort` finish;
+    /// what each sampled so far was already sent.
+    fn abort_generations(&mut self, ctx: &mut Context<'_>) {
+        let abort = GenEvent::Done {
+            finish_reason: crate::backend::FinishReason::Abort,
+        };
+        let before = self.waiting.len();
+        self.waiting.retain(|s| {
+            s.scoring() || {
+                s.tx.event(abort.clone());
+                false
+            }
+        });
+        let gone = before - self.waiting.len();
+        self.shared.queued.fetch_sub(gone, Ordering::SeqCst);
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].scoring() {
+                i += 1;
+                continue;
+            }
+            let seq = self.running.remove(i);
+            seq.tx.event(abort.clone());
+            self.release(ctx, &seq);
         }
     }
 

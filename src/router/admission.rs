@@ -39,6 +39,10 @@ impl InFlight {
     pub(crate) fn slot(&self) -> &Slot {
         &self.slot
     }
+
+    pub(crate) fn slot_arc(&self) -> Arc<Slot> {
+        self.slot.clone()
+    }
 }
 
 impl Drop for InFlight {
@@ -193,6 +197,17 @@ impl Router {
                 other => return other,
             }
         }
+    }
+
+    /// Notes that a two-step weight update in `mode` was begun, admission
+    /// paused since `at`, for the pause's metric at its end.
+    pub fn update_begun(&self, mode: &'static str, at: std::time::Instant) {
+        self.lock().update_begun = Some((mode, at));
+    }
+
+    /// The mode and pause start of the begun update, now ended.
+    pub fn update_ended(&self) -> Option<(&'static str, std::time::Instant)> {
+        self.lock().update_begun.take()
     }
 
     /// Calls in flight on all backends.

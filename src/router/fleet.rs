@@ -25,6 +25,8 @@ use crate::backend::AdminOp;
 pub(crate) struct Weights {
     /// The version it serves; `None` = the weights it started with.
     pub version: Option<Arc<str>>,
+    /// That version's fleet sequence number, once the store gave it one.
+    pub seq: Option<u64>,
     /// Set when its last weight update failed: why.
     pub failed: Option<String>,
 }
@@ -33,6 +35,7 @@ impl Weights {
     pub(crate) fn serving(version: Option<Arc<str>>) -> Self {
         Weights {
             version,
+            seq: None,
             failed: None,
         }
     }
@@ -130,21 +133,37 @@ impl Router {
     /// Sets the fleet's weight version and tags every backend that is not
     /// out of rotation with it: for a version restored at start-up, or one
     /// announced without a reload (the trainer updated the weights itself).
-    pub fn set_weight_version(&self, version: &str) {
+    pub fn set_weight_version(&self, version: &str, seq: Option<u64>) {
         let v: Arc<str> = Arc::from(version);
         let mut g = self.lock();
         g.weight_version = Some(v.clone());
+        g.weight_seq = seq;
         for slot in &g.slots {
             let mut w = slot.weights();
             if w.failed.is_none() {
                 w.version = Some(v.clone());
+                w.seq = seq;
             }
         }
     }
 
-    /// Sets only the fleet's version (after an update every backend took).
-    pub(crate) fn set_fleet_version(&self, version: &str) {
-        self.lock().weight_version = Some(Arc::from(version));
+    /// Sets the fleet's version after an update every backend took, and
+    /// the sequence number of each backend that serves it.
+    pub(crate) fn set_fleet_version(&self, version: &str, seq: Option<u64>) {
+        let mut g = self.lock();
+        g.weight_version = Some(Arc::from(version));
+        g.weight_seq = seq;
+        for slot in &g.slots {
+            let mut w = slot.weights();
+            if w.version.as_deref() == Some(version) {
+                w.seq = seq;
+            }
+        }
+    }
+
+    /// The fleet version's sequence number, when known.
+    pub fn weight_seq(&self) -> Option<u64> {
+        self.lock().weight_seq
     }
 }
 
@@ -157,6 +176,10 @@ fn apply(slot: &Slot, op: &AdminOp, version: Option<Arc<str>>, outcome: &AdminOu
             let mut w = slot.weights();
             match outcome {
                 AdminOutcome::Done { .. } => {
+                    // Its number comes with the fleet's, once registered.
+                    if w.version != version {
+                        w.seq = None;
+                    }
                     w.version = version;
                     w.failed = None;
                 }

@@ -16,6 +16,7 @@
 pub mod admission;
 pub mod fleet;
 pub mod health;
+pub mod interrupt;
 pub mod least_requests;
 pub mod policy;
 pub mod prefix_affinity;
@@ -35,6 +36,7 @@ use crate::error::ApiError;
 pub use admission::{InFlight, Pause};
 pub use fleet::{AdminOutcome, AdminResult};
 pub use health::{CircuitState, HealthTask};
+pub use interrupt::Interruption;
 pub use policy::{Candidate, RoutingPolicy};
 pub use retry::Backoff;
 use sticky::{Pin, StickyMap};
@@ -96,6 +98,9 @@ pub(crate) struct Slot {
     pub(crate) in_flight: AtomicUsize,
     sleeping: AtomicBool,
     weights: Mutex<fleet::Weights>,
+    /// Interruptions sent to it ([`interrupt`]).
+    interrupts: AtomicU64,
+    interrupted: tokio::sync::Notify,
 }
 
 impl Slot {
@@ -124,6 +129,8 @@ pub struct Route {
     pub moved_from: Option<String>,
     /// The weights the backend serves (tagged on the call's record).
     pub weight_version: Option<Arc<str>>,
+    /// That version's fleet sequence number, when known.
+    pub weight_seq: Option<u64>,
     _guard: InFlight,
 }
 
@@ -132,6 +139,11 @@ impl Route {
     /// [`Router::report_success`].
     pub fn succeeded(&self) {
         succeeded(self._guard.slot());
+    }
+
+    /// The interruptions of this route's backend from now on.
+    pub fn interruption(&self) -> Interruption {
+        Interruption::of(self._guard.slot_arc())
     }
 
     /// The call on this route failed (before or after its first token):
@@ -186,6 +198,10 @@ pub struct BackendStatus {
     pub weight_version: Option<String>,
     /// Why its last weight update failed; it takes no calls until one works.
     pub weights_error: Option<String>,
+    /// The weight-update modes it runs as asked (`wait`, `abort`).
+    pub update_modes: &'static [&'static str],
+    /// What `keep` runs as on it.
+    pub keep_runs_as: &'static str,
 }
 
 /// Router-wide counters (monotonic), for metrics.
@@ -211,6 +227,10 @@ struct Inner {
     paused: u8,
     /// The fleet's weight version: what every backend took last.
     weight_version: Option<Arc<str>>,
+    /// Its sequence number in the store, when known.
+    weight_seq: Option<u64>,
+    /// A begun two-step update: its mode, and when admission paused.
+    update_begun: Option<(&'static str, std::time::Instant)>,
 }
 
 /// How [`Router::place`] picks a backend.
@@ -262,6 +282,8 @@ impl Router {
                 sticky: StickyMap::new(cfg.sticky_capacity),
                 paused: 0,
                 weight_version: None,
+                weight_seq: None,
+                update_begun: None,
             }),
             load: Arc::default(),
             admission: tokio::sync::watch::Sender::new(false),
@@ -313,6 +335,7 @@ impl Router {
         let id = BackendId(g.next_id);
         g.next_id += 1;
         let version = g.weight_version.clone();
+        let seq = g.weight_seq;
         g.slots.push(Arc::new(Slot {
             id,
             name: name.clone(),
@@ -322,7 +345,12 @@ impl Router {
             in_flight: AtomicUsize::new(0),
             sleeping: AtomicBool::new(false),
             // A backend joining the fleet is taken to serve its weights.
-            weights: Mutex::new(fleet::Weights::serving(version)),
+            weights: Mutex::new(fleet::Weights {
+                seq,
+                ..fleet::Weights::serving(version)
+            }),
+            interrupts: AtomicU64::new(0),
+            interrupted: tokio::sync::Notify::new(),
         }));
         drop(g);
         tracing::info!(backend = %name, id = id.0, "backend added");
@@ -517,7 +545,10 @@ impl Router {
     }
 
     fn make_route(&self, slot: Arc<Slot>, sticky: bool, moved_from: Option<String>) -> Route {
-        let weight_version = slot.weights().version.clone();
+        let (weight_version, weight_seq) = {
+            let w = slot.weights();
+            (w.version.clone(), w.seq)
+        };
         Route {
             backend: slot.backend.clone(),
             id: slot.id,
@@ -525,6 +556,7 @@ impl Router {
             sticky,
             moved_from,
             weight_version,
+            weight_seq,
             _guard: InFlight::new(slot, self.load.clone()),
         }
     }
@@ -626,5 +658,7 @@ fn status_of(s: &Slot, sticky: usize) -> BackendStatus {
         last_error: s.health.last_error(),
         weight_version: weights.version.as_deref().map(str::to_string),
         weights_error: weights.failed,
+        update_modes: &["wait", "abort"],
+        keep_runs_as: "abort",
     }
 }
