@@ -495,46 +495,67 @@ async fn an_update_whose_client_left_still_finishes_and_resumes_admission() {
     assert_eq!(version, "v1");
 }
 
-/// An update's `mode`: `wait` (drain first) is the default and is echoed;
-/// `abort` and `keep` are refused by name (400 `unsupported_parameter`,
-/// `param: mode`) rather than run as `wait`, and so is an unknown mode;
-/// nothing reaches the backend.
+/// An update's `mode` is echoed: `wait` (drain first) by default,
+/// `abort` as asked, `keep` as the `abort` it runs as (saying so); an
+/// unknown mode is a 400 naming `mode` and reaches no backend.
 #[tokio::test]
-async fn an_update_mode_other_than_wait_is_refused_by_name() {
+async fn an_update_mode_is_echoed_and_an_unknown_one_is_refused_by_name() {
     let a = MockVllm::start(mock_reply()).await;
     a.state.transfer_configured.store(true, Ordering::SeqCst);
     let g = gateway(&[a.url()], "memory://").await;
-    for (path, base) in [
-        (
-            "/admin/weights",
-            json!({"version": "v1", "path": "/ckpt/1"}),
-        ),
-        ("/admin/weights/begin", json!({})),
-    ] {
-        for (mode, code) in [
-            ("abort", json!("unsupported_parameter")),
-            ("keep", json!("unsupported_parameter")),
-            ("fast", Value::Null),
-        ] {
-            let mut body = base.clone();
-            body["mode"] = json!(mode);
-            let (status, report) = post_admin(&g, path, body).await;
-            assert_eq!(status, 400, "{path} {mode}: {report}");
-            assert_eq!(report["error"]["param"], "mode", "{report}");
-            assert_eq!(report["error"]["code"], code, "{report}");
+    for path in ["/admin/weights", "/admin/weights/begin"] {
+        let mut body = json!({"version": "v1", "path": "/ckpt/1", "mode": "fast"});
+        if path.ends_with("begin") {
+            body = json!({"mode": "fast"});
         }
+        let (status, report) = post_admin(&g, path, body).await;
+        assert_eq!(status, 400, "{path}: {report}");
+        assert_eq!(report["error"]["param"], "mode", "{report}");
     }
     assert!(
         a.log().iter().all(|l| l.starts_with("/v1/")),
         "nothing reached the backend: {:?}",
         a.log()
     );
-    let (status, report) = post_admin(
-        &g,
-        "/admin/weights",
-        json!({"version": "v1", "path": "/ckpt/1", "mode": "wait"}),
-    )
-    .await;
-    assert_eq!(status, 200, "{report}");
-    assert_eq!(report["mode"], "wait");
+    for (mode, runs_as) in [
+        (None, "wait"),
+        (Some("wait"), "wait"),
+        (Some("abort"), "abort"),
+        (Some("keep"), "abort"),
+    ] {
+        let mut body = json!({"version": "v1", "path": "/ckpt/1"});
+        if let Some(m) = mode {
+            body["mode"] = json!(m);
+        }
+        let (status, report) = post_admin(&g, "/admin/weights", body).await;
+        assert_eq!(status, 200, "{report}");
+        assert_eq!(report["mode"], runs_as, "{report}");
+        let mut begin = json!({});
+        if let Some(m) = mode {
+            begin["mode"] = json!(m);
+        }
+        let (status, begun) = post_admin(&g, "/admin/weights/begin", begin).await;
+        assert_eq!(status, 200, "{begun}");
+        assert_eq!(begun["mode"], runs_as, "{begun}");
+        if mode == Some("keep") {
+            assert_eq!(begun["asked_mode"], "keep");
+            assert!(begun["fallback"]
+                .as_str()
+                .is_some_and(|f| f.contains("abort")));
+        }
+        let (status, _) = post_admin(&g, "/admin/weights/commit", json!({"version": "v2"})).await;
+        assert_eq!(status, 200);
+    }
+    let pauses: Vec<String> = a
+        .log()
+        .into_iter()
+        .filter(|l| l.starts_with("/pause"))
+        .collect();
+    assert!(
+        pauses.iter().any(|l| l.contains("mode=abort")),
+        "{pauses:?}"
+    );
+    let b = get_admin(&g, "/admin/backends").await;
+    assert_eq!(b["backends"][0]["update_modes"], json!(["wait", "abort"]));
+    assert_eq!(b["backends"][0]["keep_runs_as"], "abort");
 }

@@ -270,3 +270,60 @@ async fn the_window_is_the_in_process_engine_s_context() {
         "{body}"
     );
 }
+
+/// A one-step update in `abort` mode (the same GGUF under a new label)
+/// stops a generation the engine runs; the call continues on the reloaded
+/// weights and is recorded as one call with the seam.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_abort_update_mid_generation_continues_the_call_on_the_reloaded_weights() {
+    let (g, _engine) = gateway().await;
+    let (status, report) = admin(&g, "/admin/weights", json!({"version": "v1"})).await;
+    assert_eq!(status, 200, "{report}");
+    let max_tokens = 400;
+    let body = json!({"messages": [{"role": "user", "content": PROMPT}], "max_tokens": max_tokens,
+        "temperature": 0, "ignore_eos": true, "stream": true});
+    let mut r = g
+        .client
+        .post(g.url("/t/engine-abort/v1/chat/completions"))
+        .json(&body)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status(), 200);
+    // The head comes with the first token: the engine is generating.
+    let first = r.chunk().await.expect("chunk").expect("a first chunk");
+    let path = path_str(&engine_support::model_path());
+    let (status, report) = admin(
+        &g,
+        "/admin/weights",
+        json!({"version": "v2", "path": path, "mode": "abort"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["mode"], "abort");
+    let mut text = String::from_utf8_lossy(&first).to_string();
+    text.push_str(&r.text().await.expect("rest of the stream"));
+    assert!(
+        text.trim_end().ends_with("data: [DONE]"),
+        "one whole stream"
+    );
+    assert!(!text.contains("\"error\""), "{text}");
+    let t = g.get_json("/v1/trajectories/engine-abort").await;
+    let calls = t["calls"].as_array().expect("calls");
+    assert_eq!(calls.len(), 1, "one call in the store");
+    let c = &calls[0];
+    assert_eq!(c["sampled_ids"].as_array().expect("ids").len(), max_tokens);
+    assert_eq!(c["finish_reason"], "length");
+    let spans = c["versions"].as_array().expect("versions");
+    assert_eq!(spans.len(), 2, "{spans:?}");
+    assert_eq!(spans[0], json!({"start": 0, "version": "v1", "seq": 1}));
+    let seam = spans[1]["start"].as_u64().expect("seam");
+    assert!(seam > 0 && seam < max_tokens as u64, "{seam}");
+    assert_eq!(spans[1]["version"], "v2");
+    assert_eq!(spans[1]["seq"], 2);
+    assert!(c["logprobs"]
+        .as_array()
+        .expect("lps")
+        .iter()
+        .all(Value::is_number));
+}

@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use router_mock::{call, config, fleet, prompt};
-use tito::backend::AdminOp;
+use tito::backend::{AdminOp, UpdateMode};
 use tito::config::{PolicyKind, RouterConfig};
 use tito::router::{AdminOutcome, BackendId, CircuitState, RouteError};
 
@@ -323,6 +323,7 @@ async fn admin_fan_out_reports_each_backend_and_tracks_sleep() {
     let weights = AdminOp::UpdateWeights {
         path: "/ckpt/7".into(),
         version: "v7".into(),
+        mode: UpdateMode::Wait,
     };
     router.broadcast_admin(&weights, ADMIN_DEADLINE).await;
     for m in &mocks {
@@ -349,7 +350,8 @@ async fn snapshot_serializes_for_the_admin_endpoint() {
             "id": 0, "name": "b0", "kind": "vllm", "url": "http://mock-0",
             "healthy": true, "circuit": "closed", "consecutive_failures": 0,
             "in_flight": 1, "sticky": 1, "sleeping": false, "last_error": null,
-            "weight_version": null, "weights_error": null
+            "weight_version": null, "weights_error": null,
+            "update_modes": ["wait", "abort"], "keep_runs_as": "abort"
         }])
     );
 }

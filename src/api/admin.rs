@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::AppState;
-use crate::backend::AdminOp;
+use crate::backend::{AdminOp, UpdateMode};
 use crate::config::{BackendConfig, BackendKind};
 use crate::error::ApiError;
 use crate::router::{AdminResult, BackendId, Pause};
@@ -362,22 +362,48 @@ struct Begin {
 }
 
 /// What an update does with in-flight calls: `wait` (drain them first,
-/// the default) is the one mode built; `abort` and `keep` are refused by
-/// name rather than run as `wait`.
-fn update_mode(mode: Option<&str>) -> Result<&'static str, ApiError> {
+/// the default) or `abort` (stop them now; each continues on the new
+/// weights). `keep` (pause in place) is taken as `abort` on every backend
+/// kind tito speaks to: none reports where in a kept stream the new weights
+/// begin, so the seam could not be recorded; the answer says so.
+fn update_mode(mode: Option<&str>) -> Result<(UpdateMode, Option<&'static str>), ApiError> {
     match mode {
-        None | Some("wait") => Ok("wait"),
-        Some(m @ ("abort" | "keep")) => Err(ApiError::invalid(
-            "mode",
-            format!(
-                "mode `{m}` is not supported: weight updates drain in-flight calls first (`wait`)"
-            ),
-        )
-        .with_code("unsupported_parameter")),
+        None | Some("wait") => Ok((UpdateMode::Wait, None)),
+        Some("abort") => Ok((UpdateMode::Abort, None)),
+        Some("keep") => Ok((UpdateMode::Abort, Some(KEEP_FALLBACK))),
         Some(m) => Err(ApiError::invalid(
             "mode",
-            format!("unknown mode `{m}`: expected `wait`"),
+            format!("unknown mode `{m}`: expected `wait`, `abort` or `keep`"),
         )),
+    }
+}
+
+/// Why `keep` runs as `abort`, as the answers and `/admin/backends` say.
+pub(crate) const KEEP_FALLBACK: &str = "keep falls back to abort: no backend reports where the new weights begin in a stream it kept paused, so interrupted calls continue with a new request instead";
+
+/// The `mode` fields of an update's answer.
+fn mode_fields(mode: UpdateMode, fallback: Option<&str>) -> Value {
+    match fallback {
+        None => json!({"mode": mode.as_str()}),
+        Some(why) => json!({"mode": mode.as_str(), "asked_mode": "keep", "fallback": why}),
+    }
+}
+
+/// Pauses admission for an update in `mode`: `wait` drains the calls in
+/// flight; `abort` marks every backend interrupted, so the calls it stops
+/// continue after the update instead of failing.
+async fn pause_for_update(
+    state: &AppState,
+    mode: UpdateMode,
+    drain: Duration,
+) -> Result<(), ApiError> {
+    match mode {
+        UpdateMode::Wait => pause_and_drain(state, drain).await,
+        UpdateMode::Abort => {
+            state.router.pause_admission(Pause::Operation);
+            state.router.interrupt_all();
+            Ok(())
+        }
     }
 }
 
@@ -402,10 +428,11 @@ async fn mark_in_doubt(state: &AppState, version: &str) -> Result<(), ApiError> 
 
 /// Records the fleet's version once every backend took it: in the router
 /// and durably in the store, so a restart keeps tagging calls with it.
-async fn commit_version(state: &AppState, version: &str) -> Result<(), ApiError> {
+async fn commit_version(state: &AppState, version: &str) -> Result<u64, ApiError> {
     state.store.store.set_weight_version(version).await?;
-    state.router.set_fleet_version(version);
-    Ok(())
+    let seq = state.store.store.register_version(version).await?;
+    state.router.set_fleet_version(version, Some(seq));
+    Ok(seq)
 }
 
 /// One step. Without a `path`: the trainer changed the weights itself;
@@ -419,24 +446,29 @@ async fn commit_version(state: &AppState, version: &str) -> Result<(), ApiError>
 async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let w: Weights = parse_json(&body)?;
     check_version(&w.version)?;
-    update_mode(w.mode.as_deref())?;
-    one_at_a_time(&state, move |state| update_weights(state, w)).await
+    let mode = update_mode(w.mode.as_deref())?;
+    one_at_a_time(&state, move |state| update_weights(state, w, mode)).await
 }
 
-async fn update_weights(state: AppState, w: Weights) -> Result<Response, ApiError> {
+async fn update_weights(
+    state: AppState,
+    w: Weights,
+    (mode, fallback): (UpdateMode, Option<&'static str>),
+) -> Result<Response, ApiError> {
     not_updating(&state)?;
     let Some(path) = w.path else {
         state.store.store.set_weight_version(&w.version).await?;
-        state.router.set_weight_version(&w.version);
-        tracing::info!(version = %w.version, "weight version set");
-        return Ok(report(
-            &state,
-            Vec::new(),
-            json!({"version": w.version, "mode": "wait"}),
-        ));
+        let seq = state.store.store.register_version(&w.version).await?;
+        state.router.set_weight_version(&w.version, Some(seq));
+        tracing::info!(version = %w.version, seq, "weight version set");
+        let mut extra = mode_fields(mode, fallback);
+        extra["version"] = json!(w.version);
+        extra["version_seq"] = json!(seq);
+        return Ok(report(&state, Vec::new(), extra));
     };
     awake(&state)?;
-    pause_and_drain(&state, w.timing.drain()).await?;
+    let paused_at = std::time::Instant::now();
+    pause_for_update(&state, mode, w.timing.drain()).await?;
     if let Err(e) = mark_in_doubt(&state, &w.version).await {
         state.router.resume_admission(Pause::Operation);
         return Err(e);
@@ -444,6 +476,7 @@ async fn update_weights(state: AppState, w: Weights) -> Result<Response, ApiErro
     let op = AdminOp::UpdateWeights {
         path,
         version: w.version.clone(),
+        mode,
     };
     let results = state
         .router
@@ -451,18 +484,18 @@ async fn update_weights(state: AppState, w: Weights) -> Result<Response, ApiErro
         .await;
     let ok = results.iter().all(|r| r.ok);
     let stored = if ok {
-        commit_version(&state, &w.version).await
+        commit_version(&state, &w.version).await.map(Some)
     } else {
-        Ok(())
+        Ok(None)
     };
     state.router.resume_admission(Pause::Operation);
-    stored?;
-    tracing::info!(version = %w.version, ok, "weights updated");
-    Ok(report(
-        &state,
-        results,
-        json!({"version": w.version, "mode": "wait"}),
-    ))
+    crate::metrics::update_pause(mode.as_str(), paused_at.elapsed());
+    let seq = stored?;
+    tracing::info!(version = %w.version, ok, mode = mode.as_str(), "weights updated");
+    let mut extra = mode_fields(mode, fallback);
+    extra["version"] = json!(w.version);
+    extra["version_seq"] = json!(seq);
+    Ok(report(&state, results, extra))
 }
 
 /// Two steps, first: drains, then tells every backend a weight update
@@ -472,14 +505,19 @@ async fn update_weights(state: AppState, w: Weights) -> Result<Response, ApiErro
 /// already begun (a retried `begin`).
 async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let b: Begin = parse_json(&body)?;
-    update_mode(b.mode.as_deref())?;
-    one_at_a_time(&state, move |state| begin_update(state, b.timing)).await
+    let mode = update_mode(b.mode.as_deref())?;
+    one_at_a_time(&state, move |state| begin_update(state, b.timing, mode)).await
 }
 
-async fn begin_update(state: AppState, timing: Timing) -> Result<Response, ApiError> {
+async fn begin_update(
+    state: AppState,
+    timing: Timing,
+    (mode, fallback): (UpdateMode, Option<&'static str>),
+) -> Result<Response, ApiError> {
     not_updating(&state)?;
     awake(&state)?;
-    pause_and_drain(&state, timing.drain()).await?;
+    let paused_at = std::time::Instant::now();
+    pause_for_update(&state, mode, timing.drain()).await?;
     // Recorded before any backend starts: from then on the trainer may
     // change the weights. Called off, the record goes back as it was.
     let before = match state.store.store.weight_version().await {
@@ -496,13 +534,17 @@ async fn begin_update(state: AppState, timing: Timing) -> Result<Response, ApiEr
     let deadline = timing.deadline(&state);
     let results = state
         .router
-        .broadcast_admin(&AdminOp::BeginWeightUpdate, deadline)
+        .broadcast_admin(&AdminOp::BeginWeightUpdate { mode }, deadline)
         .await;
     if results.iter().all(|r| r.ok) {
         state.router.pause_admission(Pause::Updating);
         state.router.resume_admission(Pause::Operation);
-        tracing::info!("weight update begun: push the weights, then commit");
-        return Ok(report(&state, results, json!({"mode": "wait"})));
+        state.router.update_begun(mode.as_str(), paused_at);
+        tracing::info!(
+            mode = mode.as_str(),
+            "weight update begun: push the weights, then commit"
+        );
+        return Ok(report(&state, results, mode_fields(mode, fallback)));
     }
     let undo = state
         .router
@@ -514,6 +556,7 @@ async fn begin_update(state: AppState, timing: Timing) -> Result<Response, ApiEr
         .set_weight_version(before.as_deref().unwrap_or(""))
         .await;
     state.router.resume_admission(Pause::Operation);
+    crate::metrics::update_pause(mode.as_str(), paused_at.elapsed());
     restored?;
     tracing::warn!("weight update not begun: a backend refused; its pause ended");
     Ok(report(&state, results, json!({"aborted": undo})))
@@ -551,12 +594,19 @@ async fn commit_update(state: AppState, c: Commit) -> Result<Response, ApiError>
         .await;
     let ok = results.iter().all(|r| r.ok);
     let stored = if ok {
-        commit_version(&state, &c.version).await
+        commit_version(&state, &c.version).await.map(Some)
     } else {
-        Ok(())
+        Ok(None)
     };
     state.router.resume_admission(Pause::Updating);
-    stored?;
+    if let Some((mode, since)) = state.router.update_ended() {
+        crate::metrics::update_pause(mode, since.elapsed());
+    }
+    let seq = stored?;
     tracing::info!(version = %c.version, ok, "weight update committed");
-    Ok(report(&state, results, json!({"version": c.version})))
+    Ok(report(
+        &state,
+        results,
+        json!({"version": c.version, "version_seq": seq}),
+    ))
 }

@@ -189,8 +189,9 @@ impl AppState {
                  weight version until an update succeeds everywhere"
             ),
             Some(v) if !v.is_empty() => {
-                tracing::info!(version = %v, "weight version restored from the store");
-                self.router.set_weight_version(&v);
+                let seq = self.store.store.register_version(&v).await?;
+                tracing::info!(version = %v, seq, "weight version restored from the store");
+                self.router.set_weight_version(&v, Some(seq));
             }
             _ => {}
         }

@@ -48,6 +48,10 @@ pub struct ChoiceResult {
     pub moved_from: Option<String>,
     /// The weights of that backend when the choice started.
     pub weight_version: Option<String>,
+    /// The weights that generated each run of `ids`: one span from 0, and
+    /// one more at each seam where a weight update interrupted the choice
+    /// and it continued on other weights.
+    pub versions: Vec<crate::store::VersionSpan>,
     /// The message (chat) or `{"text": ..}` (completions) returned.
     pub served: std::sync::Arc<serde_json::Value>,
     /// The client-facing finish reason (`tool_calls` when calls were parsed).

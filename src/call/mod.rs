@@ -23,6 +23,7 @@
 
 pub mod assemble;
 pub mod replies;
+mod resume;
 pub mod served;
 pub mod start;
 
@@ -43,7 +44,7 @@ pub use start::{start_sequence, Started};
 use crate::backend::{
     BackendError, FinishReason, GenEvent, GenStream, GenerateRequest, SamplingParams,
 };
-use crate::config::{OnBudgetExhausted, TrajectoryConfig};
+use crate::config::{OnBudgetExhausted, OnStale, TrajectoryConfig};
 use crate::error::ApiError;
 use crate::metrics::PHASE;
 use crate::render::Renderer;
@@ -73,8 +74,11 @@ pub struct CallPlan {
     pub n: u32,
     pub skip_special_tokens: bool,
     pub output: Output,
-    /// The sample's response budget is spent: answer without a backend call.
+    /// The sample's response budget is spent (or it is too stale): answer
+    /// without a backend call.
     pub spent: bool,
+    /// The sample is more than `max_staleness` versions behind.
+    pub stale: bool,
 }
 
 /// What the client asked, before it becomes a [`CallPlan`].
@@ -294,8 +298,9 @@ impl Calls {
             skip_special_tokens,
             output,
         } = req;
-        let spent = prepared.truncated;
-        if spent && self.config.on_budget_exhausted == OnBudgetExhausted::Error {
+        let stale = self.stale(&prepared)?;
+        let spent = prepared.truncated || stale;
+        if prepared.truncated && self.config.on_budget_exhausted == OnBudgetExhausted::Error {
             return Err(ApiError::bad_request(format!(
                 "this trajectory's sample already holds {} response tokens, its budget is {} \
                  (trajectory.response_length); start a new trajectory",
@@ -351,7 +356,35 @@ impl Calls {
             skip_special_tokens,
             output,
             spent,
+            stale,
         })
+    }
+
+    /// Whether the sample this call continues started more than
+    /// `[trajectory] max_staleness` versions before the fleet's current
+    /// one; with `on_stale = "error"` that is a 409 naming both.
+    fn stale(&self, prepared: &Prepared) -> Result<bool, ApiError> {
+        let bound = self.config.max_staleness;
+        let (Some(first), Some(now)) = (prepared.first_version(), self.router.weight_seq()) else {
+            return Ok(false);
+        };
+        let Some(seq) = first.seq else {
+            return Ok(false);
+        };
+        let behind = now.saturating_sub(seq);
+        if bound == 0 || behind <= bound {
+            return Ok(false);
+        }
+        if self.config.on_stale == OnStale::Error {
+            let label = |v: Option<&str>| v.unwrap_or("(initial weights)").to_string();
+            return Err(ApiError::conflict(format!(
+                "this sample started on weight version {} (#{seq}); the fleet serves {} (#{now}),                  {behind} versions later, more than trajectory.max_staleness = {bound}: start a new trajectory",
+                label(first.version.as_deref()),
+                label(self.router.weight_version().as_deref()),
+            ))
+            .with_code("stale_trajectory"));
+        }
+        Ok(true)
     }
 
     /// Starts every choice of every plan and returns the running call, whose
@@ -402,12 +435,15 @@ impl Calls {
         let asked = Instant::now();
         let started = futures::future::try_join_all(starts).await?;
         let mut map = StreamMap::new();
+        let mut interruptions = Vec::with_capacity(started.len());
         for (index, s) in started {
             if let Some(c) = choices.get_mut(index as usize) {
+                c.result.versions = resume::first_span(&s);
                 c.result.backend = s.backend;
                 c.result.moved_from = s.moved_from;
                 c.result.weight_version = s.weight_version;
             }
+            interruptions.push((index, s.interruption));
             map.insert(index, s.stream);
         }
         let (tx, rx) = mpsc::channel(64);
@@ -425,6 +461,8 @@ impl Calls {
             owner,
             deltas,
             asked,
+            interruptions,
+            resumed: 0,
         };
         // In the request's span: its log lines carry the request id.
         let pump = self
@@ -452,28 +490,73 @@ struct Pump {
     deltas: bool,
     /// When the backends were asked.
     asked: Instant,
+    /// Each running choice's view of weight-update interruptions.
+    interruptions: Vec<(u32, crate::router::Interruption)>,
+    /// Continuations started so far (numbers their request ids).
+    resumed: u32,
+}
+
+/// What the pump's wait ended with.
+enum Next {
+    Event(Option<(u32, Result<GenEvent, BackendError>)>),
+    Resumed(Option<(u32, Result<Started, ApiError>)>),
 }
 
 impl Pump {
     async fn run(mut self, mut streams: StreamMap<u32, GenStream>) {
-        while !streams.is_empty() {
+        let mut resumes = futures::stream::FuturesUnordered::<resume::Resume>::new();
+        while !streams.is_empty() || !resumes.is_empty() {
             let next = tokio::select! {
                 // A ready backend event goes first: a call whose last event
                 // already arrived is recorded even if its reader just left.
                 biased;
-                ev = streams.next() => ev,
+                ev = streams.next(), if !streams.is_empty() => Next::Event(ev),
+                r = resumes.next(), if !resumes.is_empty() => Next::Resumed(r),
                 // The reader left before the last token: dropping the
                 // streams cancels the backends; nothing is recorded.
                 () = self.tx.closed() => return,
             };
-            let Some((index, ev)) = next else { break };
+            let (index, ev) = match next {
+                Next::Event(Some(ev)) => ev,
+                Next::Event(None) | Next::Resumed(None) => continue,
+                Next::Resumed(Some((index, Ok(started)))) => {
+                    self.continue_on(index, started, &mut streams);
+                    continue;
+                }
+                Next::Resumed(Some((_, Err(e)))) => {
+                    let _ = self.tx.send(CallEvent::Done(Err(e))).await;
+                    return;
+                }
+            };
+            let aborted = matches!(
+                ev,
+                Ok(GenEvent::Done {
+                    finish_reason: FinishReason::Abort
+                })
+            );
+            let Some(choice) = self.choices.get_mut(index as usize) else {
+                continue;
+            };
+            if aborted && !choice.done() && self.interrupted(index) {
+                // Stopped by a weight update: continue on the new weights.
+                streams.remove(&index);
+                crate::metrics::call_interrupted("abort");
+                match self.resume(index) {
+                    Ok(r) => resumes.push(r),
+                    Err(e) => {
+                        let _ = self.tx.send(CallEvent::Done(Err(e))).await;
+                        return;
+                    }
+                }
+                continue;
+            }
             let Some(choice) = self.choices.get_mut(index as usize) else {
                 continue;
             };
             let ev = ev.and_then(|ev| match ev {
-                // Cut by the backend (an abort for a weight update, an
-                // operator's abort): not a sample the model ended, so not
-                // recorded; the client's retry generates it again.
+                // Cut by the backend (an operator's abort, or the backend's
+                // own): not a sample the model ended, so not recorded; the
+                // client's retry generates it again.
                 GenEvent::Done {
                     finish_reason: FinishReason::Abort,
                 } if !choice.done() => Err(BackendError::Overloaded {
@@ -517,6 +600,74 @@ impl Pump {
             owner.complete(answer.clone());
         }
         let _ = self.tx.send(CallEvent::Done(result)).await;
+    }
+
+    /// Whether a weight update interrupted choice `index`'s backend since
+    /// its stream was routed.
+    fn interrupted(&self, index: u32) -> bool {
+        self.interruptions
+            .iter()
+            .any(|(i, it)| *i == index && it.happened())
+    }
+
+    /// The continuation of interrupted choice `index` (see [`resume`]).
+    fn resume(&mut self, index: u32) -> Result<resume::Resume, ApiError> {
+        let n = self.plans.first().map_or(1, |p| p.n).max(1);
+        let pi = (index / n) as usize;
+        let i = index % n;
+        let (Some(plan), Some(choice)) = (self.plans.get(pi), self.choices.get(index as usize))
+        else {
+            return Err(ApiError::internal("an interrupted choice has no plan"));
+        };
+        self.resumed += 1;
+        let req = match resume::how(plan, self.deltas)? {
+            resume::Continue::Extend => {
+                resume::request(&self.request_id, pi, i, self.resumed, plan, choice)
+            }
+            resume::Continue::Restart => {
+                let fresh = ChoiceAssembly::new(
+                    self.calls.renderer.clone(),
+                    &plan.params,
+                    plan.skip_special_tokens,
+                    index,
+                );
+                let req = resume::request(&self.request_id, pi, i, self.resumed, plan, &fresh);
+                if let Some(c) = self.choices.get_mut(index as usize) {
+                    *c = fresh;
+                }
+                req
+            }
+        };
+        Ok(resume::start(
+            self.calls.router.clone(),
+            plan.ctx.trajectory_id.clone(),
+            index,
+            req,
+        ))
+    }
+
+    /// A continuation started: its stream feeds choice `index` from here.
+    fn continue_on(
+        &mut self,
+        index: u32,
+        started: Started,
+        streams: &mut StreamMap<u32, GenStream>,
+    ) {
+        let Some(choice) = self.choices.get_mut(index as usize) else {
+            return;
+        };
+        if choice.result.ids.is_empty() {
+            // Started over (or nothing was sampled yet).
+            choice.result.versions = resume::first_span(&started);
+            choice.result.weight_version = started.weight_version.clone();
+            choice.result.backend = started.backend.clone();
+        } else {
+            resume::seam(choice, &started);
+        }
+        crate::metrics::call_resumed();
+        self.interruptions.retain(|(i, _)| *i != index);
+        self.interruptions.push((index, started.interruption));
+        streams.insert(index, started.stream);
     }
 
     async fn record(&mut self, generated_in: Duration) -> Result<Arc<Answer>, ApiError> {
@@ -578,7 +729,8 @@ async fn record_plan(
             moved_from: r.moved_from.clone(),
             weight_version: r.weight_version.clone(),
             parse_outcome: r.parse_outcome.clone(),
-            versions: Vec::new(),
+            versions: r.versions.clone(),
+            stale: plan.stale,
         })
         .collect();
     let start = Instant::now();
@@ -597,6 +749,14 @@ async fn record_plan(
     };
     crate::metrics::tokens(kind, delta);
     crate::metrics::tokens("sampled", results.iter().map(|r| r.ids.len()).sum());
+    for r in results {
+        let ends = r.versions.iter().skip(1).map(|v| v.start as usize);
+        let ends = ends.chain(std::iter::once(r.ids.len()));
+        for (span, end) in r.versions.iter().zip(ends) {
+            let n = end.saturating_sub(span.start as usize);
+            crate::metrics::version_tokens(span.version.as_deref(), n);
+        }
+    }
     for r in results {
         if r.logprobs.iter().any(|l| l.logprob.is_none()) {
             crate::metrics::call_without_logprobs(&r.backend);

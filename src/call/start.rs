@@ -17,7 +17,7 @@ use tracing::Instrument;
 use crate::backend::{BackendError, FinishReason, GenEvent, GenStream, GenerateRequest};
 use crate::error::ApiError;
 use crate::metrics::PHASE;
-use crate::router::{RouteError, Router};
+use crate::router::{Interruption, RouteError, Router};
 
 /// How long a call waits for admission while backends sleep.
 pub const ADMISSION_TIMEOUT: Duration = Duration::from_secs(600);
@@ -35,6 +35,10 @@ pub struct Started {
     pub attempts: u32,
     /// The weights that backend serves.
     pub weight_version: Option<String>,
+    /// Their fleet sequence number, when known.
+    pub weight_seq: Option<u64>,
+    /// Tells an abort sent by a weight update from any other.
+    pub interruption: Interruption,
     pub stream: GenStream,
 }
 
@@ -57,7 +61,9 @@ pub async fn start_sequence(
     // The first-token deadline of the attempt in progress: a retry's wait
     // ends by the deadline of the attempt that failed.
     let mut deadline = tokio::time::Instant::now();
-    for attempt in 1..=attempts {
+    let mut attempt = 0;
+    while attempt < attempts {
+        attempt += 1;
         if attempt > 1 {
             router.backoff().pause(attempt - 1, deadline).await;
         }
@@ -81,9 +87,26 @@ pub async fn start_sequence(
             tracing::debug!(trajectory = %trajectory_id, backend = %route.name,
                 moved_from = route.moved_from.as_deref().unwrap_or(""), "trajectory routed");
         }
-        let first = first_event(&route, req.clone())
-            .instrument(tracing::info_span!(target: PHASE, "first_token"))
-            .await;
+        let interruption = route.interruption();
+        let first = tokio::select! {
+            first = first_event(&route, req.clone())
+                .instrument(tracing::info_span!(target: PHASE, "first_token")) => first,
+            // A weight update in `abort` mode reached the backend before
+            // the first token: withdraw the request (nothing was sampled)
+            // and route it again once admission resumes, on the new
+            // weights. Not the backend's failure, and no attempt spent.
+            () = interruption.wait() => Err(BackendError::Overloaded {
+                backend: route.name.to_string(),
+                message: "interrupted by a weight update before its first token".into(),
+            }),
+        };
+        if first.is_err() && interruption.happened() {
+            if !route.sticky {
+                router.unpin_from(trajectory_id, route.id);
+            }
+            attempt -= 1;
+            continue;
+        }
         match first {
             Ok((stream, first)) => {
                 crate::metrics::time_to_first_token(t0.elapsed());
@@ -91,6 +114,7 @@ pub async fn start_sequence(
                 let moved_from = pinned_before.flatten().filter(|b| *b != backend);
                 let sticky = route.sticky;
                 let weight_version = route.weight_version.as_deref().map(str::to_string);
+                let weight_seq = route.weight_seq;
                 // The route (and its in-flight guard) lives as long as the
                 // stream, and tells the backend's health how it ended.
                 let mut outcome = Outcome {
@@ -111,6 +135,8 @@ pub async fn start_sequence(
                     moved_from,
                     attempts: attempt,
                     weight_version,
+                    weight_seq,
+                    interruption,
                     stream,
                 });
             }

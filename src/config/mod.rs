@@ -411,6 +411,12 @@ pub struct TrajectoryConfig {
     pub response_length: u32,
     /// What a call on a sample whose budget is spent gets.
     pub on_budget_exhausted: OnBudgetExhausted,
+    /// How many weight versions a sample's first sampled token may be
+    /// behind the fleet's current version before its calls are refused
+    /// (0 = no bound).
+    pub max_staleness: u64,
+    /// What a call on a sample past `max_staleness` gets.
+    pub on_stale: OnStale,
     /// How long an OpenAI SDK retry (`x-stainless-retry-count` >= 1) with the
     /// same body as a recorded call, or a repeated `Idempotency-Key`, gets the
     /// recorded answer instead of a new generation.
@@ -432,12 +438,25 @@ pub enum OnBudgetExhausted {
     Error,
 }
 
+/// `[trajectory] on_stale`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStale {
+    /// 200 with an empty assistant message and `finish_reason: "length"`,
+    /// as for a spent budget; recorded with `finish_reason: "stale"`.
+    Length,
+    /// 409 `stale_trajectory`, naming the versions.
+    Error,
+}
+
 impl Default for TrajectoryConfig {
     fn default() -> Self {
         Self {
             history: HistoryMode::Exact,
             response_length: 0,
             on_budget_exhausted: OnBudgetExhausted::Length,
+            max_staleness: 0,
+            on_stale: OnStale::Length,
             retry_window_s: 600,
             hot_bytes: 1 << 30,
         }

@@ -58,13 +58,29 @@ pub const ENGINE_REUSED_TOKENS: &str = "tito_engine_reused_tokens_total";
 pub const ENGINE_PREEMPTIONS: &str = "tito_engine_preemptions_total";
 pub const ENGINE_COMPACTIONS: &str = "tito_engine_compactions_total";
 pub const ENGINE_RUNNING: &str = "tito_engine_running_sequences";
+pub const CALLS_INTERRUPTED: &str = "tito_calls_interrupted_total";
+pub const CALLS_RESUMED: &str = "tito_calls_resumed_total";
+pub const UPDATE_PAUSE: &str = "tito_update_pause_seconds";
+pub const VERSION_TOKENS: &str = "tito_sampled_tokens_by_version_total";
 pub const ENGINE_QUEUED: &str = "tito_engine_queued_requests";
 pub const SSE_SEND_TIMEOUTS: &str = "tito_sse_send_timeouts_total";
 
 /// `# HELP` text of every series, given to the recorder once.
 fn describe() {
     use Unit::{Count, Seconds};
-    let counters: [(&'static str, &'static str); 24] = [
+    let counters: [(&'static str, &'static str); 27] = [
+        (
+            CALLS_INTERRUPTED,
+            "Generations stopped by a weight update, by update mode (abort)",
+        ),
+        (
+            CALLS_RESUMED,
+            "Interrupted generations continued on the new weights",
+        ),
+        (
+            VERSION_TOKENS,
+            "Sampled tokens recorded, by the weight version (label) that generated them",
+        ),
         (
             REQUESTS,
             "HTTP requests answered, by matched route and status",
@@ -196,7 +212,11 @@ fn describe() {
     for (name, help) in gauges {
         describe_gauge!(name, help);
     }
-    let histograms: [(&'static str, &'static str); 5] = [
+    let histograms: [(&'static str, &'static str); 6] = [
+        (
+            UPDATE_PAUSE,
+            "Time admission was paused by a weight update, by update mode",
+        ),
         (
             REQUEST_DURATION,
             "Time to answer a request (a stream: to its head)",
@@ -246,6 +266,7 @@ fn handle() -> &'static PrometheusHandle {
         let builder = PrometheusBuilder::new()
             .set_buckets_for_metric(Matcher::Full(REQUEST_DURATION.into()), &slow)
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(TTFT.into()), &slow))
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Full(UPDATE_PAUSE.into()), &slow))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(GATEWAY_OVERHEAD.into()), &fast))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(STORE_COMMIT.into()), &fast))
             .and_then(|b| b.set_buckets_for_metric(Matcher::Full(PHASE_DURATION.into()), &phases))
@@ -383,6 +404,28 @@ pub fn tokens(kind: &'static str, n: usize) {
     static BY_KIND: ByLabel<Counter> = ByLabel::new();
     let c = BY_KIND.get(kind, || counter!(TOKENS, "kind" => kind));
     c.increment(n as u64);
+}
+
+/// A generation stopped by a weight update in `mode`.
+pub fn call_interrupted(mode: &'static str) {
+    counter!(CALLS_INTERRUPTED, "mode" => mode).increment(1);
+}
+
+/// An interrupted generation continued on the new weights.
+pub fn call_resumed() {
+    counter!(CALLS_RESUMED).increment(1);
+}
+
+/// How long a weight update in `mode` kept admission paused.
+pub fn update_pause(mode: &'static str, d: Duration) {
+    histogram!(UPDATE_PAUSE, "mode" => mode).record(d.as_secs_f64());
+}
+
+/// Sampled tokens recorded from weight version `version` (`initial`: the
+/// weights the backend started with).
+pub fn version_tokens(version: Option<&str>, n: usize) {
+    let v = version.unwrap_or("initial").to_string();
+    counter!(VERSION_TOKENS, "version" => v).increment(n as u64);
 }
 
 pub fn drift(cause: &str) {

@@ -14,7 +14,7 @@ use serde_json::Value as Json;
 use super::drift::{first_difference, SegRange};
 use super::messages::ContextHash;
 use crate::render::Renderer;
-use crate::store::SegmentKind;
+use crate::store::{SegmentKind, VersionSpan};
 
 /// A part of a call that usually extends the same part of its parent.
 #[derive(Debug, Clone)]
@@ -134,6 +134,8 @@ pub(super) struct NewCall {
     pub parent: Option<Arc<HotCall>>,
     pub truncated: bool,
     pub instructions: usize,
+    /// The weights of its first sampled token, when known.
+    pub first_span: Option<VersionSpan>,
 }
 
 /// A served call as the hot view keeps it.
@@ -164,6 +166,9 @@ pub struct HotCall {
     /// Leading request messages from the request's own instructions (see
     /// `CallContext::instructions`).
     pub instructions: usize,
+    /// The weights of its sample's first sampled token (the root call's),
+    /// when known: how stale the sample is.
+    pub first_version: Option<VersionSpan>,
 }
 
 /// Drops a call's line of ancestors one by one: the default drop would
@@ -192,6 +197,10 @@ fn ends_at<T: PartialEq>(whole: &[T], end: usize, piece: &[T]) -> bool {
 
 impl HotCall {
     pub(super) fn new(c: NewCall) -> HotCall {
+        let first_version = match &c.parent {
+            Some(p) => p.first_version.clone(),
+            None => c.first_span,
+        };
         HotCall {
             call_index: c.call_index,
             sample_index: c.sample_index,
@@ -206,6 +215,7 @@ impl HotCall {
             noncanonical: OnceLock::new(),
             truncated: c.truncated,
             instructions: c.instructions,
+            first_version,
         }
     }
 
@@ -456,6 +466,7 @@ mod tests {
             parent: parent.cloned(),
             truncated: false,
             instructions: 0,
+            first_span: None,
         }
     }
 

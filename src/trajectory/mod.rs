@@ -122,6 +122,9 @@ pub struct ChoiceOutcome {
     /// The weights that generated each run of `sampled_ids`
     /// ([`CallRecord::versions`]); empty when unknown.
     pub versions: Vec<VersionSpan>,
+    /// Answered without a backend because the sample is past
+    /// `[trajectory] max_staleness`: recorded with `finish_reason: "stale"`.
+    pub stale: bool,
 }
 
 /// Everything about a call besides its choices.
@@ -435,10 +438,14 @@ impl Trajectories {
                     .chain(std::iter::repeat(None))
                     .take(choice.sampled_ids.len())
                     .collect(),
-                finish_reason: choice
-                    .finish_reason
-                    .map_or("stop", FinishReason::as_str)
-                    .to_string(),
+                finish_reason: if choice.stale {
+                    "stale".to_string()
+                } else {
+                    choice
+                        .finish_reason
+                        .map_or("stop", FinishReason::as_str)
+                        .to_string()
+                },
                 request: match request_of {
                     None => ctx.request.clone(),
                     Some(_) => Arc::new(Json::Null),
@@ -516,6 +523,7 @@ impl Trajectories {
                 parent: prepared.parent.clone(),
                 truncated,
                 instructions: ctx.instructions,
+                first_span: choice.versions.first().cloned(),
             }));
             st.push(call);
             indices.push(call_index);

@@ -71,6 +71,12 @@ impl std::fmt::Debug for Held {
 }
 
 impl Prepared {
+    /// The weights of the sample's first sampled token, when the call
+    /// continues a sample whose versions are known.
+    pub fn first_version(&self) -> Option<&crate::store::VersionSpan> {
+        self.parent.as_ref().and_then(|p| p.first_version.as_ref())
+    }
+
     /// Tokens this call may still generate under `response_length` (0 = no budget).
     pub fn budget_left(&self, response_length: u32) -> Option<u32> {
         (response_length > 0)

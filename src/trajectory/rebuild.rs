@@ -223,6 +223,7 @@ impl Trajectories {
             parent: parent.map(|b| b.call.clone()),
             truncated: rec.truncated,
             instructions,
+            first_span: rec.versions.first().cloned(),
         }));
         st.push(call.clone());
         built.insert(

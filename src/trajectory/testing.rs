@@ -39,5 +39,6 @@ pub fn stopped(sampled_ids: Vec<u32>, served: Json) -> ChoiceOutcome {
         weight_version: None,
         parse_outcome: None,
         versions: Vec::new(),
+        stale: false,
     }
 }

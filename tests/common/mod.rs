@@ -5,6 +5,7 @@
 pub mod mock_vllm;
 pub mod process;
 pub mod tls;
+pub mod versioned;
 pub mod watched_store;
 
 use std::net::SocketAddr;
