@@ -60,12 +60,20 @@ export function describe(tok) {
     `call ${d.call}`,
     `api ${d.api || "—"}`,
     `backend ${d.backend || "—"}`,
-    `weights ${d.weights || "initial"}`,
+    `weights ${d.weights || "initial"}${d.version ? ` (#${d.version})` : ""}`,
     `position ${d.pos}`,
   ];
   if (d.drift) parts.push(`drift: ${d.drift}`);
   if (d.replay) parts.push(`replay: ${d.replay}`);
   return parts.join(" · ");
+}
+
+// The weights that sampled token `k` of `call`: the last of its version
+// spans starting at or before `k` (null when the call has none).
+function versionAt(call, k) {
+  let found = null;
+  for (const v of call?.versions || []) if (v.start <= k) found = v;
+  return found;
 }
 
 // The sample's spans, in a fragment; `texts` maps id -> decoded text.
@@ -110,11 +118,23 @@ export function tokenStream(sample, calls, drifts, texts) {
       const ds = driftAt.get(pos);
       for (const d of ds || []) wrap.append(driftMark(d));
       const r = replayAt.get(pos);
+      // Sampled tokens are underlined in their weight version's colour; a
+      // seam (weights changed mid-call) is marked where it sits.
+      const ver = sampled ? versionAt(call, k) : null;
+      if (ver && ver.start === k && k > 0) {
+        wrap.append(el("span", {
+          class: "seam-mark", role: "note", dataset: { call: seg.call, position: k },
+          text: `⇢ weights ${ver.version ?? "initial"}${ver.seq != null ? ` (#${ver.seq})` : ""}`,
+        }));
+      }
+      const verClass = ver?.seq != null ? ` ver${ver.seq % 6}` : "";
       const span = el("span", {
-        class: `tok ${sampled ? "sampled" : seg.kind} ${sampled ? heat(lp) : ""}${ds ? " drift" : ""}${r ? " replay-diff" : ""}`,
+        class: `tok ${sampled ? "sampled" : seg.kind} ${sampled ? heat(lp) : ""}${verClass}${ds ? " drift" : ""}${r ? " replay-diff" : ""}`,
         dataset: {
           mask: sampled ? 1 : 0, tokenId: id, logprob: lp ?? "", pos, call: seg.call, kind: seg.kind,
-          api: call?.api ?? "", backend: call?.backend ?? "", weights: call?.weight_version ?? "",
+          api: call?.api ?? "", backend: call?.backend ?? "",
+          weights: (sampled ? ver?.version : null) ?? call?.weight_version ?? "",
+          version: ver?.seq ?? "",
           text: texts[id] ?? "", drift: ds?.map((d) => d.cause).join(", "), replay: r ? `recorded ${r.recorded}, replayed ${r.replayed}` : undefined,
         },
         text: shown(texts[id], id),

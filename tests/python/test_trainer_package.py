@@ -265,14 +265,14 @@ def test_update_weights_weight_push_and_fleet(tok):
         with pytest.raises(tito.ConflictError):
             client.commit_weights("step-4")  # no begin
 
-        # Other modes are passed to the gateway, which refuses them by name
-        # (it drains, `wait`, only); nothing changes.
-        before = client.fleet()["weight_version"]
-        with pytest.raises(tito.BadRequestError, match="mode"):
-            client.update_weights("step-5", mode="abort")
-        assert client.fleet()["weight_version"] == before
+        # Other modes are passed to the gateway: `abort` runs as asked;
+        # `keep` runs as `abort` there, which the package warns about.
+        assert client.update_weights("step-5", mode="abort")["mode"] == "abort"
+        assert client.fleet()["weight_version"] == "step-5"
+        with pytest.warns(tito.TitoWarning, match="keep"):
+            client.update_weights("step-6", mode="keep")
         with pytest.raises(ValueError, match="mode"):
-            client.update_weights("step-6", mode="later")
+            client.update_weights("step-7", mode="later")
 
 
 # -- schema, imports, install ------------------------------------------------------

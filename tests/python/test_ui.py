@@ -97,6 +97,9 @@ def env():
     try:
         tito, addr = harness.start_tito(TOKENIZER, f"http://{mock_addr}")
         procs.append(tito)
+        # Name the mock's weights: every sampled token then carries its
+        # version's number.
+        post(addr, "/admin/weights", {"version": "ui-v1"})
         run_agent(addr, "agent-ui-1")
         browser = harness.Browser(exe)
         yield addr, browser, mock_addr
@@ -128,6 +131,8 @@ def test_token_view_matches_the_recorded_trajectory(env):
             sampledClass: toks.filter(s => s.classList.contains('sampled')).length,
             sampledMaskOne: toks.filter(s => s.classList.contains('sampled')).every(s => s.dataset.mask === '1'),
             logprobs: toks.filter(s => s.dataset.mask === '1').map(s => s.dataset.logprob),
+            versions: toks.filter(s => s.dataset.mask === '1').map(s => [s.dataset.version, s.dataset.weights, s.classList.contains('ver1')]),
+            seams: document.querySelectorAll('.sample .seam-mark').length,
             // Each drift mark and the token right after it.
             drift: [...document.querySelectorAll('.sample[data-sample="0"] .drift-mark')].map(m => {
               let s = m.nextElementSibling;
@@ -151,6 +156,10 @@ def test_token_view_matches_the_recorded_trajectory(env):
     assert dom["sampledClass"] == sum(sample["response_mask"]) > 0
     assert dom["sampledMaskOne"]
     assert all(lp != "" for lp in dom["logprobs"]), "the mock reports a logprob per sampled token"
+    # Each sampled token in its weight version's colour; no seam in calls
+    # no update interrupted.
+    assert dom["versions"] and all(v == ["1", "ui-v1", True] for v in dom["versions"]), dom["versions"]
+    assert dom["seams"] == 0
     # One drift mark per record, on the token at the recorded position.
     want = sorted((d["call"], d["position"], d["cause"]) for d in t["drift"])
     assert sorted((d["call"], d["pos"], d["cause"]) for d in dom["drift"]) == want

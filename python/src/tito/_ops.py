@@ -204,13 +204,21 @@ def _check_mode(mode: str) -> None:
 
 
 def _confirm_mode(answer: Any, mode: str) -> None:
-    """A gateway that knows weight-update modes echoes `mode`; one that
-    does not ignores the field and drains (`wait`)."""
-    if mode != "wait" and not (isinstance(answer, dict) and answer.get("mode") == mode):
-        warnings.warn(
-            f"the gateway did not confirm mode={mode!r} for the weight update; a gateway "
-            "without weight-update modes drains in-flight calls instead (mode='wait')",
-            TitoWarning, stacklevel=4)
+    """A gateway that knows weight-update modes echoes the mode it ran
+    (`keep` runs as `abort`, with its reason in `fallback`); one that does
+    not ignores the field and drains (`wait`)."""
+    ran = answer.get("mode") if isinstance(answer, dict) else None
+    if mode == "wait" or ran == mode:
+        return
+    if ran is not None:
+        why = answer.get("fallback") or "no reason given"
+        warnings.warn(f"the gateway ran mode={ran!r} for the weight update asked as "
+                      f"mode={mode!r}: {why}", TitoWarning, stacklevel=4)
+        return
+    warnings.warn(
+        f"the gateway did not confirm mode={mode!r} for the weight update; a gateway "
+        "without weight-update modes drains in-flight calls instead (mode='wait')",
+        TitoWarning, stacklevel=4)
 
 
 def update_weights(version: str, path: str | None, mode: str, timeout_s: float | None,
