@@ -227,11 +227,12 @@ async fn mock_part(samples: usize, reply_len: usize) {
             lps
         })
         .collect();
+    let labels = std::collections::BTreeMap::new();
     let reps = 20;
     let t1 = Instant::now();
     for _ in 0..reps {
         for (s, r) in all.iter().zip(&replayed) {
-            std::hint::black_box(tito::verify::compare(s, r, 0.1, "b", 0));
+            std::hint::black_box(tito::verify::compare(s, r, 0.1, "b", 0, &labels));
         }
     }
     let cmp = t1.elapsed() / (reps * all.len()) as u32;

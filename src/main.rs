@@ -337,6 +337,12 @@ struct ExportArgs {
     /// Padding id of the verl layout (default: the tokenizer's pad token, else EOS).
     #[arg(long)]
     pad_id: Option<u32>,
+    /// Only rows whose oldest token version has at least this sequence number.
+    #[arg(long)]
+    min_version_seq: Option<u64>,
+    /// Only rows at most this many versions behind the newest registered one.
+    #[arg(long)]
+    max_staleness: Option<u64>,
     /// The file to write.
     #[arg(long)]
     out: PathBuf,
@@ -354,6 +360,8 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     let mut opts = ExportOptions::new(a.format.into(), layout);
     opts.prompt_length = a.prompt_length;
     opts.response_length = a.response_length;
+    opts.versions.min_version_seq = a.min_version_seq;
+    opts.versions.max_staleness = a.max_staleness;
     opts.validate()?;
     opts.pad_id = match a.pad_id {
         Some(id) => id,
@@ -381,6 +389,11 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
         group_size: None,
     };
     let store = open_persisted_store(&config.store.url, "export")?;
+    if opts.versions.max_staleness.is_some() {
+        // On a blocking thread of the runtime (`main`).
+        let versions = tokio::runtime::Handle::current().block_on(store.versions())?;
+        opts.versions.newest = versions.last().map(|v| v.seq);
+    }
     let total = store.count(&filter)?;
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(indicatif::ProgressStyle::with_template(
@@ -392,12 +405,14 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     })?;
     bar.finish();
     eprintln!(
-        "wrote {}: {} trajectories, {} rows, {} tokens; {} skipped (prompt too long), {} truncated",
+        "wrote {}: {} trajectories, {} rows, {} tokens; {} skipped (prompt too long), {} skipped \
+         (version), {} truncated",
         a.out.display(),
         stats.trajectories,
         stats.rows,
         stats.tokens,
         stats.skipped_long_prompt,
+        stats.skipped_version,
         stats.truncated_responses
     );
     Ok(())

@@ -327,6 +327,14 @@ async fn replay_checks_are_kept_per_sample_and_replaced() {
         threshold: 0.1,
         positions: Vec::new(),
         argmax_mismatch_share: None,
+        by_version: vec![tito::store::VersionReplay {
+            seq: Some(2),
+            version: Some("step-2".into()),
+            compared: 4,
+            max_abs_diff: Some(max),
+            mean_abs_diff: Some(max / 2.0),
+            argmax_mismatch_share: None,
+        }],
     };
     {
         let store = tito::store::open(&url).expect("open");

@@ -80,7 +80,7 @@ async fn version_spans_read_back_as_stored() {
 async fn bad_span_lists_are_refused_and_store_nothing() {
     let dir = tempfile::tempdir().expect("tempdir");
     for (name, store) in stores(&dir) {
-        let bad: [(Vec<VersionSpan>, &str); 5] = [
+        let bad: [(Vec<VersionSpan>, &str); 6] = [
             (vec![span(1, Some("v1"), Some(1))], "not 0"),
             (
                 vec![span(0, Some("v1"), Some(1)), span(0, Some("v2"), Some(2))],
@@ -100,6 +100,7 @@ async fn bad_span_lists_are_refused_and_store_nothing() {
                 "3 of 3",
             ),
             (vec![span(5, None, None)], "not 0"),
+            (vec![span(0, Some("v0"), Some(0))], "seq 0"),
         ];
         for (versions, says) in bad {
             let mut c = call("bad", 0, 0, None, ids(1, 2), ids(10, 3));

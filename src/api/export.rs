@@ -65,6 +65,11 @@ pub struct ExportParams {
     pub prompt_length: Option<usize>,
     pub response_length: Option<usize>,
     pub pad_id: Option<u32>,
+    /// Only rows whose oldest token version has at least this sequence
+    /// number (parsed by [`ExportParams::options`]).
+    pub min_version_seq: Option<String>,
+    /// Only rows at most this many versions behind the newest registered.
+    pub max_staleness: Option<String>,
     /// Read as this consumer group (exactly-once pages).
     pub consumer: Option<String>,
     /// Consumer mode: trajectories per page.
@@ -96,6 +101,8 @@ impl ExportParams {
         opts.prompt_length = self.prompt_length;
         opts.response_length = self.response_length;
         opts.pad_id = self.pad_id.unwrap_or(default_pad);
+        opts.versions.min_version_seq = count_param("min_version_seq", &self.min_version_seq)?;
+        opts.versions.max_staleness = count_param("max_staleness", &self.max_staleness)?;
         opts.validate().map_err(|e| match e {
             ExportError::Param { param, message } => ApiError::invalid(param, message),
             e => ApiError::bad_request(e.to_string()),
@@ -112,6 +119,21 @@ impl ExportParams {
             group_size: self.group_size,
         }
         .filter()
+    }
+}
+
+/// A non-negative integer query parameter, `None` when absent.
+fn count_param(name: &str, value: &Option<String>) -> Result<Option<u64>, ApiError> {
+    match value.as_deref() {
+        None => Ok(None),
+        Some(v) => v.parse::<u64>().map(Some).map_err(|_| {
+            ApiError::invalid(
+                name,
+                format!(
+                    "`{name}` must be a non-negative integer (a number of versions), not `{v}`"
+                ),
+            )
+        }),
     }
 }
 
@@ -156,8 +178,11 @@ async fn export(
 ) -> Result<Response, ApiError> {
     // Parse.
     let Query(p) = params?;
-    let opts = p.options(st.pad_id)?;
+    let mut opts = p.options(st.pad_id)?;
     let filter = p.filter()?;
+    if opts.versions.max_staleness.is_some() {
+        opts.versions.newest = st.store.versions().await?.last().map(|v| v.seq);
+    }
     // Prepare: what to scan, and for a consumer the lease it reads under.
     let mut headers = vec![
         (
@@ -221,12 +246,18 @@ async fn export(
         match result {
             // Its headers are gone by the time this is known: the rows left
             // out are counted and logged here (the CLI prints them).
-            Ok(stats) if stats.skipped_long_prompt > 0 => {
-                crate::metrics::export_skipped(&consumer, stats.skipped_long_prompt);
-                tracing::warn!(consumer = %consumer, rows = stats.skipped_long_prompt,
-                    "export left out rows whose prompt is longer than prompt_length");
+            Ok(stats) => {
+                if stats.skipped_long_prompt > 0 {
+                    crate::metrics::export_skipped(&consumer, stats.skipped_long_prompt);
+                    tracing::warn!(consumer = %consumer, rows = stats.skipped_long_prompt,
+                        "export left out rows whose prompt is longer than prompt_length");
+                }
+                if stats.skipped_version > 0 {
+                    crate::metrics::export_skipped_version(&consumer, stats.skipped_version);
+                    tracing::info!(consumer = %consumer, rows = stats.skipped_version,
+                        "export left out rows by min_version_seq / max_staleness");
+                }
             }
-            Ok(_) => {}
             Err(e) => {
                 tracing::warn!(error = %e, "export aborted");
                 // Headers are gone already: an error item aborts the body,

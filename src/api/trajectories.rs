@@ -220,6 +220,7 @@ async fn show(
                 "prompt_ids": built.prompt_ids,
                 "response_ids": built.response_ids,
                 "response_mask": built.response_mask,
+                "response_versions": built.response_versions,
                 "reward": built.reward,
                 "num_turns": built.num_turns,
                 "finish_reason": built.finish_reason,

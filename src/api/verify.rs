@@ -6,8 +6,11 @@
 //! Answers `{"object": "trajectory.verify", "trajectory_id", "backend",
 //! "threshold", "samples": [{sample, backend, checked_at, compared,
 //! max_abs_diff, mean_abs_diff, threshold, positions, above_threshold,
-//! argmax_mismatch_share}]}`; the same per-sample results are stored with
-//! the trajectory. 404 for an unknown trajectory, 400 for a bad body or a
+//! argmax_mismatch_share, by_version}], "by_version"}`, `by_version` being
+//! `[{seq, version, compared, max_abs_diff, mean_abs_diff,
+//! argmax_mismatch_share}]` per weight version that sampled the compared
+//! tokens (over the sample, and at the top over every sample); the same
+//! per-sample results are stored with the trajectory. 404 for an unknown trajectory, 400 for a bad body or a
 //! sample longer than the context window, backend failures as on the call
 //! path (502 / 503 / 504, or 400 when the backend refuses the sequence).
 
@@ -83,6 +86,7 @@ fn respond(report: &Report, threshold: f64) -> Value {
         "backend": report.backend,
         "threshold": threshold,
         "samples": samples,
+        "by_version": report.by_version,
     })
 }
 

@@ -23,6 +23,8 @@ pub enum Cell<'a> {
     Mask(&'a [u8]),
     Floats(&'a [f32]),
     OptFloats(&'a [Option<f32>]),
+    OptU64s(&'a [Option<u64>]),
+    I64s(&'a [i64]),
     OptStrs(&'a [Option<String>]),
     /// JSON in JSONL, its text in Parquet.
     Json(Option<&'a serde_json::Value>),
@@ -43,6 +45,10 @@ pub enum Kind {
     ListF32,
     /// list<float> with optional elements (missing logprobs).
     ListOptF32,
+    /// list<int64> with optional elements (per-token versions).
+    ListOptI64,
+    /// list<int64>, no nulls (verl's `rollout_versions`).
+    ListI64,
     /// list<string> with optional elements (weight versions).
     ListOptStr,
     /// Optional UTF-8 JSON text.
@@ -59,6 +65,11 @@ pub struct ColumnDef {
 
 fn col(name: &'static str, kind: Kind, get: Getter) -> ColumnDef {
     ColumnDef { name, kind, get }
+}
+
+/// A version's sequence number as the signed column it is written to.
+fn seq(v: Option<u64>) -> Option<i64> {
+    v.and_then(|v| i64::try_from(v).ok())
 }
 
 fn verl<T>(row: &ExportRow, f: impl Fn(&super::VerlColumns) -> &[T]) -> &[T] {
@@ -82,6 +93,8 @@ fn provenance() -> Vec<ColumnDef> {
         col("max_weight_version", OptStr, |r| {
             Cell::OptStr(r.max_weight_version.as_deref())
         }),
+        col("min_version", OptI64, |r| Cell::OptI64(seq(r.min_version))),
+        col("max_version", OptI64, |r| Cell::OptI64(seq(r.max_version))),
         col("tokenizer_sha256", Str, |r| Cell::Str(&r.tokenizer_sha256)),
         col("template_sha256", Str, |r| Cell::Str(&r.template_sha256)),
         col("finish_reason", Str, |r| Cell::Str(&r.finish_reason)),
@@ -117,6 +130,9 @@ pub fn columns(layout: Layout) -> Vec<ColumnDef> {
             col("rollout_log_probs", ListOptF32, |r| {
                 Cell::OptFloats(&r.response_logprobs)
             }),
+            col("rollout_versions", ListI64, |r| {
+                Cell::I64s(verl(r, |v| &v.rollout_versions))
+            }),
             col("rm_scores", ListF32, |r| {
                 Cell::Floats(verl(r, |v| &v.rm_scores))
             }),
@@ -150,6 +166,9 @@ pub fn columns(layout: Layout) -> Vec<ColumnDef> {
         col("response_mask", ListI32, |r| Cell::Mask(&r.response_mask)),
         col("response_logprobs", ListOptF32, |r| {
             Cell::OptFloats(&r.response_logprobs)
+        }),
+        col("response_versions", ListOptI64, |r| {
+            Cell::OptU64s(&r.response_versions)
         }),
         col("reward", OptF64, |r| Cell::OptF64(r.reward)),
         col("reward_extra_info", Json, |r| {

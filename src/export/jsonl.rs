@@ -32,6 +32,8 @@ fn write_cell(out: &mut impl Write, cell: Cell<'_>) -> Result<(), ExportError> {
         Cell::Mask(xs) => serde_json::to_writer(out, xs)?,
         Cell::Floats(xs) => serde_json::to_writer(out, xs)?,
         Cell::OptFloats(xs) => serde_json::to_writer(out, xs)?,
+        Cell::OptU64s(xs) => serde_json::to_writer(out, xs)?,
+        Cell::I64s(xs) => serde_json::to_writer(out, xs)?,
         Cell::OptStrs(xs) => serde_json::to_writer(out, xs)?,
         Cell::Json(j) => serde_json::to_writer(out, &j)?,
     }

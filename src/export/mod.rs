@@ -114,6 +114,46 @@ pub struct ExportOptions {
     /// Parquet: list values (all columns) buffered before a row group is
     /// flushed, whatever the row count; bounds memory for long samples.
     pub row_group_values: usize,
+    /// Rows left out by the weights that sampled them.
+    pub versions: VersionFilter,
+}
+
+/// Which rows an export keeps by their `min_version` (the oldest weights
+/// that sampled a token the row keeps): `min_version_seq = N` keeps rows
+/// with `min_version >= N`; `max_staleness = N` keeps rows with
+/// `newest - min_version <= N`, `newest` being the newest version the store
+/// has registered. With either set, a row without a known version is left
+/// out; with `max_staleness` and no version registered, no row is too
+/// stale.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct VersionFilter {
+    pub min_version_seq: Option<u64>,
+    pub max_staleness: Option<u64>,
+    /// The store's newest registered version
+    /// ([`SpanStore::versions`](crate::store::SpanStore::versions)).
+    pub newest: Option<u64>,
+}
+
+impl VersionFilter {
+    /// No filter asked for.
+    pub fn is_off(&self) -> bool {
+        self.min_version_seq.is_none() && self.max_staleness.is_none()
+    }
+
+    /// Whether a row whose `min_version` is `min_version` is kept.
+    pub fn keeps(&self, min_version: Option<u64>) -> bool {
+        if self.is_off() {
+            return true;
+        }
+        let Some(v) = min_version else {
+            return false;
+        };
+        let fresh = match (self.max_staleness, self.newest) {
+            (Some(n), Some(newest)) => newest.saturating_sub(v) <= n,
+            _ => true,
+        };
+        fresh && self.min_version_seq.is_none_or(|n| v >= n)
+    }
 }
 
 impl ExportOptions {
@@ -126,6 +166,7 @@ impl ExportOptions {
             pad_id: 0,
             row_group_rows: 1024,
             row_group_values: 4 << 20,
+            versions: VersionFilter::default(),
         }
     }
 
@@ -176,6 +217,8 @@ pub struct ExportStats {
     /// Prompt + response ids written (padding included in verl).
     pub tokens: u64,
     pub skipped_long_prompt: u64,
+    /// Rows left out by `min_version_seq` / `max_staleness`.
+    pub skipped_version: u64,
     pub truncated_responses: u64,
 }
 

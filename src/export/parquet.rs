@@ -3,7 +3,9 @@
 //! [`super::columns`]. Id, mask and position columns are `list<int32>`,
 //! `rm_scores` `list<float>`, logprobs `list<float>` with optional elements
 //! (null where no logprob exists), weight versions `list<string>` with
-//! optional elements, `reward` an optional double, strings and JSON UTF-8. Rows are buffered per column and flushed as a row
+//! optional elements, per-token version numbers `list<int64>` with optional
+//! elements (`rollout_versions`: required elements), `reward` an optional
+//! double, strings and JSON UTF-8. Rows are buffered per column and flushed as a row
 //! group every `row_group_rows` rows or `row_group_values` list values,
 //! whichever comes first, so memory is bounded by one row group.
 
@@ -34,6 +36,8 @@ enum Buf {
     ListF32(Vec<f32>, Vec<i16>, Vec<i16>),
     /// list<float> whose elements may be null (missing logprobs).
     ListOptF32(Vec<f32>, Vec<i16>, Vec<i16>),
+    /// list<int64>, with optional (`ListOptI64`) or required elements.
+    ListI64(Vec<i64>, Vec<i16>, Vec<i16>),
     ListOptStr(Vec<ByteArray>, Vec<i16>, Vec<i16>),
 }
 
@@ -49,6 +53,7 @@ impl Buf {
             Kind::ListI32 => Buf::ListI32(Vec::new(), Vec::new(), Vec::new()),
             Kind::ListF32 => Buf::ListF32(Vec::new(), Vec::new(), Vec::new()),
             Kind::ListOptF32 => Buf::ListOptF32(Vec::new(), Vec::new(), Vec::new()),
+            Kind::ListI64 | Kind::ListOptI64 => Buf::ListI64(Vec::new(), Vec::new(), Vec::new()),
             Kind::ListOptStr => Buf::ListOptStr(Vec::new(), Vec::new(), Vec::new()),
         }
     }
@@ -76,6 +81,8 @@ fn schema_text(cols: &[Column]) -> String {
             Kind::ListI32 => list("REQUIRED INT32 element"),
             Kind::ListF32 => list("REQUIRED FLOAT element"),
             Kind::ListOptF32 => list("OPTIONAL FLOAT element"),
+            Kind::ListI64 => list("REQUIRED INT64 element"),
+            Kind::ListOptI64 => list("OPTIONAL INT64 element"),
             Kind::ListOptStr => list("OPTIONAL BYTE_ARRAY element (UTF8)"),
         };
         s.push_str("  ");
@@ -184,6 +191,10 @@ impl Column {
             (Buf::ListOptF32(v, d, r), Cell::OptFloats(xs)) => {
                 return push_optional(v, d, r, xs, |x| x)
             }
+            (Buf::ListI64(v, d, r), Cell::OptU64s(xs)) => {
+                return push_optional(v, d, r, xs, |x| x.and_then(|x| i64::try_from(x).ok()))
+            }
+            (Buf::ListI64(v, d, r), Cell::I64s(xs)) => return push_required(v, d, r, xs, |x| x),
             (Buf::ListOptStr(v, d, r), Cell::OptStrs(xs)) => {
                 let refs: Vec<Option<&str>> = xs.iter().map(Option::as_deref).collect();
                 return push_optional(v, d, r, &refs, |x| x.map(text));
@@ -230,6 +241,12 @@ impl Column {
                 w.write_batch(v, Some(d), None)?;
                 v.clear();
                 d.clear();
+            }
+            (Buf::ListI64(v, d, r), ColumnWriter::Int64ColumnWriter(w)) => {
+                w.write_batch(v, Some(d), Some(r))?;
+                v.clear();
+                d.clear();
+                r.clear();
             }
             (Buf::ListI32(v, d, r), ColumnWriter::Int32ColumnWriter(w)) => {
                 w.write_batch(v, Some(d), Some(r))?;

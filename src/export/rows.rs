@@ -28,6 +28,10 @@ pub struct ExportRow {
     pub response_ids: Vec<u32>,
     pub response_mask: Vec<u8>,
     pub response_logprobs: Vec<Option<f32>>,
+    /// Aligned with `response_ids`: the sequence number of the weight
+    /// version that sampled each token; `None` on observation tokens and
+    /// where unknown.
+    pub response_versions: Vec<Option<u64>>,
     pub reward: Option<f64>,
     pub reward_extra_info: Option<serde_json::Value>,
     pub num_turns: u32,
@@ -43,6 +47,10 @@ pub struct ExportRow {
     /// [`version_cmp`]); the initial weights are older than any version.
     pub min_weight_version: Option<String>,
     pub max_weight_version: Option<String>,
+    /// Smallest and largest of the known `response_versions`; `None` when
+    /// no token's version is known.
+    pub min_version: Option<u64>,
+    pub max_version: Option<u64>,
     pub group: Option<String>,
     pub data_source: Option<String>,
     pub index: Option<i64>,
@@ -70,8 +78,9 @@ impl ExportRow {
 
 /// Extra columns of the `verl` layout. With `P = prompt_length`,
 /// `R = response_length`: `prompts` has `P` ids (left-padded),
-/// `responses`, `response_mask`, `rollout_log_probs`, `rm_scores` have `R`
-/// (right-padded), `input_ids`, `attention_mask`, `position_ids` have `P + R`.
+/// `responses`, `response_mask`, `rollout_log_probs`, `rollout_versions`,
+/// `rm_scores` have `R` (right-padded), `input_ids`, `attention_mask`,
+/// `position_ids` have `P + R`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct VerlColumns {
     pub input_ids: Vec<u32>,
@@ -81,7 +90,14 @@ pub struct VerlColumns {
     /// The reward on the last valid response token, 0 elsewhere (all 0 when
     /// the reward is unset).
     pub rm_scores: Vec<f32>,
+    /// `response_versions` as a tensor: [`NO_VERSION`] on observation
+    /// tokens, where the version is unknown, and on padding.
+    pub rollout_versions: Vec<i64>,
 }
+
+/// `rollout_versions` where a token has no version (observation, unknown,
+/// padding): sequence numbers start at 1, so it is never one.
+pub const NO_VERSION: i64 = -1;
 
 /// Weight versions in "natural" order: runs of digits compare as numbers,
 /// so `step-9` < `step-12`; `None` (the initial weights) first.
@@ -163,6 +179,12 @@ fn min_max(versions: &[Option<String>]) -> (Option<String>, Option<String>) {
     (min.flatten(), max.flatten())
 }
 
+/// The smallest and largest known sequence number of `versions`.
+fn seq_range(versions: &[Option<u64>]) -> (Option<u64>, Option<u64>) {
+    let known = || versions.iter().flatten().copied();
+    (known().min(), known().max())
+}
+
 /// Appends the rows of `trajectory` for the layout to `out`.
 pub fn rows_of(
     trajectory: &Trajectory,
@@ -181,6 +203,7 @@ pub fn rows_of(
             response_ids: Vec::new(),
             response_mask: Vec::new(),
             response_logprobs: Vec::new(),
+            response_versions: Vec::new(),
             reward: None,
             reward_extra_info: meta.reward_extra.clone(),
             num_turns: 0,
@@ -189,6 +212,8 @@ pub fn rows_of(
             call_offsets: Vec::new(),
             min_weight_version: None,
             max_weight_version: None,
+            min_version: None,
+            max_version: None,
             group: meta.metadata.group.clone(),
             data_source: meta.metadata.data_source.clone(),
             index: meta.metadata.index,
@@ -208,11 +233,13 @@ pub fn rows_of(
             for s in samples(trajectory)? {
                 let (weight_versions, call_offsets) = staleness(&trajectory.calls, &s.calls, false);
                 let (min_weight_version, max_weight_version) = min_max(&weight_versions);
+                let (min_version, max_version) = seq_range(&s.response_versions);
                 let row = ExportRow {
                     prompt_ids: s.prompt_ids,
                     response_ids: s.response_ids,
                     response_mask: s.response_mask,
                     response_logprobs: s.response_logprobs,
+                    response_versions: s.response_versions,
                     reward: s.reward,
                     num_turns: s.num_turns,
                     weight_version: s.weight_version,
@@ -220,6 +247,8 @@ pub fn rows_of(
                     call_offsets,
                     min_weight_version,
                     max_weight_version,
+                    min_version,
+                    max_version,
                     tokenizer_sha256: s.tokenizer_sha256,
                     template_sha256: s.template_sha256,
                     finish_reason: s.finish_reason,
@@ -235,12 +264,15 @@ pub fn rows_of(
                 let path = path_to(&trajectory.calls, call.call_index)?;
                 let (weight_versions, call_offsets) = staleness(&trajectory.calls, &path, true);
                 let (min_weight_version, max_weight_version) = min_max(&weight_versions);
+                let response_versions = call.sampled_versions();
+                let (min_version, max_version) = seq_range(&response_versions);
                 let row = ExportRow {
                     call: Some(call.call_index),
                     prompt_ids: full_prompt_ids(&trajectory.calls, call.call_index)?,
                     response_ids: call.sampled_ids.clone(),
                     response_mask: vec![1; n],
                     response_logprobs: call.logprobs.clone(),
+                    response_versions,
                     reward: call.reward.or(meta.reward),
                     num_turns: path.len() as u32,
                     weight_version: call.weight_version.clone(),
@@ -248,6 +280,8 @@ pub fn rows_of(
                     call_offsets,
                     min_weight_version,
                     max_weight_version,
+                    min_version,
+                    max_version,
                     tokenizer_sha256: call.tokenizer_sha256.clone(),
                     template_sha256: call.template_sha256.clone(),
                     finish_reason: call.finish_reason.clone(),
@@ -264,7 +298,8 @@ pub fn rows_of(
     Ok(())
 }
 
-/// Applies length limits (and verl padding) and keeps or skips the row.
+/// Applies length limits, the version filter (and verl padding) and keeps
+/// or skips the row.
 fn push(
     mut row: ExportRow,
     opts: &ExportOptions,
@@ -277,28 +312,38 @@ fn push(
             return;
         }
     }
-    if let Some(r) = opts.response_length {
-        if row.response_ids.len() > r {
-            row.response_ids.truncate(r);
-            row.response_mask.truncate(r);
-            row.response_logprobs.truncate(r);
-            // Calls whose sampled ids start past the cut are gone.
-            let kept = row
-                .call_offsets
-                .iter()
-                .filter(|o| (**o as usize) < r)
-                .count();
-            row.call_offsets.truncate(kept.max(1));
-            row.weight_versions.truncate(kept.max(1));
-            let (min, max) = min_max(&row.weight_versions);
-            row.min_weight_version = min;
-            row.max_weight_version = max;
-            // The row now ends in its last kept call, cut by the length.
-            row.weight_version = row.weight_versions.last().cloned().flatten();
-            row.finish_reason = "length".into();
-            row.truncated = true;
-            stats.truncated_responses += 1;
-        }
+    let cut = opts
+        .response_length
+        .is_some_and(|r| row.response_ids.len() > r);
+    if let (true, Some(r)) = (cut, opts.response_length) {
+        row.response_ids.truncate(r);
+        row.response_mask.truncate(r);
+        row.response_logprobs.truncate(r);
+        row.response_versions.truncate(r);
+        (row.min_version, row.max_version) = seq_range(&row.response_versions);
+        // Calls whose sampled ids start past the cut are gone.
+        let kept = row
+            .call_offsets
+            .iter()
+            .filter(|o| (**o as usize) < r)
+            .count();
+        row.call_offsets.truncate(kept.max(1));
+        row.weight_versions.truncate(kept.max(1));
+        let (min, max) = min_max(&row.weight_versions);
+        row.min_weight_version = min;
+        row.max_weight_version = max;
+        // The row now ends in its last kept call, cut by the length.
+        row.weight_version = row.weight_versions.last().cloned().flatten();
+        row.finish_reason = "length".into();
+        row.truncated = true;
+    }
+    // On the tokens the row keeps.
+    if !opts.versions.keeps(row.min_version) {
+        stats.skipped_version += 1;
+        return;
+    }
+    if cut {
+        stats.truncated_responses += 1;
     }
     if opts.layout == Layout::Verl {
         // Both lengths are checked present by ExportOptions::validate.
@@ -321,6 +366,13 @@ fn pad_verl(row: &mut ExportRow, p: usize, r: usize, pad: u32) {
     row.response_ids.resize(r, pad);
     row.response_mask.resize(r, 0);
     row.response_logprobs.resize(r, None);
+    let mut rollout_versions: Vec<i64> = row
+        .response_versions
+        .iter()
+        .map(|v| v.and_then(|s| i64::try_from(s).ok()).unwrap_or(NO_VERSION))
+        .collect();
+    rollout_versions.resize(r, NO_VERSION);
+    row.response_versions.resize(r, None);
 
     let mut attention_mask = vec![0u8; p.saturating_sub(n)];
     attention_mask.resize(p + m, 1);
@@ -349,6 +401,7 @@ fn pad_verl(row: &mut ExportRow, p: usize, r: usize, pad: u32) {
         attention_mask,
         position_ids,
         rm_scores,
+        rollout_versions,
     });
 }
 

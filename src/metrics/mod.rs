@@ -52,6 +52,7 @@ pub const HOT_BYTES: &str = "tito_hot_trajectory_bytes";
 pub const HOT_STALE_RELOADS: &str = "tito_hot_trajectory_stale_reloads_total";
 pub const EXPORT_LAG: &str = "tito_export_lag_seconds";
 pub const EXPORT_SKIPPED: &str = "tito_export_rows_skipped_total";
+pub const EXPORT_SKIPPED_VERSION: &str = "tito_export_rows_skipped_version_total";
 pub const RETRY_CACHE_BYTES: &str = "tito_retry_cache_bytes";
 pub const ENGINE_PREFILL_TOKENS: &str = "tito_engine_prefill_tokens_total";
 pub const ENGINE_REUSED_TOKENS: &str = "tito_engine_reused_tokens_total";
@@ -68,7 +69,7 @@ pub const SSE_SEND_TIMEOUTS: &str = "tito_sse_send_timeouts_total";
 /// `# HELP` text of every series, given to the recorder once.
 fn describe() {
     use Unit::{Count, Seconds};
-    let counters: [(&'static str, &'static str); 27] = [
+    let counters: [(&'static str, &'static str); 28] = [
         (
             CALLS_INTERRUPTED,
             "Generations stopped by a weight update, by update mode (abort)",
@@ -142,6 +143,10 @@ fn describe() {
         (
             EXPORT_SKIPPED,
             "Export rows left out because their prompt is longer than the prompt_length asked, by consumer (empty without one)",
+        ),
+        (
+            EXPORT_SKIPPED_VERSION,
+            "Export rows left out by the min_version_seq or max_staleness asked, by consumer (empty without one)",
         ),
         (
             HOT_STALE_RELOADS,
@@ -490,6 +495,11 @@ pub fn export_lag(consumer: &str, seconds: f64) {
 /// Export rows left out for a prompt over the `prompt_length` asked.
 pub fn export_skipped(consumer: &str, rows: u64) {
     counter!(EXPORT_SKIPPED, "consumer" => consumer.to_string()).increment(rows);
+}
+
+/// Export rows left out by `min_version_seq` / `max_staleness`.
+pub fn export_skipped_version(consumer: &str, rows: u64) {
+    counter!(EXPORT_SKIPPED_VERSION, "consumer" => consumer.to_string()).increment(rows);
 }
 
 /// Trajectory views brought up to date from a shared store (reading the

@@ -50,7 +50,7 @@ pub(crate) use types::Bodies;
 pub use types::{
     now_ms, Acked, CallRecord, Drift, Lease, ListQuery, Page, ReplayPosition, ResponseRef,
     SampleReplay, Trajectory, TrajectoryFilter, TrajectoryMeta, TrajectoryMetadata,
-    TrajectoryStatus, VersionRecord, VersionSpan,
+    TrajectoryStatus, VersionRecord, VersionReplay, VersionSpan,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -372,7 +372,7 @@ pub(crate) fn validate_call(call: &CallRecord) -> Result<(), StoreError> {
 }
 
 /// [`CallRecord::versions`] is empty, or spans that start at 0, strictly
-/// increasing, each below the number of sampled ids.
+/// increasing, each below the number of sampled ids, none numbered 0.
 fn validate_versions(call: &CallRecord) -> Result<(), StoreError> {
     let bad = |why: String| {
         Err(StoreError::Invalid(format!(
@@ -394,6 +394,9 @@ fn validate_versions(call: &CallRecord) -> Result<(), StoreError> {
                 ))
             }
             _ => {}
+        }
+        if span.seq == Some(0) {
+            return bad("sequence numbers start at 1, and a span has seq 0".into());
         }
         if span.start as usize >= n {
             return bad(format!(

@@ -44,6 +44,10 @@ pub struct Sample {
     /// Aligned with `response_ids`: `None` on observation tokens (nothing
     /// was sampled there) and where the backend reported no logprob.
     pub response_logprobs: Vec<Option<f32>>,
+    /// Aligned with `response_ids`: the fleet sequence number of the
+    /// weights that sampled each token ([`CallRecord::versions`]); `None`
+    /// on observation tokens and where unknown.
+    pub response_versions: Vec<Option<u64>>,
     pub reward: Option<f64>,
     pub num_turns: u32,
     pub weight_version: Option<String>,
@@ -157,6 +161,7 @@ pub fn build_sample(trajectory: &Trajectory, sample: u32, leaf: u32) -> Result<S
     let mut response_ids = Vec::new();
     let mut response_mask = Vec::new();
     let mut response_logprobs = Vec::new();
+    let mut response_versions = Vec::new();
     let mut truncated = false;
     let mut last: Option<&CallRecord> = None;
     for (i, idx) in path.iter().enumerate() {
@@ -173,6 +178,8 @@ pub fn build_sample(trajectory: &Trajectory, sample: u32, leaf: u32) -> Result<S
         response_logprobs.extend_from_slice(&call.logprobs);
         // Defensive: logprobs are checked on append, keep alignment anyway.
         response_logprobs.resize(response_ids.len(), None);
+        response_versions.resize(response_ids.len() - call.sampled_ids.len(), None);
+        response_versions.extend(call.sampled_versions());
         truncated |= call.truncated;
         last = Some(call);
     }
@@ -186,6 +193,7 @@ pub fn build_sample(trajectory: &Trajectory, sample: u32, leaf: u32) -> Result<S
         response_ids,
         response_mask,
         response_logprobs,
+        response_versions,
         reward: last.reward.or(trajectory.meta.reward),
         weight_version: last.weight_version.clone(),
         tokenizer_sha256: last.tokenizer_sha256.clone(),

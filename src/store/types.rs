@@ -164,6 +164,23 @@ impl CallRecord {
         let after = self.versions.partition_point(|s| s.start as usize <= i);
         after.checked_sub(1).and_then(|k| self.versions.get(k))
     }
+
+    /// One entry per sampled id: the fleet sequence number of the weights
+    /// that generated it, `None` where unknown.
+    pub fn sampled_versions(&self) -> Vec<Option<u64>> {
+        let n = self.sampled_ids.len();
+        let mut out = vec![None; n];
+        for (i, span) in self.versions.iter().enumerate() {
+            let end = self
+                .versions
+                .get(i + 1)
+                .map_or(n, |next| (next.start as usize).min(n));
+            if let Some(run) = out.get_mut((span.start as usize).min(end)..end) {
+                run.fill(span.seq);
+            }
+        }
+        out
+    }
 }
 
 /// Where a retrievable response was recorded
@@ -279,10 +296,30 @@ pub struct SampleReplay {
     /// Share of compared tokens that are not the replay's most likely token;
     /// `None` when the backend reports no ranks.
     pub argmax_mismatch_share: Option<f64>,
+    /// The same numbers over the compared tokens of each weight version
+    /// that sampled them ([`CallRecord::versions`]), ascending by `seq`,
+    /// tokens of unknown version last (under `seq: null`); empty when
+    /// nothing was compared (and for checks stored before it was kept).
+    #[serde(default)]
+    pub by_version: Vec<VersionReplay>,
 }
 
 impl SampleReplay {
     pub const MAX_POSITIONS: usize = 256;
+}
+
+/// A replay check's numbers over the tokens one weight version sampled.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VersionReplay {
+    /// The version's fleet sequence number; `None` for tokens whose
+    /// version is unknown.
+    pub seq: Option<u64>,
+    /// Its label, as the calls recorded it.
+    pub version: Option<String>,
+    pub compared: u32,
+    pub max_abs_diff: Option<f64>,
+    pub mean_abs_diff: Option<f64>,
+    pub argmax_mismatch_share: Option<f64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -6,9 +6,14 @@
 //! `response_logprobs[r]` and the replayed logprob at sequence position
 //! `prompt_len + r`. Observation tokens (tool results, user turns, template
 //! glue) are replayed too (they are part of the prefix) but never compared.
+//! The same numbers are kept per weight version that sampled the compared
+//! tokens (`response_versions[r]`), so a trajectory whose calls ran on
+//! several versions shows which of them differs from the replaying backend.
+
+use std::collections::BTreeMap;
 
 use crate::backend::PositionLogprob;
-use crate::store::{ReplayPosition, Sample, SampleReplay};
+use crate::store::{ReplayPosition, Sample, SampleReplay, VersionReplay};
 
 /// One sample's comparison.
 #[derive(Debug, Clone, PartialEq)]
@@ -20,6 +25,84 @@ pub struct Comparison {
     pub above_threshold: u32,
     /// Every compared |Δ|, in response order (for the histogram).
     pub abs_diffs: Vec<f64>,
+    /// The tallies behind `replay.by_version`, by version sequence number
+    /// (`None`: unknown), for totals over several samples.
+    pub tallies: BTreeMap<Option<u64>, Tally>,
+}
+
+/// What the comparison of a set of tokens adds up.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Tally {
+    pub compared: u32,
+    sum: f64,
+    max: Option<f64>,
+    /// Compared tokens the backend ranked, and those not its argmax.
+    ranked: u32,
+    not_argmax: u32,
+}
+
+impl Tally {
+    fn add(&mut self, d: f64, argmax: Option<bool>) {
+        self.compared += 1;
+        self.sum += d;
+        self.max = Some(self.max.map_or(d, |m| m.max(d)));
+        if let Some(is_max) = argmax {
+            self.ranked += 1;
+            self.not_argmax += u32::from(!is_max);
+        }
+    }
+
+    /// Adds another tally's tokens to this one.
+    pub fn merge(&mut self, other: &Tally) {
+        self.compared += other.compared;
+        self.sum += other.sum;
+        self.max = match (self.max, other.max) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        self.ranked += other.ranked;
+        self.not_argmax += other.not_argmax;
+    }
+
+    pub fn max_abs_diff(&self) -> Option<f64> {
+        self.max
+    }
+
+    pub fn mean_abs_diff(&self) -> Option<f64> {
+        (self.compared > 0).then(|| self.sum / f64::from(self.compared))
+    }
+
+    /// Over the compared tokens the backend ranked; none ranked: unknown.
+    pub fn argmax_mismatch_share(&self) -> Option<f64> {
+        (self.ranked > 0).then(|| f64::from(self.not_argmax) / f64::from(self.ranked))
+    }
+
+    /// The tally as reported for version `seq`, labelled `version`.
+    pub fn report(&self, seq: Option<u64>, version: Option<String>) -> VersionReplay {
+        VersionReplay {
+            seq,
+            version,
+            compared: self.compared,
+            max_abs_diff: self.max_abs_diff(),
+            mean_abs_diff: self.mean_abs_diff(),
+            argmax_mismatch_share: self.argmax_mismatch_share(),
+        }
+    }
+}
+
+/// Per-version reports of `tallies`: ascending by sequence number, the
+/// unknown version last, each labelled from `labels` (sequence number →
+/// label; unlabelled: `None`).
+pub fn by_version(
+    tallies: &BTreeMap<Option<u64>, Tally>,
+    labels: &BTreeMap<u64, String>,
+) -> Vec<VersionReplay> {
+    let known = tallies.iter().filter(|(seq, _)| seq.is_some());
+    let unknown = tallies.iter().filter(|(seq, _)| seq.is_none());
+    known
+        .chain(unknown)
+        .map(|(seq, t)| t.report(*seq, seq.and_then(|s| labels.get(&s).cloned())))
+        .collect()
 }
 
 /// The sequence a sample is replayed as: its prompt, then its response.
@@ -53,21 +136,21 @@ fn gap(recorded: f32, replayed: f32) -> f64 {
 /// Compares `sample` with `replayed` (one entry per id of
 /// [`sequence(sample)`](sequence); a shorter answer leaves the positions it
 /// does not cover uncompared). `threshold` is in nats; `checked_at` in unix
-/// milliseconds.
+/// milliseconds. `labels` names the versions of `replay.by_version`
+/// (sequence number → label).
 pub fn compare(
     sample: &Sample,
     replayed: &[PositionLogprob],
     threshold: f64,
     backend: &str,
     checked_at: i64,
+    labels: &BTreeMap<u64, String>,
 ) -> Comparison {
     let offset = sample.prompt_ids.len();
     let mut abs_diffs = Vec::new();
     let mut above: Vec<ReplayPosition> = Vec::new();
-    let mut sum = 0.0f64;
-    let mut max: Option<f64> = None;
-    let mut ranked = 0u32;
-    let mut not_argmax = 0u32;
+    let mut all = Tally::default();
+    let mut tallies: BTreeMap<Option<u64>, Tally> = BTreeMap::new();
     let sampled = sample
         .response_mask
         .iter()
@@ -86,12 +169,9 @@ pub fn compare(
         };
         let d = gap(recorded, value);
         abs_diffs.push(d);
-        sum += d;
-        max = Some(max.map_or(d, |m: f64| m.max(d)));
-        if let Some(is_max) = replay.argmax {
-            ranked += 1;
-            not_argmax += u32::from(!is_max);
-        }
+        all.add(d, replay.argmax);
+        let seq = sample.response_versions.get(r).copied().flatten();
+        tallies.entry(seq).or_default().add(d, replay.argmax);
         if d > threshold {
             above.push(ReplayPosition {
                 position: r as u32,
@@ -101,7 +181,6 @@ pub fn compare(
             });
         }
     }
-    let compared = abs_diffs.len() as u32;
     let above_threshold = above.len() as u32;
     // Largest |Δ| first; equal ones in position order.
     let of = |p: &ReplayPosition| gap(p.recorded, p.replayed);
@@ -111,18 +190,19 @@ pub fn compare(
         sample: sample.sample,
         backend: backend.to_string(),
         checked_at,
-        compared,
-        max_abs_diff: max,
-        mean_abs_diff: (compared > 0).then(|| sum / f64::from(compared)),
+        compared: all.compared,
+        max_abs_diff: all.max_abs_diff(),
+        mean_abs_diff: all.mean_abs_diff(),
         threshold,
         positions: above,
-        // Over the compared tokens the backend ranked; none ranked: unknown.
-        argmax_mismatch_share: (ranked > 0).then(|| f64::from(not_argmax) / f64::from(ranked)),
+        argmax_mismatch_share: all.argmax_mismatch_share(),
+        by_version: by_version(&tallies, labels),
     };
     Comparison {
         replay,
         above_threshold,
         abs_diffs,
+        tallies,
     }
 }
 
@@ -140,6 +220,7 @@ mod tests {
             response_ids: vec![10, 11, 12, 13],
             response_mask: vec![1, 1, 0, 1],
             response_logprobs: recorded.to_vec(),
+            response_versions: vec![None; 4],
             reward: None,
             num_turns: 2,
             weight_version: None,
@@ -166,7 +247,7 @@ mod tests {
             at(Some(-9.0), None),
             at(Some(-2.0), None),
         ];
-        let c = compare(&s, &replayed, 0.1, "b", 7);
+        let c = compare(&s, &replayed, 0.1, "b", 7, &BTreeMap::new());
         assert_eq!(c.replay.compared, 3);
         assert_eq!(c.abs_diffs, [0.0, f64::INFINITY, 0.0]);
         assert_eq!(c.above_threshold, 1);
@@ -185,7 +266,7 @@ mod tests {
             at(Some(-9.0), Some(false)),
             at(Some(-2.0), Some(false)),
         ];
-        let c = compare(&s, &replayed, 0.1, "b", 7);
+        let c = compare(&s, &replayed, 0.1, "b", 7, &BTreeMap::new());
         assert_eq!(c.replay.compared, 3);
         assert_eq!(c.replay.max_abs_diff, Some(0.0));
         assert_eq!(c.replay.mean_abs_diff, Some(0.0));
@@ -209,7 +290,7 @@ mod tests {
             at(None, None),
             at(Some(-3.0), None),
         ];
-        let c = compare(&s, &replayed, 0.1, "b", 0);
+        let c = compare(&s, &replayed, 0.1, "b", 0, &BTreeMap::new());
         assert_eq!(c.replay.compared, 3);
         let named: Vec<(u32, u32)> = c
             .replay
@@ -232,7 +313,7 @@ mod tests {
         let s = sample([None, Some(-1.0), None, Some(-2.0)]);
         // The answer stops before the replay of response position 1.
         let replayed = [at(None, None), at(None, None), at(Some(-0.5), None)];
-        let c = compare(&s, &replayed, 0.1, "b", 0);
+        let c = compare(&s, &replayed, 0.1, "b", 0, &BTreeMap::new());
         assert_eq!(c.replay.compared, 0);
         assert_eq!(c.replay.max_abs_diff, None);
         assert_eq!(c.replay.mean_abs_diff, None);
@@ -251,7 +332,7 @@ mod tests {
         let replayed: Vec<PositionLogprob> = (0..n + 2)
             .map(|i| at(Some(-1.0 - i as f32 / 1000.0 - 0.5), Some(true)))
             .collect();
-        let c = compare(&s, &replayed, 0.1, "b", 0);
+        let c = compare(&s, &replayed, 0.1, "b", 0, &BTreeMap::new());
         assert_eq!(c.above_threshold as usize, n);
         assert_eq!(c.replay.positions.len(), SampleReplay::MAX_POSITIONS);
         assert_eq!(

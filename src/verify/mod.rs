@@ -8,7 +8,9 @@
 //! own recomputation: batch effects, prefill-vs-decode kernels, quantization,
 //! a different weight version, a wrong template. Per sample the check
 //! reports max and mean |Δ| (nats), the positions above a threshold and the
-//! share of sampled tokens that are not the replay's argmax, stores that with
+//! share of sampled tokens that are not the replay's argmax, overall and per
+//! weight version that sampled the tokens (the recorded logprobs are never
+//! recomputed: each token is held against the backend serving now), stores that with
 //! the trajectory ([`SpanStore::set_replays`](crate::store::SpanStore)) and
 //! observes every |Δ| in `tito_replay_logprob_abs_diff`.
 //!
@@ -25,15 +27,16 @@ pub mod background;
 pub mod compare;
 pub mod output;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use futures::{StreamExt, TryStreamExt};
 
 use crate::backend::{BackendError, DynBackend, ScoreRequest};
 use crate::router::{RouteError, Router};
-use crate::store::{DynStore, Sample, StoreError, Trajectory};
+use crate::store::{DynStore, Sample, StoreError, Trajectory, VersionReplay};
 
-pub use compare::{compare, has_comparable, sequence, Comparison};
+pub use compare::{by_version, compare, has_comparable, sequence, Comparison, Tally};
 pub use output::{sample_json, Summary};
 
 /// The |Δ| (nats) above which a position is listed, unless configured.
@@ -106,6 +109,17 @@ pub struct Report {
     /// `None` when no sample had anything to compare (no backend was asked).
     pub backend: Option<String>,
     pub samples: Vec<Comparison>,
+    /// Over every sample: the numbers per weight version
+    /// ([`SampleReplay::by_version`](crate::store::SampleReplay)).
+    pub by_version: Vec<VersionReplay>,
+}
+
+/// Sequence number → label of every version span of `traj`'s calls.
+fn version_labels(traj: &Trajectory) -> BTreeMap<u64, String> {
+    let spans = traj.calls.iter().flat_map(|c| &c.versions);
+    spans
+        .filter_map(|s| Some((s.seq?, s.version.clone()?)))
+        .collect()
 }
 
 /// Loads trajectory `id` and checks it ([`verify_loaded`]).
@@ -133,6 +147,7 @@ pub async fn verify_loaded(
     let id = traj.meta.id.clone();
     // Where the trajectory was generated last (where it was pinned).
     let home = traj.calls.last().map(|c| c.backend.clone());
+    let labels = Arc::new(version_labels(&traj));
     // Sample reconstruction copies every id of the trajectory: off the runtime.
     let samples = tokio::task::spawn_blocking(move || crate::store::samples(&traj))
         .await
@@ -148,7 +163,7 @@ pub async fn verify_loaded(
         }
     };
     let name = backend.as_ref().map(|b| b.name().to_string());
-    let result = replay_samples(backend, &id, samples, opts.threshold).await;
+    let result = replay_samples(backend, &id, samples, opts.threshold, labels.clone()).await;
     if let Some(r) = &route {
         match &result {
             Ok(_) => router.report_success(r.id),
@@ -161,13 +176,18 @@ pub async fn verify_loaded(
         .set_replays(&id, comparisons.iter().map(|c| c.replay.clone()).collect())
         .await?;
     let label = name.as_deref().unwrap_or("none");
+    let mut totals: BTreeMap<Option<u64>, Tally> = BTreeMap::new();
     for c in &comparisons {
         crate::metrics::replay_sample(label, &c.abs_diffs);
+        for (seq, t) in &c.tallies {
+            totals.entry(*seq).or_default().merge(t);
+        }
     }
     Ok(Report {
         trajectory_id: id,
         backend: name,
         samples: comparisons,
+        by_version: by_version(&totals, &labels),
     })
 }
 
@@ -214,16 +234,18 @@ async fn choose(
 
 /// Replays `samples` on `backend` (a few at a time) and compares each;
 /// samples with nothing to compare are reported without a backend call
-/// (so `backend` may be `None` when no sample has anything).
+/// (so `backend` may be `None` when no sample has anything). `labels`
+/// names the versions (sequence number → label).
 pub async fn replay_samples(
     backend: Option<DynBackend>,
     trajectory_id: &str,
     samples: Vec<Sample>,
     threshold: f64,
+    labels: Arc<BTreeMap<u64, String>>,
 ) -> Result<Vec<Comparison>, BackendError> {
     let tid: Arc<str> = Arc::from(trajectory_id);
     futures::stream::iter(samples)
-        .map(|s| replay_one(backend.clone(), tid.clone(), s, threshold))
+        .map(|s| replay_one(backend.clone(), tid.clone(), s, threshold, labels.clone()))
         .buffered(SAMPLE_CONCURRENCY)
         .try_collect()
         .await
@@ -234,6 +256,7 @@ async fn replay_one(
     trajectory_id: Arc<str>,
     sample: Sample,
     threshold: f64,
+    labels: Arc<BTreeMap<u64, String>>,
 ) -> Result<Comparison, BackendError> {
     let name = backend.as_ref().map_or("", |b| b.name());
     let Some(b) = backend.as_ref().filter(|_| has_comparable(&sample)) else {
@@ -243,6 +266,7 @@ async fn replay_one(
             threshold,
             name,
             crate::store::now_ms(),
+            &labels,
         ));
     };
     let req = ScoreRequest {
@@ -256,5 +280,6 @@ async fn replay_one(
         threshold,
         name,
         crate::store::now_ms(),
+        &labels,
     ))
 }

@@ -88,9 +88,11 @@ mod tests {
                 threshold: 0.1,
                 positions: Vec::new(),
                 argmax_mismatch_share: share,
+                by_version: Vec::new(),
             },
             above_threshold: 1,
             abs_diffs: Vec::new(),
+            tallies: Default::default(),
         }
     }
 
@@ -104,6 +106,7 @@ mod tests {
                 comparison(1, 0.5, 0.5, Some(1.0)),
                 comparison(3, 0.2, 0.1, None),
             ],
+            by_version: Vec::new(),
         });
         assert_eq!((s.trajectories, s.samples, s.compared), (1, 2, 4));
         assert_eq!(s.max_abs_diff, Some(0.5));
