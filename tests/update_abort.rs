@@ -161,6 +161,17 @@ async fn interrupted_call(wire: Wire, stream: bool, tid: &str) {
         json!([{"start": 0, "version": "v1", "seq": 1}, {"start": seam, "version": "v2", "seq": 2}])
     );
     assert_eq!(mock.aborted(), 1);
+    // The export: each response token with its version's number.
+    let rows = g.export_jsonl("layout=trajectory").await;
+    let row = rows
+        .iter()
+        .find(|r| r["trajectory_id"] == tid)
+        .expect("the trajectory's row");
+    let mut want = vec![json!(1); seam];
+    want.extend(vec![json!(2); max_tokens as usize - seam]);
+    assert_eq!(row["response_versions"], json!(want));
+    assert_eq!(row["min_version"], 1);
+    assert_eq!(row["max_version"], 2);
 }
 
 #[tokio::test]
