@@ -172,13 +172,13 @@ pub fn build_sample(trajectory: &Trajectory, sample: u32, leaf: u32) -> Result<S
             response_ids.extend_from_slice(&call.prompt_delta_ids);
             response_mask.resize(response_ids.len(), 0);
             response_logprobs.resize(response_ids.len(), None);
+            response_versions.resize(response_ids.len(), None);
         }
         response_ids.extend_from_slice(&call.sampled_ids);
         response_mask.resize(response_ids.len(), 1);
         response_logprobs.extend_from_slice(&call.logprobs);
         // Defensive: logprobs are checked on append, keep alignment anyway.
         response_logprobs.resize(response_ids.len(), None);
-        response_versions.resize(response_ids.len() - call.sampled_ids.len(), None);
         response_versions.extend(call.sampled_versions());
         truncated |= call.truncated;
         last = Some(call);
