@@ -62,6 +62,7 @@ async fn staggered(
                 }
             }
             GenEvent::Done { .. } => break,
+            GenEvent::Versions(_) => {}
         }
     }
     assert_eq!(others.len(), prompts.len() - 1, "all sequences joined");

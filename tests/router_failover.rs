@@ -351,7 +351,7 @@ async fn snapshot_serializes_for_the_admin_endpoint() {
             "healthy": true, "circuit": "closed", "consecutive_failures": 0,
             "in_flight": 1, "sticky": 1, "sleeping": false, "last_error": null,
             "weight_version": null, "weights_error": null,
-            "update_modes": ["wait", "abort"], "keep_runs_as": "abort"
+            "update_modes": ["wait", "abort"], "keep": null
         }])
     );
 }

@@ -27,15 +27,23 @@ fn logprob(pos: usize, version: &str) -> f32 {
 }
 
 async fn gateway(mock: &VersionedMock, extra: &str) -> Gateway {
+    let g = start_gateway(config(mock, extra)).await;
+    label_v1(&g).await;
+    g
+}
+
+fn config(mock: &VersionedMock, extra: &str) -> tito::Config {
     let text = format!(
         "[model]\nname = \"m\"\ntokenizer = \"unused\"\nmax_model_len = 512\n{}\n[store]\nurl = \"memory://\"\n{extra}",
         mock.backend_toml()
     );
-    let g = start_gateway(tito::Config::from_toml(&text).expect("config")).await;
+    tito::Config::from_toml(&text).expect("config")
+}
+
+async fn label_v1(g: &Gateway) {
     // Label the weights the mock starts with, so they have a number.
-    let (status, _) = post(&g, "/admin/weights", json!({"version": "v1"})).await;
+    let (status, _) = post(g, "/admin/weights", json!({"version": "v1"})).await;
     assert_eq!(status, 200);
-    g
 }
 
 async fn post(g: &Gateway, path: &str, body: Value) -> (u16, Value) {
@@ -374,4 +382,135 @@ async fn a_sample_more_than_max_staleness_versions_behind_is_stopped() {
             assert_eq!(t["calls"][2]["finish_reason"], "stale");
         }
     }
+}
+
+/// `keep` on servers that pause in place and report per-token versions
+/// (vLLM 0.33, SGLang 0.5.20+): no continuation request, the stream goes on
+/// after the commit, and the record's spans come from the server's report.
+async fn kept_call(wire: Wire, stream: bool, tid: &str) {
+    let mock = VersionedMock::start(wire, "v1", letters()).await;
+    // Probing as `tito serve` does: the first probe learns that the server
+    // reports versions, before any call.
+    let (g, _probes) = common::start_gateway_probing(config(&mock, "")).await;
+    label_v1(&g).await;
+    if wire == Wire::Vllm {
+        mock.wait_version_asked().await;
+    }
+    let (seam, max_tokens) = (5usize, 12u32);
+    mock.hold_after(Some(seam));
+    let client = g.client.clone();
+    let url = g.url(&format!("/t/{tid}/v1/chat/completions"));
+    let call = tokio::spawn(async move {
+        client
+            .post(url)
+            .json(&chat(max_tokens, stream))
+            .send()
+            .await
+            .expect("send")
+    });
+    mock.wait_held(1).await;
+    mock.hold_after(None);
+    let (status, begun) = post(&g, "/admin/weights/begin", json!({"mode": "keep"})).await;
+    assert_eq!(status, 200, "{begun}");
+    assert_eq!(begun["mode"], "keep", "{begun}");
+    // The held stream now waits for the resume.
+    mock.release_held();
+    mock.push_weights("v2");
+    let (status, _) = post(&g, "/admin/weights/commit", json!({"version": "v2"})).await;
+    assert_eq!(status, 200);
+    let resp = call.await.expect("task");
+    assert_eq!(resp.status(), 200);
+    assert_eq!(mock.requests().len(), 1, "no continuation request");
+    assert_eq!(mock.aborted(), 0);
+    let prompt_key = match wire {
+        Wire::Vllm => "/prompt",
+        Wire::Sglang => "/input_ids",
+    };
+    let prompt = mock.requests()[0]
+        .pointer(prompt_key)
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    let (ids, lps, text) = expected(prompt, seam, max_tokens as usize);
+    let got = if stream {
+        streamed_text(&sse_events(resp).await).0
+    } else {
+        let v: Value = resp.json().await.expect("json");
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .expect("content")
+            .to_string()
+    };
+    assert_eq!(got, text);
+    let t = g.get_json(&format!("/v1/trajectories/{tid}")).await;
+    let c = &t["calls"][0];
+    assert_eq!(c["sampled_ids"], json!(ids));
+    let recorded: Vec<f32> = serde_json::from_value(c["logprobs"].clone()).expect("logprobs");
+    assert_eq!(recorded, lps);
+    assert_eq!(
+        c["versions"],
+        json!([{"start": 0, "version": "v1", "seq": 1}, {"start": seam, "version": "v2", "seq": 2}])
+    );
+    let b = g.get_json("/admin/backends").await;
+    assert_eq!(b["backends"][0]["keep"], "keep", "{b}");
+}
+
+#[tokio::test]
+async fn vllm_keep_pauses_a_stream_in_place_and_records_the_servers_seam() {
+    kept_call(Wire::Vllm, true, "vk").await;
+    kept_call(Wire::Vllm, false, "vk2").await;
+}
+
+#[tokio::test]
+async fn sglang_keep_pauses_a_stream_in_place_and_records_the_servers_seam() {
+    kept_call(Wire::Sglang, true, "sk").await;
+    kept_call(Wire::Sglang, false, "sk2").await;
+}
+
+/// A server that cannot report where the new weights begin (vLLM before
+/// 0.33) runs `keep` as `abort`, and says so.
+#[tokio::test]
+async fn keep_on_a_server_without_version_reports_runs_as_abort() {
+    let mock = VersionedMock::start(Wire::Vllm, "v1", letters()).await;
+    mock.set_server_version("0.32.0");
+    let g = gateway(&mock, "").await;
+    mock.hold_after(Some(3));
+    let client = g.client.clone();
+    let url = g.url("/t/kfb/v1/chat/completions");
+    let call = tokio::spawn(async move {
+        client
+            .post(url)
+            .json(&chat(8, false))
+            .send()
+            .await
+            .expect("send")
+    });
+    mock.wait_held(1).await;
+    mock.hold_after(None);
+    let (status, begun) = post(&g, "/admin/weights/begin", json!({"mode": "keep"})).await;
+    assert_eq!(status, 200, "{begun}");
+    assert_eq!(begun["mode"], "abort");
+    assert_eq!(begun["asked_mode"], "keep");
+    assert!(
+        begun["fallback"]
+            .as_str()
+            .is_some_and(|f| f.contains("0.33")),
+        "{begun}"
+    );
+    mock.push_weights("v2");
+    assert_eq!(
+        post(&g, "/admin/weights/commit", json!({"version": "v2"}))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(call.await.expect("task").status(), 200);
+    assert_eq!(mock.requests().len(), 2, "continued as in abort mode");
+    let b = g.get_json("/admin/backends").await;
+    assert!(
+        b["backends"][0]["keep"]
+            .as_str()
+            .is_some_and(|k| k.starts_with("runs as abort")),
+        "{b}"
+    );
+    assert_eq!(b["backends"][0]["update_modes"], json!(["wait", "abort"]));
 }

@@ -1,14 +1,14 @@
-//! 64 streaming agents through three weight updates, in `abort` mode and
-//! in `wait` mode, against a vLLM-wire mock generating at a fixed token
+//! 64 streaming agents through three weight updates, in `abort`, `keep`
+//! and `wait` mode, against a vLLM-wire mock generating at a fixed token
 //! rate with a skewed length distribution: no client error, no lost call,
-//! every call's versions non-decreasing; in `abort` mode the long
-//! generations span updates (the updates did not wait for them), in `wait`
-//! mode none does (each update drained first).
+//! every call's versions non-decreasing; in `abort` and `keep` mode the
+//! long generations span updates (the updates did not wait for them), in
+//! `wait` mode none does (each update drained first).
 
 mod common;
 
 use common::versioned::{VersionedMock, Wire};
-use common::{sse_events, start_gateway, Gateway};
+use common::{sse_events, Gateway};
 use serde_json::{json, Value};
 
 const AGENTS: usize = 64;
@@ -71,8 +71,11 @@ async fn run(mode: &str) -> Vec<Value> {
         "[model]\nname = \"m\"\ntokenizer = \"unused\"\nmax_model_len = 4096\n{}\n[store]\nurl = \"memory://\"\n",
         mock.backend_toml()
     );
-    let g =
-        std::sync::Arc::new(start_gateway(tito::Config::from_toml(&text).expect("config")).await);
+    let (g, _probes) =
+        common::start_gateway_probing(tito::Config::from_toml(&text).expect("config")).await;
+    let g = std::sync::Arc::new(g);
+    // The first probe learns that the server reports per-token versions.
+    mock.wait_version_asked().await;
     post(&g, "/admin/weights", json!({"version": "v1"})).await;
     let agents: Vec<_> = (0..AGENTS)
         .map(|i| {
@@ -123,6 +126,11 @@ async fn agents_run_through_updates_in_abort_mode_and_in_wait_mode() {
     assert!(
         aborted.iter().any(|c| spans(c) >= 2),
         "some call spans an update in abort mode"
+    );
+    let kept = run("keep").await;
+    assert!(
+        kept.iter().any(|c| spans(c) >= 2),
+        "some call spans an update in keep mode, as the server reported"
     );
     let waited = run("wait").await;
     assert!(

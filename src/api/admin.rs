@@ -362,15 +362,14 @@ struct Begin {
 }
 
 /// What an update does with in-flight calls: `wait` (drain them first,
-/// the default) or `abort` (stop them now; each continues on the new
-/// weights). `keep` (pause in place) is taken as `abort` on every backend
-/// kind tito speaks to: none reports where in a kept stream the new weights
-/// begin, so the seam could not be recorded; the answer says so.
-fn update_mode(mode: Option<&str>) -> Result<(UpdateMode, Option<&'static str>), ApiError> {
+/// the default), `abort` (stop them now; each continues on the new
+/// weights) or `keep` (pause them in place; they go on after the update),
+/// which runs as `abort` unless every backend can keep ([`settle_keep`]).
+fn update_mode(mode: Option<&str>) -> Result<UpdateMode, ApiError> {
     match mode {
-        None | Some("wait") => Ok((UpdateMode::Wait, None)),
-        Some("abort") => Ok((UpdateMode::Abort, None)),
-        Some("keep") => Ok((UpdateMode::Abort, Some(KEEP_FALLBACK))),
+        None | Some("wait") => Ok(UpdateMode::Wait),
+        Some("abort") => Ok(UpdateMode::Abort),
+        Some("keep") => Ok(UpdateMode::Keep),
         Some(m) => Err(ApiError::invalid(
             "mode",
             format!("unknown mode `{m}`: expected `wait`, `abort` or `keep`"),
@@ -378,8 +377,42 @@ fn update_mode(mode: Option<&str>) -> Result<(UpdateMode, Option<&'static str>),
     }
 }
 
-/// Why `keep` runs as `abort`, as the answers and `/admin/backends` say.
-pub(crate) const KEEP_FALLBACK: &str = "keep falls back to abort: no backend reports where the new weights begin in a stream it kept paused, so interrupted calls continue with a new request instead";
+/// `keep` needs every backend to pause in place and report where in each
+/// stream the new weights begin (vLLM 0.33+, SGLang 0.5.20+); asked of each
+/// now. When one cannot, the update runs as `abort`, and the reason is
+/// returned for the answer.
+async fn settle_keep(
+    state: &AppState,
+    mode: UpdateMode,
+    deadline: Duration,
+) -> (UpdateMode, Option<String>) {
+    if mode != UpdateMode::Keep {
+        return (mode, None);
+    }
+    let checks = state
+        .router
+        .broadcast_admin(&AdminOp::KeepCheck, deadline)
+        .await;
+    let refused: Vec<String> = checks
+        .iter()
+        .filter(|r| !r.ok)
+        .map(|r| match &r.outcome {
+            crate::router::AdminOutcome::Failed { error } => format!("{}: {error}", r.backend),
+            crate::router::AdminOutcome::TimedOut { after_s } => {
+                format!("{}: no answer within {after_s} s", r.backend)
+            }
+            crate::router::AdminOutcome::Done { .. } => r.backend.clone(),
+        })
+        .collect();
+    if refused.is_empty() {
+        return (UpdateMode::Keep, None);
+    }
+    let why = format!(
+        "keep runs as abort: not every backend can keep a generation paused in place and say where the new weights begin ({})",
+        refused.join("; ")
+    );
+    (UpdateMode::Abort, Some(why))
+}
 
 /// The `mode` fields of an update's answer.
 fn mode_fields(mode: UpdateMode, fallback: Option<&str>) -> Value {
@@ -402,6 +435,11 @@ async fn pause_for_update(
         UpdateMode::Abort => {
             state.router.pause_admission(Pause::Operation);
             state.router.interrupt_all();
+            Ok(())
+        }
+        UpdateMode::Keep => {
+            state.router.pause_admission(Pause::Operation);
+            state.router.keep_all();
             Ok(())
         }
     }
@@ -453,9 +491,15 @@ async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response,
 async fn update_weights(
     state: AppState,
     w: Weights,
-    (mode, fallback): (UpdateMode, Option<&'static str>),
+    mode: UpdateMode,
 ) -> Result<Response, ApiError> {
     not_updating(&state)?;
+    let (mode, fallback) = if w.path.is_some() {
+        settle_keep(&state, mode, w.timing.deadline(&state)).await
+    } else {
+        (mode, None)
+    };
+    let fallback = fallback.as_deref();
     let Some(path) = w.path else {
         state.store.store.set_weight_version(&w.version).await?;
         let seq = state.store.store.register_version(&w.version).await?;
@@ -512,10 +556,12 @@ async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Res
 async fn begin_update(
     state: AppState,
     timing: Timing,
-    (mode, fallback): (UpdateMode, Option<&'static str>),
+    mode: UpdateMode,
 ) -> Result<Response, ApiError> {
     not_updating(&state)?;
     awake(&state)?;
+    let (mode, fallback) = settle_keep(&state, mode, timing.deadline(&state)).await;
+    let fallback = fallback.as_deref();
     let paused_at = std::time::Instant::now();
     pause_for_update(&state, mode, timing.drain()).await?;
     // Recorded before any backend starts: from then on the trainer may

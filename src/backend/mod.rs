@@ -164,6 +164,19 @@ pub enum GenEvent {
     Done {
         finish_reason: FinishReason,
     },
+    /// Which weights sampled which of the sequence's output tokens, as the
+    /// server reports them on its last chunk (vLLM 0.33+ with
+    /// `return_weight_versions`, SGLang 0.5.20+): runs in order, each from
+    /// `start` (an output position) to the next one's.
+    Versions(Vec<ServerSpan>),
+}
+
+/// One run of a server's weight-version report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerSpan {
+    /// The server's label for the weights (tito's, once tito set it).
+    pub version: String,
+    pub start: u32,
 }
 
 pub type GenStream = Pin<Box<dyn Stream<Item = Result<GenEvent, BackendError>> + Send>>;
@@ -273,6 +286,10 @@ pub enum AdminOp {
     /// weights come back as they were): asked of every backend before any
     /// is put to sleep. Changes nothing.
     SleepCheck,
+    /// Whether the server can keep generations paused in place through a
+    /// weight update and report where in each stream the new weights
+    /// begin ([`GenEvent::Versions`]). Changes nothing.
+    KeepCheck,
     Sleep {
         level: u32,
     },
@@ -307,6 +324,9 @@ pub enum UpdateMode {
     Wait,
     /// The backend stops them now; each call continues on the new weights.
     Abort,
+    /// The backend pauses them where they are and goes on after the
+    /// update (on the new weights); it reports where in each stream.
+    Keep,
 }
 
 impl UpdateMode {
@@ -314,6 +334,7 @@ impl UpdateMode {
         match self {
             UpdateMode::Wait => "wait",
             UpdateMode::Abort => "abort",
+            UpdateMode::Keep => "keep",
         }
     }
 }
@@ -322,6 +343,7 @@ impl AdminOp {
     pub fn name(&self) -> &'static str {
         match self {
             AdminOp::SleepCheck => "sleep_check",
+            AdminOp::KeepCheck => "keep_check",
             AdminOp::Sleep { .. } => "sleep",
             AdminOp::WakeUp => "wake_up",
             AdminOp::UpdateWeights { .. } => "update_weights",
@@ -404,6 +426,7 @@ impl Generation {
                 self.logprobs.extend(logprobs);
             }
             GenEvent::Done { finish_reason } => self.finish_reason = Some(finish_reason),
+            GenEvent::Versions(_) => {}
         }
     }
 }

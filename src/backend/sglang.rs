@@ -81,12 +81,16 @@ struct SglangSampling<'a> {
 
 pub struct SglangBackend {
     http: HttpBackend,
+    /// A begun update keeps generations paused in place (`retract`): its
+    /// commit names the new weights before generation continues.
+    keeping: std::sync::atomic::AtomicBool,
 }
 
 impl SglangBackend {
     pub fn new(cfg: &BackendConfig, router: &RouterConfig) -> anyhow::Result<Self> {
         Ok(SglangBackend {
             http: HttpBackend::new(cfg, router)?,
+            keeping: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -165,6 +169,30 @@ impl SglangBackend {
     /// server wakes with uninitialised weights, without a warning). Read
     /// from `GET /server_info` (SGLang 0.5.7+; `/get_server_info` before),
     /// whose top level holds the server's arguments.
+    /// SGLang 0.5.20+ reports `meta_info.weight_versions` on a stream's
+    /// last chunk (`sglang/srt/utils/weight_versions.py`, 0.5.23 lines
+    /// 90-107): where a kept stream's new weights begin.
+    async fn keep_check(&self) -> Result<String, BackendError> {
+        let info = self
+            .http
+            .server_info(&["/server_info", "/get_server_info"])
+            .await?;
+        let version = info
+            .as_ref()
+            .and_then(|v| v.get("version"))
+            .and_then(Json::as_str)
+            .unwrap_or("");
+        if super::vllm::at_least_patch(version, (0, 5, 20)) {
+            Ok(format!(
+                "SGLang {version} reports per-token weight versions"
+            ))
+        } else {
+            Err(self.rejected(format!(
+                "SGLang `{version}` is older than 0.5.20: it does not report where in a kept stream the new weights begin"
+            )))
+        }
+    }
+
     async fn sleep_check(&self) -> Result<String, BackendError> {
         let Some(info) = self
             .http
@@ -224,6 +252,9 @@ struct MetaInfo {
     output_token_logprobs: Option<Vec<Json>>,
     #[serde(default)]
     output_top_logprobs: Option<Vec<Json>>,
+    /// SGLang 0.5.20+, on the last chunk: `[{"version", "start", "end"}]`.
+    #[serde(default)]
+    weight_versions: Option<Vec<super::vllm::WireSpan>>,
 }
 
 fn finish_reason(v: Option<&Json>) -> Option<FinishReason> {
@@ -372,10 +403,23 @@ impl StreamState {
         if let Some(e) = abnormal_end(backend, meta.finish_reason.as_ref()) {
             return Err(e);
         }
+        let versions = meta.weight_versions.filter(|v| !v.is_empty()).map(|v| {
+            GenEvent::Versions(
+                v.into_iter()
+                    .map(|s| super::ServerSpan {
+                        version: s.version,
+                        start: s.start,
+                    })
+                    .collect(),
+            )
+        });
         if finish == Some(FinishReason::Abort) {
             // SGLang's abort event repeats the last token (and counts all of
             // them): it adds nothing but the end.
-            return Ok(self.finish(FinishReason::Abort).into_iter().collect());
+            return Ok(versions
+                .into_iter()
+                .chain(self.finish(FinishReason::Abort))
+                .collect());
         }
         if let (Some(seen), Some(sent)) = (meta.prompt_tokens, self.prompt_len) {
             if seen != sent {
@@ -426,7 +470,12 @@ impl StreamState {
                 ),
             ));
         }
-        let mut events = Vec::with_capacity(2);
+        let mut events = Vec::with_capacity(3);
+        // The report first: a choice may end on this chunk's tokens, and
+        // the pump stops reading its stream then.
+        if finish.is_some() {
+            events.extend(versions);
+        }
         if !new_ids.is_empty() {
             events.push(GenEvent::Tokens {
                 ids: new_ids,
@@ -593,6 +642,7 @@ impl Backend for SglangBackend {
     async fn admin(&self, op: &AdminOp) -> Result<String, BackendError> {
         match op {
             AdminOp::SleepCheck => self.sleep_check().await,
+            AdminOp::KeepCheck => self.keep_check().await,
             // SGLang has one sleep depth: release weights and KV cache.
             AdminOp::Sleep { .. } => {
                 self.post_admin("/release_memory_occupation", json!({}))
@@ -628,15 +678,51 @@ impl Backend for SglangBackend {
                 continued?;
                 Ok(loaded)
             }
+            // In place (`retract`: running requests go back to the queue
+            // and their KV is recomputed on the new weights when they
+            // continue; `in_place` would keep the old weights' KV).
+            AdminOp::UpdateWeights {
+                path,
+                version,
+                mode: UpdateMode::Keep,
+            } => {
+                self.post_admin("/pause_generation", json!({"mode": "retract"}))
+                    .await?;
+                let body = json!({ "model_path": path, "weight_version": version });
+                let loaded = self.post_admin("/update_weights_from_disk", body).await;
+                let continued = self.post_admin("/continue_generation", json!({})).await;
+                let loaded = loaded?;
+                continued?;
+                Ok(loaded)
+            }
             // The trainer then pushes with `/init_weights_update_group` and
             // `/update_weights_from_distributed`, which flush the cache.
-            // `abort` in both modes: after the gateway's drain (`wait`)
-            // nothing is left to stop.
-            AdminOp::BeginWeightUpdate { .. } => {
-                self.post_admin("/pause_generation", json!({"mode": "abort"}))
-                    .await
+            // `abort` after the gateway's drain (`wait`): nothing is left
+            // to stop.
+            AdminOp::BeginWeightUpdate { mode } => {
+                let keep = *mode == UpdateMode::Keep;
+                let how = if keep { "retract" } else { "abort" };
+                let text = self
+                    .post_admin("/pause_generation", json!({ "mode": how }))
+                    .await?;
+                self.keeping
+                    .store(keep, std::sync::atomic::Ordering::SeqCst);
+                Ok(text)
             }
-            AdminOp::FinishWeightUpdate { .. } | AdminOp::AbortWeightUpdate => {
+            AdminOp::FinishWeightUpdate { version } => {
+                if self
+                    .keeping
+                    .swap(false, std::sync::atomic::Ordering::SeqCst)
+                {
+                    // Kept streams name the new weights by this label.
+                    let body = json!({ "new_version": version, "abort_all_requests": false });
+                    self.post_admin("/update_weight_version", body).await?;
+                }
+                self.post_admin("/continue_generation", json!({})).await
+            }
+            AdminOp::AbortWeightUpdate => {
+                self.keeping
+                    .store(false, std::sync::atomic::Ordering::SeqCst);
                 self.post_admin("/continue_generation", json!({})).await
             }
         }

@@ -61,6 +61,9 @@ pub struct VllmBody<'a> {
     logprobs: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     return_tokens_as_token_ids: Option<bool>,
+    /// vLLM 0.33+: the last chunk says which weights sampled which tokens.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    return_weight_versions: bool,
 }
 
 /// vLLM's `structured_outputs`: `{"json_object": true}` or `{"json": SCHEMA}`.
@@ -74,6 +77,10 @@ enum VllmStructured<'a> {
 pub struct VllmBackend {
     http: HttpBackend,
     model: Option<String>,
+    /// What `GET /version` answered: `Some(true)` on vLLM 0.33+, which
+    /// reports per-token weight versions (asked on every request from
+    /// then on); `None` until it answered.
+    reports_versions: std::sync::OnceLock<bool>,
 }
 
 impl VllmBackend {
@@ -81,7 +88,24 @@ impl VllmBackend {
         Ok(VllmBackend {
             http: HttpBackend::new(cfg, router)?,
             model: (!cfg.model.is_empty()).then(|| cfg.model.clone()),
+            reports_versions: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Whether the server reports per-token weight versions, asking its
+    /// `GET /version` once (a server without the route does not).
+    async fn reports_versions(&self) -> Result<bool, BackendError> {
+        if let Some(known) = self.reports_versions.get() {
+            return Ok(*known);
+        }
+        let info = self.http.server_info(&["/version"]).await?;
+        let version = info
+            .as_ref()
+            .and_then(|v| v.get("version"))
+            .and_then(Json::as_str)
+            .unwrap_or("");
+        let reports = at_least(version, (0, 33));
+        Ok(*self.reports_versions.get_or_init(|| reports))
     }
 
     /// The JSON body sent to vLLM for one request.
@@ -93,6 +117,7 @@ impl VllmBackend {
             n: 1,
             stream: true,
             return_token_ids: true,
+            return_weight_versions: self.reports_versions.get() == Some(&true),
             skip_special_tokens: false,
             spaces_between_special_tokens: false,
             request_id: &req.request_id,
@@ -234,6 +259,50 @@ fn prompt_logprobs(answer: ScoreAnswer, ids: &[u32]) -> Result<Vec<PositionLogpr
     Ok(out)
 }
 
+/// One run of vLLM's `weight_versions` (`vllm/outputs.py`
+/// `WeightVersionSpan`, 0.33.0 lines 50-55): output tokens `[start, end)`.
+#[derive(Deserialize)]
+pub(crate) struct WireSpan {
+    pub(crate) version: String,
+    pub(crate) start: u32,
+}
+
+/// Whether `version` ("0.33.0", "0.33.1rc1+cu128", "v0.5.20") is at least
+/// `min` (major, minor).
+pub(crate) fn at_least(version: &str, min: (u32, u32)) -> bool {
+    let mut parts = version.trim_start_matches('v').split('.').map(|p| {
+        p.chars()
+            .take_while(char::is_ascii_digit)
+            .collect::<String>()
+            .parse::<u32>()
+            .ok()
+    });
+    match (parts.next().flatten(), parts.next().flatten()) {
+        (Some(major), Some(minor)) => (major, minor) >= min,
+        _ => false,
+    }
+}
+
+/// Whether `version` is at least `min` (major, minor, patch).
+pub(crate) fn at_least_patch(version: &str, min: (u32, u32, u32)) -> bool {
+    let nums: Vec<u32> = version
+        .trim_start_matches('v')
+        .split('.')
+        .map_while(|p| {
+            p.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse::<u32>()
+                .ok()
+        })
+        .collect();
+    match nums[..] {
+        [a, b, c, ..] => (a, b, c) >= min,
+        [a, b] => (a, b, 0) >= min,
+        _ => false,
+    }
+}
+
 /// One streamed completion chunk, or an in-stream error.
 #[derive(Deserialize)]
 struct Chunk {
@@ -255,6 +324,10 @@ struct Chunk {
 struct Choice {
     #[serde(default)]
     token_ids: Option<Vec<u32>>,
+    /// vLLM 0.33+ with `return_weight_versions`, on the last chunk:
+    /// `[{"version", "start", "end"}]` over the output tokens.
+    #[serde(default)]
+    weight_versions: Option<Vec<WireSpan>>,
     #[serde(default)]
     logprobs: Option<CompletionLogprobs>,
     #[serde(default)]
@@ -371,6 +444,18 @@ impl VllmDecoder {
             .token_ids
             .ok_or_else(|| self.protocol("chunk has no token_ids (vLLM older than 0.10.2?)"))?;
         let mut events = Vec::with_capacity(2);
+        // The report first: a choice may end on this chunk's tokens, and
+        // the pump stops reading its stream then.
+        if let Some(spans) = choice.weight_versions.filter(|s| !s.is_empty()) {
+            let spans = spans
+                .into_iter()
+                .map(|s| super::ServerSpan {
+                    version: s.version,
+                    start: s.start,
+                })
+                .collect();
+            events.push(GenEvent::Versions(spans));
+        }
         if !ids.is_empty() {
             let logprobs = match self.logprobs {
                 Some(k) => {
@@ -476,7 +561,15 @@ impl Backend for VllmBackend {
     }
 
     async fn health(&self) -> Result<(), BackendError> {
-        self.http.health().await
+        self.http.health().await?;
+        if self.reports_versions.get().is_none() {
+            // Learnt once, before the first calls where possible: streams
+            // started before it cannot report where an update kept them.
+            if let Err(e) = self.reports_versions().await {
+                tracing::debug!(backend = %self.name(), error = %e, "GET /version failed");
+            }
+        }
+        Ok(())
     }
 
     /// vLLM's dev-mode endpoints (`VLLM_SERVER_DEV_MODE=1`), as in vLLM
@@ -485,6 +578,12 @@ impl Backend for VllmBackend {
     async fn admin(&self, op: &AdminOp) -> Result<String, BackendError> {
         match op {
             AdminOp::SleepCheck => self.sleep_check().await,
+            AdminOp::KeepCheck => match self.reports_versions().await? {
+                true => Ok("reports per-token weight versions (vLLM 0.33+)".into()),
+                false => Err(self.rejected(
+                    "GET /version is not vLLM 0.33 or later: the server does not report where in a kept stream the new weights begin",
+                )),
+            },
             AdminOp::Sleep { level } => {
                 self.post_admin(&format!("/sleep?level={level}"), None)
                     .await
@@ -495,6 +594,29 @@ impl Backend for VllmBackend {
                 mode: UpdateMode::Wait,
                 ..
             } => self.reload(path).await,
+            AdminOp::UpdateWeights {
+                path,
+                version,
+                mode: UpdateMode::Keep,
+            } => {
+                // Generations stay where they are; the reset preempts them
+                // (their KV is recomputed on the new weights) and the new
+                // label is what their last chunk's `weight_versions` names.
+                self.post_admin("/pause?mode=keep", None).await?;
+                let loaded = match self.reload(path).await {
+                    Ok(text) => {
+                        let body = json!({ "new_version": version });
+                        self.post_admin("/update_weight_version", Some(body))
+                            .await
+                            .map(|_| text)
+                    }
+                    Err(e) => Err(e),
+                };
+                let resumed = self.post_admin("/resume", None).await;
+                let loaded = loaded?;
+                resumed?;
+                Ok(loaded)
+            }
             AdminOp::UpdateWeights {
                 path,
                 mode: UpdateMode::Abort,

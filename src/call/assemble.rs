@@ -179,6 +179,8 @@ impl ChoiceAssembly {
                 }
             }
             GenEvent::Done { finish_reason } => r.finish = Some(finish_reason),
+            // Taken by the call's pump, which knows the versions' numbers.
+            GenEvent::Versions(_) => {}
         }
         if r.finish.is_some() {
             r.text.push_str(&self.asm.finish());

@@ -462,6 +462,7 @@ impl Calls {
             deltas,
             asked,
             interruptions,
+            reported: Vec::new(),
             resumed: 0,
         };
         // In the request's span: its log lines carry the request id.
@@ -492,6 +493,8 @@ struct Pump {
     asked: Instant,
     /// Each running choice's view of weight-update interruptions.
     interruptions: Vec<(u32, crate::router::Interruption)>,
+    /// Choices whose stream reported its weight versions itself.
+    reported: Vec<u32>,
     /// Continuations started so far (numbers their request ids).
     resumed: u32,
 }
@@ -528,6 +531,10 @@ impl Pump {
                     return;
                 }
             };
+            if let Ok(GenEvent::Versions(spans)) = &ev {
+                self.server_versions(index, spans);
+                continue;
+            }
             let aborted = matches!(
                 ev,
                 Ok(GenEvent::Done {
@@ -593,6 +600,17 @@ impl Pump {
             return;
         }
         let generated_in = self.asked.elapsed();
+        // A choice an update kept paused in place whose stream did not say
+        // where the new weights begin (it ended before its last chunk, or
+        // the server does not report versions): which weights sampled which
+        // token is unknown, and recorded as such.
+        for (index, it) in &self.interruptions {
+            if it.kept() && !self.reported.contains(index) {
+                if let Some(c) = self.choices.get_mut(*index as usize) {
+                    c.result.versions.clear();
+                }
+            }
+        }
         // After the last token: record. A reader that leaves now hands this
         // pump to a task of its own (`Drop for Running`).
         let result = self.record(generated_in).await;
@@ -608,6 +626,14 @@ impl Pump {
         self.interruptions
             .iter()
             .any(|(i, it)| *i == index && it.happened())
+    }
+
+    /// A stream's own report of its versions (see [`resume::reported`]).
+    fn server_versions(&mut self, index: u32, spans: &[crate::backend::ServerSpan]) {
+        if let Some(choice) = self.choices.get_mut(index as usize) {
+            resume::reported(choice, spans, &self.calls.router);
+            self.reported.push(index);
+        }
     }
 
     /// The continuation of interrupted choice `index` (see [`resume`]).

@@ -9,6 +9,10 @@
 //! on the new weights. The client sees one answer; the record is one call
 //! whose [`VersionSpan`]s mark the seam.
 //!
+//! A choice an update in `keep` mode paused in place needs no new
+//! request: its stream goes on, and the server's own report on its last
+//! chunk ([`reported`]) says where the new weights began.
+//!
 //! A choice under an output constraint (`response_format`) cannot continue:
 //! the backend's grammar would start again at the seam. A non-streamed one
 //! starts over on the new weights (its client has seen nothing); a streamed
@@ -21,7 +25,7 @@ use std::sync::Arc;
 use super::assemble::ChoiceAssembly;
 use super::start::{start_sequence, Started};
 use super::CallPlan;
-use crate::backend::GenerateRequest;
+use crate::backend::{GenerateRequest, ServerSpan};
 use crate::error::ApiError;
 use crate::router::Router;
 use crate::store::VersionSpan;
@@ -113,6 +117,33 @@ pub(super) fn seam(choice: &mut ChoiceAssembly, started: &Started) {
             r.moved_from = Some(std::mem::take(&mut r.backend));
         }
         r.backend = started.backend.clone();
+    }
+}
+
+/// A stream's own report of which weights sampled its tokens (a call an
+/// update in `keep` mode paused in place): from the stream's first token
+/// on, its runs replace the one span noted when it started. The first run
+/// is the weights it started on; later ones are named by the labels tito
+/// gave the server, numbered as the fleet numbered them.
+pub(super) fn reported(choice: &mut ChoiceAssembly, spans: &[ServerSpan], router: &Router) {
+    let r = &mut choice.result;
+    // This stream's tokens start where its own span (the last) does.
+    let Some(mut last) = r.versions.last().cloned() else {
+        return;
+    };
+    let offset = last.start;
+    for s in spans.iter().skip(1) {
+        let start = offset.saturating_add(s.start);
+        if Some(s.version.as_str()) == last.version.as_deref() || start <= last.start {
+            continue;
+        }
+        let span = VersionSpan {
+            start,
+            version: Some(s.version.clone()),
+            seq: router.seq_of(&s.version),
+        };
+        r.versions.push(span.clone());
+        last = span;
     }
 }
 

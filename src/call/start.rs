@@ -203,7 +203,7 @@ impl Outcome {
             return;
         }
         match ev {
-            Ok(GenEvent::Tokens { .. }) => return,
+            Ok(GenEvent::Tokens { .. } | GenEvent::Versions(_)) => return,
             Ok(GenEvent::Done { finish_reason }) => {
                 if *finish_reason != FinishReason::Abort {
                     self.route.succeeded();

@@ -415,6 +415,13 @@ impl Backend for EngineBackend {
         let control = match op {
             // The engine keeps its weights in host memory while asleep.
             AdminOp::SleepCheck => return Ok("the bundled engine can sleep".into()),
+            AdminOp::KeepCheck => {
+                return Err(self.rejected(
+                    "the bundled engine cannot keep a generation paused through a reload: \
+                     its generations are stopped and continued (abort)"
+                        .into(),
+                ))
+            }
             AdminOp::Sleep { level } if (1..=2).contains(level) => {
                 // Refuse new requests now; those already sent finish first.
                 self.shared.asleep.store(true, Ordering::SeqCst);
@@ -453,7 +460,7 @@ impl Backend for EngineBackend {
         let abort = matches!(
             op,
             AdminOp::UpdateWeights {
-                mode: crate::backend::UpdateMode::Abort,
+                mode: crate::backend::UpdateMode::Abort | crate::backend::UpdateMode::Keep,
                 ..
             }
         );

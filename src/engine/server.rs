@@ -571,6 +571,7 @@ async fn completions(
                         None,
                     ))
                 }
+                Ok(GenEvent::Versions(_)) => continue,
                 Ok(GenEvent::Done { finish_reason }) => {
                     let p = first.then_some(&prompt[..]);
                     first = false;
@@ -733,6 +734,7 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
                                 .for_each(|&id| text.push_str(&assembled.push(id)));
                         }
                         GenEvent::Done { .. } => text.push_str(&assembled.finish()),
+                        GenEvent::Versions(_) => {}
                     }
                     g.push(ev);
                 }

@@ -138,6 +138,9 @@ impl Router {
         let mut g = self.lock();
         g.weight_version = Some(v.clone());
         g.weight_seq = seq;
+        if let Some(n) = seq {
+            g.labels.insert(v.clone(), n);
+        }
         for slot in &g.slots {
             let mut w = slot.weights();
             if w.failed.is_none() {
@@ -153,12 +156,20 @@ impl Router {
         let mut g = self.lock();
         g.weight_version = Some(Arc::from(version));
         g.weight_seq = seq;
+        if let Some(n) = seq {
+            g.labels.insert(Arc::from(version), n);
+        }
         for slot in &g.slots {
             let mut w = slot.weights();
             if w.version.as_deref() == Some(version) {
                 w.seq = seq;
             }
         }
+    }
+
+    /// The sequence number of version `label`, when the fleet served it.
+    pub fn seq_of(&self, label: &str) -> Option<u64> {
+        self.lock().labels.get(label).copied()
     }
 
     /// The fleet version's sequence number, when known.
@@ -170,6 +181,14 @@ impl Router {
 fn apply(slot: &Slot, op: &AdminOp, version: Option<Arc<str>>, outcome: &AdminOutcome) {
     let done = matches!(outcome, AdminOutcome::Done { .. });
     match op {
+        AdminOp::KeepCheck => {
+            let answer = match outcome {
+                AdminOutcome::Done { .. } => Ok(()),
+                AdminOutcome::Failed { error } => Err(error.clone()),
+                AdminOutcome::TimedOut { after_s } => Err(format!("no answer within {after_s} s")),
+            };
+            *slot.keep.lock().unwrap_or_else(|e| e.into_inner()) = Some(answer);
+        }
         AdminOp::Sleep { .. } if done => slot.sleeping.store(true, Ordering::Relaxed),
         AdminOp::WakeUp if done => slot.sleeping.store(false, Ordering::Relaxed),
         AdminOp::UpdateWeights { .. } | AdminOp::FinishWeightUpdate { .. } => {

@@ -21,12 +21,20 @@ use super::{Router, Slot};
 pub struct Interruption {
     slot: Arc<Slot>,
     at: u64,
+    kept_at: u64,
 }
 
 impl Interruption {
     pub(crate) fn of(slot: Arc<Slot>) -> Self {
         let at = slot.interrupts.load(Ordering::SeqCst);
-        Interruption { slot, at }
+        let kept_at = slot.keeps.load(Ordering::SeqCst);
+        Interruption { slot, at, kept_at }
+    }
+
+    /// An update in `keep` mode paused the backend since the stream was
+    /// routed: its tokens may come from two versions.
+    pub fn kept(&self) -> bool {
+        self.slot.keeps.load(Ordering::SeqCst) != self.kept_at
     }
 
     /// An interruption was sent to the backend since the stream was routed.
@@ -51,6 +59,13 @@ impl Interruption {
 }
 
 impl Router {
+    /// Marks every backend paused in place by an update in `keep` mode.
+    pub fn keep_all(&self) {
+        for slot in self.slots() {
+            slot.keeps.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
     /// Marks every backend interrupted, before the admin route tells them
     /// to stop what they generate: each running call sees its abort as the
     /// update's and continues after it.

@@ -101,6 +101,11 @@ pub(crate) struct Slot {
     /// Interruptions sent to it ([`interrupt`]).
     interrupts: AtomicU64,
     interrupted: tokio::sync::Notify,
+    /// Updates in `keep` mode it was paused for.
+    keeps: AtomicU64,
+    /// What it answered when last asked whether it can keep generations
+    /// in place (`Err`: why not); `None` until asked.
+    keep: Mutex<Option<Result<(), String>>>,
 }
 
 impl Slot {
@@ -198,10 +203,12 @@ pub struct BackendStatus {
     pub weight_version: Option<String>,
     /// Why its last weight update failed; it takes no calls until one works.
     pub weights_error: Option<String>,
-    /// The weight-update modes it runs as asked (`wait`, `abort`).
-    pub update_modes: &'static [&'static str],
-    /// What `keep` runs as on it.
-    pub keep_runs_as: &'static str,
+    /// The weight-update modes it runs as asked: `wait`, `abort`, and
+    /// `keep` once it said it can (see `keep`).
+    pub update_modes: Vec<&'static str>,
+    /// Its answer when an update last asked for `keep`: `null` before
+    /// any did, else `"keep"` or why it runs as `abort`.
+    pub keep: Option<String>,
 }
 
 /// Router-wide counters (monotonic), for metrics.
@@ -231,6 +238,8 @@ struct Inner {
     weight_seq: Option<u64>,
     /// A begun two-step update: its mode, and when admission paused.
     update_begun: Option<(&'static str, std::time::Instant)>,
+    /// The sequence number of each version label the fleet served.
+    labels: std::collections::HashMap<Arc<str>, u64>,
 }
 
 /// How [`Router::place`] picks a backend.
@@ -284,6 +293,7 @@ impl Router {
                 weight_version: None,
                 weight_seq: None,
                 update_begun: None,
+                labels: std::collections::HashMap::new(),
             }),
             load: Arc::default(),
             admission: tokio::sync::watch::Sender::new(false),
@@ -351,6 +361,8 @@ impl Router {
             }),
             interrupts: AtomicU64::new(0),
             interrupted: tokio::sync::Notify::new(),
+            keeps: AtomicU64::new(0),
+            keep: Mutex::new(None),
         }));
         drop(g);
         tracing::info!(backend = %name, id = id.0, "backend added");
@@ -643,6 +655,7 @@ impl Router {
 
 fn status_of(s: &Slot, sticky: usize) -> BackendStatus {
     let circuit = s.health.state();
+    let keep = s.keep.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let weights = s.weights().clone();
     BackendStatus {
         id: s.id,
@@ -658,7 +671,13 @@ fn status_of(s: &Slot, sticky: usize) -> BackendStatus {
         last_error: s.health.last_error(),
         weight_version: weights.version.as_deref().map(str::to_string),
         weights_error: weights.failed,
-        update_modes: &["wait", "abort"],
-        keep_runs_as: "abort",
+        update_modes: match keep {
+            Some(Ok(())) => vec!["wait", "abort", "keep"],
+            _ => vec!["wait", "abort"],
+        },
+        keep: keep.map(|k| match k {
+            Ok(()) => "keep".to_string(),
+            Err(why) => format!("runs as abort: {why}"),
+        }),
     }
 }

@@ -135,9 +135,27 @@ pub async fn start_gateway_on(
     renderer: Arc<Renderer>,
     store: tito::store::DynStore,
 ) -> Gateway {
+    start_gateway_state(config, renderer, store).await.0
+}
+
+/// A gateway whose router probes its backends as `tito serve`'s does; the
+/// probes stop when the task is dropped.
+pub async fn start_gateway_probing(config: Config) -> (Gateway, tito::router::HealthTask) {
+    let options = tito::store::StoreOptions::from(&config.store);
+    let store = tito::store::open_with_options(&config.store.url, &options).expect("store opens");
+    let (g, state) = start_gateway_state(config, chatml_renderer(), store).await;
+    (g, state.router.start_health_checks())
+}
+
+async fn start_gateway_state(
+    config: Config,
+    renderer: Arc<Renderer>,
+    store: tito::store::DynStore,
+) -> (Gateway, AppState) {
     let backends = tito::api::build_backends(&config).expect("backends");
     let state = AppState::new(config, renderer.clone(), backends, store).expect("state");
     state.restore().await.expect("restore");
+    let app_state = state.clone();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");
@@ -151,11 +169,12 @@ pub async fn start_gateway_on(
         )
         .await;
     });
-    Gateway {
+    let g = Gateway {
         addr,
         renderer,
         client: reqwest::Client::new(),
-    }
+    };
+    (g, app_state)
 }
 
 /// Reads an SSE response into its `data:` payloads.

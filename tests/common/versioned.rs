@@ -63,6 +63,13 @@ struct VState {
     /// Tokens generated, all versions; `progress` wakes at each.
     total: AtomicU64,
     progress: Notify,
+    /// What `GET /version` (vLLM) or `/server_info` (SGLang) says.
+    server_version: Mutex<String>,
+    /// Times the version was asked; `asked` wakes at each.
+    version_asked: AtomicUsize,
+    asked: Notify,
+    /// Ends every hold without an abort.
+    released: Notify,
 }
 
 pub struct VersionedMock {
@@ -91,9 +98,18 @@ impl VersionedMock {
             keep_seen: AtomicBool::new(false),
             total: AtomicU64::new(0),
             progress: Notify::new(),
+            server_version: Mutex::new(match wire {
+                Wire::Vllm => "0.33.0".to_string(),
+                Wire::Sglang => "0.5.23".to_string(),
+            }),
+            version_asked: AtomicUsize::new(0),
+            asked: Notify::new(),
+            released: Notify::new(),
         });
         let app = Router::new()
             .route("/health", get(|| async { "ok" }))
+            .route("/version", get(vllm_version))
+            .route("/server_info", get(sglang_info))
             .route("/v1/completions", post(vllm_completions))
             .route("/generate", post(sglang_generate))
             .fallback(post(admin))
@@ -122,6 +138,12 @@ impl VersionedMock {
             "[[backends]]\nurl = \"{}\"\nkind = \"{kind}\"\n",
             self.url()
         )
+    }
+
+    /// The version the server says it is (default vLLM 0.33.0, SGLang
+    /// 0.5.23: both report per-token weight versions).
+    pub fn set_server_version(&self, v: &str) {
+        *self.state.server_version.lock().expect("lock") = v.to_string();
     }
 
     /// The trainer's transfer between `begin` and `commit` (NCCL / IPC on
@@ -170,6 +192,24 @@ impl VersionedMock {
         self.state.total.load(Ordering::SeqCst)
     }
 
+    /// Lets every holding stream go on (no abort).
+    pub fn release_held(&self) {
+        self.state.released.notify_waiters();
+    }
+
+    /// Waits until the gateway has asked the server's version.
+    pub async fn wait_version_asked(&self) {
+        loop {
+            let asked = self.state.asked.notified();
+            tokio::pin!(asked);
+            asked.as_mut().enable();
+            if self.state.version_asked.load(Ordering::SeqCst) > 0 {
+                return;
+            }
+            asked.await;
+        }
+    }
+
     /// The pause between two tokens of a stream (a fixed token rate).
     pub fn set_interval(&self, d: Duration) {
         *self.state.interval.lock().expect("lock") = d;
@@ -196,6 +236,10 @@ impl VersionedMock {
     }
 }
 
+/// One sampled token, and the finish when it is the last (the real servers
+/// send a natural finish on the last token's chunk).
+type Sampled = (u32, f32, String, Option<&'static str>);
+
 /// What one generation request asks.
 struct Ask {
     prompt: Vec<u32>,
@@ -203,12 +247,25 @@ struct Ask {
     stop_ids: Vec<u32>,
 }
 
+/// `[{"version", "start", "end"}]` over a stream's tokens, as vLLM 0.33
+/// and SGLang 0.5.20 report them on the last chunk.
+fn spans(versions: &[String]) -> Value {
+    let mut out: Vec<Value> = Vec::new();
+    for (i, v) in versions.iter().enumerate() {
+        match out.last_mut() {
+            Some(last) if last["version"] == v.as_str() => last["end"] = json!(i + 1),
+            _ => out.push(json!({"version": v, "start": i, "end": i + 1})),
+        }
+    }
+    json!(out)
+}
+
 /// Generates the stream of `ask`: each item is `(id, logprob)`, and the
 /// last one the finish (`stop`, `length`, `abort`).
 fn generation(
     s: Arc<VState>,
     ask: Ask,
-) -> impl futures::Stream<Item = Result<(u32, f32), &'static str>> + Send {
+) -> impl futures::Stream<Item = Result<Sampled, &'static str>> + Send {
     let hold = *s.hold_after.lock().expect("lock");
     let interval = *s.interval.lock().expect("lock");
     let mut aborts = s.aborts.subscribe();
@@ -234,11 +291,29 @@ fn generation(
             return end(s, "length");
         }
         if hold == Some(k) {
-            s.held.fetch_add(1, Ordering::SeqCst);
-            s.held_changed.notify_waiters();
-            let _ = aborts.changed().await;
-            s.held.fetch_sub(1, Ordering::SeqCst);
-            return end(s, "abort");
+            let aborted = {
+                let released = s.released.notified();
+                tokio::pin!(released);
+                released.as_mut().enable();
+                s.held.fetch_add(1, Ordering::SeqCst);
+                s.held_changed.notify_waiters();
+                let aborted = tokio::select! {
+                    _ = aborts.changed() => true,
+                    () = released => false,
+                };
+                s.held.fetch_sub(1, Ordering::SeqCst);
+                aborted
+            };
+            if aborted {
+                return end(s, "abort");
+            }
+        }
+        // Paused in place (vLLM `keep`, SGLang `retract`): wait for the
+        // resume, then go on with whatever weights are served then.
+        let mut paused = s.paused.subscribe();
+        tokio::select! {
+            _ = paused.wait_for(|p| !*p) => {}
+            _ = aborts.changed() => return end(s, "abort"),
         }
         if interval.is_zero() {
             tokio::task::yield_now().await;
@@ -253,12 +328,25 @@ fn generation(
         *s.generated
             .lock()
             .expect("lock")
-            .entry(version)
+            .entry(version.clone())
             .or_default() += 1;
         s.total.fetch_add(1, Ordering::SeqCst);
         s.progress.notify_waiters();
-        let stop = ask.stop_ids.contains(&id);
-        Some((Ok((id, lp)), Some((s, ask, aborts, k + 1, stop))))
+        let finish = if ask.stop_ids.contains(&id) {
+            Some("stop")
+        } else if k + 1 >= ask.max_tokens {
+            Some("length")
+        } else {
+            None
+        };
+        if finish.is_some() {
+            s.running.fetch_sub(1, Ordering::SeqCst);
+            return Some((Ok((id, lp, version, finish)), None));
+        }
+        Some((
+            Ok((id, lp, version, None)),
+            Some((s, ask, aborts, k + 1, false)),
+        ))
     })
 }
 
@@ -278,8 +366,9 @@ fn sse(body: impl futures::Stream<Item = String> + Send + 'static) -> Response {
 
 async fn vllm_completions(State(s): State<Arc<VState>>, Json(body): Json<Value>) -> Response {
     s.requests.lock().expect("lock").push(body.clone());
-    if *s.paused.borrow() {
-        // vLLM 0.33 refuses new requests while paused in `abort` / `wait`.
+    if *s.paused.borrow() && !s.keep_seen.load(Ordering::SeqCst) {
+        // vLLM 0.33 refuses new requests while paused in `abort` / `wait`
+        // (and queues them in `keep`).
         return (
             StatusCode::SERVICE_UNAVAILABLE,
             Json(
@@ -296,10 +385,15 @@ async fn vllm_completions(State(s): State<Arc<VState>>, Json(body): Json<Value>)
     };
     let prompt = ask.prompt.clone();
     let mut first = true;
+    let report = body["return_weight_versions"] == json!(true);
+    let mut versions: Vec<String> = Vec::new();
     use futures::StreamExt;
     let events = generation(s, ask).map(move |item| {
+        if let Ok((_, _, v, _)) = &item {
+            versions.push(v.clone());
+        }
         let mut choice = match item {
-            Ok((id, lp)) => json!({"index": 0, "text": "x", "token_ids": [id], "finish_reason": null,
+            Ok((id, lp, _, finish)) => json!({"index": 0, "text": "x", "token_ids": [id], "finish_reason": finish,
                 "logprobs": {"tokens": [format!("token_id:{id}")], "token_logprobs": [lp],
                     "top_logprobs": [{format!("token_id:{id}"): lp}], "text_offset": [0]}}),
             // The last chunk carries the finish and no token.
@@ -308,6 +402,9 @@ async fn vllm_completions(State(s): State<Arc<VState>>, Json(body): Json<Value>)
         };
         if std::mem::take(&mut first) {
             choice["prompt_token_ids"] = json!(prompt);
+        }
+        if report && !choice["finish_reason"].is_null() {
+            choice["weight_versions"] = spans(&versions);
         }
         format!("data: {}\n\n", json!({"id": "cmpl-v", "object": "text_completion", "choices": [choice]}))
     });
@@ -328,24 +425,47 @@ async fn sglang_generate(State(s): State<Arc<VState>>, Json(body): Json<Value>) 
     let prompt_tokens = ask.prompt.len();
     let mut ids: Vec<u32> = Vec::new();
     let mut lps: Vec<Value> = Vec::new();
+    let mut versions: Vec<String> = Vec::new();
     use futures::StreamExt;
     // Default (cumulative) streaming: every chunk has all ids so far.
     let events = generation(s, ask).map(move |item| {
         let finish = match item {
-            Ok((id, lp)) => {
+            Ok((id, lp, v, finish)) => {
                 ids.push(id);
                 lps.push(json!([lp, id, null]));
-                Value::Null
+                versions.push(v);
+                finish.map_or(Value::Null, |f| json!({"type": f}))
             }
             Err("abort") => json!({"type": "abort", "message": "Aborted", "status_code": null, "err_type": null}),
             Err(f) => json!({"type": f}),
         };
-        let out = json!({"text": "", "output_ids": ids, "meta_info": {
+        let mut out = json!({"text": "", "output_ids": ids, "meta_info": {
             "prompt_tokens": prompt_tokens, "completion_tokens": ids.len(),
             "output_token_logprobs": lps, "finish_reason": finish}});
+        if !out["meta_info"]["finish_reason"].is_null() {
+            out["meta_info"]["weight_versions"] = spans(&versions);
+        }
         format!("data: {out}\n\n")
     });
     sse(events)
+}
+
+async fn vllm_version(State(s): State<Arc<VState>>) -> Response {
+    s.version_asked.fetch_add(1, Ordering::SeqCst);
+    s.asked.notify_waiters();
+    match s.wire {
+        Wire::Vllm => ok(json!({"version": s.server_version.lock().expect("lock").clone()})),
+        Wire::Sglang => (StatusCode::NOT_FOUND, "no such route").into_response(),
+    }
+}
+
+async fn sglang_info(State(s): State<Arc<VState>>) -> Response {
+    s.version_asked.fetch_add(1, Ordering::SeqCst);
+    s.asked.notify_waiters();
+    match s.wire {
+        Wire::Sglang => ok(json!({"version": s.server_version.lock().expect("lock").clone()})),
+        Wire::Vllm => (StatusCode::NOT_FOUND, "no such route").into_response(),
+    }
 }
 
 fn ok(v: Value) -> Response {
@@ -369,9 +489,8 @@ async fn admin(
     };
     match (s.wire, uri.path()) {
         (Wire::Vllm, "/pause") => {
-            if query.contains("mode=keep") {
-                s.keep_seen.store(true, Ordering::SeqCst);
-            }
+            s.keep_seen
+                .store(query.contains("mode=keep"), Ordering::SeqCst);
             s.paused.send_replace(true);
             if query.contains("mode=abort") {
                 abort(&s);
@@ -389,6 +508,12 @@ async fn admin(
             ok(json!({"results": [null]}))
         }
         (Wire::Vllm, "/reset_prefix_cache") => ok(json!({"success": true})),
+        (_, "/update_weight_version") => {
+            if let Some(version) = v["new_version"].as_str() {
+                *s.version.lock().expect("lock") = version.to_string();
+            }
+            ok(json!({"success": true, "new_version": v["new_version"]}))
+        }
         (Wire::Vllm, "/start_weight_update") => ok(json!({"message": "Weight update started"})),
         (Wire::Vllm, "/finish_weight_update") => {
             if let Some(version) = v["weight_version"].as_str() {
@@ -397,6 +522,7 @@ async fn admin(
             ok(json!({"message": "Weight update finished"}))
         }
         (Wire::Sglang, "/pause_generation") => {
+            s.keep_seen.store(v["mode"] == "retract", Ordering::SeqCst);
             s.paused.send_replace(true);
             if v["mode"] == "abort" || v["mode"].is_null() {
                 abort(&s);
