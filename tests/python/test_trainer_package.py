@@ -265,12 +265,15 @@ def test_update_weights_weight_push_and_fleet(tok):
         with pytest.raises(tito.ConflictError):
             client.commit_weights("step-4")  # no begin
 
-        # Other modes are passed to the gateway: `abort` runs as asked;
-        # `keep` runs as `abort` there, which the package warns about.
+        # Other modes are passed to the gateway: `abort` runs as asked; a
+        # `keep` push on a backend that cannot keep runs as `abort` there,
+        # which the package warns about.
         assert client.update_weights("step-5", mode="abort")["mode"] == "abort"
         assert client.fleet()["weight_version"] == "step-5"
         with pytest.warns(tito.TitoWarning, match="keep"):
-            client.update_weights("step-6", mode="keep")
+            with client.weight_push("step-6", mode="keep") as begun:
+                assert begun["mode"] == "abort" and begun["asked_mode"] == "keep"
+        assert client.fleet()["weight_version"] == "step-6"
         with pytest.raises(ValueError, match="mode"):
             client.update_weights("step-7", mode="later")
 
