@@ -89,6 +89,9 @@ pub async fn start_sequence(
         }
         let interruption = route.interruption();
         let first = tokio::select! {
+            // A first event already here is taken: its tokens are kept
+            // (an abort that follows continues the call).
+            biased;
             first = first_event(&route, req.clone())
                 .instrument(tracing::info_span!(target: PHASE, "first_token")) => first,
             // A weight update in `abort` mode reached the backend before
