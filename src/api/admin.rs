@@ -246,7 +246,19 @@ async fn can_sleep(state: &AppState, deadline: std::time::Duration) -> Result<()
         .router
         .broadcast_admin(&AdminOp::SleepCheck, deadline)
         .await;
-    let refused: Vec<String> = checks
+    let refused = refusals(&checks);
+    if refused.is_empty() {
+        return Ok(());
+    }
+    Err(ApiError::conflict(format!(
+        "no backend was put to sleep: {}",
+        refused.join("; ")
+    )))
+}
+
+/// Each backend of a check that said no, with why.
+fn refusals(checks: &[AdminResult]) -> Vec<String> {
+    checks
         .iter()
         .filter(|r| !r.ok)
         .map(|r| match &r.outcome {
@@ -256,14 +268,7 @@ async fn can_sleep(state: &AppState, deadline: std::time::Duration) -> Result<()
             }
             crate::router::AdminOutcome::Done { .. } => r.backend.clone(),
         })
-        .collect();
-    if refused.is_empty() {
-        return Ok(());
-    }
-    Err(ApiError::conflict(format!(
-        "no backend was put to sleep: {}",
-        refused.join("; ")
-    )))
+        .collect()
 }
 
 /// A 409 while a two-step weight update is begun and not committed.
@@ -393,17 +398,7 @@ async fn settle_keep(
         .router
         .broadcast_admin(&AdminOp::KeepCheck, deadline)
         .await;
-    let refused: Vec<String> = checks
-        .iter()
-        .filter(|r| !r.ok)
-        .map(|r| match &r.outcome {
-            crate::router::AdminOutcome::Failed { error } => format!("{}: {error}", r.backend),
-            crate::router::AdminOutcome::TimedOut { after_s } => {
-                format!("{}: no answer within {after_s} s", r.backend)
-            }
-            crate::router::AdminOutcome::Done { .. } => r.backend.clone(),
-        })
-        .collect();
+    let refused = refusals(&checks);
     if refused.is_empty() {
         return (UpdateMode::Keep, None);
     }
