@@ -25,7 +25,9 @@ use tokio_stream::wrappers::ReceiverStream;
 
 use super::trajectories::{FilterParams, StoreState};
 use crate::error::ApiError;
-use crate::export::{export as run_export, ExportError, ExportOptions, Format, Layout};
+use crate::export::{
+    export as run_export, ExportError, ExportOptions, Format, Layout, EXPORT_SCHEMA_VERSION,
+};
 use crate::store::{TrajectoryFilter, TrajectoryIter, TrajectoryStatus};
 
 /// Chunks in flight between the producer and the response body.
@@ -60,6 +62,8 @@ pub struct ExportParams {
     pub status: Option<String>,
     pub since: Option<String>,
     pub group: Option<String>,
+    /// One trajectory's rows, by id (not with `consumer` or other filters).
+    pub trajectory: Option<String>,
     pub complete_groups: Option<bool>,
     pub group_size: Option<u32>,
     pub prompt_length: Option<usize>,
@@ -198,9 +202,14 @@ async fn export(
             .map_err(|e| ApiError::internal(e.to_string()))?,
         ),
     ];
-    let source = match &p.consumer {
-        None => Source::Filter(filter),
-        Some(consumer) => {
+    headers.push((
+        header::HeaderName::from_static("x-export-schema-version"),
+        HeaderValue::from_static(EXPORT_SCHEMA_VERSION),
+    ));
+    let source = match (&p.consumer, &p.trajectory) {
+        (None, None) => Source::Filter(filter),
+        (consumer, Some(id)) => Source::Ids(one_trajectory(&st, id, consumer.is_some(), &p).await?),
+        (Some(consumer), None) => {
             let lease = lease(&st, consumer, filter, &p).await?;
             // Nothing left to lease: the consumer has caught up.
             let lag_ms = lease
@@ -271,6 +280,38 @@ async fn export(
     let mut resp = Body::from_stream(ReceiverStream::new(rx)).into_response();
     resp.headers_mut().extend(headers);
     Ok(resp)
+}
+
+/// `trajectory=ID`: that trajectory alone, whatever its status; 404 when
+/// the store has no such trajectory. It names its rows exactly, so it is
+/// refused beside a consumer (pages are leased) or another filter.
+async fn one_trajectory(
+    st: &StoreState,
+    id: &str,
+    with_consumer: bool,
+    p: &ExportParams,
+) -> Result<Vec<String>, ApiError> {
+    super::check_id("trajectory", "trajectory", id)?;
+    let others = [
+        ("consumer", with_consumer),
+        ("status", p.status.is_some()),
+        ("since", p.since.is_some()),
+        ("group", p.group.is_some()),
+        ("complete_groups", p.complete_groups.is_some()),
+        ("group_size", p.group_size.is_some()),
+        ("limit", p.limit.is_some()),
+        ("lease_s", p.lease_s.is_some()),
+    ];
+    if let Some((name, _)) = others.iter().find(|(_, given)| *given) {
+        return Err(ApiError::invalid(
+            "trajectory",
+            format!("`trajectory` names the rows to export and cannot be combined with `{name}`"),
+        ));
+    }
+    if st.store.get_meta(id).await?.is_none() {
+        return Err(ApiError::not_found(format!("no trajectory `{id}`")));
+    }
+    Ok(vec![id.to_owned()])
 }
 
 /// What an export reads.

@@ -19,6 +19,12 @@ use serde::{Deserialize, Serialize};
 
 pub use rows::{version_cmp, ExportRow, VerlColumns};
 
+/// The export schema this build writes, sent as `X-Export-Schema-Version`
+/// by `GET /v1/export`. It changes when a column of any layout is removed,
+/// renamed or changes type; a column added beside the others keeps it, so
+/// a reader of this version reads every later export of it.
+pub const EXPORT_SCHEMA_VERSION: &str = "1";
+
 /// Largest `prompt_length` / `response_length` an export accepts.
 pub const MAX_LENGTH: usize = 131_072;
 
