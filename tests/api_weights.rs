@@ -296,6 +296,57 @@ async fn a_refused_begin_is_called_off_everywhere_and_traffic_resumes() {
     assert_eq!(call_version(&g, "after-abort").await, Value::Null);
 }
 
+/// A begun update called off (the trainer's push failed before it changed
+/// anything): every backend's update ends without new weights, the weight
+/// version is the one before the begin, a call waiting in admission goes
+/// through, and a second call-off or a commit has nothing to end.
+#[tokio::test]
+async fn a_begun_update_is_called_off_and_the_version_stays() {
+    let a = MockVllm::start(mock_reply()).await;
+    a.state.transfer_configured.store(true, Ordering::SeqCst);
+    let g = gateway(&[a.url()], "memory://").await;
+    let (status, report) = post_admin(&g, "/admin/weights/cancel", json!({})).await;
+    assert_eq!(status, 409, "nothing begun: {report}");
+    assert!(report["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("no weight update")));
+    let (status, _) = post_admin(&g, "/admin/weights", json!({"version": "step-1"})).await;
+    assert_eq!(status, 200);
+    let (status, report) = post_admin(&g, "/admin/weights/begin", json!({})).await;
+    assert_eq!(status, 200, "{report}");
+    let waiting = g.spawn_chat("/t/during-cancel/v1/chat/completions");
+    let (status, report) = post_admin(&g, "/admin/weights/cancel", json!({})).await;
+    assert_eq!(status, 200, "{report}");
+    assert_eq!(report["called_off"], true);
+    assert_eq!(report["paused"], false);
+    assert_eq!(report["weight_version"], "step-1");
+    assert_eq!(waiting.await.expect("join"), 200);
+    let t = get_admin(&g, "/v1/trajectories/during-cancel").await;
+    assert_eq!(t["calls"][0]["weight_version"], "step-1");
+    assert!(!a.state.paused.load(Ordering::SeqCst), "{:?}", a.log());
+    assert!(
+        !a.state.transfer_started.load(Ordering::SeqCst),
+        "{:?}",
+        a.log()
+    );
+    assert!(
+        a.log()
+            .iter()
+            .any(|l| l.starts_with("/finish_weight_update")),
+        "{:?}",
+        a.log()
+    );
+    for (path, body) in [
+        ("/admin/weights/cancel", json!({})),
+        ("/admin/weights/commit", json!({"version": "step-2"})),
+    ] {
+        let (status, report) = post_admin(&g, path, body).await;
+        assert_eq!(status, 409, "{path}: {report}");
+    }
+    let fleet = get_admin(&g, "/admin/backends").await;
+    assert_eq!(fleet["weight_version"], "step-1", "{fleet}");
+}
+
 /// Admission stays paused while any reason holds, and a weight update is
 /// refused while the backends sleep (a reload into a sleeping vLLM is lost
 /// at wake-up, when its host copy of the old weights is copied back): a

@@ -28,6 +28,7 @@ pub fn routes() -> Router<AppState> {
         .route("/admin/wake_up", post(wake_up))
         .route("/admin/weights", post(weights))
         .route("/admin/weights/begin", post(weights_begin))
+        .route("/admin/weights/cancel", post(weights_cancel))
         .route("/admin/weights/commit", post(weights_commit))
 }
 
@@ -580,7 +581,7 @@ async fn begin_update(
     if results.iter().all(|r| r.ok) {
         state.router.pause_admission(Pause::Updating);
         state.router.resume_admission(Pause::Operation);
-        state.router.update_begun(mode.as_str(), paused_at);
+        state.router.update_begun(mode.as_str(), paused_at, before);
         tracing::info!(
             mode = mode.as_str(),
             "weight update begun: push the weights, then commit"
@@ -640,8 +641,8 @@ async fn commit_update(state: AppState, c: Commit) -> Result<Response, ApiError>
         Ok(None)
     };
     state.router.resume_admission(Pause::Updating);
-    if let Some((mode, since)) = state.router.update_ended() {
-        crate::metrics::update_pause(mode, since.elapsed());
+    if let Some(begun) = state.router.update_ended() {
+        crate::metrics::update_pause(begun.mode, begun.at.elapsed());
     }
     let seq = stored?;
     tracing::info!(version = %c.version, ok, "weight update committed");
@@ -650,4 +651,39 @@ async fn commit_update(state: AppState, c: Commit) -> Result<Response, ApiError>
         results,
         json!({"version": c.version, "version_seq": seq}),
     ))
+}
+
+/// Two steps, called off: the trainer's push failed before it changed any
+/// backend's weights. Tells every backend the update ended without new
+/// weights, puts back the weight version recorded before `begin` and ends
+/// the pause; interrupted calls go on with the weights they had.
+async fn weights_cancel(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let t: Timing = parse_json(&body)?;
+    one_at_a_time(&state, move |state| cancel_update(state, t)).await
+}
+
+async fn cancel_update(state: AppState, timing: Timing) -> Result<Response, ApiError> {
+    if !state.router.is_paused_for(Pause::Updating) {
+        return Err(ApiError::conflict(
+            "no weight update is in progress: nothing to call off",
+        ));
+    }
+    let results = state
+        .router
+        .broadcast_admin(&AdminOp::AbortWeightUpdate, timing.deadline(&state))
+        .await;
+    let begun = state.router.update_ended();
+    let before = begun.as_ref().and_then(|b| b.before.clone());
+    let restored = state
+        .store
+        .store
+        .set_weight_version(before.as_deref().unwrap_or(""))
+        .await;
+    state.router.resume_admission(Pause::Updating);
+    if let Some(b) = &begun {
+        crate::metrics::update_pause(b.mode, b.at.elapsed());
+    }
+    restored?;
+    tracing::info!("weight update called off: the weights stay as they were");
+    Ok(report(&state, results, json!({"called_off": true})))
 }

@@ -200,13 +200,14 @@ impl Router {
     }
 
     /// Notes that a two-step weight update in `mode` was begun, admission
-    /// paused since `at`, for the pause's metric at its end.
-    pub fn update_begun(&self, mode: &'static str, at: std::time::Instant) {
-        self.lock().update_begun = Some((mode, at));
+    /// paused since `at`, the store's weight version before it `before`
+    /// (put back when the update is called off).
+    pub fn update_begun(&self, mode: &'static str, at: std::time::Instant, before: Option<String>) {
+        self.lock().update_begun = Some(BegunUpdate { mode, at, before });
     }
 
-    /// The mode and pause start of the begun update, now ended.
-    pub fn update_ended(&self) -> Option<(&'static str, std::time::Instant)> {
+    /// The begun update, now ended.
+    pub fn update_ended(&self) -> Option<BegunUpdate> {
         self.lock().update_begun.take()
     }
 
@@ -237,4 +238,15 @@ impl Router {
             }
         }
     }
+}
+
+/// A two-step weight update between `begin` and `commit` (or its call-off).
+#[derive(Debug, Clone)]
+pub struct BegunUpdate {
+    /// The mode it runs in (`wait`, `abort`, `keep`).
+    pub mode: &'static str,
+    /// When admission was paused for it.
+    pub at: std::time::Instant,
+    /// The store's weight version before `begin` marked it in doubt.
+    pub before: Option<String>,
 }

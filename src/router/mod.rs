@@ -237,7 +237,7 @@ struct Inner {
     /// Its sequence number in the store, when known.
     weight_seq: Option<u64>,
     /// A begun two-step update: its mode, and when admission paused.
-    update_begun: Option<(&'static str, std::time::Instant)>,
+    update_begun: Option<admission::BegunUpdate>,
     /// The sequence number of each version label the fleet served.
     labels: std::collections::HashMap<Arc<str>, u64>,
 }
