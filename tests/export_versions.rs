@@ -290,7 +290,9 @@ fn app(store: Arc<MemoryStore>) -> axum::Router {
         on_finish: None,
         pad_id: 0,
     };
-    tito::api::export::routes().with_state(state)
+    tito::api::export::routes()
+        .merge(tito::api::trajectories::routes())
+        .with_state(state)
 }
 
 async fn get(app: &axum::Router, uri: &str) -> (StatusCode, Vec<u8>) {
@@ -355,4 +357,100 @@ async fn the_http_export_filters_by_version_and_names_a_bad_value() {
             "{v}"
         );
     }
+}
+
+/// Status and headers of a request, with its body.
+async fn get_full(app: &axum::Router, uri: &str) -> (StatusCode, axum::http::HeaderMap, Vec<u8>) {
+    let req = Request::builder()
+        .uri(uri)
+        .body(Body::empty())
+        .expect("request");
+    let resp = app.clone().oneshot(req).await.expect("response");
+    let (status, headers) = (resp.status(), resp.headers().clone());
+    let bytes = axum::body::to_bytes(resp.into_body(), 64 << 20)
+        .await
+        .expect("body");
+    (status, headers, bytes.to_vec())
+}
+
+#[tokio::test]
+async fn one_trajectory_is_exported_by_id_under_the_schema_version_header() {
+    let store = store().await;
+    // An active trajectory is exported too: `trajectory=` names it exactly.
+    store
+        .append_call(call("live", 0, 0, None, ids(1, 2), ids(60, 2)))
+        .await
+        .expect("append");
+    let app = app(store);
+    for id in ["seam", "live"] {
+        let (s, headers, body) = get_full(&app, &format!("/v1/export?trajectory={id}")).await;
+        assert_eq!(s, StatusCode::OK, "{id}");
+        assert_eq!(
+            headers
+                .get("x-export-schema-version")
+                .and_then(|v| v.to_str().ok()),
+            Some(tito::export::EXPORT_SCHEMA_VERSION)
+        );
+        let rows = jsonl_rows(&body);
+        assert!(!rows.is_empty(), "{id}");
+        assert!(
+            rows.iter().all(|r| r["trajectory_id"] == id),
+            "{id}: {rows:?}"
+        );
+    }
+    let (s, headers, _) = get_full(&app, "/v1/export?status=finished").await;
+    assert_eq!(s, StatusCode::OK);
+    assert_eq!(
+        headers
+            .get("x-export-schema-version")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
+    let (s, _, body) = get_full(&app, "/v1/export?trajectory=nosuch").await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    let v: Value = serde_json::from_slice(&body).expect("error body");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("nosuch")),
+        "{v}"
+    );
+    for other in ["consumer=ppo", "group=g", "status=finished", "limit=3"] {
+        let (s, _, body) = get_full(&app, &format!("/v1/export?trajectory=seam&{other}")).await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{other}");
+        let v: Value = serde_json::from_slice(&body).expect("error body");
+        assert_eq!(v["error"]["param"], "trajectory", "{v}");
+        let name = other.split('=').next().unwrap_or_default();
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .is_some_and(|m| m.contains(name)),
+            "{v}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn registered_versions_are_listed_by_sequence_number() {
+    let app = app(store().await);
+    let (s, body) = get(&app, "/v1/versions").await;
+    assert_eq!(s, StatusCode::OK);
+    let v: Value = serde_json::from_slice(&body).expect("json");
+    assert_eq!(v["object"], "list");
+    let listed: Vec<(u64, String)> = v["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .map(|d| {
+            assert!(d["registered_at"].as_i64().is_some_and(|t| t > 0), "{d}");
+            (
+                d["seq"].as_u64().expect("seq"),
+                d["version"].as_str().expect("version").to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        listed,
+        [(1, "v1".into()), (2, "v2".into()), (3, "v3".into())]
+    );
 }

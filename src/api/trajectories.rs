@@ -41,7 +41,8 @@ pub struct StoreState {
 
 /// `GET /v1/trajectories`, `GET /v1/trajectories/{id}`,
 /// `POST /v1/trajectories/{id}/reward`, `POST /v1/trajectories/{id}/finish`,
-/// `POST /v1/trajectories/{id}/metadata`, `GET /v1/groups/{group}`.
+/// `POST /v1/trajectories/{id}/metadata`, `GET /v1/groups/{group}`,
+/// `GET /v1/versions`.
 pub fn routes<S>() -> Router<S>
 where
     StoreState: FromRef<S>,
@@ -54,6 +55,28 @@ where
         .route("/v1/trajectories/{id}/finish", post(finish))
         .route("/v1/trajectories/{id}/metadata", post(metadata))
         .route("/v1/groups/{group}", get(group))
+        .route("/v1/versions", get(versions))
+}
+
+/// `GET /v1/versions`: every registered weight version, ascending by its
+/// sequence number (the numbers `response_versions` and the version filters
+/// of the export use), so a trainer can name the weights of each token.
+async fn versions(State(st): State<StoreState>) -> Result<Json<Value>, ApiError> {
+    let data: Vec<Value> = st
+        .store
+        .versions()
+        .await?
+        .into_iter()
+        .map(|v| {
+            json!({
+                "object": "weight_version",
+                "seq": v.seq,
+                "version": v.label,
+                "registered_at": v.registered_at,
+            })
+        })
+        .collect();
+    Ok(Json(json!({"object": "list", "data": data})))
 }
 
 /// Parses `since`: unix milliseconds, or an RFC 3339 timestamp.
