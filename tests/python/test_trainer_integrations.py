@@ -346,5 +346,14 @@ def test_areal_workflow_with_openai_sdk_and_langchain_agents(tok):
     assert tito.areal.version_number("12") == tito.areal.version_number("step-12") == 12
     with pytest.raises(tito.TitoError):
         tito.areal.version_number("final")
+    # A call split by an abort / keep update: each token gets the version
+    # that sampled it, read per token; per call where the export has none.
+    split = {"response_mask": [1, 1, 0, 1, 1], "response_versions": [1, 1, None, 2, 2],
+             "call_offsets": [0], "weight_versions": ["step-3"]}
+    labels = {1: "step-3", 2: "step-4"}
+    assert tito.areal.token_versions(split, labels) == [3, 3, -1, 4, 4]
+    assert tito.areal.token_versions(split) == [3, 3, -1, 3, 3]
+    with pytest.raises(tito.TitoError, match="not registered"):
+        tito.areal.token_versions(split, {1: "step-3"})
 
 

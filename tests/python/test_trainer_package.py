@@ -16,6 +16,7 @@ import sys
 import time
 import types
 
+import httpx
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -163,7 +164,8 @@ def test_rewards_finish_metadata_verify_and_typed_errors(tok):
 
         g = client.group("gsm-1")
         assert (g["size"], g["finished"], g["rewarded"], g["mean_reward"]) == (1, 1, 1, 0.5)
-        [row] = t.samples()
+        [row] = t.samples()  # one trajectory's export (`trajectory=ID`)
+        assert row["trajectory_id"] == t.id
         assert row["reward"] == 0.5 and row["reward_extra_info"] == {"acc": 1, "format": 0}
         assert (row["data_source"], row["index"], row["extra_info"]) == ("gsm8k", 12, {"answer": 42})
         assert row["group"] == "gsm-1" and row["num_turns"] == 1
@@ -178,6 +180,12 @@ def test_rewards_finish_metadata_verify_and_typed_errors(tok):
         with pytest.raises(tito.ConflictError) as e:
             client.metadata(t.id, group="another-group")
         assert e.value.status == 409 and e.value.body["error"]["message"] == e.value.message
+        with pytest.raises(tito.NotFoundError) as e:
+            client.samples("no-such-trajectory")
+        assert "no-such-trajectory" in e.value.message
+        # The gateway names the export schema it writes, and the package reads it.
+        page = httpx.get(f"http://{addr}/v1/export", params={"trajectory": t.id})
+        assert page.headers["x-export-schema-version"] in tito.EXPORT_SCHEMA_VERSIONS
         with pytest.raises(tito.NotFoundError) as e:
             client.trajectory("no-such-trajectory")
         assert e.value.status == 404 and "no-such-trajectory" in e.value.message
@@ -274,6 +282,21 @@ def test_update_weights_weight_push_and_fleet(tok):
             with client.weight_push("step-6", mode="keep") as begun:
                 assert begun["mode"] == "abort" and begun["asked_mode"] == "keep"
         assert client.fleet()["weight_version"] == "step-6"
+        assert client.versions() == {1: "step-1", 2: "step-2", 3: "step-3", 4: "step-5",
+                                     5: "step-6"}
+
+        # A push that failed before changing any weights is called off: the
+        # version stays, admission resumes, and there is nothing left to end.
+        with pytest.raises(RuntimeError, match="push failed"):
+            with client.weight_push("step-7"):
+                raise RuntimeError("push failed")
+        assert client.fleet()["paused"] is True
+        called_off = client.cancel_weights()
+        assert called_off["called_off"] is True and called_off["weight_version"] == "step-6"
+        assert client.fleet()["paused"] is False
+        assert one_call("w7")["weight_versions"] == ["step-6"]
+        with pytest.raises(tito.ConflictError):
+            client.cancel_weights()
         with pytest.raises(ValueError, match="mode"):
             client.update_weights("step-7", mode="later")
 

@@ -149,7 +149,7 @@ async def run_episode(client: AsyncClient, agent: Agent, *, group: str, task: di
     if reward is not None:
         await client.reward(traj.id, reward, extra=extra)
     await client.finish(traj.id)
-    samples = await client.samples(traj.id, group=group)
+    samples = await client.samples(traj.id)
     record = await client.trajectory(traj.id)
     return Episode(trajectory=traj, returned=returned, reward=reward, reward_extra=extra,
                    sample=samples[-1], num_samples=len(samples), record=record,

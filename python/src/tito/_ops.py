@@ -103,6 +103,13 @@ def health() -> Op[bool]:
     return bool(r.status_code == 200)
 
 
+def versions() -> Op[dict[int, str]]:
+    """Every registered weight version: sequence number -> label."""
+    doc = _json((yield Req("GET", "/v1/versions")))
+    data = doc.get("data") if isinstance(doc, dict) else None
+    return {int(v["seq"]): str(v["version"]) for v in data or []}
+
+
 def gateway_version() -> Op[str | None]:
     """The gateway's version (`info.version` of `/openapi.json`)."""
     doc = _json((yield Req("GET", "/openapi.json")))
@@ -179,16 +186,10 @@ def lease_running(batch: Batch) -> bool:
     return batch.lease_expires_ms is None or batch.lease_expires_ms > time.time() * 1000
 
 
-def samples(tid: str, group: str | None, state: dict[str, Any]) -> Op[list[dict[str, Any]]]:
+def samples(tid: str, state: dict[str, Any]) -> Op[list[dict[str, Any]]]:
     """A trajectory's samples as the export writes them (`layout=trajectory`
-    rows, JSON columns parsed), by `sample`. The export filters by group,
-    not by trajectory: the group's export is read and this trajectory's
-    rows kept."""
-    if group is None:
-        raise ValueError(
-            "reading one trajectory's samples needs its group: the gateway's export "
-            "filters by group, not by trajectory id")
-    params = export_params("trajectory", None, None, None, {"group": group})
+    rows of `trajectory=ID`, JSON columns parsed), by `sample`."""
+    params = export_params("trajectory", None, None, None, {"trajectory": tid})
     table = yield from export(params, state)
     found: list[dict[str, Any]] = [row for row in rows(table) if row["trajectory_id"] == tid]
     if not found:
@@ -242,6 +243,11 @@ def begin_weights(mode: str, timeout_s: float | None, drain_timeout_s: float | N
 def commit_weights(version: str, timeout_s: float | None) -> Op[dict[str, Any]]:
     body = _drop_none({"version": version, "timeout_s": timeout_s})
     return _json((yield Req("POST", "/admin/weights/commit", json=body, admin=True)))
+
+
+def cancel_weights(timeout_s: float | None) -> Op[dict[str, Any]]:
+    body = _drop_none({"timeout_s": timeout_s})
+    return _json((yield Req("POST", "/admin/weights/cancel", json=body, admin=True)))
 
 
 def add_backend(url: str, kind: str, name: str | None) -> Op[dict[str, Any]]:

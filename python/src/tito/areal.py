@@ -17,8 +17,11 @@ dimension 1 (areal/workflow/rlvr.py, lines 165-178):
 
 AReaL numbers weight versions with integers from 0 (the initial weights);
 tito's versions are the strings given to `update_weights`. A token's
-version is the last run of digits of its call's version (`"12"`,
-`"step-12"` -> 12) and 0 for a call served before any update. Tensors are
+version is the last run of digits of the label of the weights that sampled
+it (`"12"`, `"step-12"` -> 12), read per token from the export's
+`response_versions` and the gateway's `GET /v1/versions` (a call that an
+`abort` / `keep` update split carries both versions), and 0 for a token
+sampled before any update. Tensors are
 torch tensors when torch is importable, else numpy arrays of the same
 dtypes and shapes.
 
@@ -63,9 +66,25 @@ def version_number(version: str | None) -> int:
     return int(m.group(1))
 
 
-def token_versions(sample: dict[str, Any]) -> list[int]:
-    """Per response token: the version of the call that sampled it, -1 on
-    tokens nothing sampled."""
+def token_versions(sample: dict[str, Any], labels: dict[int, str] | None = None) -> list[int]:
+    """Per response token: the version of the weights that sampled it, -1
+    on tokens nothing sampled. With `labels` (sequence number -> label) and
+    the export's `response_versions`, per token; else per call, from
+    `weight_versions` (an export without per-token versions)."""
+    per_token = sample.get("response_versions")
+    if labels is not None and per_token is not None:
+        out = []
+        for seq, m in zip(per_token, sample["response_mask"]):
+            if not m:
+                out.append(-1)
+            elif seq is None:
+                out.append(version_number(None))
+            elif int(seq) in labels:
+                out.append(version_number(labels[int(seq)]))
+            else:
+                raise EpisodeError(f"weight version number {seq} is not registered at the "
+                                   "gateway (GET /v1/versions)")
+        return out
     offsets = list(sample["call_offsets"])
     numbers = [version_number(v) for v in sample["weight_versions"]]
     out = []
@@ -77,7 +96,8 @@ def token_versions(sample: dict[str, Any]) -> list[int]:
     return out
 
 
-def episode_tensors(episode: Episode, reward: float) -> dict[str, Any]:
+def episode_tensors(episode: Episode, reward: float,
+                    labels: dict[int, str] | None = None) -> dict[str, Any]:
     """AReaL's tensor dict of a rollout (batch dimension 1)."""
     s = episode.sample
     prompt, response = list(s["prompt_ids"]), list(s["response_ids"])
@@ -92,7 +112,7 @@ def episode_tensors(episode: Episode, reward: float) -> dict[str, Any]:
         "input_ids": (prompt + response, "int32"),
         "loss_mask": ([0] * len(prompt) + mask, "int32"),
         "logprobs": ([0.0] * len(prompt) + logprobs, "float32"),
-        "versions": ([-1] * len(prompt) + token_versions(s), "int32"),
+        "versions": ([-1] * len(prompt) + token_versions(s, labels), "int32"),
         "attention_mask": ([True] * (len(prompt) + len(response)), "bool"),
     }
     try:
@@ -152,8 +172,10 @@ class TitoWorkflow(RolloutWorkflow):  # type: ignore[misc]
         group = self.group_fn(data) if self.group_fn else "areal-" + new_trajectory_id()[5:]
         async with AsyncClient(self.gateway, token=self.token, api_key=self.api_key) as client:
             episode = await run_episode(client, self.agent, group=group, task=dict(data))
+            labels = (await client.versions()
+                      if episode.sample.get("response_versions") is not None else None)
         reward = episode.reward if episode.reward is not None else episode.sample["reward"]
         if reward is None:
             raise EpisodeError(f"trajectory {episode.trajectory.id}: the agent returned no "
                                "reward and none was posted; AReaL needs one per episode")
-        return episode_tensors(episode, float(reward))
+        return episode_tensors(episode, float(reward), labels)

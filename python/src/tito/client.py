@@ -45,7 +45,7 @@ class Trajectory:
         return self.client.verify(self.id, threshold=threshold, backend=backend)
 
     def samples(self) -> Any:
-        return self.client.samples(self.id, group=self.group)
+        return self.client.samples(self.id)
 
     def get(self) -> Any:
         return self.client.trajectory(self.id)
@@ -190,9 +190,11 @@ class Client(_Common):
     def group(self, group: str) -> dict[str, Any]:
         return self._run(_ops.get(f"/v1/groups/{group}"))
 
-    def samples(self, trajectory_id: str, *, group: str | None) -> list[dict[str, Any]]:
-        """The trajectory's samples as exported (`layout=trajectory`)."""
-        return self._run(_ops.samples(trajectory_id, group, self._schema_state))
+    def samples(self, trajectory_id: str) -> list[dict[str, Any]]:
+        """The trajectory's samples as exported (`layout=trajectory`,
+        whatever its status); `NotFoundError` when there is no such
+        trajectory."""
+        return self._run(_ops.samples(trajectory_id, self._schema_state))
 
     # export
 
@@ -265,12 +267,19 @@ class Client(_Common):
         `begin` on entry (admission paused, backends told), `commit
         {version}` when the block returns. When the block raises, nothing
         is committed and the exception propagates: admission stays paused
-        until a later commit (push again, then `commit_weights`)."""
+        until a later commit (push again, then `commit_weights`) or, when
+        the failed push changed no weights, `cancel_weights()`."""
         yield self._run(_ops.begin_weights(mode, timeout_s, drain_timeout_s))
         self.commit_weights(version, timeout_s=timeout_s)
 
     def commit_weights(self, version: str, *, timeout_s: float | None = None) -> dict[str, Any]:
         return self._run(_ops.commit_weights(version, timeout_s))
+
+    def cancel_weights(self, *, timeout_s: float | None = None) -> dict[str, Any]:
+        """Calls off a begun update whose push changed no weights: the
+        backends go on with the weights they had, under the version before
+        the begin, and admission resumes. `ConflictError` when none is begun."""
+        return self._run(_ops.cancel_weights(timeout_s))
 
     def sleep(self, level: int = 1) -> dict[str, Any]:
         return self._run(_ops.admin_post("/admin/sleep", params={"level": level}))
@@ -302,6 +311,11 @@ class Client(_Common):
     def remove_backend(self, backend: str | int) -> dict[str, Any]:
         """Removes a backend by id or name."""
         return self._run(_ops.remove_backend(backend))
+
+    def versions(self) -> dict[int, str]:
+        """`GET /v1/versions`: each registered weight version's sequence
+        number (the numbers in `response_versions`) -> its label."""
+        return self._run(_ops.versions())
 
     def gateway_version(self) -> str | None:
         return self._run(_ops.gateway_version())
@@ -374,8 +388,8 @@ class AsyncClient(_Common):
     async def group(self, group: str) -> dict[str, Any]:
         return await self._run(_ops.get(f"/v1/groups/{group}"))
 
-    async def samples(self, trajectory_id: str, *, group: str | None) -> list[dict[str, Any]]:
-        return await self._run(_ops.samples(trajectory_id, group, self._schema_state))
+    async def samples(self, trajectory_id: str) -> list[dict[str, Any]]:
+        return await self._run(_ops.samples(trajectory_id, self._schema_state))
 
     async def export(self, *, layout: str = "trajectory", prompt_length: int | None = None,
                      response_length: int | None = None, pad_id: int | None = None,
@@ -430,6 +444,9 @@ class AsyncClient(_Common):
                              timeout_s: float | None = None) -> dict[str, Any]:
         return await self._run(_ops.commit_weights(version, timeout_s))
 
+    async def cancel_weights(self, *, timeout_s: float | None = None) -> dict[str, Any]:
+        return await self._run(_ops.cancel_weights(timeout_s))
+
     async def sleep(self, level: int = 1) -> dict[str, Any]:
         return await self._run(_ops.admin_post("/admin/sleep", params={"level": level}))
 
@@ -454,6 +471,9 @@ class AsyncClient(_Common):
 
     async def remove_backend(self, backend: str | int) -> dict[str, Any]:
         return await self._run(_ops.remove_backend(backend))
+
+    async def versions(self) -> dict[int, str]:
+        return await self._run(_ops.versions())
 
     async def gateway_version(self) -> str | None:
         return await self._run(_ops.gateway_version())
