@@ -450,6 +450,12 @@ async fn run_verify(a: VerifyArgs) -> anyhow::Result<()> {
     use tito::verify::{sample_json, Options, Summary};
 
     let config = tito::Config::load(&a.config)?;
+    if config.backends.is_empty() {
+        bail!(
+            "{}: tito verify replays on the configured backends and [[backends]] is empty",
+            a.config.display()
+        );
+    }
     let max_len = (config.model.max_model_len > 0).then_some(config.model.max_model_len as usize);
     let mut opts = Options::from_config(&config.verify, max_len);
     if let Some(t) = a.threshold {

@@ -410,3 +410,40 @@ async fn sleep_is_refused_naming_a_backend_without_sleep_mode() {
     let r = g.spawn_chat("/v1/chat/completions").await.expect("join");
     assert_eq!(r, 200, "calls go on");
 }
+
+/// A config without `[[backends]]` starts an empty fleet: calls and
+/// `/ready` answer 503 naming the way out, and a backend added through
+/// `POST /admin/backends` takes calls at once.
+#[tokio::test]
+async fn an_empty_fleet_starts_and_takes_calls_once_a_backend_is_added() {
+    let g = start_gateway(config(
+        &[],
+        &format!("[auth]\nadmin_tokens = [\"{TOKEN}\"]\n"),
+    ))
+    .await;
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}]});
+    let r = g.post("/t/empty-1/v1/chat/completions", chat.clone()).await;
+    assert_eq!(r.status(), 503);
+    let body: Value = r.json().await.expect("json");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("POST /admin/backends")),
+        "{body}"
+    );
+    let r = g.client.get(g.url("/ready")).send().await.expect("ready");
+    assert_eq!(r.status(), 503);
+    let c = MockVllm::start(Scripted::ids(vec![b'o'.into(), b'k'.into(), IM_END])).await;
+    let r = admin(
+        &g,
+        reqwest::Method::POST,
+        "/admin/backends",
+        Some(json!({"url": c.url(), "kind": "vllm"})),
+    )
+    .await;
+    assert_eq!(r.status(), 201);
+    let r = g.post("/t/empty-2/v1/chat/completions", chat).await;
+    assert_eq!(r.status(), 200);
+    let v: Value = r.json().await.expect("json");
+    assert_eq!(v["choices"][0]["message"]["content"], "ok");
+}

@@ -650,6 +650,11 @@ pub async fn serve(
     }
     let renderer = Renderer::load(&config.model)?;
     let backends = build_backends(&config)?;
+    if backends.is_empty() {
+        tracing::warn!(
+            "no [[backends]] configured: calls answer 503 and /ready is 503 until POST /admin/backends adds one"
+        );
+    }
     // Opening a SQLite store creates and migrates its file: blocking work,
     // kept off the runtime's threads.
     let options = crate::store::StoreOptions::from(&config.store);

@@ -628,13 +628,6 @@ impl Config {
         if self.model.default_max_tokens == 0 {
             return Err(invalid("model.default_max_tokens", 0, "must be at least 1"));
         }
-        if self.backends.is_empty() {
-            return Err(invalid(
-                "backends",
-                "[]",
-                "at least one [[backends]] entry is required",
-            ));
-        }
         for (i, b) in self.backends.iter().enumerate() {
             let key = format!("backends[{i}].url");
             match b.kind {

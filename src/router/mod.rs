@@ -54,7 +54,7 @@ impl std::fmt::Display for BackendId {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RouteError {
-    #[error("no inference backends are configured")]
+    #[error("no inference backends are configured: add one with POST /admin/backends")]
     NoBackends,
     #[error(
         "no healthy backend available ({open} with an open circuit, {sleeping} asleep, \
