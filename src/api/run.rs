@@ -96,6 +96,7 @@ pub(super) async fn run<S: Surface>(
         Some(_) => None,
         None => ParseSetup::new(
             &state.config,
+            state.renderer.harmony(),
             req.tools.as_ref(),
             req.tool_choice.as_ref(),
             &prepared.prompt_text,

@@ -13,7 +13,8 @@ use serde_json::Value as Json;
 use super::sse::{Gone, SseSender};
 use crate::call::{Answer, CallEvent, ChoiceEvent, ParseSetup, Running};
 use crate::error::ApiError;
-use crate::parse::{ChatStream, DeltaEvent};
+use crate::call::served::ChoiceStream;
+use crate::parse::DeltaEvent;
 
 /// One SSE event: an optional `event:` name and its `data:` text.
 pub struct Out {
@@ -131,7 +132,7 @@ async fn finish(tx: &SseSender, out: Vec<Out>, done: Option<Out>) -> Result<(), 
 /// (none for a forced tool call, whose constrained JSON is no content).
 pub struct Deltas {
     parsing: Option<Arc<ParseSetup>>,
-    parsers: Vec<Option<ChatStream>>,
+    parsers: Vec<Option<ChoiceStream>>,
     forced: bool,
 }
 
@@ -159,7 +160,7 @@ impl Deltas {
             .and_then(Option::as_mut)
         {
             Some(p) => {
-                let mut events = p.push(&ev.text);
+                let mut events = p.push(&ev.text, &ev.ids);
                 if ev.finish.is_some() {
                     events.extend(p.finish());
                 }

@@ -13,11 +13,15 @@ use crate::config::Config;
 use crate::error::ApiError;
 use crate::parse::{
     parse_output, prompt_opens_reasoning, reasoning_parser, tool_parser, ChatOutput, ChatStream,
-    IdGen, IdStyle, ParseContext, ParseOutcome, ReasoningParser,
+    DeltaEvent, IdGen, IdStyle, ParseContext, ParseOutcome, ReasoningParser,
 };
+use crate::render::harmony::{Harmony, HarmonyStream};
 
 /// The parsers that apply to one chat request.
 pub struct ParseSetup {
+    /// The Harmony format: `openai-harmony` reads the sampled ids, and the
+    /// text parsers below are off.
+    harmony: Option<Arc<Harmony>>,
     tool_parser: Option<String>,
     reasoning: Option<ReasoningParser>,
     ctx: ParseContext,
@@ -31,9 +35,11 @@ pub struct ParseSetup {
 }
 
 impl ParseSetup {
-    /// None when no parser applies (plain text content).
+    /// None when no parser applies (plain text content). `harmony`: the
+    /// renderer's Harmony format, when it renders one.
     pub fn new(
         config: &Config,
+        harmony: Option<&Arc<Harmony>>,
         tools: Option<&Vec<Json>>,
         tool_choice: Option<&Json>,
         prompt_text: &str,
@@ -41,6 +47,26 @@ impl ParseSetup {
         let internal = |e: crate::parse::ParseError| ApiError::internal(e.to_string());
         let tools_on = tools.is_some_and(|t| !t.is_empty())
             && tool_choice.and_then(Json::as_str) != Some("none");
+        if let Some(h) = harmony {
+            // Tools off (or `tool_parser = "none"`): a message to a function
+            // is content, as any unknown function's is.
+            let parse_tools = tools_on && config.model.tool_parser != "none";
+            let ctx = match (parse_tools, tools) {
+                (true, Some(t)) => ParseContext::from_tools(Some(&Json::Array(t.clone()))),
+                _ => ParseContext {
+                    tool_names: Some(Vec::new()),
+                },
+            };
+            return Ok(Some(ParseSetup {
+                harmony: Some(h.clone()),
+                tool_parser: None,
+                reasoning: None,
+                ctx,
+                style: IdStyle::OpenAi,
+                seed: rand::random(),
+                needs_special_tokens: true,
+            }));
+        }
         let tp = if tools_on {
             tool_parser(&config.model.tool_parser).map_err(internal)?
         } else {
@@ -56,6 +82,7 @@ impl ParseSetup {
         }
         let tools = tools.map(|t| Json::Array(t.clone()));
         Ok(Some(ParseSetup {
+            harmony: None,
             needs_special_tokens: tp.as_ref().is_some_and(|p| p.requires_special_tokens()),
             style: tp.as_ref().map_or(IdStyle::OpenAi, |p| p.id_style()),
             tool_parser: tp.as_ref().map(|_| config.model.tool_parser.clone()),
@@ -76,8 +103,11 @@ impl ParseSetup {
             .and_then(|n| tool_parser(n).ok().flatten())
     }
 
-    /// Choice `index`'s whole text, parsed.
-    pub fn parse(&self, index: u32, text: &str) -> ChatOutput {
+    /// Choice `index`'s whole text (decoded from `ids`), parsed.
+    pub fn parse(&self, index: u32, text: &str, ids: &[u32]) -> ChatOutput {
+        if let Some(h) = &self.harmony {
+            return HarmonyStream::parse(h.encoding(), ids, self.ctx.clone(), self.ids(index));
+        }
         let tp = self.parser();
         parse_output(
             text,
@@ -89,13 +119,53 @@ impl ParseSetup {
     }
 
     /// Choice `index`'s text as it streams.
-    pub fn stream(&self, index: u32) -> ChatStream {
-        ChatStream::new(
+    pub fn stream(&self, index: u32) -> ChoiceStream {
+        if let Some(h) = &self.harmony {
+            return ChoiceStream::Harmony(Box::new(HarmonyStream::new(
+                h.encoding(),
+                self.ctx.clone(),
+                self.ids(index),
+            )));
+        }
+        ChoiceStream::Text(ChatStream::new(
             self.reasoning.as_ref(),
             self.parser(),
             self.ctx.clone(),
             self.ids(index),
-        )
+        ))
+    }
+}
+
+/// One choice's parse as it streams: over its text, or (Harmony) its ids.
+#[derive(Debug)]
+pub enum ChoiceStream {
+    Text(ChatStream),
+    Harmony(Box<HarmonyStream>),
+}
+
+impl ChoiceStream {
+    /// Feeds one delta: its text and the sampled ids it was decoded from.
+    pub fn push(&mut self, text: &str, ids: &[u32]) -> Vec<DeltaEvent> {
+        match self {
+            ChoiceStream::Text(s) => s.push(text),
+            ChoiceStream::Harmony(s) => s.push(ids),
+        }
+    }
+
+    /// Ends the choice; returns the last events.
+    pub fn finish(&mut self) -> Vec<DeltaEvent> {
+        match self {
+            ChoiceStream::Text(s) => s.finish(),
+            ChoiceStream::Harmony(s) => s.finish(),
+        }
+    }
+
+    /// The message assembled from the events sent so far.
+    pub fn output(&self) -> ChatOutput {
+        match self {
+            ChoiceStream::Text(s) => s.output(),
+            ChoiceStream::Harmony(s) => s.output(),
+        }
     }
 }
 
@@ -167,7 +237,7 @@ pub fn serve(output: &Output, r: &mut ChoiceResult) {
             }
         },
         Output::Chat(Some(p)) => {
-            let o = p.parse(r.index, &r.text);
+            let o = p.parse(r.index, &r.text, &r.ids);
             r.served = message_json(&o).into();
             r.finish_reason = finish_reason(&o, backend_finish);
             r.parse_outcome = Some(o.outcome.to_string());

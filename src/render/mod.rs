@@ -10,6 +10,8 @@ pub mod bytelevel;
 pub mod detok;
 mod fastbpe;
 pub mod gguf;
+pub mod harmony;
+mod harmony_stream;
 mod hf;
 mod pretok;
 mod pyfmt;
@@ -108,6 +110,9 @@ pub struct Renderer {
     /// one byte), as opposed to SentencePiece pieces (`▁` for a space,
     /// `<0xNN>` byte-fallback tokens).
     byte_level: bool,
+    /// The Harmony format (gpt-oss), rendered by `openai-harmony` instead of
+    /// a Jinja template.
+    harmony: Option<Arc<harmony::Harmony>>,
 }
 
 /// How a chat template reads `message.content`.
@@ -144,6 +149,11 @@ impl Renderer {
             hf::load_dir_with_vars(path)?
         };
         let spec = model.chat_template.as_path();
+        if spec.as_os_str() == harmony::TEMPLATE_NAME {
+            let mut renderer = Renderer::new_harmony(source, harmony::Harmony::load()?)?;
+            renderer.template_vars.extend(extra_vars);
+            return Ok(Arc::new(renderer));
+        }
         let override_template = if spec.as_os_str().is_empty() {
             None
         } else if let Some(t) = spec.to_str().and_then(shipped::by_name) {
@@ -151,6 +161,17 @@ impl Renderer {
         } else {
             Some(read_template(spec)?)
         };
+        let harmony_vocab = source.tokenizer.token_to_id("<|channel|>").is_some();
+        if override_template.is_none() && source.chat_template.is_none() && harmony_vocab {
+            return Err(RenderError::Load {
+                path: path.display().to_string(),
+                message: format!(
+                    "no chat template: this is a Harmony (gpt-oss) tokenizer; set [model] \
+                     chat_template = \"{}\"",
+                    harmony::TEMPLATE_NAME
+                ),
+            });
+        }
         let mut renderer = Renderer::new(source, override_template)?;
         renderer.template_vars.extend(extra_vars);
         Ok(Arc::new(renderer))
@@ -160,12 +181,36 @@ impl Renderer {
     /// the source's own chat template.
     pub fn new(source: TokenizerSource, template: Option<String>) -> Result<Renderer, RenderError> {
         let template = template
-            .or(source.chat_template)
+            .or(source.chat_template.clone())
             .ok_or(RenderError::NoTemplate)?;
+        Renderer::build(source, template, None)
+    }
+
+    /// A renderer of the Harmony format: `openai-harmony` renders the
+    /// prompt ids; the tokenizer decodes and encodes plain text. A turn ends
+    /// on Harmony's `<|return|>` / `<|call|>`, whatever the tokenizer's EOS.
+    pub fn new_harmony(
+        mut source: TokenizerSource,
+        harmony: harmony::Harmony,
+    ) -> Result<Renderer, RenderError> {
+        source.eos_token_ids = harmony.stop_ids().to_vec();
+        // What identifies the "template": the crate and its version.
+        let template = format!("openai-harmony {}", harmony::CRATE_VERSION);
+        Renderer::build(source, template, Some(Arc::new(harmony)))
+    }
+
+    fn build(
+        source: TokenizerSource,
+        template: String,
+        harmony: Option<Arc<harmony::Harmony>>,
+    ) -> Result<Renderer, RenderError> {
         let template_sha256 = sha256_hex(template.as_bytes());
         let content_format = detect_content_format(&template);
         let template_source = template.clone();
-        let env = template::build_env(template)?;
+        let env = match harmony {
+            Some(_) => template::build_env(String::new())?,
+            None => template::build_env(template)?,
+        };
         let mut template_vars = serde_json::Map::new();
         for (name, value) in [
             ("bos_token", &source.bos_token),
@@ -203,13 +248,22 @@ impl Renderer {
             template_vars,
             content_format,
             template_source,
+            harmony,
         })
+    }
+
+    /// The Harmony format, when this renderer renders it.
+    pub fn harmony(&self) -> Option<&Arc<harmony::Harmony>> {
+        self.harmony.as_ref()
     }
 
     /// Whether the chat template reads the variable `name` (a word of its
     /// source), e.g. `enable_thinking` or `reasoning_effort`: only then is
     /// a surface's switch for it passed as a template kwarg.
     pub fn template_reads(&self, name: &str) -> bool {
+        if self.harmony.is_some() {
+            return [harmony::KWARG_EFFORT, harmony::KWARG_DATE].contains(&name);
+        }
         let src = self.template_source.as_str();
         let is_word = |c: char| c.is_ascii_alphanumeric() || c == '_';
         src.match_indices(name).any(|(i, _)| {
@@ -233,6 +287,10 @@ impl Renderer {
     /// jinja2 keeps them (transformers 5.x drops them, which hides e.g.
     /// DeepSeek V3 tool calls).
     pub fn render(&self, input: &RenderInput<'_>) -> Result<String, RenderError> {
+        if self.harmony.is_some() {
+            let ids = self.render_ids(input)?;
+            return self.decode(&ids, false);
+        }
         let tmpl = self
             .env
             .get_template(template::TEMPLATE_NAME)
@@ -250,8 +308,27 @@ impl Renderer {
 
     /// Renders and tokenizes: the prompt token ids a backend receives.
     pub fn render_ids(&self, input: &RenderInput<'_>) -> Result<Vec<u32>, RenderError> {
+        if let Some(h) = &self.harmony {
+            return h.render_ids(
+                input.messages,
+                input.tools,
+                input.kwargs,
+                input.add_generation_prompt,
+            );
+        }
         let text = self.render(input)?;
         self.encode(&text)
+    }
+
+    /// The ids of `text`, which [`Renderer::render`] made from `input`:
+    /// the tokenizer's encoding of it, or for Harmony the crate's own ids
+    /// (Harmony encodes message text without special tokens, so a text
+    /// that spells `<|end|>` is not re-encoded as one).
+    pub fn rendered_ids(&self, text: &str, input: &RenderInput<'_>) -> Result<Vec<u32>, RenderError> {
+        match &self.harmony {
+            Some(_) => self.render_ids(input),
+            None => self.encode(text),
+        }
     }
 
     /// Tokenizes text as transformers does after templating: special tokens

@@ -86,6 +86,10 @@ struct TrajState {
     metadata: TrajectoryMetadata,
     /// Estimated bytes of `calls` (see [`hot::call_bytes`]).
     bytes: u64,
+    /// When the trajectory began (the store's `created_at`, or this
+    /// gateway's clock at its first call): the day a Harmony system
+    /// message names on every call.
+    created_at: Option<i64>,
 }
 
 impl TrajState {

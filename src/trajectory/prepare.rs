@@ -94,11 +94,22 @@ impl Trajectories {
         input: ChatInput<'_>,
     ) -> Result<Prepared, TrajectoryError> {
         let state = self.loaded(tid).await?;
-        let (calls, served) = {
-            let st = state.lock().await;
-            (st.calls.clone(), st.served.clone())
+        let (calls, served, created_at) = {
+            let mut st = state.lock().await;
+            let created_at = *st.created_at.get_or_insert_with(crate::store::now_ms);
+            (st.calls.clone(), st.served.clone(), created_at)
         };
         let served = |c: u32| served.get(&c).copied().unwrap_or_default();
+        // Harmony's system message names a date: the trajectory's first
+        // day unless the request gives one, so every turn renders alike.
+        let dated = self
+            .renderer
+            .harmony()
+            .map(|_| crate::render::harmony::with_start_date(input.kwargs, &day_of(created_at)));
+        let input = ChatInput {
+            kwargs: dated.as_ref().or(input.kwargs),
+            ..input
+        };
         let render = tracing::info_span!(target: PHASE, "render");
         let mut prepared = render.in_scope(|| {
             run_render_work(render_bytes(input.messages, input.tools), || {
@@ -163,13 +174,14 @@ impl Trajectories {
             kwargs: input.kwargs,
         };
         let fresh_text = self.renderer.render(&render_input)?;
+        let render_fresh = || self.renderer.rendered_ids(&fresh_text, &render_input);
         let continuation = match best {
-            Some((c, k)) => self.continuation_text(c, k, input)?.map(|t| (c, t)),
+            Some((c, k)) => self.continuation(c, k, input)?.map(|t| (c, t)),
             None => None,
         };
-        let Some((parent, delta_text)) = continuation else {
+        let Some((parent, (delta_text, delta_ids))) = continuation else {
             // A new sample: the first call, a new conversation, or an edit.
-            let ids = self.renderer.encode(&fresh_text)?;
+            let ids = render_fresh()?;
             let since = |c: &HotCall| first_difference(&c.full_ids(), &ids).map(|p| p as u32);
             let drift = match (edited, recontexted) {
                 (Some(c), _) => since(c).map(|position| Drift {
@@ -189,7 +201,6 @@ impl Trajectories {
             };
             return Ok(self.root(ids, fresh_text, drift));
         };
-        let delta_ids = self.renderer.encode(&delta_text)?;
         let mut exact = Vec::with_capacity(parent.full_len() + delta_ids.len());
         parent.extend_full_ids(&mut exact);
         exact.extend_from_slice(&delta_ids);
@@ -207,7 +218,7 @@ impl Trajectories {
             });
             (None, drift)
         } else {
-            let fresh = self.renderer.encode(&fresh_text)?;
+            let fresh = render_fresh()?;
             let drift = diagnose(&self.renderer, &exact, &fresh, &segments, served, &eot);
             (Some(fresh), drift)
         };
@@ -229,7 +240,7 @@ impl Trajectories {
         if self.config.history == HistoryMode::Template {
             let fresh = match fresh_ids {
                 Some(f) => f,
-                None => self.renderer.encode(&fresh_text)?,
+                None => render_fresh()?,
             };
             let full = parent.full_len();
             let extends = fresh.len() > full && parent.full_ids_prefix_of(&fresh);
@@ -277,6 +288,33 @@ impl Trajectories {
             context: ContextHash::default(),
             held: None,
         }
+    }
+
+    /// The text and ids that follow the served message of `parent` (at
+    /// index `k` of the new messages): from the chat template (see
+    /// [`Trajectories::continuation_text`]), or for Harmony the crate's
+    /// rendering of the new messages, message by message.
+    fn continuation(
+        &self,
+        parent: &HotCall,
+        k: usize,
+        input: ChatInput<'_>,
+    ) -> Result<Option<(String, Vec<u32>)>, TrajectoryError> {
+        if let Some(h) = self.renderer.harmony() {
+            let ended = parent
+                .sampled_ids
+                .last()
+                .is_some_and(|id| h.stop_ids().contains(id));
+            let ids =
+                h.continuation_ids(input.messages, k + 1, ended, input.add_generation_prompt)?;
+            let text = self.renderer.decode(&ids, false)?;
+            return Ok(Some((text, ids)));
+        }
+        let Some(text) = self.continuation_text(parent, k, input)? else {
+            return Ok(None);
+        };
+        let ids = self.renderer.encode(&text)?;
+        Ok(Some((text, ids)))
     }
 
     /// The text the template puts after the served message of `parent`
@@ -388,4 +426,12 @@ impl Trajectories {
             held,
         })
     }
+}
+
+/// `YYYY-MM-DD` (UTC) of unix milliseconds `ms`.
+fn day_of(ms: i64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .unwrap_or_default()
+        .format("%Y-%m-%d")
+        .to_string()
 }

@@ -244,6 +244,7 @@ fn set_meta(st: &mut TrajState, meta: &TrajectoryMeta) {
     st.metadata = meta.metadata.clone();
     st.next_call = meta.next_call_index;
     st.next_sample = meta.next_sample_index;
+    st.created_at = Some(meta.created_at);
 }
 
 /// The view's call `index`, if it holds it (its calls are in index order).
