@@ -105,6 +105,12 @@ def chat_to_harmony_messages(messages, tools, kwargs):
       instructions; user: a user message;
     - finally every `analysis` message before the last assistant `final` one
       is dropped.
+
+    This is tito's spec of that mapping. vLLM's main branch (commit 0142105b)
+    differs in small ways: its auto_drop_analysis_messages drops analysis only
+    in the current turn (after the last user message), it reads only
+    `reasoning`, it has no `name` fallback for tool results, and it keeps a
+    later system message a system message.
     """
     kwargs = kwargs or {}
     effort = REASONING_EFFORT[kwargs.get("reasoning_effort", "medium")]
