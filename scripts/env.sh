@@ -20,3 +20,11 @@ if [ -z "${LIBCLANG_PATH:-}" ]; then
   if [ -n "$d" ]; then export LIBCLANG_PATH="$d"; fi
   unset d
 fi
+
+# gpt-oss (Harmony): the Rust crate and the PyPI package `openai-harmony`
+# load o200k_base.tiktoken from this folder, else they try to download it.
+# scripts/fetch-tokenizers.sh builds it there.
+if [ -z "${TIKTOKEN_ENCODINGS_BASE:-}" ]; then
+  TIKTOKEN_ENCODINGS_BASE="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.cache/tokenizers/gptoss"
+  export TIKTOKEN_ENCODINGS_BASE
+fi

