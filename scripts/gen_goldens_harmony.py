@@ -101,16 +101,15 @@ def chat_to_harmony_messages(messages, tools, kwargs):
       `commentary`, recipient `assistant`;
     - assistant without tool calls: reasoning (non-empty) on `analysis`,
       content (non-empty) on `final`;
-    - a later system or developer message: a developer message with those
-      instructions; user: a user message;
+    - a later system or developer message: a plain text message of its role
+      (as vLLM's chat_completion harmony conversion keeps it); user: a user
+      message;
     - finally every `analysis` message before the last assistant `final` one
       is dropped.
 
-    This is tito's spec of that mapping. vLLM's main branch (commit 0142105b)
-    differs in small ways: its auto_drop_analysis_messages drops analysis only
-    in the current turn (after the last user message), it reads only
-    `reasoning`, it has no `name` fallback for tool results, and it keeps a
-    later system message a system message.
+    Where tito reads more than vLLM: reasoning under `reasoning_content` and
+    `thinking` too (tito serves `reasoning_content`), and a tool result's
+    `name` when its `tool_call_id` names no call.
     """
     kwargs = kwargs or {}
     effort = REASONING_EFFORT[kwargs.get("reasoning_effort", "medium")]
@@ -174,7 +173,7 @@ def chat_to_harmony_messages(messages, tools, kwargs):
                 .with_recipient("assistant")
             )
         elif role in ("system", "developer"):
-            out.append(Message.from_role_and_content(Role.DEVELOPER, DeveloperContent.new().with_instructions(text)))
+            out.append(Message.from_role_and_content(Role(role), text or ""))
         elif role == "user":
             out.append(Message.from_role_and_content(Role.USER, text))
         else:

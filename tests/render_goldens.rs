@@ -217,7 +217,7 @@ fn every_fixture_file_has_a_test() {
     // jinja_snippets.json needs no tokenizer: the render unit tests check it.
     // gpt_oss.json and gpt_oss_parse.json are Harmony goldens from PyPI
     // openai-harmony (scripts/gen_goldens_harmony.py), not transformers: they
-    // are for the gpt-oss renderer and parser, which have no test yet.
+    // tests/render_harmony.rs checks them.
     assert_eq!(
         names,
         [

@@ -98,7 +98,8 @@ impl Harmony {
         })
     }
 
-    pub(crate) fn encoding(&self) -> &HarmonyEncoding {
+    /// The crate's encoding (for [`HarmonyStream`]).
+    pub fn encoding(&self) -> &HarmonyEncoding {
         &self.enc
     }
 
@@ -189,7 +190,8 @@ pub fn conversation(
 
     let (instructions, rest) = match messages.first() {
         Some(m) if matches!(role(m), Some("system" | "developer")) => {
-            (flatten(m.get("content")), &messages[1..])
+            let text = flatten(m.get("content")).filter(|t| !t.is_empty());
+            (text, &messages[1..])
         }
         _ => (None, messages),
     };
