@@ -88,7 +88,12 @@ fn prompt_ids_equal_openai_harmony_on_the_corpus() {
         }
         // The text form is the decoding of those ids, and gives them back.
         let text = r.render(&input(c)).expect("renders");
-        assert_eq!(r.decode(&c.ids, false).expect("decodes"), text, "{}", c.name);
+        assert_eq!(
+            r.decode(&c.ids, false).expect("decodes"),
+            text,
+            "{}",
+            c.name
+        );
         assert_eq!(
             r.rendered_ids(&text, &input(c)).expect("ids"),
             c.ids,
@@ -197,8 +202,14 @@ fn output_the_package_cannot_parse_is_content_with_the_reason() {
     let text = "<|channel|>final<|message|>fine<|end|>stray text<|return|>";
     let ids = r.encode(text).expect("encodes");
     let (out, _) = stream_in(&r, &[&ids]);
-    assert_eq!(out.content.as_deref().map(|c| c.starts_with("fine")), Some(true));
-    assert!(out.content.as_deref().is_some_and(|c| c.contains("stray text")));
+    assert_eq!(
+        out.content.as_deref().map(|c| c.starts_with("fine")),
+        Some(true)
+    );
+    assert!(out
+        .content
+        .as_deref()
+        .is_some_and(|c| c.contains("stray text")));
     assert!(matches!(out.outcome, ParseOutcome::Malformed(ref why) if why.starts_with("harmony")));
 }
 
@@ -208,7 +219,9 @@ fn a_call_to_a_function_the_request_does_not_offer_is_content() {
     let text = "<|channel|>commentary to=functions.rm_rf <|constrain|>json<|message|>{\"path\":\"/\"}<|call|>";
     let ids = r.encode(text).expect("encodes");
     let h = r.harmony().expect("harmony");
-    let ctx = ParseContext::from_tools(Some(&json!([{"type": "function", "function": {"name": "get_weather"}}])));
+    let ctx = ParseContext::from_tools(Some(
+        &json!([{"type": "function", "function": {"name": "get_weather"}}]),
+    ));
     let out = HarmonyStream::parse(h.encoding(), &ids, ctx, IdGen::seeded(1, IdStyle::OpenAi));
     assert!(out.tool_calls.is_empty());
     assert_eq!(out.content.as_deref(), Some("{\"path\":\"/\"}"));
@@ -221,8 +234,16 @@ fn bad_requests_are_template_errors_naming_the_cause() {
     let msgs = [json!({"role": "user", "content": "hi"})];
     let kw = |v: Json| v.as_object().cloned();
     for (kwargs, tools, why) in [
-        (kw(json!({"reasoning_effort": "max"})), None, "reasoning_effort"),
-        (kw(json!({"conversation_start_date": 5})), None, "conversation_start_date"),
+        (
+            kw(json!({"reasoning_effort": "max"})),
+            None,
+            "reasoning_effort",
+        ),
+        (
+            kw(json!({"conversation_start_date": 5})),
+            None,
+            "conversation_start_date",
+        ),
         (None, Some(vec![json!({"type": "web_search"})]), "tool type"),
     ] {
         let err = r

@@ -60,7 +60,21 @@ fn parse(
     let (mut req, received): (ChatRequest, _) = parse_body(&body)?;
     let legacy_functions = req.map_legacy_functions()?;
     req.check()?;
-    super::unsupported::chat(&received)?;
+    // A template that reads `reasoning_effort` (Harmony's does) takes the
+    // request's top-level field as that kwarg, unless the kwargs set it.
+    const EFFORT: &str = "reasoning_effort";
+    let effort = received.get(EFFORT).filter(|v| !v.is_null());
+    let honoured: &[&str] = match effort {
+        Some(e) if state.renderer.template_reads(EFFORT) => {
+            let kwargs = req
+                .chat_template_kwargs
+                .get_or_insert_with(Default::default);
+            kwargs.entry(EFFORT).or_insert_with(|| e.clone());
+            &[EFFORT]
+        }
+        _ => &[],
+    };
+    super::unsupported::chat(&received, honoured)?;
     let shape = Shape {
         logprobs: req.logprobs_k()?.is_some(),
         token_ids: req.return_token_ids,

@@ -107,6 +107,36 @@ impl PathIds {
     }
 }
 
+/// The parsers suit the chat format: Harmony output is read by
+/// `openai-harmony` (`gpt_oss`), any other by the text parsers.
+fn check_parsers(model: &crate::config::ModelConfig, renderer: &Renderer) -> anyhow::Result<()> {
+    const GPT_OSS: &str = "gpt_oss";
+    let (tool, reasoning) = (&model.tool_parser, &model.reasoning_parser);
+    if renderer.harmony().is_some() {
+        if tool != GPT_OSS && tool != "none" {
+            anyhow::bail!(
+                "model.tool_parser = {tool:?}: the Harmony format's tool calls are read by \
+                 openai-harmony: set \"gpt_oss\" (or \"none\")"
+            );
+        }
+        if reasoning != GPT_OSS {
+            anyhow::bail!(
+                "model.reasoning_parser = {reasoning:?}: the Harmony format's analysis channel \
+                 is read by openai-harmony: set \"gpt_oss\""
+            );
+        }
+    } else if let Some((key, value)) = [("tool_parser", tool), ("reasoning_parser", reasoning)]
+        .into_iter()
+        .find(|(_, v)| *v == GPT_OSS)
+    {
+        anyhow::bail!(
+            "model.{key} = {value:?}: gpt_oss reads the Harmony format; it needs \
+             [model] chat_template = \"harmony\""
+        );
+    }
+    Ok(())
+}
+
 /// Leads the store's weight version while an update is under way or failed
 /// on some backend (versions hold no control character).
 pub(crate) const IN_DOUBT: char = '\u{1}';
@@ -123,6 +153,7 @@ impl AppState {
         // the window: a prompt it cannot hold is refused here, naming both
         // numbers, and the room left for output is counted against it.
         let backend_len = backends.iter().filter_map(|b| b.max_model_len()).min();
+        check_parsers(&config.model, &renderer)?;
         let router = Router::new(&config.router);
         for (b, cfg) in backends.into_iter().zip(&config.backends) {
             router.add_backend(b, cfg.url.clone())?;

@@ -11,9 +11,9 @@ use std::sync::Arc;
 use serde_json::Value as Json;
 
 use super::sse::{Gone, SseSender};
+use crate::call::served::ChoiceStream;
 use crate::call::{Answer, CallEvent, ChoiceEvent, ParseSetup, Running};
 use crate::error::ApiError;
-use crate::call::served::ChoiceStream;
 use crate::parse::DeltaEvent;
 
 /// One SSE event: an optional `event:` name and its `data:` text.

@@ -67,7 +67,8 @@ const CHAT: &[Rule] = &[
     Rule {
         field: "reasoning_effort",
         neutral: is_null,
-        why: "reasoning_effort is not supported; templates that can switch reasoning take \
+        why: "reasoning_effort is not supported by this model's chat template (it reads no \
+              reasoning_effort); templates that can switch reasoning take \
               `chat_template_kwargs` (e.g. {\"enable_thinking\": false})",
     },
     Rule {
@@ -101,8 +102,8 @@ const COMPLETIONS: &[Rule] = &[
     },
 ];
 
-fn check(body: &Json, rules: &[Rule]) -> Result<(), ApiError> {
-    for rule in rules {
+fn check(body: &Json, rules: &[Rule], honoured: &[&str]) -> Result<(), ApiError> {
+    for rule in rules.iter().filter(|r| !honoured.contains(&r.field)) {
         if let Some(v) = body.get(rule.field) {
             if !(rule.neutral)(v, body) {
                 return Err(
@@ -114,12 +115,14 @@ fn check(body: &Json, rules: &[Rule]) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// Refuses the chat fields tito does not implement.
-pub fn chat(body: &Json) -> Result<(), ApiError> {
-    check(body, CHAT)
+/// Refuses the chat fields tito does not implement; `honoured`: fields this
+/// model's template implements after all (`reasoning_effort` when the
+/// template reads it).
+pub fn chat(body: &Json, honoured: &[&str]) -> Result<(), ApiError> {
+    check(body, CHAT, honoured)
 }
 
 /// Refuses the completions fields tito does not implement.
 pub fn completions(body: &Json) -> Result<(), ApiError> {
-    check(body, COMPLETIONS)
+    check(body, COMPLETIONS, &[])
 }

@@ -610,19 +610,26 @@ impl Config {
                 "must name a tokenizer directory or a .gguf file",
             ));
         }
-        const TOOL_PARSERS: [&str; 5] = ["hermes", "llama3_json", "mistral", "deepseek_v3", "none"];
+        const TOOL_PARSERS: [&str; 6] = [
+            "hermes",
+            "llama3_json",
+            "mistral",
+            "deepseek_v3",
+            "gpt_oss",
+            "none",
+        ];
         if !TOOL_PARSERS.contains(&self.model.tool_parser.as_str()) {
             return Err(invalid(
                 "model.tool_parser",
                 &self.model.tool_parser,
-                "expected one of hermes, llama3_json, mistral, deepseek_v3, none",
+                "expected one of hermes, llama3_json, mistral, deepseek_v3, gpt_oss, none",
             ));
         }
-        if !["", "think", "none"].contains(&self.model.reasoning_parser.as_str()) {
+        if !["", "think", "gpt_oss", "none"].contains(&self.model.reasoning_parser.as_str()) {
             return Err(invalid(
                 "model.reasoning_parser",
                 &self.model.reasoning_parser,
-                "expected \"think\" or empty",
+                "expected \"think\", \"gpt_oss\", \"none\" or empty",
             ));
         }
         if self.model.default_max_tokens == 0 {

@@ -282,7 +282,8 @@ pub fn tool_parser(name: &str) -> Result<Option<Box<dyn ToolParser>>, ParseError
         "llama3_json" => Box::new(llama3_json::Llama3Json),
         "mistral" => Box::new(mistral::Mistral),
         "deepseek_v3" => Box::new(deepseek_v3::DeepSeekV3),
-        "none" => return Ok(None),
+        // Harmony output is read from its ids by the renderer (render::harmony).
+        "gpt_oss" | "none" => return Ok(None),
         other => return Err(ParseError::UnknownToolParser(other.to_owned())),
     }))
 }
@@ -297,6 +298,8 @@ pub fn reasoning_parser(
     match name {
         "" | "none" => Ok(None),
         "think" => Ok(Some(ReasoningParser::new(started_in_reasoning))),
+        // Harmony output is read from its ids by the renderer (render::harmony).
+        "gpt_oss" => Ok(None),
         other => Err(ParseError::UnknownReasoningParser(other.to_owned())),
     }
 }

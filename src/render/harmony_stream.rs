@@ -57,8 +57,8 @@ fn function_of(recipient: &str) -> Option<String> {
     if let Some(name) = recipient.strip_prefix("functions.") {
         return (!name.is_empty()).then(|| name.to_owned());
     }
-    let builtin = ["python", "browser", "container"]
-        .contains(&recipient.split('.').next().unwrap_or(""));
+    let builtin =
+        ["python", "browser", "container"].contains(&recipient.split('.').next().unwrap_or(""));
     let special = recipient.starts_with("<|") || recipient == "assistant";
     (!recipient.is_empty() && !builtin && !special).then(|| recipient.to_owned())
 }
@@ -152,7 +152,11 @@ impl HarmonyStream {
             self.completed(&mut out);
         }
         if !self.rest.is_empty() {
-            let bytes = self.enc.tokenizer().decode_bytes(&self.rest).unwrap_or_default();
+            let bytes = self
+                .enc
+                .tokenizer()
+                .decode_bytes(&self.rest)
+                .unwrap_or_default();
             out.push(DeltaEvent::Content(
                 String::from_utf8_lossy(&bytes).into_owned(),
             ));
@@ -173,7 +177,11 @@ impl HarmonyStream {
         let Some(parser) = self.parser.as_ref() else {
             return;
         };
-        let done: Vec<Message> = parser.messages().get(self.seen..).unwrap_or_default().to_vec();
+        let done: Vec<Message> = parser
+            .messages()
+            .get(self.seen..)
+            .unwrap_or_default()
+            .to_vec();
         self.seen += done.len();
         for m in done {
             let Part::Call(name) = part_of(m.channel.as_deref(), m.recipient.as_deref()) else {

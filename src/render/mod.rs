@@ -324,7 +324,11 @@ impl Renderer {
     /// the tokenizer's encoding of it, or for Harmony the crate's own ids
     /// (Harmony encodes message text without special tokens, so a text
     /// that spells `<|end|>` is not re-encoded as one).
-    pub fn rendered_ids(&self, text: &str, input: &RenderInput<'_>) -> Result<Vec<u32>, RenderError> {
+    pub fn rendered_ids(
+        &self,
+        text: &str,
+        input: &RenderInput<'_>,
+    ) -> Result<Vec<u32>, RenderError> {
         match &self.harmony {
             Some(_) => self.render_ids(input),
             None => self.encode(text),

@@ -89,7 +89,7 @@ fn parse(
     let translated = wire::translate(&received, state.trajectories.switches().enable_thinking)?;
     let req: ChatRequest = parse_value(&translated.chat)?;
     req.check()?;
-    super::unsupported::chat(&translated.chat)?;
+    super::unsupported::chat(&translated.chat, &[])?;
     let token_ids = req.return_token_ids;
     let received = received_with_headers(received, headers);
     let call = super::chat::chat_call(

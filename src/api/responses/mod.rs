@@ -111,7 +111,7 @@ async fn parse(
     }
     let req: ChatRequest = parse_value(&chat)?;
     req.check()?;
-    super::unsupported::chat(&chat)?;
+    super::unsupported::chat(&chat, &[])?;
     let shape = Shape {
         logprobs: translated.logprobs,
         token_ids: req.return_token_ids,
