@@ -8,6 +8,13 @@
 //! `render_tokenize` uses the fast encoder, `render_tokenize_crate` the
 //! tokenizers crate, side by side.
 //!
+//! `turns`: a conversation at its 1st and 50th user turn, as Qwen3 (chat
+//! template + tokenizer) and as gpt-oss (the Harmony format through
+//! `openai-harmony`, which writes the ids itself; needs
+//! `$TIKTOKEN_ENCODINGS_BASE`, set by `source scripts/env.sh`).
+//! scripts/bench_render_harmony.py times PyPI `openai-harmony` on the same
+//! conversations.
+//!
 //! Run: cargo bench --bench render -- --warm-up-time 1 --measurement-time 3
 
 use std::path::PathBuf;
@@ -81,8 +88,10 @@ fn conversation(renderer: &Renderer, target: usize) -> Vec<Json> {
     }
 }
 
-fn load() -> Option<Arc<Renderer>> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/tokenizers/qwen3");
+fn load(name: &str, chat_template: &str) -> Option<Arc<Renderer>> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join(".cache/tokenizers")
+        .join(name);
     if !dir.join("tokenizer.json").is_file() {
         eprintln!(
             "render bench skipped: {} is missing; run scripts/fetch-tokenizers.sh",
@@ -92,6 +101,7 @@ fn load() -> Option<Arc<Renderer>> {
     }
     let model = ModelConfig {
         tokenizer: dir,
+        chat_template: chat_template.into(),
         ..ModelConfig::default()
     };
     match Renderer::load(&model) {
@@ -153,11 +163,52 @@ fn bench_render(c: &mut Criterion, renderer: &Renderer) {
     group.finish();
 }
 
+/// A system prompt and `n` user turns, each but the last answered (the
+/// texts of `turn_text`, in order).
+fn turns(n: usize) -> Vec<Json> {
+    let mut messages =
+        vec![json!({"role": "system", "content": "You are a careful coding agent."})];
+    for i in 0..n {
+        messages.push(json!({"role": "user", "content": turn_text(2 * i)}));
+        if i + 1 < n {
+            messages.push(json!({"role": "assistant", "content": turn_text(2 * i + 1)}));
+        }
+    }
+    messages
+}
+
+fn bench_turns(c: &mut Criterion, name: &str, renderer: &Renderer) {
+    let mut group = c.benchmark_group(format!("turns/{name}"));
+    // A fixed date: Harmony's system message names one.
+    let kwargs = json!({"conversation_start_date": "2026-01-15"});
+    for n in [1, 50] {
+        let messages = turns(n);
+        let input = RenderInput {
+            messages: &messages,
+            add_generation_prompt: true,
+            kwargs: kwargs.as_object(),
+            ..RenderInput::default()
+        };
+        let tokens = renderer.render_ids(&input).map(|v| v.len()).unwrap_or(0);
+        group.throughput(Throughput::Elements(tokens as u64));
+        group.bench_with_input(
+            BenchmarkId::new("render_tokenize", format!("turn{n}_{tokens}tok")),
+            &input,
+            |b, input| b.iter(|| renderer.render_ids(black_box(input))),
+        );
+    }
+    group.finish();
+}
+
 fn main() {
-    let Some(renderer) = load() else {
+    let Some(renderer) = load("qwen3", "") else {
         return;
     };
     let mut criterion = Criterion::default().configure_from_args();
     bench_render(&mut criterion, &renderer);
+    bench_turns(&mut criterion, "qwen3", &renderer);
+    if let Some(gpt_oss) = load("gptoss", "harmony") {
+        bench_turns(&mut criterion, "gpt_oss", &gpt_oss);
+    }
     criterion.final_summary();
 }
