@@ -76,8 +76,45 @@ function versionAt(call, k) {
   return found;
 }
 
+// Harmony (gpt-oss) messages in a token stream: `<|start|>` or
+// `<|channel|>` opens a header, `<|message|>` ends it and starts the body of
+// its channel (`analysis`, `commentary`, `final`; ` to=X` names a
+// recipient), `<|end|>` / `<|call|>` / `<|return|>` end the body. Other
+// formats never meet these tokens, so nothing changes for them.
+const HARMONY_END = new Set(["<|end|>", "<|call|>", "<|return|>"]);
+export class HarmonyChannels {
+  constructor() { this.header = null; this.channel = null; }
+  // The chip to put before this token (null for none), then the channel
+  // class the token gets ("" outside a Harmony body).
+  step(text) {
+    let chip = null;
+    if (text === "<|start|>" || (text === "<|channel|>" && this.header === null)) {
+      this.header = "";
+      this.channel = null;
+    }
+    const cls = this.channel ? ` ch ch-${this.channel}` : "";
+    if (text === "<|message|>" && this.header !== null) {
+      const h = this.header;
+      const author = h.replace("<|start|>", "").trim().split(/[\s<]/)[0];
+      const channel = (h.split("<|channel|>")[1] ?? "").trim().split(/[\s<]/)[0];
+      const to = (h.match(/to=([^\s<]+)/) || [])[1];
+      this.channel = channel.replace(/[^\w-]/g, "") || "none";
+      this.header = null;
+      // The author when it is not the assistant (system, user, a tool).
+      const who = author && author !== "assistant" ? `${author} · ` : "";
+      chip = { channel: this.channel, text: `${who}${channel || "message"}${to ? ` → ${to}` : ""}` };
+    } else if (this.header !== null) {
+      this.header += text;
+    } else if (HARMONY_END.has(text)) {
+      this.channel = null;
+    }
+    return { chip, cls };
+  }
+}
+
 // The sample's spans, in a fragment; `texts` maps id -> decoded text.
 export function tokenStream(sample, calls, drifts, texts) {
+  const channels = new HarmonyChannels();
   const frag = document.createDocumentFragment();
   const driftAt = new Map();
   const total = sample.prompt_ids.length + sample.response_ids.length;
@@ -128,8 +165,9 @@ export function tokenStream(sample, calls, drifts, texts) {
         }));
       }
       const verClass = ver?.seq != null ? ` ver${ver.seq % 6}` : "";
+      const { chip, cls: chClass } = channels.step(texts[id] ?? "");
       const span = el("span", {
-        class: `tok ${sampled ? "sampled" : seg.kind} ${sampled ? heat(lp) : ""}${verClass}${ds ? " drift" : ""}${r ? " replay-diff" : ""}`,
+        class: `tok ${sampled ? "sampled" : seg.kind} ${sampled ? heat(lp) : ""}${verClass}${chClass}${ds ? " drift" : ""}${r ? " replay-diff" : ""}`,
         dataset: {
           mask: sampled ? 1 : 0, tokenId: id, logprob: lp ?? "", pos, call: seg.call, kind: seg.kind,
           api: call?.api ?? "", backend: call?.backend ?? "",
@@ -141,6 +179,12 @@ export function tokenStream(sample, calls, drifts, texts) {
       });
       span.title = describe(span);
       wrap.append(span);
+      if (chip) {
+        wrap.append(el("span", {
+          class: `channel-mark ch-${chip.channel}`, role: "note",
+          dataset: { channel: chip.channel, pos }, text: chip.text,
+        }));
+      }
       pos += 1;
     });
     frag.append(wrap);
