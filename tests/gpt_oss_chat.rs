@@ -234,3 +234,110 @@ async fn parsers_that_do_not_suit_the_format_are_refused_at_start() {
         .to_string();
     assert!(err.contains("chat_template = \"harmony\""), "{err}");
 }
+
+/// The Responses API over gpt-oss: `reasoning.effort` reaches the system
+/// message; analysis is a reasoning item, the call a `function_call` item;
+/// the `function_call_output` turn continues the sampled ids verbatim.
+#[tokio::test]
+async fn responses_carry_reasoning_items_and_function_calls() {
+    let (mock, g) = gateway().await;
+    let r = g.renderer.clone();
+    let [s1, s2, _] = script(&r);
+    let tools = json!([{"type": "function", "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    mock.push(Scripted::ids(s1.clone()));
+    let first = g
+        .post_json(
+            "/t/oss-resp/v1/responses",
+            json!({"model": "test-model", "input": "Weather in Paris?", "tools": tools,
+                   "reasoning": {"effort": "low"}}),
+        )
+        .await;
+    let p1 = ids_of(&mock.last_request()["prompt"]);
+    let text = r.decode(&p1, false).expect("decodes");
+    assert!(text.contains("Reasoning: low"), "{text}");
+    let output = first["output"].as_array().expect("output items");
+    let kinds: Vec<&str> = output.iter().filter_map(|i| i["type"].as_str()).collect();
+    assert_eq!(kinds, ["reasoning", "function_call"], "{first}");
+    let call = &output[1];
+    assert_eq!(call["name"], "get_weather");
+    assert_eq!(call["arguments"], "{\"city\": \"Paris\"}");
+
+    mock.push(Scripted::ids(s2.clone()));
+    let second = g
+        .post_json(
+            "/t/oss-resp/v1/responses",
+            json!({"model": "test-model", "tools": tools, "reasoning": {"effort": "low"},
+                   "previous_response_id": first["id"],
+                   "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "sunny"}]}),
+        )
+        .await;
+    let message = second["output"]
+        .as_array()
+        .and_then(|o| o.iter().find(|i| i["type"] == "message"))
+        .expect("a message item");
+    assert_eq!(
+        message["content"][0]["text"], "Sunny in Paris, 21 °C.",
+        "{second}"
+    );
+    // The analysis message's ids (its header and `<|end|>` included).
+    let analysis = r
+        .encode("<|channel|>analysis<|message|>It is sunny.<|end|>")
+        .expect("encodes")
+        .len();
+    assert_eq!(
+        second["usage"]["output_tokens_details"]["reasoning_tokens"], analysis,
+        "{second}"
+    );
+    let p2 = ids_of(&mock.last_request()["prompt"]);
+    assert_eq!(&p2[..p1.len() + s1.len()], &[p1, s1].concat()[..]);
+}
+
+/// The Messages API over gpt-oss: analysis is a thinking block, the call a
+/// `tool_use` block; the `tool_result` turn continues exactly.
+#[tokio::test]
+async fn messages_carry_thinking_and_tool_use_blocks() {
+    let (mock, g) = gateway().await;
+    let r = g.renderer.clone();
+    let [s1, s2, _] = script(&r);
+    let tools = json!([{"name": "get_weather", "description": "Weather in a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}}}]);
+    let user = json!({"role": "user", "content": "Weather in Paris?"});
+    mock.push(Scripted::ids(s1.clone()));
+    let first = g
+        .post_json(
+            "/t/oss-msg/v1/messages",
+            json!({"model": "test-model", "max_tokens": 256, "tools": tools, "messages": [user]}),
+        )
+        .await;
+    assert_eq!(first["stop_reason"], "tool_use", "{first}");
+    let blocks = first["content"].as_array().cloned().expect("blocks");
+    assert_eq!(blocks[0]["type"], "thinking");
+    assert_eq!(blocks[0]["thinking"], "Need the weather.");
+    let tool_use = blocks
+        .iter()
+        .find(|b| b["type"] == "tool_use")
+        .expect("tool_use")
+        .clone();
+    assert_eq!(tool_use["input"], json!({"city": "Paris"}));
+    let p1 = ids_of(&mock.last_request()["prompt"]);
+
+    mock.push(Scripted::ids(s2.clone()));
+    let second = g
+        .post_json(
+            "/t/oss-msg/v1/messages",
+            json!({"model": "test-model", "max_tokens": 256, "tools": tools,
+                "messages": [user, {"role": "assistant", "content": blocks},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tool_use["id"], "content": "sunny"}]}]}),
+        )
+        .await;
+    let texts: Vec<&Value> = second["content"]
+        .as_array()
+        .expect("blocks")
+        .iter()
+        .filter(|b| b["type"] == "text")
+        .collect();
+    assert_eq!(texts[0]["text"], "Sunny in Paris, 21 °C.", "{second}");
+    let p2 = ids_of(&mock.last_request()["prompt"]);
+    assert_eq!(&p2[..p1.len() + s1.len()], &[p1, s1].concat()[..]);
+}

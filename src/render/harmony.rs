@@ -20,7 +20,9 @@ use openai_harmony::chat::{
     Author, Conversation, DeveloperContent, Message, ReasoningEffort, Role, SystemContent,
     ToolDescription,
 };
-use openai_harmony::{load_harmony_encoding, HarmonyEncoding, HarmonyEncodingName};
+use openai_harmony::{
+    load_harmony_encoding, HarmonyEncoding, HarmonyEncodingName, StreamableParser,
+};
 use serde_json::{Map, Value as Json};
 
 use super::RenderError;
@@ -106,6 +108,32 @@ impl Harmony {
     /// The ids that end a sampled assistant turn (`<|return|>`, `<|call|>`).
     pub fn stop_ids(&self) -> &[u32] {
         &self.stop_ids
+    }
+
+    /// How many of `ids` (sampled) belong to `analysis` messages, headers
+    /// and end tokens included: the reasoning tokens of a Responses usage.
+    pub fn reasoning_tokens(&self, ids: &[u32]) -> usize {
+        let Ok(mut p) = StreamableParser::new(self.enc.clone(), Some(Role::Assistant)) else {
+            return 0;
+        };
+        let (mut start, mut n) = (0, 0);
+        for (i, &id) in ids.iter().enumerate() {
+            let before = p.messages().len();
+            if p.process(id).is_err() {
+                return n;
+            }
+            if p.messages().len() > before {
+                let last = p.messages().last();
+                if last.is_some_and(|m| m.channel.as_deref() == Some("analysis")) {
+                    n += i + 1 - start;
+                }
+                start = i + 1;
+            }
+        }
+        if p.current_channel().as_deref() == Some("analysis") {
+            n += ids.len() - start;
+        }
+        n
     }
 
     /// The prompt ids of a whole conversation.

@@ -305,6 +305,9 @@ pub(super) fn reasoning_tokens(renderer: &Renderer, ids: &[u32], served: &Json) 
     if !has_reasoning {
         return 0;
     }
+    if let Some(h) = renderer.harmony() {
+        return h.reasoning_tokens(ids);
+    }
     let closes = |k: usize| {
         renderer
             .decode(&ids[..k], false)
