@@ -260,6 +260,20 @@ fn names_and_errors() {
     for name in FAMILIES {
         assert!(reasoning_parser(name, false).expect("known").is_some());
     }
+    // Every name the config accepts builds.
+    for name in [
+        "",
+        "none",
+        "think",
+        "deepseek_r1",
+        "glm45",
+        "kimi_k2",
+        "gpt_oss",
+    ] {
+        let text = format!("[model]\ntokenizer = \"x\"\nreasoning_parser = \"{name}\"\n");
+        tito::Config::from_toml(&text).expect(name);
+        reasoning_parser(name, false).expect(name);
+    }
     // gpt-oss: Harmony is parsed from token ids, not by a text parser.
     assert!(reasoning_parser("gpt_oss", false).expect("known").is_none());
     let err = reasoning_parser("qwen3", false).expect_err("unknown");
