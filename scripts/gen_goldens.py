@@ -315,7 +315,14 @@ def gemma3_cases():
         case("scripts_and_normalization", [user(SCRIPTS)]),
         case("digits", [user(DIGITS)]),
         case("special_token_text", [user(SPECIAL_TEXT)]),
+        case(
+            "reasoning_like_text",
+            [user("What is 2+2?"), asst("<think>\nAdd them.\n</think>\n\n2+2 = 4."), user("And 3+3?")],
+        ),
+        # Gemma 3's template has no tool calling: `tools` must change nothing.
+        case("tools_ignored", [sys_("You are Gemma."), user("Weather in Paris?")], tools=TOOLS),
         case("roles_must_alternate", [user("one"), user("two")], expect_error=True),
+        case("assistant_first", [asst("Hi"), user("Hello")], expect_error=True),
     ]
 
 

@@ -625,11 +625,20 @@ impl Config {
                 "expected one of hermes, llama3_json, mistral, deepseek_v3, gpt_oss, none",
             ));
         }
-        if !["", "think", "gpt_oss", "none"].contains(&self.model.reasoning_parser.as_str()) {
+        const REASONING_PARSERS: [&str; 7] = [
+            "",
+            "think",
+            "deepseek_r1",
+            "glm45",
+            "kimi_k2",
+            "gpt_oss",
+            "none",
+        ];
+        if !REASONING_PARSERS.contains(&self.model.reasoning_parser.as_str()) {
             return Err(invalid(
                 "model.reasoning_parser",
                 &self.model.reasoning_parser,
-                "expected \"think\", \"gpt_oss\", \"none\" or empty",
+                "expected one of think, deepseek_r1, glm45, kimi_k2, gpt_oss, none (or empty)",
             ));
         }
         if self.model.default_max_tokens == 0 {

@@ -74,6 +74,38 @@ fn bad_values_name_the_key() {
 }
 
 #[test]
+fn reasoning_parser_names() {
+    let with = |name: &str| {
+        let line = format!("tokenizer = \"x\"\nreasoning_parser = \"{name}\"");
+        Config::from_toml(&MINIMAL.replace("tokenizer = \"x\"", &line))
+    };
+    for name in [
+        "",
+        "none",
+        "think",
+        "deepseek_r1",
+        "glm45",
+        "kimi_k2",
+        "gpt_oss",
+    ] {
+        with(name).expect(name);
+    }
+    let err = with("qwen3").expect_err("unknown name");
+    let msg = err.to_string();
+    assert!(msg.contains("model.reasoning_parser"), "{msg}");
+    for name in [
+        "think",
+        "deepseek_r1",
+        "glm45",
+        "kimi_k2",
+        "gpt_oss",
+        "none",
+    ] {
+        assert!(msg.contains(name), "{name} missing in: {msg}");
+    }
+}
+
+#[test]
 fn verify_section_is_strict() {
     let c = Config::from_toml(MINIMAL).expect("valid");
     assert_eq!(c.verify.fraction, 0.0, "off by default");

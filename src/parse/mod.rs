@@ -85,7 +85,8 @@ use serde_json::{json, Value as Json};
 
 pub use ids::{IdGen, IdStyle};
 pub use reasoning::{
-    prompt_opens_reasoning, ReasoningParser, ReasoningStream, CLOSE as REASONING_CLOSE,
+    prompt_opens_reasoning, Mode as ReasoningMode, ReasoningParser, ReasoningStream,
+    CLOSE as REASONING_CLOSE,
 };
 pub use scan::Scan;
 pub use stream::{ChatStream, DeltaEvent, EventAssembler, ToolStream};
@@ -95,7 +96,7 @@ pub use stream::{ChatStream, DeltaEvent, EventAssembler, ToolStream};
 pub enum ParseError {
     #[error("unknown tool parser '{0}' (hermes | llama3_json | mistral | deepseek_v3 | none)")]
     UnknownToolParser(String),
-    #[error("unknown reasoning parser '{0}' (think | none, or empty)")]
+    #[error("unknown reasoning parser '{0}' (think | deepseek_r1 | glm45 | kimi_k2 | gpt_oss | none, or empty)")]
     UnknownReasoningParser(String),
 }
 
@@ -288,20 +289,25 @@ pub fn tool_parser(name: &str) -> Result<Option<Box<dyn ToolParser>>, ParseError
     }))
 }
 
-/// The reasoning parser named by `[model] reasoning_parser` (`think`), or
-/// `Ok(None)` for `""` / `none`. `started_in_reasoning`: the rendered prompt
-/// already opened `<think>` (see [`prompt_opens_reasoning`]).
+/// The reasoning parser named by `[model] reasoning_parser` (`think`,
+/// `deepseek_r1`, `glm45`, `kimi_k2`), or `Ok(None)` for `""` / `none` /
+/// `gpt_oss`. `started_in_reasoning`: the rendered prompt already opened
+/// `<think>` (see [`prompt_opens_reasoning`]).
 pub fn reasoning_parser(
     name: &str,
     started_in_reasoning: bool,
 ) -> Result<Option<ReasoningParser>, ParseError> {
-    match name {
-        "" | "none" => Ok(None),
-        "think" => Ok(Some(ReasoningParser::new(started_in_reasoning))),
-        // Harmony output is read from its ids by the renderer (render::harmony).
-        "gpt_oss" => Ok(None),
-        other => Err(ParseError::UnknownReasoningParser(other.to_owned())),
-    }
+    let mode = match name {
+        "" | "none" => return Ok(None),
+        // Harmony output is parsed by the Harmony renderer from token ids.
+        "gpt_oss" => return Ok(None),
+        "think" => ReasoningMode::Think,
+        "deepseek_r1" => ReasoningMode::DeepSeekR1,
+        "glm45" => ReasoningMode::Glm45,
+        "kimi_k2" => ReasoningMode::KimiK2,
+        other => return Err(ParseError::UnknownReasoningParser(other.to_owned())),
+    };
+    Ok(Some(ReasoningParser::with_mode(mode, started_in_reasoning)))
 }
 
 /// The full assistant message parsed from one completion.
