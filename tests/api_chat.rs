@@ -446,3 +446,34 @@ async fn a_continued_final_message_parents_nothing_live_or_rebuilt() {
         assert_eq!(t["drift"], json!([]), "{case}: {t}");
     }
 }
+
+/// A template that closed `<think></think>` in the prompt (Qwen3 with
+/// `enable_thinking: false`) leaves no reasoning to split: a reasoning
+/// parser whose replies start inside reasoning (`deepseek_r1`) serves the
+/// reply as content then, and as reasoning when thinking is on.
+#[tokio::test]
+async fn a_prompt_that_closed_reasoning_serves_the_reply_as_content() {
+    let r = common::real_renderer("qwen3", "");
+    let mock = MockVllm::start(Scripted::default()).await;
+    let mut cfg = config(&[mock.url()], "");
+    cfg.model.reasoning_parser = "deepseek_r1".into();
+    let g = common::start_gateway_with(cfg, r.clone()).await;
+    let im_end = r.token_to_id("<|im_end|>").expect("im_end");
+    let reply = [r.encode("Hello there.").expect("encodes"), vec![im_end]].concat();
+    let user = json!([{"role": "user", "content": "Hi"}]);
+    for (thinking, content, reasoning) in [
+        (false, json!("Hello there."), Value::Null),
+        (true, json!(""), json!("Hello there.")),
+    ] {
+        mock.push(Scripted::ids(reply.clone()));
+        let body = g
+            .post_json(
+                "/v1/chat/completions",
+                json!({"messages": user, "chat_template_kwargs": {"enable_thinking": thinking}}),
+            )
+            .await;
+        let m = &body["choices"][0]["message"];
+        assert_eq!(m["content"], content, "thinking {thinking}: {body}");
+        assert_eq!(m["reasoning_content"], reasoning, "thinking {thinking}: {body}");
+    }
+}

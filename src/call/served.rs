@@ -12,8 +12,9 @@ use super::assemble::ChoiceResult;
 use crate::config::Config;
 use crate::error::ApiError;
 use crate::parse::{
-    parse_output, prompt_opens_reasoning, reasoning_parser, tool_parser, ChatOutput, ChatStream,
-    DeltaEvent, IdGen, IdStyle, ParseContext, ParseOutcome, ReasoningParser,
+    parse_output, prompt_closes_reasoning, prompt_opens_reasoning, reasoning_parser, tool_parser,
+    ChatOutput, ChatStream, DeltaEvent, IdGen, IdStyle, ParseContext, ParseOutcome,
+    ReasoningParser,
 };
 use crate::render::harmony::{Harmony, HarmonyStream};
 
@@ -76,7 +77,8 @@ impl ParseSetup {
             &config.model.reasoning_parser,
             prompt_opens_reasoning(prompt_text),
         )
-        .map_err(internal)?;
+        .map_err(internal)?
+        .filter(|_| !prompt_closes_reasoning(prompt_text));
         if tp.is_none() && reasoning.is_none() {
             return Ok(None);
         }

@@ -85,8 +85,8 @@ use serde_json::{json, Value as Json};
 
 pub use ids::{IdGen, IdStyle};
 pub use reasoning::{
-    prompt_opens_reasoning, Mode as ReasoningMode, ReasoningParser, ReasoningStream,
-    CLOSE as REASONING_CLOSE,
+    prompt_closes_reasoning, prompt_opens_reasoning, Mode as ReasoningMode, ReasoningParser,
+    ReasoningStream, CLOSE as REASONING_CLOSE,
 };
 pub use scan::Scan;
 pub use stream::{ChatStream, DeltaEvent, EventAssembler, ToolStream};

@@ -78,6 +78,14 @@ pub fn prompt_opens_reasoning(prompt_text: &str) -> bool {
     prompt_text.trim_end().ends_with(OPEN)
 }
 
+/// True when the rendered prompt ends with a closed `<think></think>`
+/// block: the template switched thinking off (Qwen3's `enable_thinking:
+/// false`, Kimi K2.5 without thinking), so the reply has no reasoning to
+/// split, whatever the parser's mode.
+pub fn prompt_closes_reasoning(prompt_text: &str) -> bool {
+    prompt_text.trim_end().ends_with(CLOSE)
+}
+
 /// Splits reasoning from content (see the module rules).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReasoningParser {
