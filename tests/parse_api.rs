@@ -49,6 +49,15 @@ fn request_tool_names() {
         Some(vec!["calculator".to_string(), "lookup".to_string()])
     );
     assert_eq!(ParseContext::from_tools(None).tool_names, None);
+    // Parameter schemas by name, for the formats that type their values.
+    assert_eq!(ctx.tool_parameters.len(), 1);
+    assert_eq!(ctx.parameter_schema("calculator", "x"), None);
+    let typed = ParseContext::from_tools(Some(&json!([{"type": "function", "function": {
+        "name": "f", "parameters": {"properties": {"n": {"type": "integer"}}}}}])));
+    assert_eq!(
+        typed.parameter_schema("f", "n"),
+        Some(&json!({"type": "integer"}))
+    );
 
     let p = tool_parser("hermes").expect("known").expect("a parser");
     let text = "<tool_call>\n{\"name\": \"search\", \"arguments\": {}}\n</tool_call>";

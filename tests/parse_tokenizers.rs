@@ -66,6 +66,7 @@ fn check(s: &Sample) {
     }
     let ctx = ParseContext {
         tool_names: Some(s.expect_calls.iter().map(|(n, _)| n.to_string()).collect()),
+        ..Default::default()
     };
     for skip_special in [true, false] {
         let deltas = token_deltas(&r, &ids, skip_special);

@@ -76,6 +76,7 @@ mod llama3_json;
 mod mistral;
 mod reasoning;
 mod scan;
+mod section;
 pub mod stream;
 
 use std::fmt;
@@ -165,19 +166,45 @@ pub struct ParsedOutput {
 pub struct ParseContext {
     /// Function names the request's `tools` declare; `None` accepts any name.
     pub tool_names: Option<Vec<String>>,
+    /// Each declared function's `parameters` JSON schema by name (the first
+    /// declaration wins): the XML formats type their values from it.
+    pub tool_parameters: std::collections::BTreeMap<String, Json>,
 }
 
 impl ParseContext {
     /// From the request's OpenAI `tools` array (`[{"type": "function",
-    /// "function": {"name": ...}}]`); `None` or a non-array accepts any name.
+    /// "function": {"name": ..., "parameters": ...}}]`); `None` or a
+    /// non-array accepts any name.
     pub fn from_tools(tools: Option<&Json>) -> Self {
-        let tool_names = tools.and_then(Json::as_array).map(|arr| {
+        let arr = tools.and_then(Json::as_array);
+        let tool_names = arr.map(|arr| {
             arr.iter()
                 .filter_map(|t| t.pointer("/function/name").and_then(Json::as_str))
                 .map(str::to_owned)
                 .collect()
         });
-        ParseContext { tool_names }
+        let mut tool_parameters = std::collections::BTreeMap::new();
+        for t in arr.into_iter().flatten() {
+            let name = t.pointer("/function/name").and_then(Json::as_str);
+            if let (Some(name), Some(p)) = (name, t.pointer("/function/parameters")) {
+                tool_parameters
+                    .entry(name.to_owned())
+                    .or_insert_with(|| p.clone());
+            }
+        }
+        ParseContext {
+            tool_names,
+            tool_parameters,
+        }
+    }
+
+    /// The schema of parameter `param` of function `tool`
+    /// (`parameters.properties.<param>`), when the request declares it.
+    pub fn parameter_schema(&self, tool: &str, param: &str) -> Option<&Json> {
+        self.tool_parameters
+            .get(tool)?
+            .get("properties")?
+            .get(param)
     }
 
     fn knows(&self, name: &str) -> bool {
