@@ -69,6 +69,7 @@
 //! ```
 
 mod deepseek_v3;
+mod deepseek_v31;
 mod hermes;
 mod ids;
 mod json;
@@ -94,7 +95,7 @@ pub use stream::{ChatStream, DeltaEvent, EventAssembler, ToolStream};
 /// Errors of this module: only configuration names can be wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum ParseError {
-    #[error("unknown tool parser '{0}' (hermes | llama3_json | mistral | deepseek_v3 | none)")]
+    #[error("unknown tool parser '{0}' (hermes | llama3_json | mistral | deepseek_v3 | deepseek_v31 | none)")]
     UnknownToolParser(String),
     #[error("unknown reasoning parser '{0}' (think | none, or empty)")]
     UnknownReasoningParser(String),
@@ -309,6 +310,7 @@ pub fn tool_parser(name: &str) -> Result<Option<Box<dyn ToolParser>>, ParseError
         "llama3_json" => Box::new(llama3_json::Llama3Json),
         "mistral" => Box::new(mistral::Mistral),
         "deepseek_v3" => Box::new(deepseek_v3::DeepSeekV3),
+        "deepseek_v31" => Box::new(deepseek_v31::DeepSeekV31),
         "none" => return Ok(None),
         other => return Err(ParseError::UnknownToolParser(other.to_owned())),
     }))
