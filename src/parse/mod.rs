@@ -77,6 +77,7 @@ mod llama3_json;
 mod mistral;
 mod pylit;
 mod pythonic;
+mod qwen3_coder;
 mod reasoning;
 mod scan;
 mod section;
@@ -97,7 +98,7 @@ pub use stream::{ChatStream, DeltaEvent, EventAssembler, ToolStream};
 /// Errors of this module: only configuration names can be wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum ParseError {
-    #[error("unknown tool parser '{0}' (hermes | llama3_json | mistral | deepseek_v3 | deepseek_v31 | pythonic | none)")]
+    #[error("unknown tool parser '{0}' (hermes | llama3_json | mistral | deepseek_v3 | deepseek_v31 | qwen3_coder | pythonic | none)")]
     UnknownToolParser(String),
     #[error("unknown reasoning parser '{0}' (think | none, or empty)")]
     UnknownReasoningParser(String),
@@ -313,6 +314,7 @@ pub fn tool_parser(name: &str) -> Result<Option<Box<dyn ToolParser>>, ParseError
         "mistral" => Box::new(mistral::Mistral),
         "deepseek_v3" => Box::new(deepseek_v3::DeepSeekV3),
         "deepseek_v31" => Box::new(deepseek_v31::DeepSeekV31),
+        "qwen3_coder" => Box::new(qwen3_coder::Qwen3Coder),
         "pythonic" => Box::new(pythonic::Pythonic),
         "none" => return Ok(None),
         other => return Err(ParseError::UnknownToolParser(other.to_owned())),
