@@ -74,6 +74,7 @@ mod glm45;
 mod hermes;
 mod ids;
 mod json;
+mod kimi_k2;
 mod llama3_json;
 mod mistral;
 mod pylit;
@@ -99,7 +100,7 @@ pub use stream::{ChatStream, DeltaEvent, EventAssembler, ToolStream};
 /// Errors of this module: only configuration names can be wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum ParseError {
-    #[error("unknown tool parser '{0}' (hermes | llama3_json | mistral | deepseek_v3 | deepseek_v31 | qwen3_coder | glm45 | pythonic | none)")]
+    #[error("unknown tool parser '{0}' (hermes | llama3_json | mistral | deepseek_v3 | deepseek_v31 | qwen3_coder | glm45 | kimi_k2 | pythonic | none)")]
     UnknownToolParser(String),
     #[error("unknown reasoning parser '{0}' (think | none, or empty)")]
     UnknownReasoningParser(String),
@@ -317,6 +318,7 @@ pub fn tool_parser(name: &str) -> Result<Option<Box<dyn ToolParser>>, ParseError
         "deepseek_v31" => Box::new(deepseek_v31::DeepSeekV31),
         "qwen3_coder" => Box::new(qwen3_coder::Qwen3Coder),
         "glm45" => Box::new(glm45::Glm45),
+        "kimi_k2" => Box::new(kimi_k2::KimiK2),
         "pythonic" => Box::new(pythonic::Pythonic),
         "none" => return Ok(None),
         other => return Err(ParseError::UnknownToolParser(other.to_owned())),
