@@ -135,3 +135,46 @@ fn llama3_untagged_json() {
         expect_reasoning: None,
     });
 }
+
+#[test]
+fn qwen3_coder_xml_with_thinking() {
+    check(&Sample {
+        tokenizer: "qwen3",
+        parser: "qwen3_coder",
+        reasoning: Some(ReasoningParser::new(false)),
+        text: "<think>\nWeather first.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+        marker: Some("<tool_call>"),
+        // No schemas in this context: the values stay strings.
+        expect_calls: &[("get_weather", r#"{"city":"Zürich","days":"3"}"#)],
+        expect_reasoning: Some("Weather first."),
+    });
+}
+
+#[test]
+fn deepseek_v31_format() {
+    check(&Sample {
+        tokenizer: "deepseek_v3",
+        parser: "deepseek_v31",
+        reasoning: None,
+        text: "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"東京\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        marker: Some("<｜tool▁calls▁begin｜>"),
+        expect_calls: &[("get_weather", r#"{"city":"東京"}"#), ("get_time", "{}")],
+        expect_reasoning: None,
+    });
+}
+
+#[test]
+fn llama3_pythonic_list() {
+    check(&Sample {
+        tokenizer: "llama3_1",
+        parser: "pythonic",
+        reasoning: None,
+        text: "[search(query=\"rust serde\", limit=3), get_time(tz='UTC')]",
+        marker: None,
+        expect_calls: &[
+            ("search", r#"{"query":"rust serde","limit":3}"#),
+            ("get_time", r#"{"tz":"UTC"}"#),
+        ],
+        expect_reasoning: None,
+    });
+}
