@@ -10,13 +10,24 @@ use tito::parse::{
 
 #[test]
 fn parsers_by_config_name() {
-    for name in ["hermes", "llama3_json", "mistral", "deepseek_v3"] {
+    const ALL: [&str; 9] = [
+        "hermes",
+        "llama3_json",
+        "mistral",
+        "deepseek_v3",
+        "deepseek_v31",
+        "qwen3_coder",
+        "glm45",
+        "kimi_k2",
+        "pythonic",
+    ];
+    for name in ALL {
         let p = tool_parser(name).expect("known name").expect("a parser");
         assert_eq!(p.name(), name);
     }
     assert!(tool_parser("none").expect("known name").is_none());
     assert!(matches!(tool_parser("qwen"), Err(ParseError::UnknownToolParser(n)) if n == "qwen"));
-    let needs: Vec<bool> = ["hermes", "llama3_json", "mistral", "deepseek_v3"]
+    let needs: Vec<bool> = ALL
         .iter()
         .map(|n| {
             tool_parser(n)
@@ -26,7 +37,10 @@ fn parsers_by_config_name() {
         })
         .map(|b| b.expect("a parser"))
         .collect();
-    assert_eq!(needs, [false, true, true, false]);
+    assert_eq!(
+        needs,
+        [false, true, true, false, false, false, false, true, false]
+    );
     assert_eq!(
         tool_parser("mistral").ok().flatten().map(|p| p.id_style()),
         Some(IdStyle::Mistral9)
@@ -49,6 +63,15 @@ fn request_tool_names() {
         Some(vec!["calculator".to_string(), "lookup".to_string()])
     );
     assert_eq!(ParseContext::from_tools(None).tool_names, None);
+    // Parameter schemas by name, for the formats that type their values.
+    assert_eq!(ctx.tool_parameters.len(), 1);
+    assert_eq!(ctx.parameter_schema("calculator", "x"), None);
+    let typed = ParseContext::from_tools(Some(&json!([{"type": "function", "function": {
+        "name": "f", "parameters": {"properties": {"n": {"type": "integer"}}}}}])));
+    assert_eq!(
+        typed.parameter_schema("f", "n"),
+        Some(&json!({"type": "integer"}))
+    );
 
     let p = tool_parser("hermes").expect("known").expect("a parser");
     let text = "<tool_call>\n{\"name\": \"search\", \"arguments\": {}}\n</tool_call>";

@@ -73,6 +73,7 @@ struct Case<'a> {
 fn check_all_chunkings(case: &Case, rng: &mut Rng, random_chunkings: usize) {
     let ctx = ParseContext {
         tool_names: case.names.clone(),
+        ..Default::default()
     };
     let text = case.text.as_str();
     let b = boundaries(text);
@@ -260,6 +261,7 @@ fn random_fragment_texts() {
             };
             let ctx = ParseContext {
                 tool_names: case.names.clone(),
+                ..Default::default()
             };
             let (full, _, _) = compare_chunked(
                 &[case.text.as_str()],

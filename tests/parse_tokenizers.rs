@@ -66,6 +66,7 @@ fn check(s: &Sample) {
     }
     let ctx = ParseContext {
         tool_names: Some(s.expect_calls.iter().map(|(n, _)| n.to_string()).collect()),
+        ..Default::default()
     };
     for skip_special in [true, false] {
         let deltas = token_deltas(&r, &ids, skip_special);
@@ -131,6 +132,49 @@ fn llama3_untagged_json() {
         text: "{\"name\": \"search\", \"parameters\": {\"query\": \"rust serde\", \"limit\": 3}}",
         marker: None,
         expect_calls: &[("search", r#"{"query":"rust serde","limit":3}"#)],
+        expect_reasoning: None,
+    });
+}
+
+#[test]
+fn qwen3_coder_xml_with_thinking() {
+    check(&Sample {
+        tokenizer: "qwen3",
+        parser: "qwen3_coder",
+        reasoning: Some(ReasoningParser::new(false)),
+        text: "<think>\nWeather first.\n</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nZürich\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
+        marker: Some("<tool_call>"),
+        // No schemas in this context: the values stay strings.
+        expect_calls: &[("get_weather", r#"{"city":"Zürich","days":"3"}"#)],
+        expect_reasoning: Some("Weather first."),
+    });
+}
+
+#[test]
+fn deepseek_v31_format() {
+    check(&Sample {
+        tokenizer: "deepseek_v3",
+        parser: "deepseek_v31",
+        reasoning: None,
+        text: "Checking.<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"東京\"}<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        marker: Some("<｜tool▁calls▁begin｜>"),
+        expect_calls: &[("get_weather", r#"{"city":"東京"}"#), ("get_time", "{}")],
+        expect_reasoning: None,
+    });
+}
+
+#[test]
+fn llama3_pythonic_list() {
+    check(&Sample {
+        tokenizer: "llama3_1",
+        parser: "pythonic",
+        reasoning: None,
+        text: "[search(query=\"rust serde\", limit=3), get_time(tz='UTC')]",
+        marker: None,
+        expect_calls: &[
+            ("search", r#"{"query":"rust serde","limit":3}"#),
+            ("get_time", r#"{"tz":"UTC"}"#),
+        ],
         expect_reasoning: None,
     });
 }

@@ -138,6 +138,7 @@ pub struct ModelConfig {
     pub tokenizer: PathBuf,
     /// Optional chat template override file (Jinja).
     pub chat_template: PathBuf,
+    /// One of [`TOOL_PARSERS`].
     pub tool_parser: String,
     pub reasoning_parser: String,
     /// Context window in tokens (prompt + completion). 0 = take it from the
@@ -146,6 +147,22 @@ pub struct ModelConfig {
     /// Completion length used when a request names none.
     pub default_max_tokens: u32,
 }
+
+/// The `[model] tool_parser` names `parse::tool_parser` accepts (this module
+/// may not use `parse`; tests/parse_families.rs checks the two agree).
+pub const TOOL_PARSERS: &[&str] = &[
+    "hermes",
+    "llama3_json",
+    "mistral",
+    "deepseek_v3",
+    "deepseek_v31",
+    "qwen3_coder",
+    "glm45",
+    "kimi_k2",
+    "pythonic",
+    "gpt_oss",
+    "none",
+];
 
 impl Default for ModelConfig {
     fn default() -> Self {
@@ -610,19 +627,11 @@ impl Config {
                 "must name a tokenizer directory or a .gguf file",
             ));
         }
-        const TOOL_PARSERS: [&str; 6] = [
-            "hermes",
-            "llama3_json",
-            "mistral",
-            "deepseek_v3",
-            "gpt_oss",
-            "none",
-        ];
         if !TOOL_PARSERS.contains(&self.model.tool_parser.as_str()) {
             return Err(invalid(
                 "model.tool_parser",
                 &self.model.tool_parser,
-                "expected one of hermes, llama3_json, mistral, deepseek_v3, gpt_oss, none",
+                &format!("expected one of {}", TOOL_PARSERS.join(", ")),
             ));
         }
         const REASONING_PARSERS: [&str; 7] = [

@@ -14,13 +14,22 @@
 
 use super::json::{short, value_exact};
 use super::scan::{scan_markers, Scan};
+use super::section::{self, Markers};
 use super::{Extract, RawCall, ToolParser};
 
-const CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
+pub(super) const CALLS_BEGIN: &str = "<｜tool▁calls▁begin｜>";
 const CALLS_END: &str = "<｜tool▁calls▁end｜>";
 const CALL_BEGIN: &str = "<｜tool▁call▁begin｜>";
 const CALL_END: &str = "<｜tool▁call▁end｜>";
-const SEP: &str = "<｜tool▁sep｜>";
+pub(super) const SEP: &str = "<｜tool▁sep｜>";
+
+/// The section markers, shared with `deepseek_v31`.
+pub(super) const MARKERS: Markers = Markers {
+    begin: &[CALLS_BEGIN],
+    end: &[CALLS_END],
+    call_begin: CALL_BEGIN,
+    call_end: CALL_END,
+};
 
 #[derive(Debug, Clone, Copy)]
 pub struct DeepSeekV3;
@@ -72,45 +81,10 @@ impl ToolParser for DeepSeekV3 {
     }
 
     fn extract(&self, text: &str) -> Extract {
-        let Some(start) = text.find(CALLS_BEGIN) else {
-            return Extract::NoCalls;
-        };
-        let mut rest = &text[start + CALLS_BEGIN.len()..];
-        let mut calls = Vec::new();
-        loop {
-            rest = rest.trim_start();
-            if let Some(after) = rest.strip_prefix(CALLS_END) {
-                rest = after;
-                break;
-            }
-            let Some(body) = rest.strip_prefix(CALL_BEGIN) else {
-                return Extract::Malformed(if rest.is_empty() {
-                    format!("unterminated {CALLS_BEGIN}")
-                } else {
-                    format!(
-                        "expected {CALL_BEGIN} or {CALLS_END}, found {:?}",
-                        short(rest)
-                    )
-                });
-            };
-            let Some((inner, after)) = body.split_once(CALL_END) else {
-                return Extract::Malformed(format!(
-                    "call {}: unterminated {CALL_BEGIN}",
-                    calls.len()
-                ));
-            };
-            match one_call(inner) {
-                Ok(c) => calls.push(c),
-                Err(e) => return Extract::Malformed(format!("call {}: {e}", calls.len())),
-            }
-            rest = after;
-        }
-        if calls.is_empty() {
-            return Extract::Malformed("no calls between the tool-call markers".into());
-        }
-        Extract::Calls {
-            outside: format!("{}{}", &text[..start], rest),
-            calls,
+        match section::calls(text, &MARKERS, one_call) {
+            Ok(None) => Extract::NoCalls,
+            Ok(Some((outside, calls))) => Extract::Calls { outside, calls },
+            Err(e) => Extract::Malformed(e),
         }
     }
 }
@@ -127,6 +101,7 @@ mod tests {
     fn parse(text: &str) -> ParsedOutput {
         let ctx = ParseContext {
             tool_names: Some(vec!["get_weather".into(), "calc".into()]),
+            ..Default::default()
         };
         DeepSeekV3.parse(text, &ctx, &mut IdGen::seeded(9, IdStyle::OpenAi))
     }

@@ -62,6 +62,7 @@ mod tests {
     fn parse(text: &str, names: Option<&[&str]>) -> crate::parse::ParsedOutput {
         let ctx = ParseContext {
             tool_names: names.map(|n| n.iter().map(|s| s.to_string()).collect()),
+            ..Default::default()
         };
         Hermes.parse(text, &ctx, &mut IdGen::seeded(1, IdStyle::OpenAi))
     }

@@ -107,6 +107,7 @@ mod tests {
     fn parse(text: &str) -> ParsedOutput {
         let ctx = ParseContext {
             tool_names: Some(vec!["get_weather".into(), "lookup".into()]),
+            ..Default::default()
         };
         Llama3Json.parse(text, &ctx, &mut IdGen::seeded(3, IdStyle::OpenAi))
     }

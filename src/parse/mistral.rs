@@ -111,6 +111,7 @@ mod tests {
     fn parse(text: &str) -> ParsedOutput {
         let ctx = ParseContext {
             tool_names: Some(vec!["add".into(), "search".into()]),
+            ..Default::default()
         };
         Mistral.parse(text, &ctx, &mut IdGen::seeded(5, Mistral.id_style()))
     }

@@ -69,13 +69,20 @@
 //! ```
 
 mod deepseek_v3;
+mod deepseek_v31;
+mod glm45;
 mod hermes;
 mod ids;
 mod json;
+mod kimi_k2;
 mod llama3_json;
 mod mistral;
+mod pylit;
+mod pythonic;
+mod qwen3_coder;
 mod reasoning;
 mod scan;
+mod section;
 pub mod stream;
 
 use std::fmt;
@@ -94,7 +101,7 @@ pub use stream::{ChatStream, DeltaEvent, EventAssembler, ToolStream};
 /// Errors of this module: only configuration names can be wrong.
 #[derive(Debug, thiserror::Error)]
 pub enum ParseError {
-    #[error("unknown tool parser '{0}' (hermes | llama3_json | mistral | deepseek_v3 | none)")]
+    #[error("unknown tool parser '{0}' (hermes | llama3_json | mistral | deepseek_v3 | deepseek_v31 | qwen3_coder | glm45 | kimi_k2 | pythonic | gpt_oss | none)")]
     UnknownToolParser(String),
     #[error("unknown reasoning parser '{0}' (think | deepseek_r1 | glm45 | kimi_k2 | gpt_oss | none, or empty)")]
     UnknownReasoningParser(String),
@@ -166,19 +173,45 @@ pub struct ParsedOutput {
 pub struct ParseContext {
     /// Function names the request's `tools` declare; `None` accepts any name.
     pub tool_names: Option<Vec<String>>,
+    /// Each declared function's `parameters` JSON schema by name (the first
+    /// declaration wins): the XML formats type their values from it.
+    pub tool_parameters: std::collections::BTreeMap<String, Json>,
 }
 
 impl ParseContext {
     /// From the request's OpenAI `tools` array (`[{"type": "function",
-    /// "function": {"name": ...}}]`); `None` or a non-array accepts any name.
+    /// "function": {"name": ..., "parameters": ...}}]`); `None` or a
+    /// non-array accepts any name.
     pub fn from_tools(tools: Option<&Json>) -> Self {
-        let tool_names = tools.and_then(Json::as_array).map(|arr| {
+        let arr = tools.and_then(Json::as_array);
+        let tool_names = arr.map(|arr| {
             arr.iter()
                 .filter_map(|t| t.pointer("/function/name").and_then(Json::as_str))
                 .map(str::to_owned)
                 .collect()
         });
-        ParseContext { tool_names }
+        let mut tool_parameters = std::collections::BTreeMap::new();
+        for t in arr.into_iter().flatten() {
+            let name = t.pointer("/function/name").and_then(Json::as_str);
+            if let (Some(name), Some(p)) = (name, t.pointer("/function/parameters")) {
+                tool_parameters
+                    .entry(name.to_owned())
+                    .or_insert_with(|| p.clone());
+            }
+        }
+        ParseContext {
+            tool_names,
+            tool_parameters,
+        }
+    }
+
+    /// The schema of parameter `param` of function `tool`
+    /// (`parameters.properties.<param>`), when the request declares it.
+    pub fn parameter_schema(&self, tool: &str, param: &str) -> Option<&Json> {
+        self.tool_parameters
+            .get(tool)?
+            .get("properties")?
+            .get(param)
     }
 
     fn knows(&self, name: &str) -> bool {
@@ -283,6 +316,11 @@ pub fn tool_parser(name: &str) -> Result<Option<Box<dyn ToolParser>>, ParseError
         "llama3_json" => Box::new(llama3_json::Llama3Json),
         "mistral" => Box::new(mistral::Mistral),
         "deepseek_v3" => Box::new(deepseek_v3::DeepSeekV3),
+        "deepseek_v31" => Box::new(deepseek_v31::DeepSeekV31),
+        "qwen3_coder" => Box::new(qwen3_coder::Qwen3Coder),
+        "glm45" => Box::new(glm45::Glm45),
+        "kimi_k2" => Box::new(kimi_k2::KimiK2),
+        "pythonic" => Box::new(pythonic::Pythonic),
         // Harmony output is read from its ids by the renderer (render::harmony).
         "gpt_oss" | "none" => return Ok(None),
         other => return Err(ParseError::UnknownToolParser(other.to_owned())),
