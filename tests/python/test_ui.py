@@ -173,6 +173,8 @@ def test_token_view_matches_the_recorded_trajectory(env):
     assert dom["toolCalls"] == 2 and dom["toolResults"] == 2
     assert "call 0" in dom["title"] and "logprob" in dom["title"] and "backend" in dom["title"]
     assert "api chat" in dom["title"]
+    # Qwen3 has no Harmony messages: no channel chip, no channel class.
+    assert browser.eval("document.querySelectorAll('.channel-mark, .tok.ch').length") == 0
     browser.screenshot(ARTIFACTS / "trajectory-1280.png")
 
     # Message view toggles; keyboard walks tokens.
