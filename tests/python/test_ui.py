@@ -7,7 +7,11 @@ tool calls are tokenized non-canonically, so the re-rendered history drifts),
 rewarded and finished; the rendered DOM must then agree with
 `GET /v1/trajectories/{id}`: one sampled span per 1 in the response mask, the
 drift mark at the recorded position, the reward shown. Screenshots (1280 px
-and 390 px wide) go to target/test-artifacts/ui/."""
+and 390 px wide) go to target/test-artifacts/ui/.
+
+A gpt-oss trajectory (Harmony format, a tool call then the answer) must show
+a channel chip after each message's `<|message|>` and its body's tokens
+marked with the channel; the Qwen3 one, none."""
 
 import json
 import time
@@ -21,6 +25,8 @@ from transformers import AutoTokenizer
 import harness
 
 TOKENIZER = harness.ROOT / ".cache" / "tokenizers" / "qwen3"
+GPTOSS = harness.ROOT / ".cache" / "tokenizers" / "gptoss"
+HARMONY = 'chat_template = "harmony"\ntool_parser = "gpt_oss"\nreasoning_parser = "gpt_oss"'
 ARTIFACTS = harness.ROOT / "target" / "test-artifacts" / "ui"
 TRAINER_TOKEN = "trainer-secret-123"
 TOOLS = [
@@ -173,6 +179,8 @@ def test_token_view_matches_the_recorded_trajectory(env):
     assert dom["toolCalls"] == 2 and dom["toolResults"] == 2
     assert "call 0" in dom["title"] and "logprob" in dom["title"] and "backend" in dom["title"]
     assert "api chat" in dom["title"]
+    # Qwen3 has no Harmony messages: no channel chip, no channel class.
+    assert browser.eval("document.querySelectorAll('.channel-mark, .tok.ch').length") == 0
     browser.screenshot(ARTIFACTS / "trajectory-1280.png")
 
     # Message view toggles; keyboard walks tokens.
@@ -285,3 +293,142 @@ def test_trainer_token_is_asked_for_and_api_is_401_until_given(env):
         browser.eval("sessionStorage.clear()")
         tito.terminate()
         tito.wait(timeout=30)
+
+
+# --- gpt-oss (Harmony): channels marked in the token view ---
+
+WEATHER = [{
+    "type": "function",
+    "function": {
+        "name": "get_weather", "description": "Weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}]
+# Harmony ids: the message ends the token view must find.
+MESSAGE, END, CALL, RETURN = 200008, 200007, 200012, 200002
+
+
+@pytest.fixture(scope="module")
+def harmony_env():
+    """tito on the gpt-oss tokenizer with the Harmony config, a two-call
+    agent trajectory `oss-ui-1` recorded through the OpenAI SDK, a browser."""
+    if not (GPTOSS / "tokenizer.json").exists():
+        pytest.fail("missing .cache/tokenizers/gptoss: run scripts/fetch-tokenizers.sh")
+    exe = harness.chromium_path()
+    if exe is None:
+        pytest.fail("missing chromium: run scripts/setup-system.sh")
+    harness.build()
+    tok = AutoTokenizer.from_pretrained(str(GPTOSS))
+    assert [tok.convert_tokens_to_ids(t) for t in ("<|message|>", "<|end|>", "<|call|>", "<|return|>")] == [
+        MESSAGE, END, CALL, RETURN]
+    # Each completion from right after the prompt's `<|start|>assistant`.
+    script = [
+        pieces(tok, [
+            "<|channel|>analysis<|message|>", "Need the w", "eather.",
+            "<|end|><|start|>assistant<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>",
+            '{"ci', 'ty": "Par', 'is"}', "<|call|>",
+        ]),
+        pieces(tok, [
+            "<|channel|>analysis<|message|>", "It is sunny.",
+            "<|end|><|start|>assistant<|channel|>final<|message|>", "Sunny in P", "aris, 21 °C.", "<|return|>",
+        ]),
+    ]
+    assert script[0][-1] == CALL and script[1][-1] == RETURN
+    mock, mock_addr = harness.start_mock(pieces(tok, ["<|channel|>final<|message|>", "OK.", "<|return|>"]),
+                                         script=script)
+    procs = [mock]
+    browser = None
+    try:
+        tito, addr = harness.start_tito(GPTOSS, f"http://{mock_addr}", model="gpt-oss", model_extra=HARMONY)
+        procs.append(tito)
+        client = OpenAI(base_url=f"http://{addr}/t/oss-ui-1/v1", api_key="unused")
+        msgs = [{"role": "user", "content": "Weather in Paris?"}]
+        first = client.chat.completions.create(model="gpt-oss", messages=msgs, tools=WEATHER).choices[0]
+        assert first.finish_reason == "tool_calls", first
+        (call,) = first.message.tool_calls
+        assert call.function.name == "get_weather"
+        msgs.append(first.message.model_dump(exclude_none=True))
+        msgs.append({"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 °C"})
+        second = client.chat.completions.create(model="gpt-oss", messages=msgs, tools=WEATHER).choices[0]
+        assert second.message.content == "Sunny in Paris, 21 °C.", second
+        post(addr, "/v1/trajectories/oss-ui-1/finish", {})
+        browser = harness.Browser(exe)
+        yield addr, browser, script
+    finally:
+        if browser is not None:
+            browser.close()
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=30)
+
+
+def test_harmony_channels_are_marked(harmony_env):
+    addr, browser, script = harmony_env
+    t = get(addr, "/v1/trajectories/oss-ui-1")
+    assert len(t["samples"]) == 1, "both calls in one sample"
+    sample = t["samples"][0]
+    seq = sample["prompt_ids"] + sample["response_ids"]
+    assert [c["sampled_ids"] for c in t["calls"]] == script
+
+    browser.size(1280, 900)
+    browser.goto(f"http://{addr}/ui/trajectories/oss-ui-1")
+    browser.wait_for("document.querySelectorAll('.sample .tok').length > 0")
+    dom = browser.eval(
+        """((ends) => {
+          const root = document.querySelector('.sample[data-sample="0"]');
+          const toks = [...root.querySelectorAll('span.tok')];
+          const byPos = new Map(toks.map((s, i) => [Number(s.dataset.pos), i]));
+          const chips = [...root.querySelectorAll('.channel-mark')].map(c => {
+            const prev = c.previousElementSibling;
+            const want = `ch-${c.dataset.channel}`;
+            // The body: every token after the chip up to the message's end.
+            const body = [];
+            for (let i = byPos.get(Number(c.dataset.pos)) + 1; i < toks.length; i++) {
+              const s = toks[i];
+              if (ends.includes(Number(s.dataset.tokenId))) break;
+              body.push({pos: Number(s.dataset.pos), marked: s.classList.contains(want) && s.classList.contains('ch')});
+            }
+            return {text: c.textContent, channel: c.dataset.channel, pos: Number(c.dataset.pos),
+                    classed: c.classList.contains(want),
+                    prevPos: prev?.classList.contains('tok') ? Number(prev.dataset.pos) : null,
+                    prevId: prev?.classList.contains('tok') ? Number(prev.dataset.tokenId) : null,
+                    body};
+          });
+          return {
+            ids: toks.map(s => Number(s.dataset.tokenId)),
+            chips,
+            analysis: toks.filter(s => s.dataset.mask === '1' && s.classList.contains('ch-analysis')
+              && !ends.includes(Number(s.dataset.tokenId))).map(s => s.dataset.text).join(''),
+            // Tokens outside every body but its end (headers, the system's
+            // own text) in a channel.
+            outside: (() => {
+              const inBody = new Set(chips.flatMap(c => c.body.map(b => b.pos)));
+              return toks.filter(s => !inBody.has(Number(s.dataset.pos)) && !ends.includes(Number(s.dataset.tokenId))
+                && s.classList.contains('ch')).map(s => [Number(s.dataset.pos), s.dataset.text]);
+            })(),
+          };
+        })(%s)""" % json.dumps([END, CALL, RETURN])
+    )
+    assert dom["ids"] == seq
+    chips = dom["chips"]
+    # One chip per Harmony message of the sample, in order.
+    assert [c["text"] for c in chips] == [
+        "system · message", "developer · message", "user · message",
+        "analysis", "commentary → functions.get_weather",
+        "functions.get_weather · commentary → assistant",
+        "analysis", "final",
+    ], chips
+    assert [c["channel"] for c in chips] == [
+        "none", "none", "none", "analysis", "commentary", "commentary", "analysis", "final"]
+    # Each right after its message's <|message|> token, and no <|message|> without one.
+    assert [c["pos"] for c in chips] == [i for i, x in enumerate(seq) if x == MESSAGE]
+    for c in chips:
+        assert c["classed"] and c["prevPos"] == c["pos"] and c["prevId"] == MESSAGE, c
+        assert c["body"], f"empty body after {c['text']}"
+        assert all(b["marked"] for b in c["body"]), c
+        # The body runs up to the message's end, which is in the sample.
+        assert seq[c["body"][-1]["pos"] + 1] in (END, CALL, RETURN), c
+    assert dom["outside"] == [], "header tokens are in no channel"
+    # The sampled reasoning is marked as the analysis channel.
+    assert dom["analysis"] == "Need the weather.It is sunny."
+    browser.screenshot(ARTIFACTS / "harmony-1280.png")
