@@ -56,6 +56,7 @@ impl ParseSetup {
                 (true, Some(t)) => ParseContext::from_tools(Some(&Json::Array(t.clone()))),
                 _ => ParseContext {
                     tool_names: Some(Vec::new()),
+                    ..ParseContext::default()
                 },
             };
             return Ok(Some(ParseSetup {
