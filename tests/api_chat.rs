@@ -474,6 +474,9 @@ async fn a_prompt_that_closed_reasoning_serves_the_reply_as_content() {
             .await;
         let m = &body["choices"][0]["message"];
         assert_eq!(m["content"], content, "thinking {thinking}: {body}");
-        assert_eq!(m["reasoning_content"], reasoning, "thinking {thinking}: {body}");
+        assert_eq!(
+            m["reasoning_content"], reasoning,
+            "thinking {thinking}: {body}"
+        );
     }
 }

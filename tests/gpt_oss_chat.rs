@@ -168,7 +168,11 @@ async fn three_turns_keep_every_sampled_id_and_answer_as_openai_messages() {
         .await;
     assert_eq!(b3["choices"][0]["message"]["content"], "You're welcome!");
     let canonical = r.encode("<|channel|>final<|message|>You're welcome!<|return|>");
-    assert_ne!(canonical.ok().as_ref(), Some(&s3), "the scripted ids are not canonical");
+    assert_ne!(
+        canonical.ok().as_ref(),
+        Some(&s3),
+        "the scripted ids are not canonical"
+    );
     let p3 = ids_of(&mock.last_request()["prompt"]);
     assert_eq!(&p3[..p2.len()], &p2[..]);
     assert_eq!(&p3[p2.len()..p2.len() + s2.len()], &s2[..]);

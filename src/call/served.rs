@@ -130,19 +130,19 @@ impl ParseSetup {
                 self.ids(index),
             )));
         }
-        ChoiceStream::Text(ChatStream::new(
+        ChoiceStream::Text(Box::new(ChatStream::new(
             self.reasoning.as_ref(),
             self.parser(),
             self.ctx.clone(),
             self.ids(index),
-        ))
+        )))
     }
 }
 
 /// One choice's parse as it streams: over its text, or (Harmony) its ids.
 #[derive(Debug)]
 pub enum ChoiceStream {
-    Text(ChatStream),
+    Text(Box<ChatStream>),
     Harmony(Box<HarmonyStream>),
 }
 

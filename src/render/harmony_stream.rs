@@ -192,7 +192,7 @@ impl HarmonyStream {
                 .ctx
                 .tool_names
                 .as_ref()
-                .is_none_or(|names| names.iter().any(|n| *n == name));
+                .is_none_or(|names| names.contains(&name));
             if !known {
                 self.malformed = Some(format!("unknown function name '{name}'"));
                 out.push(DeltaEvent::Content(arguments));
