@@ -62,7 +62,9 @@ def run(stream):
         harness.sampled(tok, ["Found it in ", "src/main.rs."]),
     ]
     tid = f"coder-{'stream' if stream else 'plain'}"
-    with harness.mock_gateway(harness.QWEN3, [], script=script,
+    # After the script the mock answers `<|im_end|>` alone (no test asks).
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    with harness.mock_gateway(harness.QWEN3, [im_end], script=script,
                               model_extra='tool_parser = "qwen3_coder"') as addr:
         client = OpenAI(base_url=f"http://{addr}/t/{tid}/v1", api_key="unused")
         msgs = [{"role": "user", "content": "Where is main?"}]
