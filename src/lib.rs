@@ -12,10 +12,12 @@
 //! 4. [`logging`]: the log output of every command (text or JSON lines).
 //! 5. [`server`]: the HTTP server (`axum::serve`, a connection cap,
 //!    graceful shutdown) of `tito serve` and `tito engine`.
-//! 6. [`parse`]: tool-call and `<think>` reasoning parsers over decoded text,
-//!    full and streamed.
+//! 6. [`parse`]: tool-call and reasoning parsers over decoded text, full and
+//!    streamed.
 //! 7. [`render`]: chat template + tokenizer; prompt token ids are made here,
-//!    and sampled ids become text, incrementally (`render::detok`).
+//!    and sampled ids become text, incrementally (`render::detok`); gpt-oss's
+//!    Harmony format through `openai-harmony`, prompt ids and sampled-id
+//!    parsing both (`render::harmony`).
 //! 8. [`surface`]: the Responses and Messages APIs as chat requests (their
 //!    histories translated, also for a trajectory rebuilt from the store)
 //!    and their answers built from a recorded call.

@@ -3,9 +3,13 @@
 //! `content`, `tool_calls`), either at once or as streamed deltas.
 //!
 //! Owns: the [`ToolParser`] trait and one implementation per format
-//! (`hermes`, `llama3_json`, `mistral`, `deepseek_v3`), the `<think>`
-//! [`ReasoningParser`], tool-call ids, and the streaming drivers. Must not:
-//! touch token ids, HTTP, or the trajectory; it never fails on model output.
+//! (`hermes`, `llama3_json`, `mistral`, `deepseek_v3`, `deepseek_v31`,
+//! `qwen3_coder`, `glm45`, `kimi_k2`, `pythonic`), the [`ReasoningParser`]
+//! and its modes (`think`, `deepseek_r1`, `glm45`, `kimi_k2`), tool-call
+//! ids, and the streaming drivers. Harmony (gpt-oss) output is not parsed
+//! here: `render::harmony` reads it from the sampled ids with
+//! `openai-harmony`, into this module's types. Must not: touch token ids,
+//! HTTP, or the trajectory; it never fails on model output.
 //!
 //! # What the caller passes in
 //!
@@ -17,8 +21,11 @@
 //! `hermes` and `deepseek_v3` markers are ordinary added tokens in the
 //! Qwen / DeepSeek tokenizers and survive either mode; `llama3_json` sees
 //! `<|python_tag|>` only with `skip_special_tokens = false`, and otherwise
-//! still recognises a reply that starts with a JSON object. The `<think>`
-//! tags of Qwen3 / DeepSeek-R1 are ordinary added tokens too.
+//! still recognises a reply that starts with a JSON object; `kimi_k2`'s
+//! section markers are special tokens (`skip_special_tokens = false`);
+//! `qwen3_coder`, `glm45`, `pythonic` and `deepseek_v31` markers survive
+//! either mode. The `<think>` tags of Qwen3 / DeepSeek-R1 are ordinary
+//! added tokens too.
 //!
 //! # Results
 //!
