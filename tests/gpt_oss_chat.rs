@@ -120,6 +120,15 @@ async fn three_turns_keep_every_sampled_id_and_answer_as_openai_messages() {
     assert!(prompt_text.contains("Current date: "), "{prompt_text}");
     assert!(prompt_text.ends_with("<|start|>assistant"), "{prompt_text}");
     assert_eq!(mock.last_request()["prompt"], json!(p1));
+    // Generation stops on `<|return|>` and `<|call|>`, never on `<|end|>`
+    // (an analysis message ends with it and the turn goes on).
+    let stops = ids_of(&mock.last_request()["stop_token_ids"]);
+    let id = |t: &str| r.token_to_id(t).expect("a Harmony token");
+    assert!(
+        stops.contains(&id("<|return|>")) && stops.contains(&id("<|call|>")),
+        "{stops:?}"
+    );
+    assert!(!stops.contains(&id("<|end|>")), "{stops:?}");
 
     // The agent echoes the call (arguments re-serialized) and the result.
     let echoed = json!({"role": "assistant", "content": null,
