@@ -21,8 +21,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use criterion::{black_box, BenchmarkId, Criterion, Throughput};
+use openai_harmony::chat::Role;
 use serde_json::{json, Value as Json};
 use tito::config::ModelConfig;
+use tito::render::harmony::conversation;
 use tito::render::{RenderInput, Renderer};
 
 // The allocator the gateway runs with (src/main.rs): glibc's malloc costs
@@ -191,11 +193,26 @@ fn bench_turns(c: &mut Criterion, name: &str, renderer: &Renderer) {
         };
         let tokens = renderer.render_ids(&input).map(|v| v.len()).unwrap_or(0);
         group.throughput(Throughput::Elements(tokens as u64));
+        let label = format!("turn{n}_{tokens}tok");
         group.bench_with_input(
-            BenchmarkId::new("render_tokenize", format!("turn{n}_{tokens}tok")),
+            BenchmarkId::new("render_tokenize", &label),
             &input,
             |b, input| b.iter(|| renderer.render_ids(black_box(input))),
         );
+        // Harmony renders message by message from a cache of each message's
+        // ids (every message here is cached after the first iteration, as
+        // a later call's earlier messages are); `crate_whole` is the crate
+        // rendering the whole conversation, nothing cached: a first call.
+        if let Some(h) = renderer.harmony() {
+            group.bench_with_input(BenchmarkId::new("crate_whole", &label), &input, |b, i| {
+                b.iter(|| {
+                    let convo = conversation(i.messages, i.tools, i.kwargs).ok()?;
+                    h.encoding()
+                        .render_conversation_for_completion(&convo.messages, Role::Assistant, None)
+                        .ok()
+                })
+            });
+        }
     }
     group.finish();
 }

@@ -265,3 +265,33 @@ fn bad_requests_are_template_errors_naming_the_cause() {
         .expect_err("refused");
     assert!(err.to_string().contains("narrator"), "{err}");
 }
+
+/// The prompt is rendered message by message, each message's ids cached:
+/// a second render (every message cached) and the crate's render of the
+/// whole conversation at once give the same ids, on every golden case.
+#[test]
+fn cached_message_renders_equal_the_crates_whole_conversation() {
+    use openai_harmony::chat::Role;
+    let r = renderer();
+    let h = r.harmony().expect("harmony");
+    let cases: Vec<Case> = fixture("gpt_oss.json");
+    for c in &cases {
+        let first = r.render_ids(&input(c)).expect("renders");
+        let again = r.render_ids(&input(c)).expect("renders");
+        let convo = tito::render::harmony::conversation(
+            &c.messages,
+            c.tools.as_deref(),
+            c.chat_template_kwargs.as_ref(),
+        )
+        .expect("maps");
+        let whole = if c.add_generation_prompt {
+            h.encoding()
+                .render_conversation_for_completion(&convo.messages, Role::Assistant, None)
+        } else {
+            h.encoding().render_conversation(&convo.messages, None)
+        }
+        .expect("the crate renders");
+        assert_eq!(first, whole, "{}", c.name);
+        assert_eq!(again, whole, "{}", c.name);
+    }
+}

@@ -25,6 +25,7 @@ use openai_harmony::{
 };
 use serde_json::{Map, Value as Json};
 
+use super::harmony_cache::RenderCache;
 use super::RenderError;
 
 /// The variable naming the folder of `o200k_base.tiktoken`, read by the crate.
@@ -48,6 +49,7 @@ pub struct Harmony {
     end_id: u32,
     start_id: u32,
     assistant_ids: Vec<u32>,
+    cache: RenderCache,
 }
 
 impl std::fmt::Debug for Harmony {
@@ -97,6 +99,7 @@ impl Harmony {
             assistant_ids: enc.tokenizer().encode_ordinary("assistant"),
             stop_ids,
             enc,
+            cache: RenderCache::new(),
         })
     }
 
@@ -144,14 +147,29 @@ impl Harmony {
         kwargs: Option<&Map<String, Json>>,
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, RenderError> {
-        let convo = conversation(messages, tools, kwargs)?;
-        let rendered = if add_generation_prompt {
-            self.enc
-                .render_conversation_for_completion(&convo.messages, Role::Assistant, None)
-        } else {
-            self.enc.render_conversation(&convo.messages, None)
-        };
-        rendered.map_err(|e| RenderError::Template(format!("{e:#}")))
+        let (preamble, rest) = harmony_conversation(messages, tools, kwargs)?;
+        let failed = |e: anyhow::Error| RenderError::Template(format!("{e:#}"));
+        // The preamble as a conversation: the crate words the system message
+        // by whether the developer message declares functions.
+        let mut out = self
+            .cache
+            .get_or_render(key(preamble.as_slice())?, || {
+                self.enc
+                    .render_conversation(&preamble, None)
+                    .map_err(failed)
+            })?
+            .to_vec();
+        for m in &rest {
+            let ids = self
+                .cache
+                .get_or_render(key(m)?, || self.enc.render(m, None).map_err(failed))?;
+            out.extend_from_slice(&ids);
+        }
+        if add_generation_prompt {
+            out.push(self.start_id);
+            out.extend_from_slice(&self.assistant_ids);
+        }
+        Ok(out)
     }
 
     /// The ids that follow a served assistant turn: `messages[from..]`
@@ -193,6 +211,23 @@ pub fn conversation(
     tools: Option<&[Json]>,
     kwargs: Option<&Map<String, Json>>,
 ) -> Result<Conversation, RenderError> {
+    let (mut preamble, rest) = harmony_conversation(messages, tools, kwargs)?;
+    preamble.extend(rest);
+    Ok(Conversation::from_messages(preamble))
+}
+
+/// The cache key of what renders to ids: its JSON.
+fn key(v: &(impl serde::Serialize + ?Sized)) -> Result<String, RenderError> {
+    serde_json::to_string(v).map_err(|e| RenderError::Template(e.to_string()))
+}
+
+/// The system and developer preamble, and the conversation's other
+/// messages (analysis before the last `final` dropped).
+fn harmony_conversation(
+    messages: &[Json],
+    tools: Option<&[Json]>,
+    kwargs: Option<&Map<String, Json>>,
+) -> Result<(Vec<Message>, Vec<Message>), RenderError> {
     let bad = |m: String| RenderError::Template(m);
     let kwarg = |k: &str| kwargs.and_then(|m| m.get(k)).filter(|v| !v.is_null());
     let effort = match kwarg(KWARG_EFFORT) {
@@ -235,10 +270,11 @@ pub fn conversation(
         out.push(Message::from_role_and_content(Role::Developer, dev));
     }
     let names = tool_names_by_id(messages);
+    let mut body = Vec::new();
     for m in rest {
-        out.extend(harmony_messages(m, &names)?);
+        body.extend(harmony_messages(m, &names)?);
     }
-    Ok(Conversation::from_messages(drop_early_analysis(out)))
+    Ok((out, drop_early_analysis(body)))
 }
 
 /// The `type: "function"` tools as Harmony tool descriptions.

@@ -11,6 +11,7 @@ pub mod detok;
 mod fastbpe;
 pub mod gguf;
 pub mod harmony;
+mod harmony_cache;
 mod harmony_stream;
 mod hf;
 mod pretok;
