@@ -13,6 +13,7 @@ pub mod gguf;
 pub mod harmony;
 mod harmony_stream;
 mod hf;
+pub mod image;
 mod pretok;
 mod pyfmt;
 pub mod shipped;
