@@ -19,6 +19,7 @@ mod pyfmt;
 pub mod shipped;
 mod template;
 pub mod testing;
+pub mod vision;
 
 use std::borrow::Cow;
 use std::path::Path;
