@@ -217,7 +217,9 @@ fn every_fixture_file_has_a_test() {
     // jinja_snippets.json needs no tokenizer: the render unit tests check it.
     // gpt_oss.json and gpt_oss_parse.json are Harmony goldens from PyPI
     // openai-harmony (scripts/gen_goldens_harmony.py), not transformers: they
-    // tests/render_harmony.rs checks them.
+    // tests/render_harmony.rs checks them. vision.json holds Qwen-VL image
+    // placeholder counts from transformers' image processor
+    // (scripts/gen_goldens_vision.py): tests/render_vision.rs checks it.
     assert_eq!(
         names,
         [
@@ -227,7 +229,8 @@ fn every_fixture_file_has_a_test() {
             "gpt_oss_parse",
             "jinja_snippets",
             "llama3_1",
-            "qwen3"
+            "qwen3",
+            "vision"
         ]
     );
 }

@@ -14,11 +14,13 @@ pub mod harmony;
 mod harmony_cache;
 mod harmony_stream;
 mod hf;
+pub mod image;
 mod pretok;
 mod pyfmt;
 pub mod shipped;
 mod template;
 pub mod testing;
+pub mod vision;
 
 use std::borrow::Cow;
 use std::path::Path;
