@@ -24,7 +24,7 @@ use criterion::{black_box, BenchmarkId, Criterion, Throughput};
 use openai_harmony::chat::Role;
 use serde_json::{json, Value as Json};
 use tito::config::ModelConfig;
-use tito::render::harmony::conversation;
+use tito::render::harmony;
 use tito::render::{RenderInput, Renderer};
 
 // The allocator the gateway runs with (src/main.rs): glibc's malloc costs
@@ -206,7 +206,7 @@ fn bench_turns(c: &mut Criterion, name: &str, renderer: &Renderer) {
         if let Some(h) = renderer.harmony() {
             group.bench_with_input(BenchmarkId::new("crate_whole", &label), &input, |b, i| {
                 b.iter(|| {
-                    let convo = conversation(i.messages, i.tools, i.kwargs).ok()?;
+                    let convo = harmony::conversation(i.messages, i.tools, i.kwargs).ok()?;
                     h.encoding()
                         .render_conversation_for_completion(&convo.messages, Role::Assistant, None)
                         .ok()
