@@ -2,44 +2,14 @@
 //! `kimi_k2`): for every text and every chunking the assembled stream
 //! equals the full parse, and each family splits as its model writes.
 
+mod chunking;
+
+use chunking::{boundaries, split_at_points, Rng};
 use tito::parse::stream::compare_chunked;
 use tito::parse::{
     reasoning_parser, ChatStream, DeltaEvent, IdGen, IdStyle, ParseContext, ParseError,
     ReasoningMode, ReasoningParser,
 };
-
-/// splitmix64: a small deterministic PRNG (no crate needed).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
-fn boundaries(text: &str) -> Vec<usize> {
-    (0..=text.len())
-        .filter(|&i| text.is_char_boundary(i))
-        .collect()
-}
-
-fn split_at_points<'a>(text: &'a str, points: &[usize]) -> Vec<&'a str> {
-    let mut out = Vec::new();
-    let mut last = 0;
-    for &p in points {
-        out.push(&text[last..p]);
-        last = p;
-    }
-    out.push(&text[last..]);
-    out
-}
 
 const FAMILIES: [&str; 4] = ["think", "deepseek_r1", "glm45", "kimi_k2"];
 

@@ -247,6 +247,36 @@ pub enum Extract {
     Malformed(String),
 }
 
+/// The calls of a format whose every call opens with `start`: `one_call`
+/// reads one from just after its marker and returns it with the text that
+/// follows it. Text between calls is `outside`; a call that does not read
+/// makes the whole text malformed.
+pub(crate) fn extract_opened<'a>(
+    text: &'a str,
+    start: &str,
+    mut one_call: impl FnMut(&'a str) -> Result<(RawCall, &'a str), String>,
+) -> Extract {
+    let mut outside = String::new();
+    let mut calls = Vec::new();
+    let mut pos = 0;
+    while let Some(rel) = text[pos..].find(start) {
+        let open = pos + rel;
+        outside.push_str(&text[pos..open]);
+        match one_call(&text[open + start.len()..]) {
+            Ok((call, after)) => {
+                calls.push(call);
+                pos = text.len() - after.len();
+            }
+            Err(e) => return Extract::Malformed(format!("call {}: {e}", calls.len())),
+        }
+    }
+    if calls.is_empty() {
+        return Extract::NoCalls;
+    }
+    outside.push_str(&text[pos..]);
+    Extract::Calls { outside, calls }
+}
+
 /// One tool-call format. Implementations are stateless.
 pub trait ToolParser: Send + Sync + fmt::Debug {
     /// The config name (`[model] tool_parser`).

@@ -25,7 +25,9 @@ use serde_json::{Map, Number, Value as Json};
 use super::json::{short, value_exact};
 use super::pylit::literal_exact;
 use super::scan::{scan_markers, Scan};
-use super::{finalize, Extract, IdGen, ParseContext, ParsedOutput, RawCall, ToolParser};
+use super::{
+    extract_opened, finalize, Extract, IdGen, ParseContext, ParsedOutput, RawCall, ToolParser,
+};
 
 const START: &str = "<tool_call>";
 const END: &str = "</tool_call>";
@@ -219,25 +221,7 @@ fn one_call<'a>(s: &'a str, ctx: &ParseContext) -> Result<(RawCall, &'a str), St
 impl Qwen3Coder {
     /// The calls, typed from `ctx`'s schemas.
     fn extract_with(&self, text: &str, ctx: &ParseContext) -> Extract {
-        let mut outside = String::new();
-        let mut calls = Vec::new();
-        let mut pos = 0;
-        while let Some(rel) = text[pos..].find(START) {
-            let open = pos + rel;
-            outside.push_str(&text[pos..open]);
-            match one_call(&text[open + START.len()..], ctx) {
-                Ok((call, after)) => {
-                    calls.push(call);
-                    pos = text.len() - after.len();
-                }
-                Err(e) => return Extract::Malformed(format!("call {}: {e}", calls.len())),
-            }
-        }
-        if calls.is_empty() {
-            return Extract::NoCalls;
-        }
-        outside.push_str(&text[pos..]);
-        Extract::Calls { outside, calls }
+        extract_opened(text, START, |body| one_call(body, ctx))
     }
 }
 
