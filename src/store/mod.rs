@@ -50,7 +50,7 @@ pub(crate) use types::Bodies;
 pub use types::{
     now_ms, Acked, CallRecord, Drift, Lease, ListQuery, Page, ReplayPosition, ResponseRef,
     SampleReplay, Trajectory, TrajectoryFilter, TrajectoryMeta, TrajectoryMetadata,
-    TrajectoryStatus, VersionRecord, VersionReplay, VersionSpan,
+    TrajectoryStatus, VersionRecord, VersionReplay, VersionSpan, CallImage, StoredImage,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +165,18 @@ pub trait SpanStore: Send + Sync + 'static {
     /// [`StoreError::Invalid`] (logprobs length, parent not before the call or
     /// not stored).
     async fn append_call(&self, call: CallRecord) -> Result<(), StoreError>;
+
+    /// Stores images once each, content-addressed by SHA-256 (one already
+    /// stored is left as it is). Durable on return, like [`Self::append_call`]:
+    /// a call appended after it finds its images.
+    async fn put_images(&self, _images: &[StoredImage]) -> Result<(), StoreError> {
+        Err(StoreError::Invalid("this store keeps no images".into()))
+    }
+
+    /// A stored image by its SHA-256 (lowercase hex).
+    async fn image(&self, _sha256: &str) -> Result<Option<StoredImage>, StoreError> {
+        Ok(None)
+    }
 
     /// Sets the trajectory reward (`call: None`) or one call's reward, and
     /// the trajectory's named reward parts when `extra` is given.

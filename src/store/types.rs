@@ -118,6 +118,35 @@ pub struct CallRecord {
     /// span starting at the seam.
     #[serde(default)]
     pub versions: Vec<VersionSpan>,
+    /// The images of the call's full prompt, in the order their placeholder
+    /// runs appear in it; each image's bytes are stored once per store
+    /// ([`crate::store::SpanStore::put_images`]). Empty for a text prompt.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<CallImage>,
+}
+
+/// An image of a call's prompt, by reference to its stored bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CallImage {
+    /// Lowercase hex SHA-256 of the encoded bytes: the stored image's key.
+    pub sha256: String,
+    /// `image/png`, `image/jpeg`, `image/webp` or `image/gif`.
+    pub mime: String,
+    pub width: u32,
+    pub height: u32,
+    /// The vision processor's `(t, h, w)` patch grid of the image, whose
+    /// `t * h * w / merge_size^2` pad tokens stand for it in the prompt.
+    pub grid_thw: [u32; 3],
+}
+
+/// An image's encoded bytes as stored, content-addressed by `sha256`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredImage {
+    pub sha256: String,
+    pub mime: String,
+    pub width: u32,
+    pub height: u32,
+    pub bytes: std::sync::Arc<Vec<u8>>,
 }
 
 /// The weights that generated a run of a call's sampled tokens: tokens
