@@ -105,6 +105,7 @@ async fn run_engine(
                 ignore_eos: true,
                 ..Default::default()
             },
+            images: None,
         };
         tasks.push(tokio::spawn(async move {
             let mut s = engine.generate(req).await.expect("accepted");
@@ -344,6 +345,7 @@ async fn generate(
         request_id: "bench".into(),
         prompt_ids: Arc::new(prompt.to_vec()),
         params,
+        images: None,
     };
     let mut s = engine.generate(req).await.expect("accepted");
     let mut out = Vec::new();

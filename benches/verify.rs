@@ -290,6 +290,7 @@ async fn generate(engine: &EngineBackend, prompt: &[u32], max_tokens: u32) -> Ge
             ignore_eos: true,
             ..Default::default()
         },
+        images: None,
     };
     let mut stream = engine.generate(req).await.expect("accepted");
     let mut g = Generation::default();

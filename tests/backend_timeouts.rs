@@ -323,6 +323,7 @@ fn request() -> GenerateRequest {
             logprobs: Some(0),
             ..Default::default()
         },
+        images: None,
     }
 }
 

@@ -159,6 +159,7 @@ async fn a_json_schema_constrains_the_engines_output() {
         request_id: "bad".into(),
         prompt_ids: std::sync::Arc::new(prompt),
         params: bad,
+        images: None,
     };
     use tito::backend::Backend;
     assert!(matches!(

@@ -142,6 +142,7 @@ async fn handle(
                 api: crate::surface::Api::Completions,
                 response_id: None,
                 instructions: 0,
+                images: None,
             },
             prepared,
             params: params.clone(),

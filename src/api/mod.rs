@@ -11,6 +11,7 @@ pub mod auth;
 mod chat;
 mod completions;
 pub mod export;
+mod images;
 mod logprobs;
 mod messages;
 mod metrics;

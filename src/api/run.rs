@@ -86,11 +86,16 @@ pub(super) async fn run<S: Surface>(
     };
 
     // Prepare.
+    let images = super::images::take(&state, &mut call.req.messages, &mut call.received).await?;
     let tid = super::trajectory_id(&state, call.named.take());
     state.trajectories.tag(&tid, &call.tag).await?;
     let started_at = crate::store::now_ms();
     let req = &mut call.req;
     let prepared = prepare(&state, &tid, req).await?;
+    let images = match images.is_empty() {
+        true => None,
+        false => Some(super::images::inputs(&state, &prepared.prompt_ids, images)?),
+    };
     // A forced tool call is constrained JSON: no tool parser reads it.
     let parsing = match call.forced {
         Some(_) => None,
@@ -122,6 +127,7 @@ pub(super) async fn run<S: Surface>(
             api: call.api,
             response_id: call.response_id,
             instructions: call.instructions,
+            images,
         },
         prepared,
         params: call.params,

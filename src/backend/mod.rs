@@ -120,6 +120,30 @@ pub struct GenerateRequest {
     pub request_id: String,
     pub prompt_ids: Arc<Vec<u32>>,
     pub params: SamplingParams,
+    /// The prompt's images; `None` for a text prompt.
+    pub images: Option<ImageInputs>,
+}
+
+/// The images of a prompt whose ids hold one run of `pad_id` per image, in
+/// order, each run as long as the image's pad count.
+#[derive(Debug, Clone)]
+pub struct ImageInputs {
+    pub pad_id: u32,
+    pub images: Arc<Vec<crate::render::image::PromptImage>>,
+}
+
+impl ImageInputs {
+    /// `ids` with each run of pads made one pad: the prompt a backend that
+    /// expands placeholders itself takes (SGLang's multimodal processor).
+    pub fn collapsed(&self, ids: &[u32]) -> Vec<u32> {
+        let mut out = Vec::with_capacity(ids.len());
+        for (i, &id) in ids.iter().enumerate() {
+            if id != self.pad_id || i == 0 || ids[i - 1] != self.pad_id {
+                out.push(id);
+            }
+        }
+        out
+    }
 }
 
 /// The logprob of one sampled token and, when asked, its top alternatives.

@@ -18,6 +18,14 @@
 //! the last position's, see its scheduler's `_process_input_token_logprobs`)
 //! and `input_top_logprobs` the top-1 per position (null at position 0).
 //!
+//! A prompt with images sends them as `image_data` (a list of base64
+//! `data:` URLs, all of this request's images in order: `io_struct.py`
+//! `GenerateReqInput.image_data`, sglang 0.5.23 lines 194-200) beside
+//! `input_ids` holding one `<|image_pad|>` per image: SGLang's multimodal
+//! processor replaces the i-th pad with the i-th image's pad run
+//! (`multimodal/processors/base_processor.py` lines 1818-1849), which is
+//! the run tito's prompt ids hold.
+//!
 //! Owns: SGLang's wire format. Must not: render, decode text, or route.
 //!
 //! Checked against (November 2026):
@@ -53,7 +61,12 @@ use crate::config::{BackendConfig, RouterConfig};
 /// The body of one `/generate` request ([`SglangBackend::request_body`]).
 #[derive(Serialize)]
 pub struct SglangBody<'a> {
-    input_ids: &'a [u32],
+    input_ids: std::borrow::Cow<'a, [u32]>,
+    /// The prompt's images as base64 `data:` URLs, in order; `input_ids`
+    /// then holds one `<|image_pad|>` per image, which SGLang's multimodal
+    /// processor expands to the image's pad count itself.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    image_data: Option<Vec<String>>,
     sampling_params: SglangSampling<'a>,
     stream: bool,
     rid: &'a str,
@@ -97,8 +110,16 @@ impl SglangBackend {
     /// The JSON body sent to SGLang's `/generate` for one request.
     pub fn request_body<'a>(&self, req: &'a GenerateRequest) -> SglangBody<'a> {
         let p = &req.params;
+        let (input_ids, image_data) = match &req.images {
+            Some(inputs) => (
+                inputs.collapsed(&req.prompt_ids).into(),
+                Some(inputs.images.iter().map(|im| im.data_url()).collect()),
+            ),
+            None => (req.prompt_ids.as_slice().into(), None),
+        };
         SglangBody {
-            input_ids: &req.prompt_ids,
+            input_ids,
+            image_data,
             sampling_params: SglangSampling {
                 max_new_tokens: p.max_tokens,
                 shared: SharedSampling::of(p),

@@ -208,6 +208,7 @@ fn request(logprobs: Option<u32>) -> GenerateRequest {
             logprobs,
             ..Default::default()
         },
+        images: None,
     }
 }
 

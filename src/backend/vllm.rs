@@ -541,6 +541,13 @@ impl Backend for VllmBackend {
     }
 
     async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError> {
+        if req.images.is_some() {
+            // /v1/completions takes token ids but no multimodal data.
+            return Err(BackendError::Rejected {
+                backend: self.name().to_string(),
+                message: "vLLM's /v1/completions takes no images with token ids".into(),
+            });
+        }
         let body = self.request_body(&req);
         let decoder = VllmDecoder::new(self.name(), req.params.logprobs);
         self.http.generate("/v1/completions", &body, decoder).await

@@ -37,6 +37,7 @@ fn request(logprobs: Option<u32>) -> GenerateRequest {
             logprobs,
             ..Default::default()
         },
+        images: None,
     }
 }
 

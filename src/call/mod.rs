@@ -415,6 +415,7 @@ impl Calls {
                     request_id: format!("{request_id}-{pi}-{i}"),
                     prompt_ids: plan.prepared.prompt_ids.clone(),
                     params,
+                    images: plan.ctx.images.clone(),
                 };
                 let tid = &plan.ctx.trajectory_id;
                 starts.push(async move {

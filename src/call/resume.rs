@@ -83,6 +83,7 @@ pub(super) fn request(
         request_id: format!("{request_id}-{pi}-{i}-r{round}"),
         prompt_ids: Arc::new(prompt),
         params,
+        images: plan.ctx.images.clone(),
     }
 }
 

@@ -6,7 +6,10 @@
 //! validation messages that name the offending key. Must not: open files other
 //! than the config itself, or touch the network.
 
+mod model;
 mod redact;
+
+pub use model::{ModelConfig, VisionName, TOOL_PARSERS};
 
 pub use redact::{redact_store_url, redact_url, redacted_token, usable_token, Secret};
 
@@ -125,55 +128,6 @@ impl Default for ServerConfig {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             drain_timeout_s: 30,
             sse_send_timeout_s: 30,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct ModelConfig {
-    /// Model id served by /v1/models; other ids get 404 model_not_found.
-    pub name: String,
-    /// Directory with tokenizer.json + tokenizer_config.json, or a .gguf file.
-    pub tokenizer: PathBuf,
-    /// Optional chat template override file (Jinja).
-    pub chat_template: PathBuf,
-    /// One of [`TOOL_PARSERS`].
-    pub tool_parser: String,
-    pub reasoning_parser: String,
-    /// Context window in tokens (prompt + completion). 0 = take it from the
-    /// model files when they say, else 32768.
-    pub max_model_len: u32,
-    /// Completion length used when a request names none.
-    pub default_max_tokens: u32,
-}
-
-/// The `[model] tool_parser` names `parse::tool_parser` accepts (this module
-/// may not use `parse`; tests/parse_families.rs checks the two agree).
-pub const TOOL_PARSERS: &[&str] = &[
-    "hermes",
-    "llama3_json",
-    "mistral",
-    "deepseek_v3",
-    "deepseek_v31",
-    "qwen3_coder",
-    "glm45",
-    "kimi_k2",
-    "pythonic",
-    "gpt_oss",
-    "none",
-];
-
-impl Default for ModelConfig {
-    fn default() -> Self {
-        Self {
-            name: "smollm2-135m-instruct".into(),
-            tokenizer: PathBuf::from("models/SmolLM2-135M-Instruct.Q4_1.gguf"),
-            chat_template: PathBuf::new(),
-            tool_parser: "hermes".into(),
-            reasoning_parser: String::new(),
-            max_model_len: 0,
-            default_max_tokens: 1024,
         }
     }
 }
@@ -617,42 +571,7 @@ impl Config {
                 "a token is 8 to 4096 printable ASCII characters without spaces",
             ));
         }
-        if self.model.name.trim().is_empty() {
-            return Err(invalid("model.name", &self.model.name, "must not be empty"));
-        }
-        if self.model.tokenizer.as_os_str().is_empty() {
-            return Err(invalid(
-                "model.tokenizer",
-                &self.model.tokenizer,
-                "must name a tokenizer directory or a .gguf file",
-            ));
-        }
-        if !TOOL_PARSERS.contains(&self.model.tool_parser.as_str()) {
-            return Err(invalid(
-                "model.tool_parser",
-                &self.model.tool_parser,
-                &format!("expected one of {}", TOOL_PARSERS.join(", ")),
-            ));
-        }
-        const REASONING_PARSERS: [&str; 7] = [
-            "",
-            "think",
-            "deepseek_r1",
-            "glm45",
-            "kimi_k2",
-            "gpt_oss",
-            "none",
-        ];
-        if !REASONING_PARSERS.contains(&self.model.reasoning_parser.as_str()) {
-            return Err(invalid(
-                "model.reasoning_parser",
-                &self.model.reasoning_parser,
-                "expected one of think, deepseek_r1, glm45, kimi_k2, gpt_oss, none (or empty)",
-            ));
-        }
-        if self.model.default_max_tokens == 0 {
-            return Err(invalid("model.default_max_tokens", 0, "must be at least 1"));
-        }
+        self.model.validate()?;
         for (i, b) in self.backends.iter().enumerate() {
             let key = format!("backends[{i}].url");
             match b.kind {

@@ -258,6 +258,11 @@ impl EngineBackend {
     }
 
     fn check(&self, req: &GenerateRequest) -> Result<(), BackendError> {
+        if req.images.is_some() {
+            return Err(self.rejected(
+                "the bundled engine serves a text-only model: it takes no images".into(),
+            ));
+        }
         // Room for at least one generated token.
         self.check_ids(
             &req.prompt_ids,
@@ -550,6 +555,7 @@ mod tests {
                 ignore_eos: true,
                 ..Default::default()
             },
+            images: None,
         };
         let mut stream = engine.generate(request).await.expect("accepted");
         let first = stream.next().await;

@@ -523,6 +523,7 @@ async fn completions(
         request_id: ctx.id.clone(),
         prompt_ids: prompt.clone(),
         params,
+        images: None,
     };
     let mut stream = start(&s, req).await?;
     if !b.stream {
@@ -682,6 +683,7 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
         request_id: rid.clone(),
         prompt_ids: Arc::new(prompt),
         params,
+        images: None,
     };
     let mut stream = start(&s, req).await?;
     let want_lp = b.return_logprob;

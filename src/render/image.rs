@@ -109,6 +109,41 @@ pub struct ImageData {
     pub sha256: String,
 }
 
+/// An image of a prompt: its encoded bytes and facts, and the grid of the
+/// placeholder run that stands for it in the prompt ids.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PromptImage {
+    pub sha256: String,
+    pub mime: String,
+    pub width: u32,
+    pub height: u32,
+    pub bytes: std::sync::Arc<Vec<u8>>,
+    pub grid: super::vision::ImageGrid,
+}
+
+impl PromptImage {
+    /// A checked image with its grid.
+    pub fn new(data: ImageData, grid: super::vision::ImageGrid) -> Self {
+        Self {
+            sha256: data.sha256,
+            mime: data.mime.as_str().to_string(),
+            width: data.width,
+            height: data.height,
+            bytes: std::sync::Arc::new(data.bytes),
+            grid,
+        }
+    }
+
+    /// The bytes as a base64 `data:` URL (what SGLang's `image_data` takes).
+    pub fn data_url(&self) -> String {
+        format!(
+            "data:{};base64,{}",
+            self.mime,
+            base64::engine::general_purpose::STANDARD.encode(self.bytes.as_slice())
+        )
+    }
+}
+
 /// Why an image is refused. Every message names the cause (a 400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ImageError {

@@ -15,6 +15,7 @@ mod harmony_cache;
 mod harmony_stream;
 mod hf;
 pub mod image;
+pub mod placeholders;
 mod pretok;
 mod pyfmt;
 pub mod shipped;
@@ -116,6 +117,9 @@ pub struct Renderer {
     /// The Harmony format (gpt-oss), rendered by `openai-harmony` instead of
     /// a Jinja template.
     harmony: Option<Arc<harmony::Harmony>>,
+    /// The vision processor whose placeholder runs images render as
+    /// (`[model] vision`); `None` for a text-only model.
+    vision: Option<vision::VisionConfig>,
 }
 
 /// How a chat template reads `message.content`.
@@ -177,7 +181,54 @@ impl Renderer {
         }
         let mut renderer = Renderer::new(source, override_template)?;
         renderer.template_vars.extend(extra_vars);
+        if let Some(family) = vision::VisionFamily::parse(model.vision.as_str()) {
+            let config = vision::VisionConfig::from_model_dir(family, path).map_err(|e| {
+                RenderError::Load {
+                    path: path.display().to_string(),
+                    message: format!("[model] vision = \"{}\": {e}", family.as_str()),
+                }
+            })?;
+            renderer
+                .set_vision(config)
+                .map_err(|message| RenderError::Load {
+                    path: path.display().to_string(),
+                    message,
+                })?;
+        }
         Ok(Arc::new(renderer))
+    }
+
+    /// Renders image parts as `vision`'s placeholder runs. The tokenizer
+    /// must know the vision tokens and the template must read content parts.
+    pub fn set_vision(&mut self, vision: vision::VisionConfig) -> Result<(), String> {
+        for token in [vision::VISION_START, vision::IMAGE_PAD, vision::VISION_END] {
+            if self.token_to_id(token).is_none() {
+                return Err(format!(
+                    "[model] vision = \"{}\": the tokenizer has no {token} token",
+                    vision.family.as_str()
+                ));
+            }
+        }
+        if self.content_format != ContentFormat::Parts {
+            return Err(format!(
+                "[model] vision = \"{}\": the chat template reads message content as a string, \
+                 so it cannot render image parts",
+                vision.family.as_str()
+            ));
+        }
+        self.vision = Some(vision);
+        Ok(())
+    }
+
+    /// The vision processor, when this model takes images.
+    pub fn vision(&self) -> Option<&vision::VisionConfig> {
+        self.vision.as_ref()
+    }
+
+    /// The id of `<|image_pad|>`, when this model takes images.
+    pub fn image_pad_id(&self) -> Option<u32> {
+        self.vision.as_ref()?;
+        self.token_to_id(vision::IMAGE_PAD)
     }
 
     /// Builds a renderer from a loaded tokenizer source; `template` overrides
@@ -252,6 +303,7 @@ impl Renderer {
             content_format,
             template_source,
             harmony,
+            vision: None,
         })
     }
 
@@ -305,8 +357,15 @@ impl Renderer {
             tools: input.tools,
             add_generation_prompt: input.add_generation_prompt,
         };
-        tmpl.render(minijinja::Value::from_serialize(&ctx))
-            .map_err(|e| RenderError::Template(crate::error::with_causes(&e)))
+        let text = tmpl
+            .render(minijinja::Value::from_serialize(&ctx))
+            .map_err(|e| RenderError::Template(crate::error::with_causes(&e)))?;
+        match &self.vision {
+            Some(vision) => {
+                placeholders::expand(text, &placeholders::message_grids(vision, input.messages)?)
+            }
+            None => Ok(text),
+        }
     }
 
     /// Renders and tokenizes: the prompt token ids a backend receives.

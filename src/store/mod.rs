@@ -48,9 +48,9 @@ pub use sample::{
 pub use sqlite::SqliteStore;
 pub(crate) use types::Bodies;
 pub use types::{
-    now_ms, Acked, CallRecord, Drift, Lease, ListQuery, Page, ReplayPosition, ResponseRef,
-    SampleReplay, Trajectory, TrajectoryFilter, TrajectoryMeta, TrajectoryMetadata,
-    TrajectoryStatus, VersionRecord, VersionReplay, VersionSpan, CallImage, StoredImage,
+    now_ms, Acked, CallImage, CallRecord, Drift, Lease, ListQuery, Page, ReplayPosition,
+    ResponseRef, SampleReplay, StoredImage, Trajectory, TrajectoryFilter, TrajectoryMeta,
+    TrajectoryMetadata, TrajectoryStatus, VersionRecord, VersionReplay, VersionSpan,
 };
 
 #[derive(Debug, thiserror::Error)]

@@ -425,6 +425,10 @@ fn user(
         let bparam = format!("{param}[{j}]");
         match block_type(b, &bparam)? {
             "text" => parts.push(json!({"type": "text", "text": text_block(b, &bparam)?})),
+            "image" => {
+                let url = super::image_url(b, "image", &bparam)?.unwrap_or_default();
+                parts.push(json!({"type": "image_url", "image_url": {"url": url}}));
+            }
             "tool_result" => {
                 let id = string_field(b, "tool_use_id", &bparam)?;
                 if !tool_ids.contains(id) {
@@ -437,7 +441,7 @@ fn user(
                 }
                 let content = match b.get("content") {
                     None | Some(Json::Null) => json!(""),
-                    Some(c) => chat_content(c, &["text"], &format!("{bparam}.content"))?,
+                    Some(c) => chat_content(c, &["text", "image"], &format!("{bparam}.content"))?,
                 };
                 out.push(json!({"role": "tool", "tool_call_id": id, "content": content}));
             }

@@ -140,7 +140,9 @@ pub fn chat_request(
 /// A message's content for the chat template: a string as it is, a list of
 /// text parts (`{"type": T, "text"}`, `T` one of `types`) as chat text parts
 /// (`{"type": "text", "text"}`), which normalization joins as it joins any
-/// chat message's parts; `param` names the value in an error.
+/// chat message's parts; `param` names the value in an error. An image part
+/// whose type is in `types` (Responses' `input_image`, Messages' `image`)
+/// becomes a chat `image_url` part, checked on the chat path.
 pub(crate) fn chat_content(
     value: &Json,
     types: &[&str],
@@ -154,6 +156,10 @@ pub(crate) fn chat_content(
                 let kind = p.get("type").and_then(Json::as_str).unwrap_or_default();
                 if !types.contains(&kind) {
                     return Err(unsupported_part(&format!("{param}[{i}]"), kind));
+                }
+                if let Some(url) = image_url(p, kind, &format!("{param}[{i}]"))? {
+                    out.push(serde_json::json!({"type": "image_url", "image_url": {"url": url}}));
+                    continue;
                 }
                 let t = p.get("text").and_then(Json::as_str).ok_or_else(|| {
                     SurfaceError::invalid(
@@ -172,6 +178,55 @@ pub(crate) fn chat_content(
     }
 }
 
+/// The URL of an image part: Responses' `{"type": "input_image",
+/// "image_url"}` or Messages' `{"type": "image", "source": {"type":
+/// "base64", "media_type", "data"} | {"type": "url", "url"}}`; `None` for a
+/// part of another type.
+pub(crate) fn image_url(
+    part: &Json,
+    kind: &str,
+    param: &str,
+) -> Result<Option<String>, SurfaceError> {
+    let field = |v: Option<&Json>, name: &str| {
+        v.and_then(Json::as_str).map(str::to_string).ok_or_else(|| {
+            SurfaceError::invalid(
+                format!("{param}.{name}"),
+                format!("`{param}.{name}` must be a string"),
+            )
+        })
+    };
+    match kind {
+        "input_image" => {
+            if part.get("file_id").is_some_and(|f| !f.is_null()) {
+                return Err(SurfaceError::unsupported(
+                    format!("{param}.file_id"),
+                    format!("`{param}.file_id`: uploaded files are not supported; send `image_url` as a data: URL"),
+                ));
+            }
+            field(part.get("image_url"), "image_url").map(Some)
+        }
+        "image" => {
+            let source = part.get("source");
+            match source.and_then(|s| s.get("type")).and_then(Json::as_str) {
+                Some("base64") => {
+                    let source = source.unwrap_or(&Json::Null);
+                    let mime = field(source.get("media_type"), "source.media_type")?;
+                    let data = field(source.get("data"), "source.data")?;
+                    Ok(Some(format!("data:{mime};base64,{data}")))
+                }
+                Some("url") => {
+                    field(source.and_then(|s| s.get("url")), "source.url").map(Some)
+                }
+                _ => Err(SurfaceError::invalid(
+                    format!("{param}.source"),
+                    format!("`{param}.source` must be {{\"type\": \"base64\", \"media_type\", \"data\"}} or {{\"type\": \"url\", \"url\"}}"),
+                )),
+            }
+        }
+        _ => Ok(None),
+    }
+}
+
 fn unsupported_part(param: &str, kind: &str) -> SurfaceError {
     let what = if kind.is_empty() {
         "a part without a `type`".to_string()
@@ -180,6 +235,6 @@ fn unsupported_part(param: &str, kind: &str) -> SurfaceError {
     };
     SurfaceError::unsupported(
         param,
-        format!("`{param}`: {what} is not supported; the served model takes text"),
+        format!("`{param}`: {what} is not supported; the served model takes text and images"),
     )
 }

@@ -90,6 +90,8 @@ struct TrajState {
     /// gateway's clock at its first call): the day a Harmony system
     /// message names on every call.
     created_at: Option<i64>,
+    /// Images this view put in the store (each is put once per view).
+    stored_images: HashSet<String>,
 }
 
 impl TrajState {
@@ -156,6 +158,8 @@ pub struct CallContext {
     /// Responses call's `instructions`), which a call continuing this one
     /// by `previous_response_id` does not inherit.
     pub instructions: usize,
+    /// The images of the prompt, in order; `None` for a text prompt.
+    pub images: Option<crate::backend::ImageInputs>,
 }
 
 pub struct Trajectories {
@@ -369,6 +373,46 @@ impl Trajectories {
         })
     }
 
+    /// Stores the images of `ctx`'s prompt the trajectory has not stored yet
+    /// (durable before any call names them); returns the calls' references.
+    async fn put_images(
+        &self,
+        ctx: &CallContext,
+        st: &mut TrajState,
+    ) -> Result<Vec<crate::store::CallImage>, TrajectoryError> {
+        let Some(inputs) = &ctx.images else {
+            return Ok(Vec::new());
+        };
+        let new: Vec<crate::store::StoredImage> = inputs
+            .images
+            .iter()
+            .filter(|im| !st.stored_images.contains(&im.sha256))
+            .map(|im| crate::store::StoredImage {
+                sha256: im.sha256.clone(),
+                mime: im.mime.clone(),
+                width: im.width,
+                height: im.height,
+                bytes: im.bytes.clone(),
+            })
+            .collect();
+        if !new.is_empty() {
+            self.store.put_images(&new).await?;
+            st.stored_images.extend(new.into_iter().map(|im| im.sha256));
+        }
+        Ok(inputs
+            .images
+            .iter()
+            .map(|im| crate::store::CallImage {
+                sha256: im.sha256.clone(),
+                mime: im.mime.clone(),
+                width: im.width,
+                height: im.height,
+                grid_thw: [im.grid.grid_t, im.grid.grid_h, im.grid.grid_w]
+                    .map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
+            })
+            .collect())
+    }
+
     /// Records a finished call (one record per choice); returns once durable.
     /// The request body is stored once: with the first choice, or not at all
     /// when `request_of` names the call of the same HTTP request that holds
@@ -409,6 +453,7 @@ impl Trajectories {
                 segments: prepared.segments.as_slice(),
             },
         );
+        let images = self.put_images(ctx, &mut st).await?;
         let finished_at = now_ms();
         let mut indices = Vec::with_capacity(choices.len());
         let mut reloads = 0;
@@ -479,6 +524,7 @@ impl Trajectories {
                 } else {
                     choice.versions.clone()
                 },
+                images: images.clone(),
             };
             match self.store.append_call(record).await {
                 Ok(()) => {}

@@ -10,7 +10,7 @@
 //! - `function_as_tool`: the deprecated `function` role becomes `tool`;
 //! - `text_parts_joined`: a list of text parts becomes one string, parts
 //!   joined with `"\n"` as vLLM joins them, for templates that read content
-//!   as a string (and always for tool results);
+//!   as a string (and for tool results without images);
 //! - `assistant_content_empty`: an assistant message without content (or with
 //!   `null`, a tool-call-only turn) gets `""`, which templates that test
 //!   `content is string` need;
@@ -56,7 +56,9 @@ pub fn messages(messages: &mut [Json], format: ContentFormat) -> Vec<&'static st
             }
         }
         match obj.get("content") {
-            Some(Json::Array(parts)) if is_tool || format == ContentFormat::String => {
+            Some(Json::Array(parts))
+                if (is_tool || format == ContentFormat::String) && !parts.iter().any(is_image) =>
+            {
                 let text = join_text_parts(parts);
                 obj.insert("content".into(), Json::String(text));
                 applied[2] = true;
@@ -80,6 +82,15 @@ pub fn messages(messages: &mut [Json], format: ContentFormat) -> Vec<&'static st
         .zip(applied)
         .filter_map(|(n, on)| on.then_some(*n))
         .collect()
+}
+
+/// An image part (`image_url`, or checked: `render::placeholders`): kept
+/// in place, the template renders it.
+fn is_image(part: &Json) -> bool {
+    matches!(
+        part.get("type").and_then(Json::as_str),
+        Some("image_url") | Some(crate::render::placeholders::IMAGE_PART)
+    )
 }
 
 /// The text of OpenAI content parts, joined with `"\n"`. Parts are checked

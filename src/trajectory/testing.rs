@@ -23,6 +23,7 @@ pub fn context(tid: &str, request: Json, messages: Option<Vec<Json>>) -> CallCon
         api: crate::surface::Api::Chat,
         response_id: None,
         instructions: 0,
+        images: None,
     }
 }
 

@@ -52,6 +52,7 @@ pub fn request(prompt: &[u32], params: SamplingParams) -> GenerateRequest {
         request_id: "test".into(),
         prompt_ids: Arc::new(prompt.to_vec()),
         params,
+        images: None,
     }
 }
 

@@ -176,6 +176,7 @@ pub async fn call(router: &Router, trajectory: &str, prompt: &[u32]) -> Result<O
             max_tokens: 2,
             ..Default::default()
         },
+        images: None,
     };
     let started = start_sequence(router, trajectory, req)
         .await

@@ -43,6 +43,7 @@ pub fn call(
         api: None,
         response_id: None,
         versions: Vec::new(),
+        images: Vec::new(),
     }
 }
 

@@ -295,6 +295,7 @@ pub(super) mod tests {
                     seq: Some(u64::from(start) + 1),
                 })
                 .collect(),
+            images: Vec::new(),
         }
     }
 

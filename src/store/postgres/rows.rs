@@ -145,6 +145,7 @@ fn call_from_row(row: &Row, trajectory_id: &str, bodies: Bodies) -> Result<CallR
         api: row.try_get("api")?,
         response_id: row.try_get("response_id")?,
         versions: json_opt_col(row, "versions")?.unwrap_or_default(),
+        images: Vec::new(),
     })
 }
 

@@ -187,6 +187,7 @@ fn call_from_row(
         api: row.get(22)?,
         response_id: row.get(23)?,
         versions: json_opt_col(row, 24)?.unwrap_or_default(),
+        images: Vec::new(),
     };
     Ok((call, row.get(25)?))
 }

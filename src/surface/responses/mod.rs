@@ -444,7 +444,7 @@ impl Items {
                     }
                     let output = item.get("output").unwrap_or(&Json::Null);
                     let content =
-                        chat_content(output, &["input_text", "output_text"], &format!("{param}.output"))?;
+                        chat_content(output, &["input_text", "output_text", "input_image"], &format!("{param}.output"))?;
                     out.push(json!({"role": "tool", "tool_call_id": call_id, "content": content}));
                 }
                 "item_reference" => {
@@ -477,7 +477,7 @@ impl Items {
         match role {
             "user" | "system" | "developer" => {
                 self.close(out);
-                let content = chat_content(content, &["input_text"], &cparam)?;
+                let content = chat_content(content, &["input_text", "input_image"], &cparam)?;
                 out.push(json!({"role": role, "content": content}));
             }
             "assistant" => {

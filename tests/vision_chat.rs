@@ -1,0 +1,485 @@
+//! Images end to end on the real Qwen3 vocabulary (which holds the Qwen-VL
+//! vision tokens) with a Qwen-VL style template and `[model] vision =
+//! "qwen2_vl"`, in front of an SGLang mock: placeholder runs exact in the
+//! recorded prompt, one pad per image on SGLang's wire beside `image_data`,
+//! images stored once, and every bad image refused before anything is asked
+//! or recorded.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use base64::Engine as _;
+use common::{sse_events, start_gateway_on, Gateway};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use tito::render::Renderer;
+use tito::store::DynStore;
+
+const PAD: &str = "<|image_pad|>";
+
+/// A PNG of `w` x `h` pixels, each pixel's colour from `seed`.
+fn png(w: u32, h: u32, seed: u8) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(w, h, |x, y| {
+        image::Rgb([seed, (x % 256) as u8, (y % 256) as u8])
+    });
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png)
+        .expect("png encodes");
+    out.into_inner()
+}
+
+fn data_url(bytes: &[u8]) -> String {
+    format!(
+        "data:image/png;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    )
+}
+
+fn sha(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+/// A model directory: the Qwen3 tokenizer files and a Qwen2-VL
+/// preprocessor_config.json (factor 28, at most 64 pads an image).
+fn model_dir() -> tempfile::TempDir {
+    let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/tokenizers/qwen3");
+    assert!(
+        src.join("tokenizer.json").is_file(),
+        "{} is missing: run scripts/fetch-tokenizers.sh",
+        src.display()
+    );
+    let dir = tempfile::tempdir().expect("tempdir");
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).expect("copy tokenizer");
+    }
+    let pre = json!({"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2,
+                     "min_pixels": 3136, "max_pixels": 50176,
+                     "image_processor_type": "Qwen2VLImageProcessor"});
+    std::fs::write(dir.path().join("preprocessor_config.json"), pre.to_string()).expect("write");
+    dir
+}
+
+fn config_text(dir: &std::path::Path, backend: &str, kind: &str, extra: &str) -> String {
+    let template = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/templates/qwen_vl_tools.jinja");
+    format!(
+        "[model]\nname = \"test-model\"\ntokenizer = \"{}\"\nchat_template = \"{}\"\n\
+         vision = \"qwen2_vl\"\nmax_model_len = 4096\n{extra}\n\
+         [[backends]]\nurl = \"{backend}\"\nkind = \"{kind}\"\n[store]\nurl = \"memory://\"\n",
+        dir.display(),
+        template.display()
+    )
+}
+
+type Seen = Arc<Mutex<Vec<Value>>>;
+
+/// SGLang's `/generate`: each request logged, answered with the next
+/// scripted ids in one cumulative event.
+async fn sglang_mock(script: Vec<Vec<u32>>) -> (String, Seen) {
+    use axum::routing::{get, post};
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let script = Arc::new(Mutex::new(std::collections::VecDeque::from(script)));
+    let generate = move |axum::Json(body): axum::Json<Value>| {
+        let log = log.clone();
+        let script = script.clone();
+        async move {
+            log.lock().expect("lock").push(body);
+            let answer = script.lock().expect("lock").pop_front().unwrap_or_default();
+            let lps: Vec<Value> = answer.iter().map(|id| json!([-0.5, id, null])).collect();
+            let meta = json!({"completion_tokens": answer.len(),
+                              "finish_reason": {"type": "stop"},
+                              "output_token_logprobs": lps});
+            let ev = json!({"output_ids": answer, "meta_info": meta});
+            (
+                [("content-type", "text/event-stream")],
+                format!("data: {ev}\n\ndata: [DONE]\n\n"),
+            )
+        }
+    };
+    let app = axum::Router::new()
+        .route("/generate", post(generate))
+        .route("/health", get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), seen)
+}
+
+struct Setup {
+    g: Gateway,
+    store: DynStore,
+    seen: Seen,
+    _dir: tempfile::TempDir,
+}
+
+async fn setup(script: Vec<Vec<u32>>, extra: &str) -> Setup {
+    let dir = model_dir();
+    let (url, seen) = sglang_mock(script).await;
+    let config =
+        tito::Config::from_toml(&config_text(dir.path(), &url, "sglang", extra)).expect("config");
+    let renderer = Renderer::load(&config.model).expect("vision model loads");
+    let store = tito::store::open_with_options("memory://", &Default::default()).expect("store");
+    let g = start_gateway_on(config, renderer, store.clone()).await;
+    Setup {
+        g,
+        store,
+        seen,
+        _dir: dir,
+    }
+}
+
+/// Ids of `pieces` encoded one by one: valid, not canonical.
+fn pieces(r: &Renderer, pieces: &[&str]) -> Vec<u32> {
+    pieces
+        .iter()
+        .flat_map(|p| r.encode(p).expect("enc"))
+        .collect()
+}
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {"name": "zoom", "description": "Zoom into the picture",
+        "parameters": {"type": "object", "properties": {"factor": {"type": "integer"}}, "required": ["factor"]}}}])
+}
+
+/// The lengths of the runs of `pad` in `ids`, in order.
+fn runs(ids: &[u32], pad: u32) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut n = 0;
+    for &id in ids.iter().chain([u32::MAX].iter()) {
+        if id == pad {
+            n += 1;
+        } else if n > 0 {
+            out.push(n);
+            n = 0;
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn an_agent_with_an_image_in_its_prompt_and_one_in_a_tool_result_continues_exactly() {
+    let qwen = common::real_renderer("qwen3", "");
+    let im_end = qwen.token_to_id("<|im_end|>").expect("im_end");
+    let call = pieces(
+        &qwen,
+        &[
+            "<tool_call>",
+            "\n{\"name\": \"zo",
+            "om\", \"arguments\": {\"factor\": 2}}\n",
+            "</tool_call>",
+        ],
+    );
+    let answer2 = pieces(&qwen, &["A", " c", "at."]);
+    let answer3 = pieces(&qwen, &["You", "'re welcome"]);
+    let s = setup(
+        vec![
+            [call.clone(), vec![im_end]].concat(),
+            [answer2.clone(), vec![im_end]].concat(),
+            [answer3.clone(), vec![im_end]].concat(),
+        ],
+        "",
+    )
+    .await;
+    let r = s.g.renderer.clone();
+    let pad = r.token_to_id(PAD).expect("pad");
+    // 64x48 resizes to 56x56: a 4x4 grid, 4 pads; 100x60 to 56x112: 8 pads.
+    let (a, b) = (png(64, 48, 1), png(100, 60, 2));
+    let user = json!({"role": "user", "content": [
+        {"type": "text", "text": "What is in this picture?"},
+        {"type": "image_url", "image_url": {"url": data_url(&a)}}]});
+    let path = "/t/vis-1/v1/chat/completions";
+    let body = json!({"messages": [user], "tools": tools(), "return_token_ids": true});
+    let first: Value = s.g.post(path, body).await.json().await.expect("json");
+    assert_eq!(
+        first["choices"][0]["finish_reason"], "tool_calls",
+        "{first}"
+    );
+    let tool_call = first["choices"][0]["message"]["tool_calls"][0].clone();
+    let prompt1: Vec<u32> = serde_json::from_value(first["prompt_token_ids"].clone()).expect("ids");
+    assert_eq!(runs(&prompt1, pad), [4]);
+
+    let assistant =
+        json!({"role": "assistant", "content": null, "tool_calls": [tool_call.clone()]});
+    let tool = json!({"role": "tool", "tool_call_id": tool_call["id"], "content": [
+        {"type": "text", "text": "zoomed:"},
+        {"type": "image_url", "image_url": {"url": data_url(&b)}}]});
+    let messages2 = json!([user, assistant, tool]);
+    let body = json!({"messages": messages2, "tools": tools(), "return_token_ids": true});
+    let second: Value = s.g.post(path, body).await.json().await.expect("json");
+    assert_eq!(
+        second["choices"][0]["message"]["content"], "A cat.",
+        "{second}"
+    );
+    let prompt2: Vec<u32> =
+        serde_json::from_value(second["prompt_token_ids"].clone()).expect("ids");
+    // The first prompt and its sampled ids verbatim, then the tool result.
+    let kept = [prompt1.clone(), call.clone(), vec![im_end]].concat();
+    assert_eq!(&prompt2[..kept.len()], kept.as_slice());
+    assert_eq!(runs(&prompt2, pad), [4, 8]);
+
+    let mut messages3 = messages2.as_array().expect("list").clone();
+    messages3.push(json!({"role": "assistant", "content": "A cat."}));
+    messages3.push(json!({"role": "user", "content": "Thanks!"}));
+    let body = json!({"messages": messages3, "tools": tools(), "return_token_ids": true});
+    let third: Value = s.g.post(path, body).await.json().await.expect("json");
+    let prompt3: Vec<u32> = serde_json::from_value(third["prompt_token_ids"].clone()).expect("ids");
+    let kept = [prompt2.clone(), answer2.clone(), vec![im_end]].concat();
+    assert_eq!(&prompt3[..kept.len()], kept.as_slice());
+    assert_eq!(runs(&prompt3, pad), [4, 8]);
+
+    // SGLang got every image of each prompt, in order, and one pad for each.
+    let seen = s.seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 3);
+    let want = [
+        vec![data_url(&a)],
+        vec![data_url(&a), data_url(&b)],
+        vec![data_url(&a), data_url(&b)],
+    ];
+    for (sent, (images, prompt)) in seen
+        .iter()
+        .zip(want.iter().zip([&prompt1, &prompt2, &prompt3]))
+    {
+        assert_eq!(sent["image_data"], json!(images));
+        let ids: Vec<u32> = serde_json::from_value(sent["input_ids"].clone()).expect("ids");
+        assert_eq!(runs(&ids, pad), vec![1; images.len()]);
+        let collapsed: Vec<u32> = prompt
+            .iter()
+            .enumerate()
+            .filter(|&(i, &t)| t != pad || i == 0 || prompt[i - 1] != pad)
+            .map(|(_, &t)| t)
+            .collect();
+        assert_eq!(ids, collapsed);
+    }
+
+    // One sample; the image tokens are prompt or observation (mask 0).
+    let rows = s.g.export_jsonl("layout=trajectory").await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let row = &rows[0];
+    let prompt: Vec<u32> = serde_json::from_value(row["prompt_ids"].clone()).expect("ids");
+    let response: Vec<u32> = serde_json::from_value(row["response_ids"].clone()).expect("ids");
+    let mask: Vec<u32> = serde_json::from_value(row["response_mask"].clone()).expect("mask");
+    assert_eq!(prompt, prompt1);
+    assert_eq!(
+        [prompt.clone(), response.clone()].concat(),
+        [prompt3.clone(), answer3, vec![im_end]].concat()
+    );
+    for (i, &t) in response.iter().enumerate() {
+        if t == pad {
+            assert_eq!(
+                mask[i], 0,
+                "image token at response position {i} is observation"
+            );
+        }
+    }
+    assert_eq!(runs(&response, pad), [8]);
+
+    // The images are stored once each, by their hash; the calls name them.
+    for bytes in [&a, &b] {
+        let stored = s
+            .store
+            .image(&sha(bytes))
+            .await
+            .expect("read")
+            .expect("stored");
+        assert_eq!(stored.bytes.as_slice(), bytes.as_slice());
+        assert_eq!(stored.mime, "image/png");
+    }
+    let t = s
+        .store
+        .get_trajectory("vis-1")
+        .await
+        .expect("read")
+        .expect("trajectory");
+    let names: Vec<Vec<String>> = t
+        .calls
+        .iter()
+        .map(|c| c.images.iter().map(|i| i.sha256.clone()).collect())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            vec![sha(&a)],
+            vec![sha(&a), sha(&b)],
+            vec![sha(&a), sha(&b)]
+        ]
+    );
+    assert_eq!(t.calls[2].images[1].grid_thw, [1, 4, 8]);
+    // The request as stored holds references, not the bytes.
+    let stored_request = t.calls[1].request.to_string();
+    assert!(
+        !stored_request.contains(&data_url(&b)[..60]),
+        "{stored_request}"
+    );
+    assert!(stored_request.contains(&format!("sha256:{}", sha(&b))));
+}
+
+#[tokio::test]
+async fn bad_images_are_refused_before_anything_is_asked_or_recorded() {
+    let s = setup(
+        vec![],
+        "max_image_pixels = 10000\nmax_images_per_request = 2\n",
+    )
+    .await;
+    let ok = data_url(&png(20, 20, 3));
+    let jpeg_named_png = {
+        let img = image::RgbImage::from_pixel(8, 8, image::Rgb([1, 2, 3]));
+        let mut out = std::io::Cursor::new(Vec::new());
+        img.write_to(&mut out, image::ImageFormat::Jpeg)
+            .expect("jpeg");
+        data_url(&out.into_inner())
+    };
+    let cases: Vec<(Value, &str)> = vec![
+        (
+            json!([{"url": "data:image/png;base64,aGVsbG8gd29ybGQ="}]),
+            "not a PNG, JPEG, WebP or GIF",
+        ),
+        (
+            json!([{"url": jpeg_named_png}]),
+            "declared image/png but its bytes are image/jpeg",
+        ),
+        (
+            json!([{"url": "data:image/tiff;base64,AAAA"}]),
+            "image/tiff is not supported",
+        ),
+        (
+            json!([{"url": data_url(&png(200, 100, 4))}]),
+            "max_image_pixels = 10000",
+        ),
+        (
+            json!([{"url": ok}, {"url": ok}, {"url": ok}]),
+            "max_images_per_request = 2",
+        ),
+        (
+            json!([{"url": "https://example.com/cat.png"}]),
+            "fetching is off",
+        ),
+        (
+            json!([{"url": format!("sha256:{}", "0".repeat(64))}]),
+            "is not stored",
+        ),
+    ];
+    for (i, (urls, cause)) in cases.into_iter().enumerate() {
+        let parts: Vec<Value> = urls
+            .as_array()
+            .expect("list")
+            .iter()
+            .map(|u| json!({"type": "image_url", "image_url": u}))
+            .collect();
+        let tid = format!("bad-{i}");
+        for stream in [false, true] {
+            let body = json!({"messages": [{"role": "user", "content": parts}], "stream": stream});
+            let resp =
+                s.g.post(&format!("/t/{tid}/v1/chat/completions"), body)
+                    .await;
+            assert_eq!(resp.status(), 400, "case {i} stream {stream}");
+            let err: Value = resp.json().await.expect("json");
+            let msg = err["error"]["message"].as_str().unwrap_or_default();
+            assert!(msg.contains(cause), "case {i}: {msg}");
+        }
+        assert!(
+            s.store.get_trajectory(&tid).await.expect("read").is_none(),
+            "case {i}"
+        );
+    }
+    assert!(
+        s.seen.lock().expect("lock").is_empty(),
+        "no backend was asked"
+    );
+}
+
+#[tokio::test]
+async fn images_need_a_vision_model_and_an_sglang_backend() {
+    // A text-only gateway (the ChatML test tokenizer, vision off).
+    let g = common::start_gateway(common::config(&["http://127.0.0.1:9".into()], "")).await;
+    let part = json!({"type": "image_url", "image_url": {"url": data_url(&png(8, 8, 5))}});
+    let body = json!({"messages": [{"role": "user", "content": [part]}]});
+    let resp = g.post("/v1/chat/completions", body.clone()).await;
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.expect("json");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("text-only model"),
+        "{err}"
+    );
+    assert_eq!(err["error"]["param"], "messages[0].content[0]");
+
+    // A vision model behind vLLM: its token-in endpoint takes no images.
+    let dir = model_dir();
+    let text = config_text(dir.path(), "http://127.0.0.1:9", "vllm", "");
+    let config = tito::Config::from_toml(&text).expect("config");
+    let renderer = Renderer::load(&config.model).expect("loads");
+    let store = tito::store::open_with_options("memory://", &Default::default()).expect("store");
+    let g = start_gateway_on(config, renderer, store.clone()).await;
+    let resp = g.post("/t/v-1/v1/chat/completions", body).await;
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.expect("json");
+    assert!(
+        err["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("need an SGLang backend"),
+        "{err}"
+    );
+    assert!(store.get_trajectory("v-1").await.expect("read").is_none());
+}
+
+#[tokio::test]
+async fn responses_and_messages_images_reach_sglang_as_image_data() {
+    let qwen = common::real_renderer("qwen3", "");
+    let im_end = qwen.token_to_id("<|im_end|>").expect("im_end");
+    let answer = [qwen.encode("A dog.").expect("enc"), vec![im_end]].concat();
+    let s = setup(vec![answer.clone(), answer.clone(), answer], "").await;
+    let img = png(30, 90, 6);
+    let b64 = base64::engine::general_purpose::STANDARD.encode(&img);
+    let r: Value =
+        s.g.post(
+            "/t/resp-1/v1/responses",
+            json!({"input": [{"role": "user", "content": [
+                {"type": "input_text", "text": "What is it?"},
+                {"type": "input_image", "image_url": data_url(&img)}]}]}),
+        )
+        .await
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(r["status"], "completed", "{r}");
+    let resp = s
+        .g
+        .post(
+            "/t/msg-1/v1/messages",
+            json!({"model": "test-model", "max_tokens": 32, "stream": true, "messages": [{"role": "user", "content": [
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}},
+                {"type": "text", "text": "What is it?"}]}]}),
+        )
+        .await;
+    assert_eq!(resp.status(), 200);
+    let events = sse_events(resp).await;
+    assert!(events.iter().any(|e| e.contains("A dog.")), "{events:?}");
+    let seen = s.seen.lock().expect("lock").clone();
+    assert_eq!(seen.len(), 2);
+    for sent in &seen {
+        assert_eq!(sent["image_data"], json!([data_url(&img)]));
+    }
+    for tid in ["resp-1", "msg-1"] {
+        let t = s
+            .store
+            .get_trajectory(tid)
+            .await
+            .expect("read")
+            .expect("stored");
+        assert_eq!(t.calls[0].images[0].sha256, sha(&img));
+        let request = t.calls[0].request.to_string();
+        assert!(
+            !request.contains(&b64[..40]),
+            "{tid}: bytes left in {request}"
+        );
+    }
+}
