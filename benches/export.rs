@@ -199,7 +199,7 @@ fn main() {
 
     let full = |opts: &ExportOptions| {
         let it = store.scan(&all).unwrap_or_else(|e| panic!("scan: {e}"));
-        export(it, opts, std::io::sink(), &mut |_| {})
+        export(it, &*store, opts, std::io::sink(), &mut |_| {})
             .unwrap_or_else(|e| panic!("export: {e}"))
             .tokens
     };

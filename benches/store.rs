@@ -212,7 +212,7 @@ fn export_tokens(c: &mut Criterion) {
             let it = store
                 .scan(&TrajectoryFilter::default())
                 .unwrap_or_else(|e| panic!("scan: {e}"));
-            export(it, &opts, std::io::sink(), &mut |_| {})
+            export(it, &*store, &opts, std::io::sink(), &mut |_| {})
                 .unwrap_or_else(|e| panic!("export: {e}"))
         };
         let tokens = run().tokens;

@@ -109,7 +109,7 @@ async fn store_with(trajs: &[(&str, bool, Option<f64>)]) -> Arc<MemoryStore> {
 fn run(store: &dyn SpanStore, opts: &ExportOptions) -> (Vec<u8>, ExportStats) {
     let mut out = Vec::new();
     let it = store.scan(&TrajectoryFilter::default()).expect("scan");
-    let stats = export(it, opts, &mut out, &mut |_| {}).expect("export");
+    let stats = export(it, store, opts, &mut out, &mut |_| {}).expect("export");
     (out, stats)
 }
 
@@ -404,7 +404,7 @@ async fn verl_needs_both_lengths() {
     let mut out = Vec::new();
     let opts = ExportOptions::new(Format::Parquet, Layout::Verl);
     let it = store.scan(&TrajectoryFilter::default()).expect("scan");
-    assert!(export(it, &opts, &mut out, &mut |_| {}).is_err());
+    assert!(export(it, &*store, &opts, &mut out, &mut |_| {}).is_err());
 }
 
 #[tokio::test]
@@ -432,6 +432,7 @@ async fn export_from_sqlite_scan_with_status_filter() {
     let mut progress = Vec::new();
     let stats = export(
         store.scan(&filter).expect("scan"),
+        &*store,
         &opts,
         &mut out,
         &mut |s| progress.push(s.trajectories),
@@ -476,7 +477,7 @@ async fn a_store_error_mid_scan_fails_the_export() {
         vec![Ok(good), Err(StoreError::Corrupt("bad blob".into()))];
     let mut out = Vec::new();
     let opts = ExportOptions::new(Format::Jsonl, Layout::Trajectory);
-    assert!(export(items.into_iter(), &opts, &mut out, &mut |_| {}).is_err());
+    assert!(export(items.into_iter(), &*t, &opts, &mut out, &mut |_| {}).is_err());
 }
 
 /// A fresh SQLite store (logprobs go through its BLOB codec) holding `calls`.
@@ -601,6 +602,7 @@ fn export_row(logprobs: Vec<Option<f32>>) -> ExportRow {
         replay_max_abs_diff: None,
         replay_mean_abs_diff: None,
         verl: None,
+        images: Vec::new(),
     }
 }
 

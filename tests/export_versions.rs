@@ -67,7 +67,7 @@ fn seam_versions() -> Vec<Value> {
 fn run(store: &MemoryStore, opts: &ExportOptions) -> (Vec<u8>, ExportStats) {
     let mut out = Vec::new();
     let it = store.scan(&TrajectoryFilter::default()).expect("scan");
-    let stats = export(it, opts, &mut out, &mut |_| {}).expect("export");
+    let stats = export(it, store, opts, &mut out, &mut |_| {}).expect("export");
     (out, stats)
 }
 

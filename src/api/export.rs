@@ -26,7 +26,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use super::trajectories::{FilterParams, StoreState};
 use crate::error::ApiError;
 use crate::export::{
-    export as run_export, ExportError, ExportOptions, Format, Layout, EXPORT_SCHEMA_VERSION,
+    export as run_export, ExportError, ExportOptions, Format, ImagesMode, Layout,
+    EXPORT_SCHEMA_VERSION,
 };
 use crate::store::{TrajectoryFilter, TrajectoryIter, TrajectoryStatus};
 
@@ -80,6 +81,8 @@ pub struct ExportParams {
     pub limit: Option<usize>,
     /// Consumer mode: seconds until an unacknowledged page is served again.
     pub lease_s: Option<u64>,
+    /// `inline` (default): image bytes in the rows; `ref`: hashes only.
+    pub images: Option<String>,
 }
 
 impl ExportParams {
@@ -102,6 +105,10 @@ impl ExportParams {
             })?,
         };
         let mut opts = ExportOptions::new(format, layout);
+        if let Some(m) = self.images.as_deref().filter(|m| !m.is_empty()) {
+            opts.images = ImagesMode::parse(m)
+                .ok_or_else(|| ApiError::invalid("images", "`images` must be `inline` or `ref`"))?;
+        }
         opts.prompt_length = self.prompt_length;
         opts.response_length = self.response_length;
         opts.pad_id = self.pad_id.unwrap_or(default_pad);
@@ -251,7 +258,7 @@ async fn export(
         };
         let result = scan
             .map_err(Into::into)
-            .and_then(|it| run_export(it, &opts, writer, &mut |_| {}));
+            .and_then(|it| run_export(it, &*store, &opts, writer, &mut |_| {}));
         match result {
             // Its headers are gone by the time this is known: the rows left
             // out are counted and logged here (the CLI prints them).

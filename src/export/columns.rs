@@ -28,6 +28,21 @@ pub enum Cell<'a> {
     OptStrs(&'a [Option<String>]),
     /// JSON in JSONL, its text in Parquet.
     Json(Option<&'a serde_json::Value>),
+    /// A row's images, read by [`ImageField`].
+    Images(&'a [super::RowImage], ImageField),
+}
+
+/// Which field of a row's images a column holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageField {
+    /// The encoded bytes (base64 in JSONL; null by reference).
+    Bytes,
+    Sha256,
+    Mime,
+    /// `[width, height]`.
+    Size,
+    /// `[t, h, w]`.
+    GridThw,
 }
 
 /// Physical type of a column.
@@ -51,6 +66,10 @@ pub enum Kind {
     ListI64,
     /// list<string> with optional elements (weight versions).
     ListOptStr,
+    /// list<binary> with optional elements (image bytes).
+    ListOptBytes,
+    /// list<list<int32>> (image sizes and grids).
+    ListListI32,
     /// Optional UTF-8 JSON text.
     Json,
 }
@@ -74,6 +93,30 @@ fn seq(v: Option<u64>) -> Option<i64> {
 
 fn verl<T>(row: &ExportRow, f: impl Fn(&super::VerlColumns) -> &[T]) -> &[T] {
     row.verl.as_ref().map(f).unwrap_or(&[])
+}
+
+/// The image columns, shared by every layout: parallel lists, one element
+/// per image. In verl's terms `images` is `multi_modal_data["images"]` and
+/// `image_grid_thw` is `multi_modal_inputs["image_grid_thw"]`.
+fn images() -> Vec<ColumnDef> {
+    use Kind::*;
+    vec![
+        col("images", ListOptBytes, |r| {
+            Cell::Images(&r.images, ImageField::Bytes)
+        }),
+        col("image_sha256", ListOptStr, |r| {
+            Cell::Images(&r.images, ImageField::Sha256)
+        }),
+        col("image_mime", ListOptStr, |r| {
+            Cell::Images(&r.images, ImageField::Mime)
+        }),
+        col("image_sizes", ListListI32, |r| {
+            Cell::Images(&r.images, ImageField::Size)
+        }),
+        col("image_grid_thw", ListListI32, |r| {
+            Cell::Images(&r.images, ImageField::GridThw)
+        }),
+    ]
 }
 
 /// Columns describing where a row came from, shared by every layout.
@@ -150,6 +193,7 @@ pub fn columns(layout: Layout) -> Vec<ColumnDef> {
             col("sample", I32, |r| Cell::I32(r.sample as i32)),
             col("reward", OptF64, |r| Cell::OptF64(r.reward)),
         ]);
+        cols.extend(images());
         cols.extend(provenance());
         return cols;
     }
@@ -182,6 +226,7 @@ pub fn columns(layout: Layout) -> Vec<ColumnDef> {
         col("index", OptI64, |r| Cell::OptI64(r.index)),
         col("extra_info", Json, |r| Cell::Json(r.extra_info.as_ref())),
     ]);
+    cols.extend(images());
     cols.extend(provenance());
     cols
 }

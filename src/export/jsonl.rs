@@ -3,7 +3,7 @@
 
 use std::io::Write;
 
-use super::columns::{columns, Cell, ColumnDef};
+use super::columns::{columns, Cell, ColumnDef, ImageField};
 use super::{ExportError, ExportOptions, ExportRow, RowSink};
 
 pub struct JsonlSink<W: Write> {
@@ -36,6 +36,25 @@ fn write_cell(out: &mut impl Write, cell: Cell<'_>) -> Result<(), ExportError> {
         Cell::I64s(xs) => serde_json::to_writer(out, xs)?,
         Cell::OptStrs(xs) => serde_json::to_writer(out, xs)?,
         Cell::Json(j) => serde_json::to_writer(out, &j)?,
+        Cell::Images(images, field) => {
+            use base64::Engine as _;
+            let values: Vec<serde_json::Value> = images
+                .iter()
+                .map(|im| match field {
+                    ImageField::Bytes => match &im.bytes {
+                        Some(b) => base64::engine::general_purpose::STANDARD
+                            .encode(b.as_slice())
+                            .into(),
+                        None => serde_json::Value::Null,
+                    },
+                    ImageField::Sha256 => im.sha256.as_str().into(),
+                    ImageField::Mime => im.mime.as_str().into(),
+                    ImageField::Size => serde_json::json!(im.size),
+                    ImageField::GridThw => serde_json::json!(im.grid_thw),
+                })
+                .collect();
+            serde_json::to_writer(out, &values)?
+        }
     }
     Ok(())
 }

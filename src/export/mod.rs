@@ -17,7 +17,7 @@ use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 
-pub use rows::{version_cmp, ExportRow, VerlColumns};
+pub use rows::{version_cmp, ExportRow, RowImage, VerlColumns};
 
 /// The export schema this build writes, sent as `X-Export-Schema-Version`
 /// by `GET /v1/export`. It changes when a column of any layout is removed,
@@ -122,6 +122,27 @@ pub struct ExportOptions {
     pub row_group_values: usize,
     /// Rows left out by the weights that sampled them.
     pub versions: VersionFilter,
+    /// Whether image bytes go in the rows (`inline`) or only their hashes
+    /// (`ref`: a trainer reads `GET /v1/images/{sha256}`).
+    pub images: ImagesMode,
+}
+
+/// `?images=`: image bytes in each row, or by reference.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ImagesMode {
+    #[default]
+    Inline,
+    Ref,
+}
+
+impl ImagesMode {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "inline" => Some(Self::Inline),
+            "ref" => Some(Self::Ref),
+            _ => None,
+        }
+    }
 }
 
 /// Which rows an export keeps by their `min_version` (the oldest weights
@@ -173,6 +194,7 @@ impl ExportOptions {
             row_group_rows: 1024,
             row_group_values: 4 << 20,
             versions: VersionFilter::default(),
+            images: ImagesMode::Inline,
         }
     }
 
@@ -247,9 +269,11 @@ pub fn sink<'w, W: Write + Send + 'w>(
 }
 
 /// Writes the rows of every trajectory to `out` in `opts.format`, calling
-/// `progress` after each trajectory. Blocking.
+/// `progress` after each trajectory; image bytes (`ImagesMode::Inline`)
+/// are read from `images`, once per trajectory each. Blocking.
 pub fn export<W: Write + Send>(
     trajectories: impl Iterator<Item = Result<Trajectory, StoreError>>,
+    images: &dyn crate::store::SpanStore,
     opts: &ExportOptions,
     out: W,
     progress: &mut dyn FnMut(&ExportStats),
@@ -258,10 +282,17 @@ pub fn export<W: Write + Send>(
     let mut sink = sink(opts, out)?;
     let mut stats = ExportStats::default();
     let mut rows = Vec::new();
+    let mut bytes = std::collections::HashMap::new();
     for trajectory in trajectories {
         let trajectory = trajectory?;
         rows::rows_of(&trajectory, opts, &mut stats, &mut rows)?;
-        for row in rows.drain(..) {
+        bytes.clear();
+        for mut row in rows.drain(..) {
+            if opts.images == ImagesMode::Inline {
+                for im in &mut row.images {
+                    im.bytes = Some(image_bytes(images, &mut bytes, &im.sha256)?);
+                }
+            }
             sink.write_row(&row)?;
         }
         stats.trajectories += 1;
@@ -269,6 +300,24 @@ pub fn export<W: Write + Send>(
     }
     sink.finish()?;
     Ok(stats)
+}
+
+/// The bytes of image `sha`, from `cache` or the store.
+fn image_bytes(
+    store: &dyn crate::store::SpanStore,
+    cache: &mut std::collections::HashMap<String, std::sync::Arc<Vec<u8>>>,
+    sha: &str,
+) -> Result<std::sync::Arc<Vec<u8>>, ExportError> {
+    if let Some(b) = cache.get(sha) {
+        return Ok(b.clone());
+    }
+    let image = store.image_blocking(sha)?.ok_or_else(|| {
+        ExportError::Store(StoreError::Invalid(format!(
+            "image {sha} is named by a call but not stored"
+        )))
+    })?;
+    cache.insert(sha.to_string(), image.bytes.clone());
+    Ok(image.bytes)
 }
 
 /// Offline export of a store to a file: writes `PATH.partial`, then renames
@@ -289,6 +338,7 @@ pub fn to_file(
     let file = std::fs::File::create(&partial)?;
     let result = export(
         store.scan(filter)?,
+        store,
         opts,
         std::io::BufWriter::with_capacity(1 << 20, file),
         progress,

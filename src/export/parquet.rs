@@ -20,7 +20,7 @@ use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::parser::parse_message_type;
 use parquet::schema::types::ColumnPath;
 
-use super::columns::{columns, Cell, ColumnDef, Kind};
+use super::columns::{columns, Cell, ColumnDef, ImageField, Kind};
 use super::{ExportError, ExportOptions, ExportRow, RowSink};
 
 /// Buffered values (and levels) of one column of the current row group.
@@ -39,6 +39,10 @@ enum Buf {
     /// list<int64>, with optional (`ListOptI64`) or required elements.
     ListI64(Vec<i64>, Vec<i16>, Vec<i16>),
     ListOptStr(Vec<ByteArray>, Vec<i16>, Vec<i16>),
+    /// list<list<int32>>: values, definition levels (0 empty outer list,
+    /// 1 empty inner list, 2 a value), repetition levels (0 a new row, 1 a
+    /// new inner list, 2 the same inner list).
+    ListListI32(Vec<i32>, Vec<i16>, Vec<i16>),
 }
 
 impl Buf {
@@ -54,7 +58,10 @@ impl Buf {
             Kind::ListF32 => Buf::ListF32(Vec::new(), Vec::new(), Vec::new()),
             Kind::ListOptF32 => Buf::ListOptF32(Vec::new(), Vec::new(), Vec::new()),
             Kind::ListI64 | Kind::ListOptI64 => Buf::ListI64(Vec::new(), Vec::new(), Vec::new()),
-            Kind::ListOptStr => Buf::ListOptStr(Vec::new(), Vec::new(), Vec::new()),
+            Kind::ListOptStr | Kind::ListOptBytes => {
+                Buf::ListOptStr(Vec::new(), Vec::new(), Vec::new())
+            }
+            Kind::ListListI32 => Buf::ListListI32(Vec::new(), Vec::new(), Vec::new()),
         }
     }
 }
@@ -84,6 +91,10 @@ fn schema_text(cols: &[Column]) -> String {
             Kind::ListI64 => list("REQUIRED INT64 element"),
             Kind::ListOptI64 => list("OPTIONAL INT64 element"),
             Kind::ListOptStr => list("OPTIONAL BYTE_ARRAY element (UTF8)"),
+            Kind::ListOptBytes => list("OPTIONAL BYTE_ARRAY element"),
+            Kind::ListListI32 => list(
+                "REQUIRED group element (LIST) { REPEATED group list { REQUIRED INT32 element; } }",
+            ),
         };
         s.push_str("  ");
         s.push_str(&line);
@@ -145,6 +156,34 @@ fn push_optional<T: Copy, U>(
     xs.len()
 }
 
+/// Appends one list of non-empty lists of REQUIRED int32 elements.
+fn push_nested(
+    vals: &mut Vec<i32>,
+    def: &mut Vec<i16>,
+    rep: &mut Vec<i16>,
+    xs: &[&[u32]],
+) -> usize {
+    if xs.is_empty() {
+        rep.push(0);
+        def.push(0);
+        return 0;
+    }
+    let mut n = 0;
+    for (i, inner) in xs.iter().enumerate() {
+        for (j, &x) in inner.iter().enumerate() {
+            rep.push(match (i, j) {
+                (0, 0) => 0,
+                (_, 0) => 1,
+                _ => 2,
+            });
+            def.push(2);
+            vals.push(x as i32);
+            n += 1;
+        }
+    }
+    n
+}
+
 impl Column {
     /// Buffers one row's cell; returns the number of list values added.
     fn push(&mut self, row: &ExportRow) -> usize {
@@ -199,6 +238,25 @@ impl Column {
                 let refs: Vec<Option<&str>> = xs.iter().map(Option::as_deref).collect();
                 return push_optional(v, d, r, &refs, |x| x.map(text));
             }
+            (Buf::ListOptStr(v, d, r), Cell::Images(images, field)) => {
+                let refs: Vec<&super::RowImage> = images.iter().collect();
+                return push_optional(v, d, r, &refs, |im| match field {
+                    ImageField::Bytes => im.bytes.as_ref().map(|b| ByteArray::from(b.to_vec())),
+                    ImageField::Sha256 => Some(text(&im.sha256)),
+                    ImageField::Mime => Some(text(&im.mime)),
+                    _ => None,
+                });
+            }
+            (Buf::ListListI32(v, d, r), Cell::Images(images, field)) => {
+                let lists: Vec<&[u32]> = images
+                    .iter()
+                    .map(|im| match field {
+                        ImageField::Size => &im.size[..],
+                        _ => &im.grid_thw[..],
+                    })
+                    .collect();
+                return push_nested(v, d, r, &lists);
+            }
             // `columns` pairs every getter with its buffer shape.
             _ => {}
         }
@@ -217,6 +275,12 @@ impl Column {
                 w.write_batch(v, Some(d), None)?;
                 v.clear();
                 d.clear();
+            }
+            (Buf::ListListI32(v, d, r), ColumnWriter::Int32ColumnWriter(w)) => {
+                w.write_batch(v, Some(d), Some(r))?;
+                v.clear();
+                d.clear();
+                r.clear();
             }
             (Buf::ListOptStr(v, d, r), ColumnWriter::ByteArrayColumnWriter(w)) => {
                 w.write_batch(v, Some(d), Some(r))?;

@@ -67,6 +67,39 @@ pub struct ExportRow {
     pub replay_mean_abs_diff: Option<f64>,
     /// Only in the `verl` layout.
     pub verl: Option<VerlColumns>,
+    /// The images of the row's prompt and response, in the order of their
+    /// placeholder runs.
+    pub images: Vec<RowImage>,
+}
+
+/// An image of a row: what the call recorded, and its bytes once read
+/// from the store (`None` when exported by reference).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RowImage {
+    pub sha256: String,
+    pub mime: String,
+    /// `[width, height]`.
+    pub size: [u32; 2],
+    pub grid_thw: [u32; 3],
+    pub bytes: Option<std::sync::Arc<Vec<u8>>>,
+}
+
+impl RowImage {
+    fn of(calls: &[CallRecord], call_index: u32) -> Vec<RowImage> {
+        let Some(call) = find_call(calls, call_index) else {
+            return Vec::new();
+        };
+        call.images
+            .iter()
+            .map(|im| RowImage {
+                sha256: im.sha256.clone(),
+                mime: im.mime.clone(),
+                size: [im.width, im.height],
+                grid_thw: im.grid_thw,
+                bytes: None,
+            })
+            .collect()
+    }
 }
 
 impl ExportRow {
@@ -226,6 +259,7 @@ pub fn rows_of(
             replay_max_abs_diff: replay.and_then(|r| r.max_abs_diff),
             replay_mean_abs_diff: replay.and_then(|r| r.mean_abs_diff),
             verl: None,
+            images: Vec::new(),
         }
     };
     match opts.layout {
@@ -234,7 +268,14 @@ pub fn rows_of(
                 let (weight_versions, call_offsets) = staleness(&trajectory.calls, &s.calls, false);
                 let (min_weight_version, max_weight_version) = min_max(&weight_versions);
                 let (min_version, max_version) = seq_range(&s.response_versions);
+                // The last call's prompt holds every image of the sample.
+                let images = s
+                    .calls
+                    .last()
+                    .map(|&c| RowImage::of(&trajectory.calls, c))
+                    .unwrap_or_default();
                 let row = ExportRow {
+                    images,
                     prompt_ids: s.prompt_ids,
                     response_ids: s.response_ids,
                     response_mask: s.response_mask,
@@ -267,6 +308,7 @@ pub fn rows_of(
                 let response_versions = call.sampled_versions();
                 let (min_version, max_version) = seq_range(&response_versions);
                 let row = ExportRow {
+                    images: RowImage::of(&trajectory.calls, call.call_index),
                     call: Some(call.call_index),
                     prompt_ids: full_prompt_ids(&trajectory.calls, call.call_index)?,
                     response_ids: call.sampled_ids.clone(),

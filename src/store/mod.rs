@@ -178,6 +178,12 @@ pub trait SpanStore: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// [`Self::image`] for a blocking caller (an export's writer thread),
+    /// as [`Self::scan`] is: never call it on an async worker.
+    fn image_blocking(&self, sha256: &str) -> Result<Option<StoredImage>, StoreError> {
+        futures::executor::block_on(self.image(sha256))
+    }
+
     /// Sets the trajectory reward (`call: None`) or one call's reward, and
     /// the trajectory's named reward parts when `extra` is given.
     async fn set_reward(

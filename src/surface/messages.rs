@@ -738,8 +738,8 @@ mod tests {
             ),
             (
                 base(json!({"messages": [{"role": "user", "content": [
-                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "x"}}]}]})),
-                "messages[0].content[0]",
+                {"type": "image", "source": {"type": "file", "file_id": "f"}}]}]})),
+                "messages[0].content[0].source",
             ),
             (
                 base(json!({"messages": [{"role": "user", "content": [

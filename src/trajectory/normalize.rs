@@ -84,6 +84,29 @@ pub fn messages(messages: &mut [Json], format: ContentFormat) -> Vec<&'static st
         .collect()
 }
 
+/// A stored request's images, named `sha256:<hex>` in `image_url` parts,
+/// made the checked parts the live call rendered (`api::images` made them
+/// from the same bytes), from the call's recorded `images`.
+pub fn stored_images(messages: &mut [Json], images: &[crate::store::CallImage]) {
+    use crate::render::placeholders::{image_part, IMAGE_REF_PREFIX};
+    if images.is_empty() {
+        return;
+    }
+    let parts = messages
+        .iter_mut()
+        .filter_map(|m| m.get_mut("content").and_then(Json::as_array_mut))
+        .flatten();
+    for part in parts {
+        let url = part.pointer("/image_url/url").and_then(Json::as_str);
+        let Some(sha) = url.and_then(|u| u.strip_prefix(IMAGE_REF_PREFIX)) else {
+            continue;
+        };
+        if let Some(im) = images.iter().find(|im| im.sha256 == sha) {
+            *part = image_part(&im.sha256, im.width, im.height);
+        }
+    }
+}
+
 /// An image part (`image_url`, or checked: `render::placeholders`): kept
 /// in place, the template renders it.
 fn is_image(part: &Json) -> bool {

@@ -101,13 +101,20 @@ impl Trajectories {
                                 |id| conversations.get(id).cloned(),
                                 self.switches(),
                             );
-                            let m = chat.as_ref().and_then(|(c, _)| self.translated_messages(c));
+                            let m = chat
+                                .as_ref()
+                                .and_then(|(c, _)| self.translated_messages(c, &calls[i].images));
                             if let Some(t) = chat {
                                 translated.insert(calls[i].call_index, t);
                             }
                             m
                         }
-                        None => self.messages_of(&mut calls[i].request),
+                        None => {
+                            let images = std::mem::take(&mut calls[i].images);
+                            let m = self.messages_of(&mut calls[i].request, &images);
+                            calls[i].images = images;
+                            m
+                        }
                     };
                     bodies.insert(calls[i].call_index, m.clone());
                     m
@@ -131,16 +138,25 @@ impl Trajectories {
 
     /// A translated chat request's messages, normalized as the live call
     /// normalized them.
-    fn translated_messages(&self, chat: &Json) -> Option<Arc<Vec<Json>>> {
+    fn translated_messages(
+        &self,
+        chat: &Json,
+        images: &[crate::store::CallImage],
+    ) -> Option<Arc<Vec<Json>>> {
         let mut list = chat.get("messages")?.as_array()?.clone();
         normalize::messages(&mut list, self.renderer.content_format());
+        normalize::stored_images(&mut list, images);
         Some(Arc::new(list))
     }
 
     /// The messages of a stored `request`, normalized as the live call
     /// normalized them (so history matches the same messages), taken out
     /// of it; None for a call no later turn continues.
-    fn messages_of(&self, request: &mut Arc<Json>) -> Option<Arc<Vec<Json>>> {
+    fn messages_of(
+        &self,
+        request: &mut Arc<Json>,
+        images: &[crate::store::CallImage],
+    ) -> Option<Arc<Vec<Json>>> {
         if request.get("continue_final_message") == Some(&Json::Bool(true)) {
             return None;
         }
@@ -150,6 +166,7 @@ impl Trajectories {
             _ => request.get("messages")?.as_array()?.clone(),
         };
         normalize::messages(&mut list, self.renderer.content_format());
+        normalize::stored_images(&mut list, images);
         Some(Arc::new(list))
     }
 

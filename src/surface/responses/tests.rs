@@ -137,8 +137,8 @@ fn what_is_not_built_is_refused_by_name() {
         (json!({"input": "x", "truncation": "auto"}), "truncation"),
         (json!({"input": "x", "prompt": {"id": "p"}}), "prompt"),
         (
-            json!({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}),
-            "input[0].content[0]",
+            json!({"input": [{"role": "user", "content": [{"type": "input_image", "file_id": "file_1"}]}]}),
+            "input[0].content[0].file_id",
         ),
         (
             json!({"input": [{"type": "item_reference", "id": "msg_1"}]}),
@@ -267,4 +267,28 @@ fn input_items_all_get_ids_and_list_content() {
         json!([{"type": "input_text", "text": "hi"}])
     );
     assert_eq!(items[1]["id"], "mine");
+}
+
+#[test]
+fn input_images_become_chat_image_url_parts_in_messages_and_tool_outputs() {
+    let body = json!({"input": [
+        {"role": "user", "content": [
+            {"type": "input_text", "text": "look"},
+            {"type": "input_image", "image_url": "data:image/png;base64,AAAA", "detail": "auto"}]},
+        {"type": "function_call", "call_id": "c1", "name": "snap", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": [
+            {"type": "input_image", "image_url": "sha256:ab"}]}]});
+    let m = messages(&body);
+    assert_eq!(
+        m[0]["content"][1],
+        json!({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}})
+    );
+    let tool = m
+        .iter()
+        .find(|m| m["role"] == "tool")
+        .expect("tool message");
+    assert_eq!(
+        tool["content"],
+        json!([{"type": "image_url", "image_url": {"url": "sha256:ab"}}])
+    );
 }
