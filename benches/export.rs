@@ -95,6 +95,7 @@ fn call(traj: &str, i: u32, small: bool) -> CallRecord {
         api: None,
         response_id: None,
         versions: Vec::new(),
+        images: Vec::new(),
     }
 }
 

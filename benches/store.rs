@@ -49,6 +49,7 @@ fn call(traj: &str, i: u32, delta: u32, sampled: u32) -> CallRecord {
         api: None,
         response_id: None,
         versions: Vec::new(),
+        images: Vec::new(),
     }
 }
 

@@ -479,6 +479,7 @@ impl Trajectories {
                 } else {
                     choice.versions.clone()
                 },
+                images: Vec::new(),
             };
             match self.store.append_call(record).await {
                 Ok(()) => {}

@@ -41,6 +41,7 @@ fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
         api: None,
         response_id: None,
         versions: Vec::new(),
+        images: Vec::new(),
     }
 }
 
