@@ -102,7 +102,10 @@ async fn an_image_is_stored_once_and_calls_naming_it_read_back_equal() {
     for (name, store, backing) in stores(&dir) {
         let a = image(1, 20_000);
         let b = image(2, 300);
-        store.put_images(&[a.clone()]).await.expect("put");
+        store
+            .put_images(std::slice::from_ref(&a))
+            .await
+            .expect("put");
         // Again, and twice in one call: each is stored once.
         store
             .put_images(&[a.clone(), b.clone(), a.clone()])
@@ -154,7 +157,10 @@ async fn a_call_naming_an_image_not_stored_is_refused() {
     for (name, store, _) in stores(&dir) {
         let stored = image(3, 1000);
         let missing = image(4, 1000);
-        store.put_images(&[stored.clone()]).await.expect("put");
+        store
+            .put_images(std::slice::from_ref(&stored))
+            .await
+            .expect("put");
 
         // A new trajectory's first call: refused, and no trajectory made.
         let mut first = call("t-new", 0, 0, None, ids(1, 2), ids(3, 2));
@@ -186,7 +192,10 @@ async fn a_call_naming_an_image_not_stored_is_refused() {
         assert_eq!(t.expect("stored").calls, [root], "{name}");
 
         // Once the image is stored, the same call goes in.
-        store.put_images(&[missing.clone()]).await.expect("put");
+        store
+            .put_images(std::slice::from_ref(&missing))
+            .await
+            .expect("put");
         store.append_call(next).await.expect("now stored");
 
         // An image whose key is not the hash of its bytes is refused.
@@ -214,14 +223,17 @@ async fn a_reopened_sqlite_file_keeps_images_and_the_calls_naming_them() {
     let calls = calls_naming("t-reopen", &[&a]);
     {
         let store = tito::store::open(&url).expect("open");
-        store.put_images(&[a.clone()]).await.expect("put");
+        store
+            .put_images(std::slice::from_ref(&a))
+            .await
+            .expect("put");
         for c in &calls {
             store.append_call(c.clone()).await.expect("append");
         }
     }
     let store = tito::store::open(&url).expect("reopen");
     store
-        .put_images(&[a.clone()])
+        .put_images(std::slice::from_ref(&a))
         .await
         .expect("put after reopen");
     assert_eq!(
@@ -272,7 +284,10 @@ async fn a_sqlite_file_from_before_images_gains_them_on_open() {
     let t = store.get_trajectory("t-old").await.expect("get");
     assert_eq!(t.expect("stored").calls, [old]);
     let a = image(7, 500);
-    store.put_images(&[a.clone()]).await.expect("put");
+    store
+        .put_images(std::slice::from_ref(&a))
+        .await
+        .expect("put");
     let mut next = call("t-old", 1, 0, Some(0), ids(9, 2), ids(11, 2));
     next.images = vec![image_ref(&a)];
     store.append_call(next.clone()).await.expect("append");
