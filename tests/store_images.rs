@@ -346,3 +346,28 @@ async fn postgres_replicas_storing_the_same_images_at_once_store_each_once() {
         assert_intact("postgres", got, want);
     }
 }
+
+/// With `ack = "queued"` (SQLite) a put returns once queued, as an append
+/// does, and the writer applies it before the calls queued after it.
+#[tokio::test]
+async fn queued_images_are_applied_before_the_calls_queued_after_them() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite://{}/spans.db", dir.path().display());
+    let store = tito::store::open_with(&url, tito::store::Ack::Queued).expect("open");
+    let a = image(8, 5000);
+    let calls = calls_naming("t-queued", &[&a]);
+    store
+        .put_images(std::slice::from_ref(&a))
+        .await
+        .expect("queued");
+    for c in &calls {
+        store.append_call(c.clone()).await.expect("queued");
+    }
+    // A committed write after them: the writer has handled the queue.
+    store.set_weight_version("v1").await.expect("committed");
+    let t = store.get_trajectory("t-queued").await.expect("get");
+    let t = t.expect("stored");
+    assert!(!t.meta.incomplete);
+    assert_eq!(t.calls, calls);
+    assert_intact("sqlite", store.image(&a.sha256).await.expect("image"), &a);
+}

@@ -388,7 +388,7 @@ pub(crate) fn validate_images(images: &[StoredImage]) -> Result<(), StoreError> 
     for image in images {
         if image.mime.is_empty() {
             return Err(StoreError::Invalid(format!(
-                "image {}: empty mime type",
+                "image `{}`: empty mime type",
                 image.sha256.escape_debug()
             )));
         }
