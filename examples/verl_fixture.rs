@@ -40,6 +40,7 @@ fn call(traj: &str, i: u32, parent: Option<u32>, delta: Vec<u32>, sampled: Vec<u
         api: None,
         response_id: None,
         versions: Vec::new(),
+        images: Vec::new(),
     }
 }
 

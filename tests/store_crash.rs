@@ -2,7 +2,10 @@
 //! `crash_child` entry) appends calls from many concurrent tasks and prints
 //! each call once `append_call` has returned; the parent SIGKILLs it mid-way,
 //! reopens the store and checks that every acknowledged call is there, intact,
-//! and that the database passes `PRAGMA integrity_check`.
+//! and that the database passes `PRAGMA integrity_check`. The
+//! `crash_images_child` entry does the same with calls naming images it
+//! stores as it goes: every acknowledged call's images survive, byte for
+//! byte.
 
 mod store_support;
 
@@ -10,8 +13,8 @@ use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Command, Stdio};
 
-use store_support::{call, ids};
-use tito::store::{Ack, TrajectoryFilter};
+use store_support::{call, ids, image, image_ref, sha256_hex};
+use tito::store::{Ack, StoredImage, TrajectoryFilter};
 
 const DB_ENV: &str = "TITO_CRASH_CHILD_DB";
 /// Set (to anything) for a child running as a gateway with `ack = "queued"`.
@@ -81,6 +84,16 @@ fn run_and_kill_child(db: &std::path::Path, queued: bool) -> BTreeSet<(u32, u32)
 /// [`run_and_kill_child`], with `full`: the child's store at
 /// `synchronous=full`.
 fn run_and_kill_child_at(db: &std::path::Path, queued: bool, full: bool) -> BTreeSet<(u32, u32)> {
+    run_and_kill_entry(db, "crash_child", queued, full)
+}
+
+/// [`run_and_kill_child_at`] on the child entry `entry`.
+fn run_and_kill_entry(
+    db: &std::path::Path,
+    entry: &str,
+    queued: bool,
+    full: bool,
+) -> BTreeSet<(u32, u32)> {
     let exe = std::env::current_exe().expect("test binary path");
     let mut cmd = Command::new(exe);
     if queued {
@@ -92,7 +105,7 @@ fn run_and_kill_child_at(db: &std::path::Path, queued: bool, full: bool) -> BTre
     let mut child = cmd
         .args([
             "--exact",
-            "crash_child",
+            entry,
             "--ignored",
             "--nocapture",
             "--test-threads=1",
@@ -282,5 +295,105 @@ async fn a_queued_call_that_fails_to_be_stored_marks_its_trajectory_incomplete()
                 .len(),
             1
         );
+    }
+}
+
+/// The image worker `w` stores before its call `i` (one per two calls,
+/// each named by two calls), 2 to 34 KB, so its bytes span overflow pages.
+fn worker_image(w: u32, i: u32) -> StoredImage {
+    let k = u64::from(w) << 32 | u64::from(i / 2);
+    image(k, 2_000 + (k as usize * 7919) % 32_000)
+}
+
+/// The image every worker stores and names.
+fn shared_image() -> StoredImage {
+    image(u64::MAX, 12_000)
+}
+
+/// [`record`], naming [`worker_image`] and [`shared_image`].
+fn record_with_images(w: u32, i: u32) -> tito::store::CallRecord {
+    let mut c = record(w, i);
+    c.images = vec![image_ref(&worker_image(w, i)), image_ref(&shared_image())];
+    c
+}
+
+/// The image child: each worker stores its images as it goes (all of them
+/// the shared one too, at once) and appends calls naming them, printing
+/// each call once `append_call` returned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+#[ignore = "helper process of crash_kill9_keeps_the_images_of_every_acknowledged_call"]
+async fn crash_images_child() {
+    let Ok(path) = std::env::var(DB_ENV) else {
+        return;
+    };
+    let store = tito::store::open(&format!("sqlite://{path}")).expect("child opens store");
+    let mut tasks = Vec::new();
+    for w in 0..WORKERS {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..1_000_000u32 {
+                if i % 2 == 0 {
+                    let images = [worker_image(w, i), shared_image()];
+                    store.put_images(&images).await.expect("put images");
+                }
+                store
+                    .append_call(record_with_images(w, i))
+                    .await
+                    .expect("append");
+                let mut out = std::io::stdout().lock();
+                writeln!(out, "ACK {w} {i} END").expect("stdout");
+                out.flush().expect("flush");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.expect("task");
+    }
+}
+
+#[tokio::test]
+async fn crash_kill9_keeps_the_images_of_every_acknowledged_call() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let db = dir.path().join("spans.db");
+    let acked = run_and_kill_entry(&db, "crash_images_child", false, false);
+
+    let conn = rusqlite::Connection::open(&db).expect("raw open");
+    let check: String = conn
+        .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+        .expect("integrity_check");
+    assert_eq!(check, "ok");
+    drop(conn);
+    let store = tito::store::open(&format!("sqlite://{}", db.display())).expect("reopen");
+    let mut stored = BTreeSet::new();
+    for t in stored_whole(&store).await {
+        let w: u32 = t
+            .meta
+            .id
+            .trim_start_matches("w-")
+            .parse()
+            .expect("worker id");
+        for c in &t.calls {
+            assert_eq!(
+                c,
+                &record_with_images(w, c.call_index),
+                "call content intact"
+            );
+            stored.insert((w, c.call_index));
+        }
+    }
+    let missing: Vec<_> = acked.difference(&stored).collect();
+    assert!(missing.is_empty(), "acknowledged but lost: {missing:?}");
+    // Every stored call's images (the acknowledged ones among them) are
+    // there, and their bytes hash to their keys.
+    for (w, i) in &stored {
+        for want in record_with_images(*w, *i).images {
+            let got = store
+                .image(&want.sha256)
+                .await
+                .expect("read image")
+                .unwrap_or_else(|| panic!("call {i} of w-{w}: image {} lost", want.sha256));
+            assert_eq!(sha256_hex(&got.bytes), want.sha256, "bytes hash to the key");
+            assert_eq!((got.width, got.height), (want.width, want.height));
+        }
     }
 }

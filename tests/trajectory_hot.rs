@@ -46,6 +46,12 @@ impl SpanStore for KeepSome {
         self.dropped.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
+    async fn put_images(&self, images: &[tito::store::StoredImage]) -> Result<(), StoreError> {
+        self.inner.put_images(images).await
+    }
+    async fn image(&self, sha256: &str) -> Result<Option<tito::store::StoredImage>, StoreError> {
+        self.inner.image(sha256).await
+    }
     async fn set_reward(
         &self,
         id: &str,

@@ -1,9 +1,21 @@
 //! The byte layout both durable stores use for token ids and logprobs:
 //! little-endian u32 / f32 words, four bytes a token. A missing logprob is
 //! written as a quiet NaN (no backend reports NaN as a logprob) and read back
-//! as `None`. And how both keep a call's request body ([`SplitRequest`]).
+//! as `None`. How both keep a call's request body ([`SplitRequest`]), and
+//! its image references (JSON text, [`images_text`]).
 
-use crate::store::StoreError;
+use crate::store::{CallImage, StoreError};
+
+/// A call's image references as the JSON text of its `images` column;
+/// `None` (SQL NULL) when it has none.
+pub(crate) fn images_text(images: &[CallImage]) -> Result<Option<String>, StoreError> {
+    if images.is_empty() {
+        return Ok(None);
+    }
+    serde_json::to_string(images)
+        .map(Some)
+        .map_err(|e| StoreError::Invalid(e.to_string()))
+}
 
 pub(crate) fn ids_to_bytes(ids: &[u32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(ids.len() * 4);

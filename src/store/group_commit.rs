@@ -9,8 +9,8 @@
 use tokio::sync::{mpsc, oneshot};
 
 use crate::store::{
-    Ack, Acked, CallRecord, Lease, SampleReplay, StoreError, TrajectoryFilter, TrajectoryMeta,
-    TrajectoryMetadata,
+    Ack, Acked, CallRecord, Lease, SampleReplay, StoreError, StoredImage, TrajectoryFilter,
+    TrajectoryMeta, TrajectoryMetadata,
 };
 
 /// Most jobs committed in one transaction.
@@ -20,6 +20,9 @@ pub(crate) const QUEUE: usize = 16 * 1024;
 
 pub(crate) enum Op {
     Append(Box<CallRecord>),
+    /// Images to store once each (one already stored is left alone),
+    /// sorted by key; see [`crate::store::SpanStore::put_images`].
+    PutImages(Vec<StoredImage>),
     Reward {
         trajectory: String,
         call: Option<u32>,
@@ -163,11 +166,29 @@ impl Writer {
 
     pub(crate) async fn append(&self, call: CallRecord) -> Result<(), StoreError> {
         crate::store::validate_call(&call)?;
-        let op = Op::Append(Box::new(call));
+        // Nobody waits for a queued append: the writer logs a failure and
+        // marks the trajectory incomplete.
+        self.acked(Op::Append(Box::new(call))).await
+    }
+
+    /// Queues images to store, acknowledged as appends are (`[store] ack`):
+    /// an append queued after them is applied after them, so it finds them.
+    pub(crate) async fn put_images(&self, images: &[StoredImage]) -> Result<(), StoreError> {
+        crate::store::validate_images(images)?;
+        let mut images = images.to_vec();
+        images.sort_by(|a, b| a.sha256.cmp(&b.sha256));
+        images.dedup_by(|a, b| a.sha256 == b.sha256);
+        if images.is_empty() {
+            return Ok(());
+        }
+        self.acked(Op::PutImages(images)).await
+    }
+
+    /// Queues `op` and returns when `[store] ack` says: once committed, or
+    /// (`queued`) once queued.
+    async fn acked(&self, op: Op) -> Result<(), StoreError> {
         match self.ack {
             Ack::Committed => self.submit(op).await.map(|_| ()),
-            // Nobody waits: the writer logs a failure and marks the
-            // trajectory incomplete.
             Ack::Queued => self.enqueue(Job { op, ack: None }).await,
         }
     }

@@ -8,9 +8,10 @@ use async_trait::async_trait;
 
 use super::types::{clamp_limit, now_ms, parse_cursor};
 use super::{
-    new_cursor, validate_call, Acked, CallRecord, Lease, ListQuery, Page, ResponseRef,
-    SampleReplay, SpanStore, StoreError, Trajectory, TrajectoryFilter, TrajectoryIter,
-    TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus, VersionRecord,
+    missing_image, new_cursor, validate_call, validate_images, Acked, CallRecord, Lease, ListQuery,
+    Page, ResponseRef, SampleReplay, SpanStore, StoreError, StoredImage, Trajectory,
+    TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata, TrajectoryStatus,
+    VersionRecord,
 };
 
 #[derive(Default)]
@@ -31,6 +32,8 @@ struct Inner {
     responses: HashMap<String, Option<(String, u32)>>,
     /// Registered weight versions, ascending by seq (1, 2, ...).
     versions: Vec<VersionRecord>,
+    /// Stored images by key; the bytes are shared, never copied.
+    images: HashMap<String, StoredImage>,
 }
 
 #[derive(Clone, Default)]
@@ -151,6 +154,14 @@ impl SpanStore for MemoryStore {
         call.response = Arc::new(serde_json::Value::clone(&call.response));
         let now = now_ms();
         let mut inner = self.lock();
+        // First after the structural checks, as the durable stores check.
+        if let Some(sha) = call
+            .image_keys()
+            .into_iter()
+            .find(|k| !inner.images.contains_key(*k))
+        {
+            return Err(missing_image(&call, sha));
+        }
         let exists = inner.seq_of.contains_key(&call.trajectory_id);
         if call.parent_call.is_some() && !exists {
             return Err(missing_parent(&call));
@@ -205,6 +216,22 @@ impl SpanStore for MemoryStore {
             inner.responses.insert(id, Some(at));
         }
         Ok(())
+    }
+
+    async fn put_images(&self, images: &[StoredImage]) -> Result<(), StoreError> {
+        validate_images(images)?;
+        let mut inner = self.lock();
+        for image in images {
+            inner
+                .images
+                .entry(image.sha256.clone())
+                .or_insert_with(|| image.clone());
+        }
+        Ok(())
+    }
+
+    async fn image(&self, sha256: &str) -> Result<Option<StoredImage>, StoreError> {
+        Ok(self.lock().images.get(sha256).cloned())
     }
 
     async fn set_reward(

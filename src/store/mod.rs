@@ -169,14 +169,12 @@ pub trait SpanStore: Send + Sync + 'static {
     /// Stores images once each, content-addressed by SHA-256 (one already
     /// stored is left as it is). Durable on return, like [`Self::append_call`]:
     /// a call appended after it finds its images.
-    async fn put_images(&self, _images: &[StoredImage]) -> Result<(), StoreError> {
-        Err(StoreError::Invalid("this store keeps no images".into()))
-    }
+    /// Errors: [`StoreError::Invalid`] for an image whose key is not the
+    /// lowercase hex SHA-256 of its bytes.
+    async fn put_images(&self, images: &[StoredImage]) -> Result<(), StoreError>;
 
     /// A stored image by its SHA-256 (lowercase hex).
-    async fn image(&self, _sha256: &str) -> Result<Option<StoredImage>, StoreError> {
-        Ok(None)
-    }
+    async fn image(&self, sha256: &str) -> Result<Option<StoredImage>, StoreError>;
 
     /// [`Self::image`] for a blocking caller (an export's writer thread),
     /// as [`Self::scan`] is: never call it on an async worker.
@@ -387,6 +385,38 @@ pub(crate) fn validate_call(call: &CallRecord) -> Result<(), StoreError> {
         }
     }
     validate_versions(call)
+}
+
+/// Checks images before they are queued: each has a mime type and is keyed
+/// by the lowercase hex SHA-256 of its bytes (recomputed here, so a store
+/// never keeps bytes under another image's key).
+pub(crate) fn validate_images(images: &[StoredImage]) -> Result<(), StoreError> {
+    for image in images {
+        if image.mime.is_empty() {
+            return Err(StoreError::Invalid(format!(
+                "image `{}`: empty mime type",
+                image.sha256.escape_debug()
+            )));
+        }
+        let actual = types::sha256_hex(&image.bytes);
+        if image.sha256 != actual {
+            return Err(StoreError::Invalid(format!(
+                "image `{}`: its bytes hash to {actual}",
+                image.sha256.escape_debug()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The error of a call naming an image the store does not hold.
+pub(crate) fn missing_image(call: &CallRecord, sha256: &str) -> StoreError {
+    StoreError::Invalid(format!(
+        "call {} of `{}`: image {} is not stored (put_images first)",
+        call.call_index,
+        call.trajectory_id,
+        sha256.escape_debug()
+    ))
 }
 
 /// [`CallRecord::versions`] is empty, or spans that start at 0, strictly

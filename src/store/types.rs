@@ -149,6 +149,25 @@ pub struct StoredImage {
     pub bytes: std::sync::Arc<Vec<u8>>,
 }
 
+impl StoredImage {
+    /// An image keyed by the SHA-256 of `bytes`.
+    pub fn new(mime: &str, width: u32, height: u32, bytes: Vec<u8>) -> Self {
+        StoredImage {
+            sha256: sha256_hex(&bytes),
+            mime: mime.to_string(),
+            width,
+            height,
+            bytes: std::sync::Arc::new(bytes),
+        }
+    }
+}
+
+/// Lowercase hex SHA-256 of `bytes`: the key an image is stored under.
+pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
+}
+
 /// The weights that generated a run of a call's sampled tokens: tokens
 /// `start..` (up to the next span's start) came from `version` (the user's
 /// label) whose fleet sequence number is `seq`.
@@ -185,6 +204,15 @@ impl CallRecord {
             response: null,
             ..self.clone()
         }
+    }
+
+    /// The distinct keys of [`CallRecord::images`], sorted: what must be
+    /// stored before the call is.
+    pub(crate) fn image_keys(&self) -> Vec<&str> {
+        let mut keys: Vec<&str> = self.images.iter().map(|i| i.sha256.as_str()).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys
     }
 
     /// The span of [`CallRecord::versions`] covering sampled token `i`;

@@ -121,6 +121,14 @@ impl SpanStore for WatchedStore {
         r
     }
 
+    async fn put_images(&self, images: &[tito::store::StoredImage]) -> Result<(), StoreError> {
+        self.inner.put_images(images).await
+    }
+
+    async fn image(&self, sha256: &str) -> Result<Option<tito::store::StoredImage>, StoreError> {
+        self.inner.image(sha256).await
+    }
+
     async fn set_reward(
         &self,
         id: &str,

@@ -2,7 +2,7 @@
 #![allow(dead_code)]
 
 use serde_json::json;
-use tito::store::CallRecord;
+use tito::store::{CallImage, CallRecord, StoredImage};
 
 /// A call with deterministic logprobs (`-(k+1)/100` for the k-th sampled id).
 pub fn call(
@@ -45,6 +45,41 @@ pub fn call(
         versions: Vec::new(),
         images: Vec::new(),
     }
+}
+
+/// An image of `len` deterministic bytes (a PNG signature, then bytes
+/// drawn from `seed`), keyed by their SHA-256. The store keeps bytes
+/// without decoding them.
+pub fn image(seed: u64, len: usize) -> StoredImage {
+    let mut bytes = b"\x89PNG\r\n\x1a\n".to_vec();
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    while bytes.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        bytes.push(x as u8);
+    }
+    let side = 8 + (seed % 8) as u32;
+    let image = StoredImage::new("image/png", side, side + 1, bytes);
+    assert_eq!(image.sha256, sha256_hex(&image.bytes));
+    image
+}
+
+/// A call's reference to `image`, with a `(t, h, w)` grid.
+pub fn image_ref(image: &StoredImage) -> CallImage {
+    CallImage {
+        sha256: image.sha256.clone(),
+        mime: image.mime.clone(),
+        width: image.width,
+        height: image.height,
+        grid_thw: [1, 2 * image.height, 2 * image.width],
+    }
+}
+
+/// Lowercase hex SHA-256, computed here rather than by the store.
+pub fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(bytes))
 }
 
 /// Ids `base..base+n`.

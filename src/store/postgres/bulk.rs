@@ -6,8 +6,8 @@
 //!
 //! It refuses (returns an error, and the writer redoes the batch call by
 //! call, see [`super::writer`]) whenever a call would be refused on its own:
-//! a finished trajectory, a parent that is neither stored nor earlier in the
-//! run, a call slot already taken (the `COPY` fails on the primary key), a
+//! an image not stored, a finished trajectory, a parent that is neither
+//! stored nor earlier in the run, a call slot already taken (the `COPY` fails on the primary key), a
 //! response id taken (the insert into `responses` fails on its key). So
 //! when it succeeds, the rows are exactly those the call-by-call path would
 //! have written.
@@ -18,7 +18,7 @@ use futures::pin_mut;
 use tokio_postgres::binary_copy::BinaryCopyInWriter;
 use tokio_postgres::types::{ToSql, Type};
 
-use super::writer::AppendParams;
+use super::append::AppendParams;
 use super::Conn;
 use crate::store::{CallRecord, StoreError};
 
@@ -46,7 +46,7 @@ const COPY_CALLS: &str = "COPY calls (traj, call_index, sample_index, parent_cal
      started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
      response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
      template_sha256, reward, truncated, normalized, request_of, message_refs, api, response_id, \
-     versions) FROM STDIN (FORMAT binary)";
+     versions, images) FROM STDIN (FORMAT binary)";
 
 /// The messages the run's bodies keep apart (see the writer's `APPEND_SQL`).
 const MESSAGES_MANY: &str = "INSERT INTO request_messages (traj, sha256, body) \
@@ -57,7 +57,7 @@ const MESSAGES_MANY: &str = "INSERT INTO request_messages (traj, sha256, body) \
 const RESPONSES_MANY: &str = "INSERT INTO responses (response_id, traj, call_index) \
      SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[])";
 
-const COPY_TYPES: [Type; 27] = [
+const COPY_TYPES: [Type; 28] = [
     Type::INT8,
     Type::INT8,
     Type::INT8,
@@ -82,6 +82,7 @@ const COPY_TYPES: [Type; 27] = [
     Type::TEXT,
     Type::INT8,
     Type::BYTEA,
+    Type::TEXT,
     Type::TEXT,
     Type::TEXT,
     Type::TEXT,
@@ -113,6 +114,7 @@ pub(super) async fn append_many(
     calls: &[&CallRecord],
     now: i64,
 ) -> Result<(), StoreError> {
+    super::images::check(conn, calls).await?;
     let mut ids: Vec<&str> = calls.iter().map(|c| c.trajectory_id.as_str()).collect();
     ids.sort_unstable();
     ids.dedup();
@@ -286,6 +288,7 @@ pub(super) mod tests {
             request_of: None,
             api: Some("chat".into()),
             response_id: None,
+            images: Vec::new(),
             // Every other call continued on new weights after its first token.
             versions: std::iter::once(0)
                 .chain((index % 2 == 1).then_some(1))
@@ -295,7 +298,6 @@ pub(super) mod tests {
                     seq: Some(u64::from(start) + 1),
                 })
                 .collect(),
-            images: Vec::new(),
         }
     }
 

@@ -16,7 +16,8 @@
 //! beside this module count 23 reruns in 20 rounds of six trajectories).
 //!
 //! So the writer applies a batch sorted by [`key`]: the jobs that take no
-//! lock of this kind, then the weight versions' numbering (one advisory
+//! lock of this kind, then images (all of the batch's in one insert, in
+//! key order), then the weight versions' numbering (one advisory
 //! lock), then consumers by name, then trajectories by id
 //! (bytewise), each trajectory's own jobs in their arrival order (the sort
 //! is stable). Every transaction then creates or locks each trajectory as
@@ -40,6 +41,10 @@ pub(super) enum Key<'a> {
     /// No consumer or trajectory lock: a run's start, a ping, the weight
     /// version (`gateway_state`'s own row).
     Other,
+    /// Image rows, inserted in key order (another replica's uncommitted
+    /// insert of the same key is waited for): a batch's images go in as one
+    /// insert (`images::put`), so each transaction takes them in one order.
+    Images,
     /// The advisory lock under which weight versions are numbered
     /// (`versions::VERSIONS_LOCK`).
     Versions,
@@ -59,6 +64,7 @@ pub(super) fn key(op: &Op) -> Key<'_> {
         | Op::ForgetResponse { trajectory, .. } => Key::Trajectory(trajectory),
         Op::Lease { consumer, .. } | Op::Ack { consumer, .. } => Key::Consumer(consumer),
         Op::BeginRun { .. } | Op::Ping | Op::WeightVersion(_) => Key::Other,
+        Op::PutImages(_) => Key::Images,
         Op::RegisterVersion { .. } => Key::Versions,
     }
 }

@@ -20,8 +20,10 @@
 //! Unix sockets without TLS: keep the database on loopback or a private
 //! network.
 
+mod append;
 mod bulk;
 mod consumers;
+mod images;
 mod lock_order;
 mod rows;
 pub mod schema;
@@ -42,8 +44,8 @@ use super::scan::{self, listing_page};
 use super::types::{clamp_limit, cursor_key};
 use super::{
     Ack, Acked, Bodies, CallRecord, Lease, ListQuery, Page, ResponseRef, SampleReplay, SpanStore,
-    StoreError, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta, TrajectoryMetadata,
-    VersionRecord,
+    StoreError, StoredImage, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta,
+    TrajectoryMetadata, VersionRecord,
 };
 use rows::Key;
 
@@ -298,6 +300,16 @@ impl Drop for PgStore {
 impl SpanStore for PgStore {
     async fn append_call(&self, call: CallRecord) -> Result<(), StoreError> {
         self.jobs.append(call).await
+    }
+
+    async fn put_images(&self, images: &[StoredImage]) -> Result<(), StoreError> {
+        self.jobs.put_images(images).await
+    }
+
+    async fn image(&self, sha256: &str) -> Result<Option<StoredImage>, StoreError> {
+        let mut c = self.readers.take().await?;
+        let out = images::get(&mut c.conn, sha256).await;
+        c.done(out)
     }
 
     async fn writable(&self) -> Result<(), StoreError> {

@@ -97,7 +97,7 @@ fn call_cols(bodies: Bodies) -> &'static str {
                 "call_index, sample_index, parent_call, backend, started_at, finished_at, \
                  prompt_delta_ids, sampled_ids, logprobs, finish_reason, drift, parse_outcome, \
                  moved_from, weight_version, tokenizer_sha256, template_sha256, reward, \
-                 truncated, normalized, request_of, api, response_id, versions, ",
+                 truncated, normalized, request_of, api, response_id, versions, images, ",
                 $bodies
             )
         };
@@ -145,7 +145,7 @@ fn call_from_row(row: &Row, trajectory_id: &str, bodies: Bodies) -> Result<CallR
         api: row.try_get("api")?,
         response_id: row.try_get("response_id")?,
         versions: json_opt_col(row, "versions")?.unwrap_or_default(),
-        images: Vec::new(),
+        images: json_opt_col(row, "images")?.unwrap_or_default(),
     })
 }
 

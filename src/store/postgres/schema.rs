@@ -6,7 +6,7 @@
 //!
 //! The layout follows the SQLite schema (`store::sqlite::schema`; version 1
 //! here is its version 8, version 2 its 9 and 10, version 4 its 11, version 5
-//! its 13, version 6 its 14): every integer is
+//! its 13, version 6 its 14, version 7 its 15): every integer is
 //! `BIGINT`, token ids and logprobs are `BYTEA` in the
 //! [`crate::store::codec`] layout, and JSON is `TEXT`, not `JSONB`, so a
 //! stored request keeps its key order byte for byte.
@@ -166,6 +166,18 @@ const MIGRATIONS: &[&str] = &[
         seq BIGINT PRIMARY KEY,
         label TEXT NOT NULL UNIQUE,
         registered_at BIGINT NOT NULL
+    );
+    "#,
+    // 7: SQLite's migration 15: a call's image references (`images`, JSON,
+    // NULL when it has none) and each image's bytes once, by SHA-256.
+    r#"
+    ALTER TABLE calls ADD COLUMN images TEXT;
+    CREATE TABLE images (
+        sha256 TEXT PRIMARY KEY,
+        mime TEXT NOT NULL,
+        width BIGINT NOT NULL,
+        height BIGINT NOT NULL,
+        bytes BYTEA NOT NULL
     );
     "#,
 ];
@@ -347,6 +359,70 @@ mod tests {
         let mut jobs = super::super::bulk::tests::jobs(vec![new.clone()]);
         let out = super::super::writer::commit_batch(&mut conn, &mut jobs).await;
         assert!(out[0].is_ok(), "{out:?}");
+        let t = load(&mut conn, super::super::rows::Key::Id("old"), Bodies::Read)
+            .await
+            .expect("load")
+            .expect("kept");
+        assert_eq!(t.calls[1], new);
+    }
+
+    /// A database at version 6 with a call: migration 7 adds the images
+    /// table, the old call reads back without images, a new one keeps its.
+    #[tokio::test]
+    async fn migration_7_reads_old_calls_without_images() {
+        let (_, mut conn) = super::super::test_database().await;
+        for sql in &MIGRATIONS[..6] {
+            conn.client.batch_execute(sql).await.expect("v6");
+        }
+        let old = super::super::bulk::tests::call("old", 0, None);
+        conn.client
+            .batch_execute(
+                "CREATE TABLE tito_schema (version BIGINT NOT NULL); \
+                 INSERT INTO tito_schema VALUES (6); \
+                 INSERT INTO trajectories (id, status, created_at, updated_at, num_calls, \
+                   next_call_index, next_sample_index, lseq) VALUES ('old', 0, 1, 1, 1, 1, 1, 1)",
+            )
+            .await
+            .expect("a version 6 database");
+        // Call 0 as a version 6 writer stored it: every column but images.
+        let p = super::super::append::AppendParams::of(&old, 1).expect("params");
+        let cols = p.columns();
+        let stmt = "INSERT INTO calls (traj, call_index, sample_index, parent_call, backend, \
+             started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, \
+             request, response, drift, parse_outcome, moved_from, weight_version, \
+             tokenizer_sha256, template_sha256, reward, truncated, normalized, request_of, \
+             message_refs, api, response_id, versions) SELECT seq, $1, $2, $3, $4, $5, $6, $7, \
+             $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, \
+             $25, $26 FROM trajectories";
+        conn.client
+            .execute(stmt, &cols[..26])
+            .await
+            .expect("a version 6 call");
+        assert_eq!(migrate(&conn).await.expect("migrates"), SCHEMA_VERSION);
+        let load = super::super::rows::load;
+        let t = load(&mut conn, super::super::rows::Key::Id("old"), Bodies::Read)
+            .await
+            .expect("load")
+            .expect("kept");
+        assert_eq!(t.calls, [old]);
+
+        let image = crate::store::StoredImage::new("image/png", 1, 1, vec![7; 10]);
+        let mut new = super::super::bulk::tests::call("old", 1, Some(0));
+        new.images = vec![crate::store::CallImage {
+            sha256: image.sha256.clone(),
+            mime: image.mime.clone(),
+            width: 1,
+            height: 1,
+            grid_thw: [1, 2, 2],
+        }];
+        let (ack, _) = tokio::sync::oneshot::channel();
+        let mut jobs = super::super::bulk::tests::jobs(vec![new.clone()]);
+        jobs.push(crate::store::group_commit::Job {
+            op: crate::store::group_commit::Op::PutImages(vec![image]),
+            ack: Some(ack),
+        });
+        let out = super::super::writer::commit_batch(&mut conn, &mut jobs).await;
+        assert!(out.iter().all(Result::is_ok), "{out:?}");
         let t = load(&mut conn, super::super::rows::Key::Id("old"), Bodies::Read)
             .await
             .expect("load")

@@ -24,6 +24,7 @@
 
 mod checkpoint;
 mod consumers;
+mod images;
 mod requests;
 mod rows;
 pub mod schema;
@@ -43,8 +44,8 @@ use super::scan::{self, listing_page};
 use super::types::{clamp_limit, cursor_key};
 use super::{
     Ack, Acked, Bodies, CallRecord, Lease, ListQuery, Page, ResponseRef, SampleReplay, SpanStore,
-    StoreError, StoreOptions, Trajectory, TrajectoryFilter, TrajectoryIter, TrajectoryMeta,
-    TrajectoryMetadata, VersionRecord,
+    StoreError, StoreOptions, StoredImage, Trajectory, TrajectoryFilter, TrajectoryIter,
+    TrajectoryMeta, TrajectoryMetadata, VersionRecord,
 };
 
 pub use schema::SCHEMA_VERSION;
@@ -267,6 +268,15 @@ impl Drop for SqliteStore {
 impl SpanStore for SqliteStore {
     async fn append_call(&self, call: CallRecord) -> Result<(), StoreError> {
         self.jobs.append(call).await
+    }
+
+    async fn put_images(&self, images: &[StoredImage]) -> Result<(), StoreError> {
+        self.jobs.put_images(images).await
+    }
+
+    async fn image(&self, sha256: &str) -> Result<Option<StoredImage>, StoreError> {
+        let key = sha256.to_string();
+        self.read(move |c| images::get(c, &key)).await
     }
 
     async fn writable(&self) -> Result<(), StoreError> {

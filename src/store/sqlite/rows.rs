@@ -126,7 +126,7 @@ macro_rules! call_cols {
             $response,
             ", drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
              template_sha256, reward, truncated, normalized, request_of, api, response_id, \
-             versions, ",
+             versions, images, ",
             $refs
         )
     };
@@ -187,9 +187,9 @@ fn call_from_row(
         api: row.get(22)?,
         response_id: row.get(23)?,
         versions: json_opt_col(row, 24)?.unwrap_or_default(),
-        images: Vec::new(),
+        images: json_opt_col(row, 25)?.unwrap_or_default(),
     };
-    Ok((call, row.get(25)?))
+    Ok((call, row.get(26)?))
 }
 
 pub(crate) fn meta_by_id(

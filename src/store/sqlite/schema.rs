@@ -229,6 +229,20 @@ const MIGRATIONS: &[&str] = &[
         registered_at INTEGER NOT NULL
     );
     "#,
+    // 15: images. A call's `images` is its JSON list of image references
+    // (NULL when it has none, as for calls stored before); `images` holds
+    // each image's bytes once, keyed by their SHA-256 (a rowid table: rows
+    // this large do not belong in a WITHOUT ROWID B-tree).
+    r#"
+    ALTER TABLE calls ADD COLUMN images TEXT;
+    CREATE TABLE images (
+        sha256 TEXT PRIMARY KEY,
+        mime TEXT NOT NULL,
+        width INTEGER NOT NULL,
+        height INTEGER NOT NULL,
+        bytes BLOB NOT NULL
+    );
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -26,7 +26,7 @@ use tokio::sync::mpsc;
 use super::checkpoint::Checkpointer;
 use super::consumers;
 use super::rows::{call_key, json_text, meta_by_id, replays_of, status_code};
-use crate::store::codec::{ids_to_bytes, logprobs_to_bytes};
+use crate::store::codec::{ids_to_bytes, images_text, logprobs_to_bytes};
 use crate::store::group_commit::{
     acknowledge, lost_appends, Done, Job, Op, Outcome, MAX_BATCH, WEIGHT_VERSION,
 };
@@ -59,9 +59,9 @@ impl Writing {
     /// `checkpointer`.
     pub(crate) fn new(conn: Connection, checkpointer: Checkpointer) -> Self {
         conn.wal_hook(Some(note_wal_frames));
-        // The writing connection caches 33 statements (20 in writer.rs, 11
-        // in consumers.rs, two from rows.rs), more than rusqlite's default
-        // of 16 keeps.
+        // The writing connection caches 35 statements (20 in writer.rs, 11
+        // in consumers.rs, two from rows.rs, two in images.rs), more than
+        // rusqlite's default of 16 keeps.
         conn.set_prepared_statement_cache_capacity(64);
         Writing { conn, checkpointer }
     }
@@ -274,6 +274,7 @@ fn commit_each(conn: &mut Connection, batch: &[Job]) -> Vec<Outcome> {
 fn apply(conn: &Connection, op: &Op, now: i64) -> Outcome {
     match op {
         Op::Append(call) => append(conn, call, now).map(|()| Done::Appended),
+        Op::PutImages(images) => super::images::put(conn, images).map(|()| Done::Appended),
         Op::Reward {
             trajectory,
             call,
@@ -447,6 +448,7 @@ fn open_slot(conn: &Connection, id: &str) -> Result<Option<i64>, StoreError> {
 }
 
 fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreError> {
+    super::images::check(conn, call)?;
     let id = &call.trajectory_id;
     let added = Added::by(call);
     // A root call usually starts its trajectory: insert the row, already
@@ -484,9 +486,9 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
              finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
              response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
              template_sha256, reward, truncated, normalized, request_of, message_refs, \
-             call_key, api, response_id, versions) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, \
-             ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, \
-             ?26, ?27, ?28)",
+             call_key, api, response_id, versions, images) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, \
+             ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, \
+             ?25, ?26, ?27, ?28, ?29)",
         )?
         .execute(params![
             seq,
@@ -518,6 +520,7 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             call.api,
             call.response_id,
             versions_text(call)?,
+            images_text(&call.images)?,
         ]);
     match inserted {
         Ok(_) => {}
