@@ -278,6 +278,49 @@ async fn an_agent_with_an_image_in_its_prompt_and_one_in_a_tool_result_continues
         }
     }
     assert_eq!(runs(&response, pad), [8]);
+    let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+    assert_eq!(row["images"], json!([b64(&a), b64(&b)]));
+    assert_eq!(row["image_sha256"], json!([sha(&a), sha(&b)]));
+    assert_eq!(row["image_mime"], json!(["image/png", "image/png"]));
+    assert_eq!(row["image_sizes"], json!([[64, 48], [100, 60]]));
+    assert_eq!(row["image_grid_thw"], json!([[1, 4, 4], [1, 4, 8]]));
+    // By reference: the hashes, and the bytes from GET /v1/images/{sha256}.
+    let by_ref = s.g.export_jsonl("layout=trajectory&images=ref").await;
+    assert_eq!(by_ref[0]["images"], json!([null, null]));
+    assert_eq!(by_ref[0]["image_sha256"], row["image_sha256"]);
+    let got =
+        s.g.client
+            .get(s.g.url(&format!("/v1/images/{}", sha(&b))))
+            .send()
+            .await
+            .expect("get");
+    assert_eq!(got.status(), 200);
+    assert_eq!(got.headers()["content-type"], "image/png");
+    assert_eq!(got.bytes().await.expect("bytes").as_ref(), b.as_slice());
+    let missing =
+        s.g.client
+            .get(s.g.url(&format!("/v1/images/{}", "f".repeat(64))))
+            .send()
+            .await
+            .expect("get");
+    assert_eq!(missing.status(), 404);
+    let bad =
+        s.g.client
+            .get(s.g.url("/v1/images/nothex"))
+            .send()
+            .await
+            .expect("get");
+    assert_eq!(bad.status(), 400);
+    let per_call = s.g.export_jsonl("layout=per_call").await;
+    let shas: Vec<Value> = per_call.iter().map(|r| r["image_sha256"].clone()).collect();
+    assert_eq!(
+        shas,
+        [
+            json!([sha(&a)]),
+            json!([sha(&a), sha(&b)]),
+            json!([sha(&a), sha(&b)])
+        ]
+    );
 
     // The images are stored once each, by their hash; the calls name them.
     for bytes in [&a, &b] {
@@ -482,4 +525,64 @@ async fn responses_and_messages_images_reach_sglang_as_image_data() {
             "{tid}: bytes left in {request}"
         );
     }
+}
+
+#[tokio::test]
+async fn a_gateway_restarted_on_the_store_continues_a_trajectory_with_images_exactly() {
+    let qwen = common::real_renderer("qwen3", "");
+    let im_end = qwen.token_to_id("<|im_end|>").expect("im_end");
+    let answer1 = pieces(&qwen, &["Two", " cats"]);
+    let answer2 = pieces(&qwen, &["St", "ill two"]);
+    let dir = model_dir();
+    let db = tempfile::tempdir().expect("tempdir");
+    let (url, seen) = sglang_mock(vec![
+        [answer1.clone(), vec![im_end]].concat(),
+        [answer2.clone(), vec![im_end]].concat(),
+    ])
+    .await;
+    let text = config_text(dir.path(), &url, "sglang", "").replace(
+        "memory://",
+        &format!("sqlite://{}/spans.db", db.path().display()),
+    );
+    let start = || async {
+        let config = tito::Config::from_toml(&text).expect("config");
+        let renderer = Renderer::load(&config.model).expect("loads");
+        let store =
+            tito::store::open_with_options(&config.store.url, &Default::default()).expect("store");
+        start_gateway_on(config, renderer, store).await
+    };
+    let img = png(70, 50, 7);
+    let user = json!({"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": data_url(&img)}},
+        {"type": "text", "text": "How many cats?"}]});
+    let path = "/t/restart-1/v1/chat/completions";
+    let first = start().await;
+    let body = json!({"messages": [user], "return_token_ids": true});
+    let one: Value = first.post(path, body).await.json().await.expect("json");
+    let prompt1: Vec<u32> = serde_json::from_value(one["prompt_token_ids"].clone()).expect("ids");
+
+    // A second gateway on the same store: the history comes from the store.
+    let second = start().await;
+    let messages = json!([user, {"role": "assistant", "content": "Two cats"},
+                          {"role": "user", "content": "Sure?"}]);
+    let body = json!({"messages": messages, "return_token_ids": true});
+    let two: Value = second.post(path, body).await.json().await.expect("json");
+    assert_eq!(
+        two["choices"][0]["message"]["content"], "Still two",
+        "{two}"
+    );
+    let prompt2: Vec<u32> = serde_json::from_value(two["prompt_token_ids"].clone()).expect("ids");
+    let kept = [prompt1, answer1, vec![im_end]].concat();
+    assert_eq!(
+        &prompt2[..kept.len()],
+        kept.as_slice(),
+        "the first turn is kept verbatim"
+    );
+    let rows = second.export_jsonl("layout=trajectory").await;
+    assert_eq!(rows.len(), 1, "one sample: {rows:?}");
+    assert_eq!(rows[0]["image_sha256"], json!([sha(&img)]));
+    assert_eq!(
+        seen.lock().expect("lock")[1]["image_data"],
+        json!([data_url(&img)])
+    );
 }

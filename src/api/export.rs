@@ -42,7 +42,7 @@ const MAX_PAGE: usize = 100_000;
 const DEFAULT_LEASE_S: u64 = 600;
 const MAX_LEASE_S: u64 = 7 * 24 * 3600;
 
-/// `GET /v1/export`, `POST /v1/export/ack`.
+/// `GET /v1/export`, `POST /v1/export/ack`, `GET /v1/images/{sha256}`.
 pub fn routes<S>() -> Router<S>
 where
     StoreState: FromRef<S>,
@@ -51,6 +51,35 @@ where
     Router::new()
         .route("/v1/export", get(export))
         .route("/v1/export/ack", post(ack))
+        .route("/v1/images/{sha256}", get(image))
+}
+
+/// `GET /v1/images/{sha256}`: a stored image's bytes as sent, with its MIME
+/// type (what an export by reference names). Content-addressed, so
+/// cacheable forever.
+async fn image(
+    State(st): State<StoreState>,
+    axum::extract::Path(sha): axum::extract::Path<String>,
+) -> Result<Response, ApiError> {
+    let hex = sha.len() == 64 && sha.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+    if !hex {
+        return Err(ApiError::invalid(
+            "sha256",
+            "an image is named by its SHA-256: 64 lowercase hex digits",
+        ));
+    }
+    let found = st.store.image(&sha).await?;
+    let image = found.ok_or_else(|| ApiError::not_found(format!("image {sha} is not stored")))?;
+    let mime = HeaderValue::from_str(&image.mime)
+        .map_err(|_| ApiError::internal(format!("image {sha} has a bad stored MIME type")))?;
+    let mut resp = Response::new(axum::body::Body::from(image.bytes.to_vec()));
+    let h = resp.headers_mut();
+    h.insert(axum::http::header::CONTENT_TYPE, mime);
+    h.insert(
+        axum::http::header::CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=31536000, immutable"),
+    );
+    Ok(resp)
 }
 
 /// Unknown parameters are refused: a misspelled `group_size` or
