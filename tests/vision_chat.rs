@@ -586,3 +586,38 @@ async fn a_gateway_restarted_on_the_store_continues_a_trajectory_with_images_exa
         json!([data_url(&img)])
     );
 }
+
+#[tokio::test]
+async fn an_exif_rotated_image_counts_as_it_shows() {
+    let qwen = common::real_renderer("qwen3", "");
+    let im_end = qwen.token_to_id("<|im_end|>").expect("im_end");
+    let s = setup(vec![[qwen.encode("Tall.").expect("enc"), vec![im_end]].concat()], "").await;
+    // 200x50 stored, EXIF orientation 6 (a quarter turn): it shows 50x200,
+    // as transformers' load_image and SGLang (exif_transpose) hand it on.
+    let exif = [
+        b"MM\0\x2a".as_slice(),
+        &[0, 0, 0, 8, 0, 1],
+        &[0x01, 0x12, 0, 3, 0, 0, 0, 1, 0, 6, 0, 0],
+        &[0, 0, 0, 0],
+    ]
+    .concat();
+    let mut jpeg = Vec::new();
+    let mut enc = image::codecs::jpeg::JpegEncoder::new(&mut jpeg);
+    image::ImageEncoder::set_exif_metadata(&mut enc, exif).expect("exif");
+    let pixels = vec![128u8; 200 * 50 * 3];
+    image::ImageEncoder::write_image(enc, &pixels, 200, 50, image::ExtendedColorType::Rgb8)
+        .expect("jpeg");
+    let url = format!(
+        "data:image/jpeg;base64,{}",
+        base64::engine::general_purpose::STANDARD.encode(&jpeg)
+    );
+    let body = json!({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}]}]});
+    let resp = s.g.post("/t/exif-1/v1/chat/completions", body).await;
+    assert_eq!(resp.status(), 200);
+    let t = s.store.get_trajectory("exif-1").await.expect("read").expect("stored");
+    let im = &t.calls[0].images[0];
+    assert_eq!((im.width, im.height), (50, 200));
+    // 50x200 resizes to 56x196: 4 patches across, 14 down.
+    assert_eq!(im.grid_thw, [1, 14, 4]);
+}

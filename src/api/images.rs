@@ -130,7 +130,8 @@ impl Decoded {
             return Ok(image.clone());
         }
         let data = crate::render::run_render_work(url.len(), || parse_image_url(url, limits))?;
-        let grid = vision.image_grid(u64::from(data.height), u64::from(data.width))?;
+        let (width, height) = data.oriented_size();
+        let grid = vision.image_grid(u64::from(height), u64::from(width))?;
         let image = PromptImage::new(data, grid);
         if let Some(k) = key {
             self.by_payload.insert(k, image.clone());

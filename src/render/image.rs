@@ -121,14 +121,28 @@ pub struct PromptImage {
     pub grid: super::vision::ImageGrid,
 }
 
+impl ImageData {
+    /// `(width, height)` as the image shows once its EXIF orientation is
+    /// applied (5 to 8 turn it a quarter): what transformers' `load_image`
+    /// (image_utils.py, `exif_transpose`) and SGLang (`smart_to_rgb`) give
+    /// the vision processor.
+    pub fn oriented_size(&self) -> (u32, u32) {
+        match self.exif_orientation {
+            5..=8 => (self.height, self.width),
+            _ => (self.width, self.height),
+        }
+    }
+}
+
 impl PromptImage {
-    /// A checked image with its grid.
+    /// A checked image with its grid; its size is the oriented one.
     pub fn new(data: ImageData, grid: super::vision::ImageGrid) -> Self {
+        let (width, height) = data.oriented_size();
         Self {
             sha256: data.sha256,
             mime: data.mime.as_str().to_string(),
-            width: data.width,
-            height: data.height,
+            width,
+            height,
             bytes: std::sync::Arc::new(data.bytes),
             grid,
         }
