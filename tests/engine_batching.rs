@@ -62,7 +62,7 @@ async fn staggered(
                 }
             }
             GenEvent::Done { .. } => break,
-            GenEvent::Versions(_) => {}
+            GenEvent::Versions(_) | GenEvent::PromptDrift(_) => {}
         }
     }
     assert_eq!(others.len(), prompts.len() - 1, "all sequences joined");

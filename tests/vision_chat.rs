@@ -74,9 +74,57 @@ fn config_text(dir: &std::path::Path, backend: &str, kind: &str, extra: &str) ->
 
 type Seen = Arc<Mutex<Vec<Value>>>;
 
+/// The processor of `model_dir`'s preprocessor_config.json.
+fn vision() -> tito::render::vision::VisionConfig {
+    tito::render::vision::VisionConfig {
+        max_pixels: 50176,
+        ..tito::render::vision::VisionConfig::defaults(tito::render::vision::VisionFamily::Qwen2Vl)
+    }
+}
+
+/// What SGLang's multimodal processor does with `input_ids` and
+/// `image_data`: the i-th pad becomes the i-th image's pad run (plus
+/// `extra` pads on the first image, to play a processor that counts
+/// differently).
+fn expand(body: &Value, extra: usize) -> Vec<u32> {
+    let pad = 151655;
+    let ids: Vec<u32> = serde_json::from_value(body["input_ids"].clone()).expect("ids");
+    let limits = tito::render::image::ImageLimits::default();
+    let mut counts = body["image_data"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|u| {
+            let im = tito::render::image::parse_image_url(u.as_str().expect("url"), &limits)
+                .expect("image");
+            let (w, h) = im.oriented_size();
+            vision()
+                .image_grid(u64::from(h), u64::from(w))
+                .expect("grid")
+                .pad_count
+        });
+    let mut first = true;
+    let mut out = Vec::new();
+    for id in ids {
+        if id != pad {
+            out.push(id);
+            continue;
+        }
+        let n = counts.next().expect("an image for each pad") + if first { extra } else { 0 };
+        first = false;
+        out.extend(std::iter::repeat_n(pad, n));
+    }
+    out
+}
+
 /// SGLang's `/generate`: each request logged, answered with the next
-/// scripted ids in one cumulative event.
+/// scripted ids in one cumulative event, echoing the expanded prompt when
+/// asked (`return_prompt_token_ids`), `extra` pads off on its first image.
 async fn sglang_mock(script: Vec<Vec<u32>>) -> (String, Seen) {
+    sglang_mock_counting(script, 0).await
+}
+
+async fn sglang_mock_counting(script: Vec<Vec<u32>>, extra: usize) -> (String, Seen) {
     use axum::routing::{get, post};
     let seen: Seen = Arc::default();
     let log = seen.clone();
@@ -85,13 +133,18 @@ async fn sglang_mock(script: Vec<Vec<u32>>) -> (String, Seen) {
         let log = log.clone();
         let script = script.clone();
         async move {
+            let echo =
+                (body["return_prompt_token_ids"] == json!(true)).then(|| expand(&body, extra));
             log.lock().expect("lock").push(body);
             let answer = script.lock().expect("lock").pop_front().unwrap_or_default();
             let lps: Vec<Value> = answer.iter().map(|id| json!([-0.5, id, null])).collect();
             let meta = json!({"completion_tokens": answer.len(),
                               "finish_reason": {"type": "stop"},
                               "output_token_logprobs": lps});
-            let ev = json!({"output_ids": answer, "meta_info": meta});
+            let mut ev = json!({"output_ids": answer, "meta_info": meta});
+            if let Some(ids) = echo {
+                ev["prompt_token_ids"] = json!(ids);
+            }
             (
                 [("content-type", "text/event-stream")],
                 format!("data: {ev}\n\ndata: [DONE]\n\n"),
@@ -353,6 +406,18 @@ async fn an_agent_with_an_image_in_its_prompt_and_one_in_a_tool_result_continues
         ]
     );
     assert_eq!(t.calls[2].images[1].grid_thw, [1, 4, 8]);
+    // SGLang echoed the prompts it expanded: each the recorded one.
+    assert!(seen
+        .iter()
+        .all(|b| b["return_prompt_token_ids"] == json!(true)));
+    // (The template's own re-rendering of the non-canonical ids is drift
+    // of another cause.)
+    let causes: Vec<Option<&str>> = t
+        .calls
+        .iter()
+        .map(|c| c.drift.as_ref().map(|d| d.cause.as_str()))
+        .collect();
+    assert!(!causes.contains(&Some("image_placeholder")), "{causes:?}");
     // The request as stored holds references, not the bytes.
     let stored_request = t.calls[1].request.to_string();
     assert!(
@@ -591,7 +656,11 @@ async fn a_gateway_restarted_on_the_store_continues_a_trajectory_with_images_exa
 async fn an_exif_rotated_image_counts_as_it_shows() {
     let qwen = common::real_renderer("qwen3", "");
     let im_end = qwen.token_to_id("<|im_end|>").expect("im_end");
-    let s = setup(vec![[qwen.encode("Tall.").expect("enc"), vec![im_end]].concat()], "").await;
+    let s = setup(
+        vec![[qwen.encode("Tall.").expect("enc"), vec![im_end]].concat()],
+        "",
+    )
+    .await;
     // 200x50 stored, EXIF orientation 6 (a quarter turn): it shows 50x200,
     // as transformers' load_image and SGLang (exif_transpose) hand it on.
     let exif = [
@@ -615,9 +684,54 @@ async fn an_exif_rotated_image_counts_as_it_shows() {
         {"type": "image_url", "image_url": {"url": url}}]}]});
     let resp = s.g.post("/t/exif-1/v1/chat/completions", body).await;
     assert_eq!(resp.status(), 200);
-    let t = s.store.get_trajectory("exif-1").await.expect("read").expect("stored");
+    let t = s
+        .store
+        .get_trajectory("exif-1")
+        .await
+        .expect("read")
+        .expect("stored");
     let im = &t.calls[0].images[0];
     assert_eq!((im.width, im.height), (50, 200));
     // 50x200 resizes to 56x196: 4 patches across, 14 down.
     assert_eq!(im.grid_thw, [1, 14, 4]);
+}
+
+#[tokio::test]
+async fn a_backend_that_expands_an_image_differently_is_recorded_as_drift() {
+    let qwen = common::real_renderer("qwen3", "");
+    let im_end = qwen.token_to_id("<|im_end|>").expect("im_end");
+    let dir = model_dir();
+    let (url, _seen) = sglang_mock_counting(
+        vec![[qwen.encode("Hm.").expect("enc"), vec![im_end]].concat()],
+        1,
+    )
+    .await;
+    let config =
+        tito::Config::from_toml(&config_text(dir.path(), &url, "sglang", "")).expect("config");
+    let renderer = Renderer::load(&config.model).expect("loads");
+    let store = tito::store::open_with_options("memory://", &Default::default()).expect("store");
+    let g = start_gateway_on(config, renderer, store.clone()).await;
+    let body = json!({"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "Look:"},
+        {"type": "image_url", "image_url": {"url": data_url(&png(64, 48, 8))}}]}],
+        "return_token_ids": true});
+    let r: Value = g
+        .post("/t/drift-1/v1/chat/completions", body)
+        .await
+        .json()
+        .await
+        .expect("json");
+    let prompt: Vec<u32> = serde_json::from_value(r["prompt_token_ids"].clone()).expect("ids");
+    let pad = g.renderer.token_to_id(PAD).expect("pad");
+    let t = store
+        .get_trajectory("drift-1")
+        .await
+        .expect("read")
+        .expect("stored");
+    let drift = t.calls[0].drift.as_ref().expect("a drift");
+    assert_eq!(drift.cause, "image_placeholder");
+    // The backend's run is one pad longer: they part right after tito's run.
+    let end = prompt.iter().rposition(|&t| t == pad).expect("pads") + 1;
+    assert_eq!(drift.position as usize, end);
+    assert_eq!(drift.details["backend_len"], json!(prompt.len() + 1));
 }

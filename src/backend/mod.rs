@@ -193,6 +193,10 @@ pub enum GenEvent {
     /// `return_weight_versions`, SGLang 0.5.20+): runs in order, each from
     /// `start` (an output position) to the next one's.
     Versions(Vec<ServerSpan>),
+    /// The prompt the backend built differs from the ids tito sent and
+    /// records (a backend that expands image placeholders itself counted
+    /// differently): the first difference, cause `image_placeholder`.
+    PromptDrift(crate::store::Drift),
 }
 
 /// One run of a server's weight-version report.
@@ -450,7 +454,7 @@ impl Generation {
                 self.logprobs.extend(logprobs);
             }
             GenEvent::Done { finish_reason } => self.finish_reason = Some(finish_reason),
-            GenEvent::Versions(_) => {}
+            GenEvent::Versions(_) | GenEvent::PromptDrift(_) => {}
         }
     }
 }

@@ -76,6 +76,10 @@ pub struct SglangBody<'a> {
     top_logprobs_num: Option<u32>,
     #[serde(skip_serializing_if = "Option::is_none")]
     logprob_start_len: Option<i32>,
+    /// With images: SGLang echoes the prompt ids it expanded, checked
+    /// against tito's.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    return_prompt_token_ids: Option<bool>,
 }
 
 #[derive(Serialize)]
@@ -140,6 +144,7 @@ impl SglangBackend {
             top_logprobs_num: p.logprobs,
             // Output tokens only: no prompt logprobs computed or sent.
             logprob_start_len: p.logprobs.map(|_| -1),
+            return_prompt_token_ids: req.images.as_ref().map(|_| true),
         }
     }
 
@@ -255,6 +260,9 @@ fn protocol(backend: &str, message: impl Into<String>) -> BackendError {
 struct GenerateOut {
     #[serde(default)]
     output_ids: Option<Vec<u32>>,
+    /// The prompt as SGLang built it (asked with `return_prompt_token_ids`).
+    #[serde(default)]
+    prompt_token_ids: Option<Vec<u32>>,
     #[serde(default)]
     meta_info: Option<MetaInfo>,
     #[serde(default)]
@@ -373,9 +381,40 @@ struct StreamState {
     /// server cut the prompt (`--allow-auto-truncate`) and the recorded
     /// prompt is not the one the model saw.
     prompt_len: Option<usize>,
+    /// With images, the prompt tito records, which the echoed
+    /// `prompt_token_ids` are checked against once (SGLang expands the
+    /// placeholders, so the count check above cannot apply).
+    expected_prompt: Option<std::sync::Arc<Vec<u32>>>,
 }
 
 impl StreamState {
+    /// A [`GenEvent::PromptDrift`] when the echoed prompt differs from the
+    /// expected one (checked on the first echo only).
+    fn check_prompt(&mut self, echoed: Option<Vec<u32>>) -> Option<GenEvent> {
+        let echoed = echoed?;
+        let expected = self.expected_prompt.take()?;
+        let common = expected
+            .iter()
+            .zip(&echoed)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if common == expected.len() && common == echoed.len() {
+            return None;
+        }
+        let position = common;
+        let around = |ids: &[u32]| ids[position..].iter().take(8).copied().collect::<Vec<_>>();
+        Some(GenEvent::PromptDrift(crate::store::Drift {
+            position: u32::try_from(position).unwrap_or(u32::MAX),
+            cause: "image_placeholder".into(),
+            details: serde_json::json!({
+                "recorded_len": expected.len(),
+                "backend_len": echoed.len(),
+                "recorded": around(&expected),
+                "backend": around(&echoed),
+            }),
+        }))
+    }
+
     /// How many leading entries of this event were already emitted.
     fn already_emitted(&mut self, ids: &[u32], completion_tokens: Option<usize>) -> usize {
         let e = self.emitted.len();
@@ -442,6 +481,7 @@ impl StreamState {
                 .chain(self.finish(FinishReason::Abort))
                 .collect());
         }
+        let drift = self.check_prompt(out.prompt_token_ids);
         if let (Some(seen), Some(sent)) = (meta.prompt_tokens, self.prompt_len) {
             if seen != sent {
                 return Err(protocol(
@@ -492,8 +532,9 @@ impl StreamState {
             ));
         }
         let mut events = Vec::with_capacity(3);
-        // The report first: a choice may end on this chunk's tokens, and
+        // The reports first: a choice may end on this chunk's tokens, and
         // the pump stops reading its stream then.
+        events.extend(drift);
         if finish.is_some() {
             events.extend(versions);
         }
@@ -619,6 +660,23 @@ impl SglangDecoder {
             },
         }
     }
+
+    /// For a prompt with images: SGLang expands each image's one pad, so
+    /// its echoed prompt is checked against `prompt` instead of its count.
+    pub fn with_images(
+        backend: &str,
+        logprobs: Option<u32>,
+        prompt: std::sync::Arc<Vec<u32>>,
+    ) -> Self {
+        SglangDecoder {
+            backend: backend.to_string(),
+            logprobs,
+            state: StreamState {
+                expected_prompt: Some(prompt),
+                ..StreamState::default()
+            },
+        }
+    }
 }
 
 impl EventDecoder for SglangDecoder {
@@ -641,7 +699,12 @@ impl Backend for SglangBackend {
 
     async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError> {
         let body = self.request_body(&req);
-        let decoder = SglangDecoder::new(self.name(), req.params.logprobs, req.prompt_ids.len());
+        let decoder = match req.images {
+            Some(_) => {
+                SglangDecoder::with_images(self.name(), req.params.logprobs, req.prompt_ids.clone())
+            }
+            None => SglangDecoder::new(self.name(), req.params.logprobs, req.prompt_ids.len()),
+        };
         self.http.generate("/generate", &body, decoder).await
     }
 

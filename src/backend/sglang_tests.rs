@@ -490,7 +490,7 @@ fn feed(events: Vec<Json>) -> Result<Fed, BackendError> {
                     lps.extend(logprobs.into_iter().map(|l| l.logprob));
                 }
                 GenEvent::Done { finish_reason } => finish = Some(finish_reason),
-                GenEvent::Versions(_) => {}
+                GenEvent::Versions(_) | GenEvent::PromptDrift(_) => {}
             }
         }
     }

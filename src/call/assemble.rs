@@ -58,6 +58,9 @@ pub struct ChoiceResult {
     pub finish_reason: &'static str,
     /// Tool-call / reasoning parse outcome, when a parser ran.
     pub parse_outcome: Option<String>,
+    /// The backend built a different prompt than the one recorded
+    /// ([`crate::backend::GenEvent::PromptDrift`]).
+    pub prompt_drift: Option<crate::store::Drift>,
 }
 
 impl ChoiceResult {
@@ -179,8 +182,9 @@ impl ChoiceAssembly {
                 }
             }
             GenEvent::Done { finish_reason } => r.finish = Some(finish_reason),
-            // Taken by the call's pump, which knows the versions' numbers.
-            GenEvent::Versions(_) => {}
+            // Taken by the call's pump, which knows the versions' numbers
+            // and keeps the choice's drift.
+            GenEvent::Versions(_) | GenEvent::PromptDrift(_) => {}
         }
         if r.finish.is_some() {
             r.text.push_str(&self.asm.finish());

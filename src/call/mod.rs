@@ -535,6 +535,12 @@ impl Pump {
                 self.server_versions(index, spans);
                 continue;
             }
+            if let Ok(GenEvent::PromptDrift(drift)) = ev {
+                if let Some(c) = self.choices.get_mut(index as usize) {
+                    c.result.prompt_drift.get_or_insert(drift);
+                }
+                continue;
+            }
             let aborted = matches!(
                 ev,
                 Ok(GenEvent::Done {

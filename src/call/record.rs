@@ -31,6 +31,7 @@ pub(super) async fn record_plan(
             parse_outcome: r.parse_outcome.clone(),
             versions: r.versions.clone(),
             stale: plan.stale,
+            prompt_drift: r.prompt_drift.clone(),
         })
         .collect();
     let start = Instant::now();

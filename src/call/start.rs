@@ -206,7 +206,9 @@ impl Outcome {
             return;
         }
         match ev {
-            Ok(GenEvent::Tokens { .. } | GenEvent::Versions(_)) => return,
+            Ok(GenEvent::Tokens { .. } | GenEvent::Versions(_) | GenEvent::PromptDrift(_)) => {
+                return
+            }
             Ok(GenEvent::Done { finish_reason }) => {
                 if *finish_reason != FinishReason::Abort {
                     self.route.succeeded();

@@ -572,7 +572,7 @@ async fn completions(
                         None,
                     ))
                 }
-                Ok(GenEvent::Versions(_)) => continue,
+                Ok(GenEvent::Versions(_) | GenEvent::PromptDrift(_)) => continue,
                 Ok(GenEvent::Done { finish_reason }) => {
                     let p = first.then_some(&prompt[..]);
                     first = false;
@@ -736,7 +736,7 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
                                 .for_each(|&id| text.push_str(&assembled.push(id)));
                         }
                         GenEvent::Done { .. } => text.push_str(&assembled.finish()),
-                        GenEvent::Versions(_) => {}
+                        GenEvent::Versions(_) | GenEvent::PromptDrift(_) => {}
                     }
                     g.push(ev);
                 }

@@ -131,6 +131,9 @@ pub struct ChoiceOutcome {
     /// Answered without a backend because the sample is past
     /// `[trajectory] max_staleness`: recorded with `finish_reason: "stale"`.
     pub stale: bool,
+    /// The backend's prompt differed from the recorded one: recorded as the
+    /// call's drift, before any the template's rendering showed.
+    pub prompt_drift: Option<crate::store::Drift>,
 }
 
 /// Everything about a call besides its choices.
@@ -500,7 +503,10 @@ impl Trajectories {
                     Some(_) => Arc::new(Json::Null),
                 },
                 response: choice.served.clone(),
-                drift: prepared.drift.clone(),
+                drift: choice
+                    .prompt_drift
+                    .clone()
+                    .or_else(|| prepared.drift.clone()),
                 parse_outcome: choice.parse_outcome.clone(),
                 moved_from: choice.moved_from.clone(),
                 weight_version: if choice.backend.is_empty() {

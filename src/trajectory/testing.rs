@@ -41,5 +41,6 @@ pub fn stopped(sampled_ids: Vec<u32>, served: Json) -> ChoiceOutcome {
         parse_outcome: None,
         versions: Vec::new(),
         stale: false,
+        prompt_drift: None,
     }
 }
