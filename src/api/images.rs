@@ -6,7 +6,9 @@
 //! An `image_url` is a base64 `data:` URL, or `sha256:<hex>`: an image the
 //! store already holds (a stored request names its images so, and a
 //! trajectory rebuilt from the store or continued by `previous_response_id`
-//! reads them back). `http(s)://` URLs are refused: fetching is off.
+//! reads them back), or an `http(s)://` URL when fetching is on
+//! (`api::image_fetch`); the request as stored names a fetched image by
+//! its hash too.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -99,6 +101,8 @@ pub(super) async fn take(
 #[derive(Default)]
 struct Decoded {
     by_payload: HashMap<[u8; 32], PromptImage>,
+    /// Fetched images by their URL.
+    by_url: HashMap<String, PromptImage>,
 }
 
 fn payload_key(payload: &str) -> [u8; 32] {
@@ -129,24 +133,37 @@ impl Decoded {
         if let Some(image) = key.and_then(|k| self.by_payload.get(&k)) {
             return Ok(image.clone());
         }
-        let data = crate::render::run_render_work(url.len(), || parse_image_url(url, limits))?;
+        if let Some(image) = self.by_url.get(url) {
+            return Ok(image.clone());
+        }
+        let scheme = url.split_once(':').map_or("", |(s, _)| s);
+        let fetched = scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https");
+        let data = match fetched {
+            true => state.image_fetch.get(url, limits).await?,
+            false => crate::render::run_render_work(url.len(), || parse_image_url(url, limits))?,
+        };
         let (width, height) = data.oriented_size();
         let grid = vision.image_grid(u64::from(height), u64::from(width))?;
         let image = PromptImage::new(data, grid);
         if let Some(k) = key {
             self.by_payload.insert(k, image.clone());
         }
+        if fetched {
+            self.by_url.insert(url.to_string(), image.clone());
+        }
         Ok(image)
     }
 
     /// Replaces in `v` every copy of a decoded image's bytes by its
-    /// `sha256:` reference: `data:` URL strings, and base64 sources
+    /// `sha256:` reference: `data:` URL strings (and fetched URLs, which a
+    /// rebuilt history must not fetch again), and base64 sources
     /// (`{"type": "base64", "media_type", "data"}`, Messages' shape), which
     /// become `{"type": "url", "url": "sha256:…"}`.
     fn strip(&self, v: &mut Json) {
         match v {
             Json::String(s) => {
-                if let Some(image) = data_payload(s).and_then(|p| self.find(p)) {
+                let found = self.by_url.get(s.as_str());
+                if let Some(image) = found.or_else(|| data_payload(s).and_then(|p| self.find(p))) {
                     *s = format!("{IMAGE_REF_PREFIX}{}", image.sha256);
                 }
             }

@@ -11,6 +11,7 @@ pub mod auth;
 mod chat;
 mod completions;
 pub mod export;
+mod image_fetch;
 mod images;
 mod logprobs;
 mod messages;
@@ -77,6 +78,8 @@ pub struct AppParts {
     pub auth: Arc<auth::Auth>,
     /// Unix seconds when this state was built: the model's `created`.
     pub started: u64,
+    /// Fetches `http(s)://` images, when `[model] image_fetch` is on.
+    pub(crate) image_fetch: image_fetch::Fetch,
 }
 
 impl FromRef<AppState> for StoreState {
@@ -195,6 +198,7 @@ impl AppState {
         ));
         Ok(AppState(Arc::new(AppParts {
             started: unix_now(),
+            image_fetch: image_fetch::Fetch::new(&config.model)?,
             calls,
             auth: Arc::new(auth::Auth::from_config(&config)?),
             config: Arc::new(config),

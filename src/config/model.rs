@@ -34,6 +34,14 @@ pub struct ModelConfig {
     pub max_image_bytes: u64,
     /// Most images in one request, its history included.
     pub max_images_per_request: u32,
+    /// Fetch `http(s)://` image URLs (off: only `data:` URLs are taken; a
+    /// gateway that fetches any URL is an SSRF hole).
+    pub image_fetch: bool,
+    /// The hosts images are fetched from (`host` or `host:port`), when
+    /// `image_fetch` is on; any other host is refused unasked.
+    pub image_fetch_hosts: Vec<String>,
+    /// Seconds one image fetch may take, connect to last byte.
+    pub image_fetch_timeout_s: u64,
 }
 
 /// `[model] vision`.
@@ -86,6 +94,9 @@ impl Default for ModelConfig {
             max_image_pixels: 32 * 1024 * 1024,
             max_image_bytes: 20 * 1024 * 1024,
             max_images_per_request: 32,
+            image_fetch: false,
+            image_fetch_hosts: Vec::new(),
+            image_fetch_timeout_s: 10,
         }
     }
 }
@@ -144,11 +155,39 @@ impl ModelConfig {
                 "model.max_images_per_request",
                 u64::from(self.max_images_per_request),
             ),
+            ("model.image_fetch_timeout_s", self.image_fetch_timeout_s),
         ] {
             if v == 0 {
                 return Err(invalid(key, v, "must be at least 1"));
             }
         }
+        if self.image_fetch && self.image_fetch_hosts.is_empty() {
+            return Err(invalid(
+                "model.image_fetch_hosts",
+                &self.image_fetch_hosts,
+                "image_fetch = true needs the hosts images may come from",
+            ));
+        }
+        if let Some(bad) = self.image_fetch_hosts.iter().find(|h| !is_host(h)) {
+            return Err(invalid(
+                "model.image_fetch_hosts",
+                bad,
+                "expected a host name or host:port, without a scheme or path",
+            ));
+        }
         Ok(())
     }
+}
+
+/// `host` or `host:port`: letters, digits, `.`, `-`, and an optional port.
+fn is_host(entry: &str) -> bool {
+    let (host, port) = match entry.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (entry, None),
+    };
+    !host.is_empty()
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-')
+        && port.is_none_or(|p| p.parse::<u16>().is_ok())
 }
