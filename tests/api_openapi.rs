@@ -73,6 +73,10 @@ fn concrete(template: &str) -> String {
         ("{group}", "openapi-g"),
         ("{model}", "test-model"),
         ("{name}", "app.js"),
+        (
+            "{sha256}",
+            "0000000000000000000000000000000000000000000000000000000000000000",
+        ),
     ];
     let mut p = template.to_string();
     for (k, v) in samples {

@@ -57,15 +57,15 @@ def start_mock(reply_ids, script=None, structured_reply_ids=None):
 
 
 def start_tito(tokenizer_dir, backend_url, model="test-model", extra_config="", model_extra="",
-               store_url=None, listen="127.0.0.1:0"):
+               store_url=None, listen="127.0.0.1:0", kind="vllm"):
     """`extra_config`: TOML appended to the generated config (e.g. an
     `[auth]` table); `model_extra`: lines added to its `[model]` table;
-    `backend_url`: one URL or a list; `store_url`: default a fresh SQLite
-    file."""
+    `backend_url`: one URL or a list, of backends of `kind`; `store_url`:
+    default a fresh SQLite file."""
     tmp = tempfile.mkdtemp(prefix="tito-test-")
     cfg = pathlib.Path(tmp) / "config.toml"
     urls = [backend_url] if isinstance(backend_url, str) else backend_url
-    backends = "".join(f'[[backends]]\nurl = "{u}"\nkind = "vllm"\n' for u in urls)
+    backends = "".join(f'[[backends]]\nurl = "{u}"\nkind = "{kind}"\n' for u in urls)
     cfg.write_text(
         f"""
 [server]
