@@ -2,8 +2,33 @@
 // with data-mask (1 sampled, 0 prompt/observation), data-token-id,
 // data-logprob and data-pos (index into prompt_ids ++ response_ids); call
 // boundaries, tool calls, tool results, drift records and replay
-// differences marked where they sit.
-import { el } from "./app.js";
+// differences marked where they sit. An image's run of `<|image_pad|>`
+// tokens is one chip holding the image (data-pos its first position,
+// data-count the run's length) instead of one span per token.
+import { el, token } from "./app.js";
+
+const IMAGE_PAD = "<|image_pad|>";
+
+// The chip of the `n`-th image of a sample: the picture (read with the
+// trainer token) and its size, grid and token count.
+function imageChip(image, pos, count) {
+  const img = el("img", { class: "image-thumb", alt: image ? `image ${image.sha256.slice(0, 12)}` : "image" });
+  if (image) {
+    const headers = token() ? { Authorization: `Bearer ${token()}` } : {};
+    fetch(`/v1/images/${image.sha256}`, { headers })
+      .then((r) => (r.ok ? r.blob() : null))
+      .then((b) => { if (b) img.src = URL.createObjectURL(b); })
+      .catch(() => {});
+  }
+  const grid = image?.grid_thw?.join("×") ?? "?";
+  const text = image
+    ? `image ${image.width}×${image.height} · grid ${grid} · ${count} tokens`
+    : `image · ${count} tokens`;
+  return el("span", {
+    class: "image-mark", role: "img", title: image ? `${image.mime} · sha256 ${image.sha256}` : undefined,
+    dataset: { pos, count, sha256: image?.sha256, grid: image?.grid_thw?.join("x") },
+  }, img, el("span", { class: "image-caption", text }));
+}
 
 // Heat buckets by logprob: the less likely the sampled token, the stronger.
 const HEAT = [-0.1, -0.5, -1, -2, -4];
@@ -22,7 +47,8 @@ export function shown(text, id) {
 
 function messageText(m) {
   if (typeof m?.content === "string") return m.content;
-  if (Array.isArray(m?.content)) return m.content.map((p) => p.text ?? "").join("");
+  const image = (p) => ["image_url", "input_image", "image"].includes(p.type);
+  if (Array.isArray(m?.content)) return m.content.map((p) => p.text ?? (image(p) ? "[image]" : "")).join("");
   return "";
 }
 
@@ -133,6 +159,10 @@ export function tokenStream(sample, calls, drifts, texts) {
   });
   let pos = 0;
   let lastCall = null;
+  // The images of the sample's last call are every image of the sample, in
+  // the order of their runs.
+  const images = calls.get(sample.calls[sample.calls.length - 1])?.images || [];
+  let nextImage = 0;
   for (const seg of sample.segments) {
     const call = calls.get(seg.call);
     if (seg.call !== lastCall) {
@@ -163,6 +193,16 @@ export function tokenStream(sample, calls, drifts, texts) {
           class: "seam-mark", role: "note", dataset: { call: seg.call, position: k },
           text: `⇢ weights ${ver.version ?? "initial"}${ver.seq != null ? ` (#${ver.seq})` : ""}`,
         }));
+      }
+      if (texts[id] === IMAGE_PAD) {
+        if (k === 0 || texts[seg.ids[k - 1]] !== IMAGE_PAD) {
+          let n = 0;
+          while (k + n < seg.ids.length && texts[seg.ids[k + n]] === IMAGE_PAD) n += 1;
+          wrap.append(imageChip(images[nextImage], pos, n));
+          nextImage += 1;
+        }
+        pos += 1;
+        return;
       }
       const verClass = ver?.seq != null ? ` ver${ver.seq % 6}` : "";
       const { chip, cls: chClass } = channels.step(texts[id] ?? "");

@@ -206,6 +206,29 @@ def test_an_openai_sdk_agent_with_an_image_in_a_tool_result(tok, model_dir):
         assert got["images"] == [a, b]
         assert got["image_grid_thw"] == row["image_grid_thw"]
         assert got["image_sizes"] == [[64, 48], [100, 60]]
+
+        # The viewer: each pad run is one chip with its image and grid.
+        exe = harness.chromium_path()
+        assert exe, "missing chromium: run scripts/setup-system.sh"
+        browser = harness.Browser(exe)
+        try:
+            browser.goto(f"http://{addr}/ui/trajectories/vis-sdk-1")
+            browser.wait_for("[...document.querySelectorAll('.image-mark img')].filter(i => i.naturalWidth > 0).length == 2")
+            dom = browser.eval("""(() => {
+              const root = document.querySelector('.sample[data-sample="0"]');
+              const chips = [...root.querySelectorAll('.image-mark')];
+              return {
+                toks: root.querySelectorAll('span.tok').length,
+                chips: chips.map(c => [Number(c.dataset.pos), Number(c.dataset.count), c.dataset.grid,
+                                       c.querySelector('img').naturalWidth, c.querySelector('img').naturalHeight]),
+              };
+            })()""")
+        finally:
+            browser.close()
+        seq = row["prompt_ids"] + row["response_ids"]
+        starts = [i for i, t in enumerate(seq) if t == pad and (i == 0 or seq[i - 1] != pad)]
+        assert dom["chips"] == [[starts[0], 4, "1x4x4", 64, 48], [starts[1], 8, "1x4x8", 100, 60]], dom
+        assert dom["toks"] == len(seq) - 12, "every token but the pads is a span"
     finally:
         proc.terminate()
         proc.wait(timeout=30)
