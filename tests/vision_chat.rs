@@ -14,6 +14,56 @@ use serde_json::{json, Value};
 use tito::render::Renderer;
 use vision_support::*;
 
+/// The first row's `images` and `image_grid_thw` of a Parquet export.
+fn parquet_images(bytes: bytes::Bytes) -> (Vec<Vec<u8>>, Vec<Vec<i32>>) {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::record::Field;
+    let reader = SerializedFileReader::new(bytes).expect("parquet opens");
+    let row = reader
+        .get_row_iter(None)
+        .expect("rows")
+        .next()
+        .expect("a row")
+        .expect("row");
+    let (mut images, mut grids) = (Vec::new(), Vec::new());
+    for (name, f) in row.get_column_iter() {
+        let Field::ListInternal(list) = f else {
+            continue;
+        };
+        match name.as_str() {
+            "images" => {
+                images = list
+                    .elements()
+                    .iter()
+                    .map(|e| match e {
+                        Field::Bytes(b) => b.data().to_vec(),
+                        other => panic!("image element {other:?}"),
+                    })
+                    .collect()
+            }
+            "image_grid_thw" => {
+                grids = list
+                    .elements()
+                    .iter()
+                    .map(|e| match e {
+                        Field::ListInternal(l) => l
+                            .elements()
+                            .iter()
+                            .map(|x| match x {
+                                Field::Int(v) => *v,
+                                other => panic!("grid element {other:?}"),
+                            })
+                            .collect(),
+                        other => panic!("grid {other:?}"),
+                    })
+                    .collect()
+            }
+            _ => {}
+        }
+    }
+    (images, grids)
+}
+
 #[tokio::test]
 async fn an_agent_with_an_image_in_its_prompt_and_one_in_a_tool_result_continues_exactly() {
     let qwen = common::real_renderer("qwen3", "");
@@ -163,6 +213,20 @@ async fn an_agent_with_an_image_in_its_prompt_and_one_in_a_tool_result_continues
             .await
             .expect("get");
     assert_eq!(bad.status(), 400);
+    // Parquet: the same images, as binary; the grids as lists of lists.
+    let url = s.g.url("/v1/export?format=parquet&trajectory=vis-1");
+    let bytes =
+        s.g.client
+            .get(url)
+            .send()
+            .await
+            .expect("get")
+            .bytes()
+            .await
+            .expect("body");
+    let (images, grids) = parquet_images(bytes);
+    assert_eq!(images, [a.clone(), b.clone()]);
+    assert_eq!(grids, [[1, 4, 4], [1, 4, 8]]);
     let per_call = s.g.export_jsonl("layout=per_call").await;
     let shas: Vec<Value> = per_call.iter().map(|r| r["image_sha256"].clone()).collect();
     assert_eq!(

@@ -92,8 +92,9 @@ fn schema_text(cols: &[Column]) -> String {
             Kind::ListOptI64 => list("OPTIONAL INT64 element"),
             Kind::ListOptStr => list("OPTIONAL BYTE_ARRAY element (UTF8)"),
             Kind::ListOptBytes => list("OPTIONAL BYTE_ARRAY element"),
-            Kind::ListListI32 => list(
-                "REQUIRED group element (LIST) { REPEATED group list { REQUIRED INT32 element; } }",
+            Kind::ListListI32 => format!(
+                "REQUIRED group {n} (LIST) {{ REPEATED group list {{ REQUIRED group element (LIST) \
+                 {{ REPEATED group list {{ REQUIRED INT32 element; }} }} }} }}"
             ),
         };
         s.push_str("  ");
