@@ -51,9 +51,11 @@ const ASSETS: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// Only this origin's scripts and styles, no inline code, no framing.
+/// Only this origin's scripts and styles, no inline code, no framing; images
+/// also from the `blob:` URLs the viewer makes of image bytes it fetched
+/// with the trainer token.
 const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
-    img-src 'self' data:; connect-src 'self'; object-src 'none'; base-uri 'none'; \
+    img-src 'self' data: blob:; connect-src 'self'; object-src 'none'; base-uri 'none'; \
     frame-ancestors 'none'; form-action 'self'";
 
 /// Most distinct token ids one decode request may name.
