@@ -269,6 +269,20 @@ async fn an_agent_with_an_image_in_its_prompt_and_one_in_a_tool_result_continues
         ]
     );
     assert_eq!(t.calls[2].images[1].grid_thw, [1, 4, 8]);
+    // Each image's run, where the call's prompt holds it.
+    let b_at = t.calls[2].images[1].offset as usize;
+    assert_eq!(&prompt3[b_at..b_at + 8], &[pad; 8]);
+    assert_eq!(t.calls[2].images[1].tokens, 8);
+    // A response_length cut inside the second run ends the row where the
+    // run starts and keeps only the first image.
+    let cut_at = b_at - prompt1.len() + 3;
+    let cut =
+        s.g.export_jsonl(&format!("layout=trajectory&response_length={cut_at}"))
+            .await;
+    let kept: Vec<u32> = serde_json::from_value(cut[0]["response_ids"].clone()).expect("ids");
+    assert_eq!(kept.len(), b_at - prompt1.len());
+    assert_eq!(cut[0]["image_sha256"], json!([sha(&a)]));
+    assert_eq!(cut[0]["truncated"], true);
     // SGLang echoed the prompts it expanded: each the recorded one.
     assert!(seen
         .iter()

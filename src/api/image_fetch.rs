@@ -28,6 +28,9 @@ impl Fetch {
         }
         let client = reqwest::Client::builder()
             .redirect(reqwest::redirect::Policy::none())
+            // An allowed host is reached directly, never through a proxy
+            // the environment names.
+            .no_proxy()
             .timeout(Duration::from_secs(model.image_fetch_timeout_s))
             .build()?;
         let hosts = model
@@ -87,8 +90,8 @@ impl Fetch {
             }
             bytes.extend_from_slice(&chunk);
         }
-        let n = bytes.len();
-        Ok(crate::render::run_render_work(n, || {
+        // Decoding costs by pixels, not by encoded bytes.
+        Ok(crate::render::run_render_work(usize::MAX, || {
             decode_image(bytes, &mime, limits)
         })?)
     }

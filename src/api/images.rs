@@ -27,6 +27,48 @@ use crate::render::vision::VisionConfig;
 /// A request's images, in the order their parts appear in its messages.
 pub(super) type Images = Arc<Vec<PromptImage>>;
 
+/// Content parts are text or `image_url` (checked and decoded by
+/// [`take`], which refuses them for a text-only model); any other part
+/// (audio, files) is refused: silently dropped, it would change what the
+/// model is asked. Only user and tool messages carry images.
+pub(super) fn check_parts(param: &str, role: &str, parts: &[Json]) -> Result<(), ApiError> {
+    for (j, part) in parts.iter().enumerate() {
+        let p = format!("{param}.content[{j}]");
+        let kind = part.get("type").and_then(Json::as_str);
+        match kind {
+            Some("text") if part.get("text").is_some_and(Json::is_string) => {}
+            Some("text") => {
+                return Err(ApiError::invalid(
+                    &p,
+                    format!("`{p}.text` must be a string"),
+                ))
+            }
+            Some("image_url") if role == "user" || role == "tool" => {}
+            Some("image_url") => {
+                return Err(ApiError::invalid(
+                    &p,
+                    format!("`{p}`: a {role} message cannot carry an image; images go in user and tool messages"),
+                ))
+            }
+            Some(other) => {
+                return Err(ApiError::invalid(
+                    &p,
+                    format!(
+                        "content part type `{other}` is not supported: send text or image_url parts"
+                    ),
+                ))
+            }
+            None => {
+                return Err(ApiError::invalid(
+                    &p,
+                    format!("`{p}` must be an object with a `type`"),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks and decodes the `image_url` parts of `messages` in place (each
 /// becomes its checked part) and drops their bytes from `received`.
 pub(super) async fn take(
@@ -95,6 +137,69 @@ pub(super) async fn take(
     Ok(Arc::new(images))
 }
 
+/// Images this gateway checked lately, by their SHA-256 and by the SHA-256
+/// of their base64 payload: a turn that resends its history's images does
+/// not decode them again, and a `sha256:` reference resolves before the
+/// store has committed the image (`[store] ack = "queued"`). Bounded by
+/// bytes; the oldest go first.
+pub(crate) struct Recent {
+    inner: std::sync::Mutex<RecentInner>,
+    max_bytes: usize,
+}
+
+#[derive(Default)]
+struct RecentInner {
+    by_sha: HashMap<String, PromptImage>,
+    by_payload: HashMap<[u8; 32], String>,
+    order: std::collections::VecDeque<(String, Option<[u8; 32]>)>,
+    bytes: usize,
+}
+
+impl Recent {
+    pub(crate) fn new(max_bytes: usize) -> Self {
+        Recent {
+            inner: Default::default(),
+            max_bytes,
+        }
+    }
+
+    fn by_sha(&self, sha: &str) -> Option<PromptImage> {
+        self.inner.lock().ok()?.by_sha.get(sha).cloned()
+    }
+
+    fn by_payload(&self, key: &[u8; 32]) -> Option<PromptImage> {
+        let inner = self.inner.lock().ok()?;
+        let sha = inner.by_payload.get(key)?;
+        inner.by_sha.get(sha).cloned()
+    }
+
+    fn insert(&self, image: &PromptImage, payload: Option<[u8; 32]>) {
+        let Ok(mut inner) = self.inner.lock() else {
+            return;
+        };
+        if image.bytes.len() > self.max_bytes || inner.by_sha.contains_key(&image.sha256) {
+            return;
+        }
+        inner.bytes += image.bytes.len();
+        inner.by_sha.insert(image.sha256.clone(), image.clone());
+        if let Some(k) = payload {
+            inner.by_payload.insert(k, image.sha256.clone());
+        }
+        inner.order.push_back((image.sha256.clone(), payload));
+        while inner.bytes > self.max_bytes {
+            let Some((sha, key)) = inner.order.pop_front() else {
+                break;
+            };
+            if let Some(old) = inner.by_sha.remove(&sha) {
+                inner.bytes -= old.bytes.len();
+            }
+            if let Some(k) = key {
+                inner.by_payload.remove(&k);
+            }
+        }
+    }
+}
+
 /// The images decoded for one request, by the SHA-256 of their base64
 /// payload: an image repeated in a request is decoded once, and its copies
 /// in the request as received are found again by the same key.
@@ -111,6 +216,8 @@ fn payload_key(payload: &str) -> [u8; 32] {
 
 /// The base64 payload of a `data:` URL.
 fn data_payload(url: &str) -> Option<&str> {
+    // As `parse_image_url` reads it: leading whitespace is no part of it.
+    let url = url.trim_start();
     let scheme = url.get(..5)?;
     if !scheme.eq_ignore_ascii_case("data:") {
         return None;
@@ -127,11 +234,22 @@ impl Decoded {
         url: &str,
     ) -> Result<PromptImage, ApiError> {
         if let Some(sha) = url.strip_prefix(IMAGE_REF_PREFIX) {
-            return stored(state, vision, sha).await;
+            if let Some(image) = state.recent_images.by_sha(sha) {
+                return Ok(image);
+            }
+            let image = stored(state, vision, sha).await?;
+            state.recent_images.insert(&image, None);
+            return Ok(image);
         }
         let key = data_payload(url).map(payload_key);
         if let Some(image) = key.and_then(|k| self.by_payload.get(&k)) {
             return Ok(image.clone());
+        }
+        if let Some(image) = key.and_then(|k| state.recent_images.by_payload(&k)) {
+            if let Some(k) = key {
+                self.by_payload.insert(k, image.clone());
+            }
+            return Ok(image);
         }
         if let Some(image) = self.by_url.get(url) {
             return Ok(image.clone());
@@ -140,7 +258,9 @@ impl Decoded {
         let fetched = scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https");
         let data = match fetched {
             true => state.image_fetch.get(url, limits).await?,
-            false => crate::render::run_render_work(url.len(), || parse_image_url(url, limits))?,
+            // Decoding costs by pixels, not by encoded bytes (a small PNG
+            // may hold millions): never on an async worker.
+            false => crate::render::run_render_work(usize::MAX, || parse_image_url(url, limits))?,
         };
         let (width, height) = data.oriented_size();
         let grid = vision.image_grid(u64::from(height), u64::from(width))?;
@@ -148,6 +268,7 @@ impl Decoded {
         if let Some(k) = key {
             self.by_payload.insert(k, image.clone());
         }
+        state.recent_images.insert(&image, key);
         if fetched {
             self.by_url.insert(url.to_string(), image.clone());
         }
@@ -251,7 +372,7 @@ pub(super) fn inputs(
         .renderer
         .image_pad_id()
         .ok_or_else(|| ApiError::internal("images without a vision model"))?;
-    let mut runs = Vec::new();
+    let (mut runs, mut offsets) = (Vec::new(), Vec::new());
     let mut i = 0;
     while i < prompt.len() {
         if prompt[i] == pad {
@@ -260,6 +381,7 @@ pub(super) fn inputs(
                 i += 1;
             }
             runs.push(i - start);
+            offsets.push(u32::try_from(start).unwrap_or(u32::MAX));
         } else {
             i += 1;
         }
@@ -276,5 +398,6 @@ pub(super) fn inputs(
     Ok(ImageInputs {
         pad_id: pad,
         images,
+        offsets: Arc::new(offsets),
     })
 }

@@ -10,6 +10,7 @@ mod around;
 pub mod auth;
 mod chat;
 mod completions;
+mod count;
 pub mod export;
 mod image_fetch;
 mod images;
@@ -80,6 +81,8 @@ pub struct AppParts {
     pub started: u64,
     /// Fetches `http(s)://` images, when `[model] image_fetch` is on.
     pub(crate) image_fetch: image_fetch::Fetch,
+    /// Images checked lately (see [`images::Recent`]).
+    pub(crate) recent_images: images::Recent,
 }
 
 impl FromRef<AppState> for StoreState {
@@ -199,6 +202,7 @@ impl AppState {
         Ok(AppState(Arc::new(AppParts {
             started: unix_now(),
             image_fetch: image_fetch::Fetch::new(&config.model)?,
+            recent_images: images::Recent::new(RECENT_IMAGE_BYTES),
             calls,
             auth: Arc::new(auth::Auth::from_config(&config)?),
             config: Arc::new(config),
@@ -397,26 +401,9 @@ pub(crate) fn check_extra_info(v: Option<&serde_json::Value>, param: &str) -> Re
 
 /// The named trajectory, or a new one. A new id is registered as an empty
 /// trajectory so its first call does not look for history in the store.
-/// The prompt tokens `chat` (a chat request body, a surface's translation)
-/// renders to with the served model's template, as a new conversation
-/// ending in the assistant's turn.
-pub(crate) fn count_prompt_tokens(
-    state: &AppState,
-    chat: &serde_json::Value,
-) -> Result<usize, ApiError> {
-    let mut req: request::ChatRequest = request::parse_value(chat)?;
-    req.check()?;
-    crate::trajectory::normalize::messages(&mut req.messages, state.renderer.content_format());
-    let input = crate::render::RenderInput {
-        messages: &req.messages,
-        tools: req.tools.as_deref(),
-        add_generation_prompt: true,
-        kwargs: req.chat_template_kwargs.as_ref(),
-    };
-    let bytes = crate::trajectory::messages::render_bytes(&req.messages, req.tools.as_deref());
-    let ids = crate::render::run_render_work(bytes, || state.renderer.render_ids(&input))?;
-    Ok(ids.len())
-}
+/// Bytes of the images a gateway keeps checked (`images::Recent`): a few
+/// trajectories' screenshots.
+const RECENT_IMAGE_BYTES: usize = 256 << 20;
 
 pub fn trajectory_id(state: &AppState, named: Option<String>) -> String {
     named.unwrap_or_else(|| {

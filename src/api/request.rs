@@ -330,7 +330,7 @@ impl ChatRequest {
             }
             match obj.get("content") {
                 None | Some(Json::Null) | Some(Json::String(_)) => {}
-                Some(Json::Array(parts)) => check_parts(&param, role, parts)?,
+                Some(Json::Array(parts)) => super::images::check_parts(&param, role, parts)?,
                 Some(_) => {
                     return Err(ApiError::invalid(
                         &format!("{param}.content"),
@@ -525,48 +525,6 @@ impl ChatRequest {
             (false, _) => Ok(None),
         }
     }
-}
-
-/// Content parts are text or `image_url` (checked and decoded by
-/// `api::images`, which refuses them for a text-only model); any other part
-/// (audio, files) is refused: silently dropped, it would change what the
-/// model is asked. Only user and tool messages carry images.
-fn check_parts(param: &str, role: &str, parts: &[Json]) -> Result<(), ApiError> {
-    for (j, part) in parts.iter().enumerate() {
-        let p = format!("{param}.content[{j}]");
-        let kind = part.get("type").and_then(Json::as_str);
-        match kind {
-            Some("text") if part.get("text").is_some_and(Json::is_string) => {}
-            Some("text") => {
-                return Err(ApiError::invalid(
-                    &p,
-                    format!("`{p}.text` must be a string"),
-                ))
-            }
-            Some("image_url") if role == "user" || role == "tool" => {}
-            Some("image_url") => {
-                return Err(ApiError::invalid(
-                    &p,
-                    format!("`{p}`: a {role} message cannot carry an image; images go in user and tool messages"),
-                ))
-            }
-            Some(other) => {
-                return Err(ApiError::invalid(
-                    &p,
-                    format!(
-                        "content part type `{other}` is not supported: send text or image_url parts"
-                    ),
-                ))
-            }
-            None => {
-                return Err(ApiError::invalid(
-                    &p,
-                    format!("`{p}` must be an object with a `type`"),
-                ))
-            }
-        }
-    }
-    Ok(())
 }
 
 /// A completions prompt: text, or token ids passed through untouched.

@@ -102,6 +102,7 @@ fn api_error(e: VerifyError) -> ApiError {
             r.into()
         }
         e @ VerifyError::UnknownBackend(_) => ApiError::invalid("backend", e.to_string()),
+        e @ VerifyError::Images(_) => ApiError::bad_request(e.to_string()),
         e @ VerifyError::TooLong { .. } => {
             ApiError::bad_request(e.to_string()).with_code("context_length_exceeded")
         }

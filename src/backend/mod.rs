@@ -17,6 +17,7 @@
 pub mod http;
 pub mod pump;
 pub mod sglang;
+mod sglang_score;
 pub mod sse;
 pub mod vllm;
 
@@ -130,6 +131,8 @@ pub struct GenerateRequest {
 pub struct ImageInputs {
     pub pad_id: u32,
     pub images: Arc<Vec<crate::render::image::PromptImage>>,
+    /// Where each image's run starts in the prompt ids.
+    pub offsets: Arc<Vec<u32>>,
 }
 
 impl ImageInputs {

@@ -81,6 +81,10 @@ pub struct RowImage {
     /// `[width, height]`.
     pub size: [u32; 2],
     pub grid_thw: [u32; 3],
+    /// Where its pad run starts in `prompt_ids` + `response_ids`, and its
+    /// length.
+    pub offset: u32,
+    pub tokens: u32,
     pub bytes: Option<std::sync::Arc<Vec<u8>>>,
 }
 
@@ -96,6 +100,8 @@ impl RowImage {
                 mime: im.mime.clone(),
                 size: [im.width, im.height],
                 grid_thw: im.grid_thw,
+                offset: im.offset,
+                tokens: im.tokens,
                 bytes: None,
             })
             .collect()
@@ -358,6 +364,17 @@ fn push(
         .response_length
         .is_some_and(|r| row.response_ids.len() > r);
     if let (true, Some(r)) = (cut, opts.response_length) {
+        // An image's run is kept whole or not at all: a cut inside one
+        // moves to where it starts, and the images past the cut go.
+        let p = row.prompt_ids.len();
+        let r = row
+            .images
+            .iter()
+            .map(|im| (im.offset as usize, im.offset as usize + im.tokens as usize))
+            .find(|&(start, end)| start < p + r && end > p + r)
+            .map_or(r, |(start, _)| start.saturating_sub(p));
+        row.images
+            .retain(|im| im.offset as usize + im.tokens as usize <= p + r);
         row.response_ids.truncate(r);
         row.response_mask.truncate(r);
         row.response_logprobs.truncate(r);

@@ -137,6 +137,10 @@ pub struct CallImage {
     /// The vision processor's `(t, h, w)` patch grid of the image, whose
     /// `t * h * w / merge_size^2` pad tokens stand for it in the prompt.
     pub grid_thw: [u32; 3],
+    /// Where its run of pad tokens starts in the call's full prompt ids,
+    /// and how many it has.
+    pub offset: u32,
+    pub tokens: u32,
 }
 
 /// An image's encoded bytes as stored, content-addressed by `sha256`.

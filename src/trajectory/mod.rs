@@ -405,13 +405,16 @@ impl Trajectories {
         Ok(inputs
             .images
             .iter()
-            .map(|im| crate::store::CallImage {
+            .zip(inputs.offsets.iter())
+            .map(|(im, &offset)| crate::store::CallImage {
                 sha256: im.sha256.clone(),
                 mime: im.mime.clone(),
                 width: im.width,
                 height: im.height,
                 grid_thw: [im.grid.grid_t, im.grid.grid_h, im.grid.grid_w]
                     .map(|v| u32::try_from(v).unwrap_or(u32::MAX)),
+                offset,
+                tokens: u32::try_from(im.grid.pad_count).unwrap_or(u32::MAX),
             })
             .collect())
     }

@@ -97,7 +97,11 @@ pub fn stored_images(messages: &mut [Json], images: &[crate::store::CallImage]) 
         .filter_map(|m| m.get_mut("content").and_then(Json::as_array_mut))
         .flatten();
     for part in parts {
-        let url = part.pointer("/image_url/url").and_then(Json::as_str);
+        // `{"image_url": {"url"}}`, or the string form chat also takes.
+        let url = part
+            .pointer("/image_url/url")
+            .or_else(|| part.get("image_url").filter(|u| u.is_string()))
+            .and_then(Json::as_str);
         let Some(sha) = url.and_then(|u| u.strip_prefix(IMAGE_REF_PREFIX)) else {
             continue;
         };

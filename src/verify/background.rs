@@ -119,7 +119,9 @@ impl Background {
         let Some(traj) = self.store.get_trajectory(id).await? else {
             return Ok(None);
         };
-        if !traj.replays.is_empty() {
+        // A trajectory with images cannot be replayed (VerifyError::Images):
+        // the sampled share skips it.
+        if !traj.replays.is_empty() || traj.calls.iter().any(|c| !c.images.is_empty()) {
             return Ok(None);
         }
         verify_loaded(&self.router, &self.store, traj, &self.opts)

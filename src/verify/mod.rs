@@ -98,6 +98,11 @@ pub enum VerifyError {
         len: usize,
         max: usize,
     },
+    #[error(
+        "trajectory `{0}` has images: the replay check sends token ids alone, and without \
+         its images a replay would score another prompt"
+    )]
+    Images(String),
     #[error("replay task failed: {0}")]
     Task(String),
 }
@@ -145,6 +150,9 @@ pub async fn verify_loaded(
     opts: &Options,
 ) -> Result<Report, VerifyError> {
     let id = traj.meta.id.clone();
+    if traj.calls.iter().any(|c| !c.images.is_empty()) {
+        return Err(VerifyError::Images(id));
+    }
     // Where the trajectory was generated last (where it was pinned).
     let home = traj.calls.last().map(|c| c.backend.clone());
     let labels = Arc::new(version_labels(&traj));

@@ -73,6 +73,8 @@ pub fn image_ref(image: &StoredImage) -> CallImage {
         width: image.width,
         height: image.height,
         grid_thw: [1, 2 * image.height, 2 * image.width],
+        offset: 0,
+        tokens: 1,
     }
 }
 

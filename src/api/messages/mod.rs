@@ -190,6 +190,6 @@ async fn count_tokens(State(state): State<AppState>, body: Bytes) -> Result<Resp
         }
     }
     let translated = wire::translate(&received, state.trajectories.switches().enable_thinking)?;
-    let n = super::count_prompt_tokens(&state, &translated.chat)?;
+    let n = super::count::prompt_tokens(&state, &translated.chat).await?;
     Ok(axum::Json(json!({"input_tokens": n})).into_response())
 }

@@ -513,6 +513,6 @@ async fn input_tokens(State(state): State<AppState>, body: Bytes) -> Result<Resp
     let switches = state.trajectories.switches();
     let conversation = previous.as_ref().map(|(_, c)| c.as_slice());
     let translated = wire::translate(&received, conversation, switches.reasoning_effort)?;
-    let n = super::count_prompt_tokens(&state, &translated.chat)?;
+    let n = super::count::prompt_tokens(&state, &translated.chat).await?;
     Ok(axum::Json(json!({"object": "response.input_tokens", "input_tokens": n})).into_response())
 }

@@ -106,6 +106,8 @@ mod tests {
             width: image.width,
             height: image.height,
             grid_thw: [1, 4, 6],
+            offset: 0,
+            tokens: 1,
         }];
         c
     }

@@ -414,6 +414,8 @@ mod tests {
             width: 1,
             height: 1,
             grid_thw: [1, 2, 2],
+            offset: 0,
+            tokens: 1,
         }];
         let (ack, _) = tokio::sync::oneshot::channel();
         let mut jobs = super::super::bulk::tests::jobs(vec![new.clone()]);

@@ -607,6 +607,18 @@ fn reasoning_text(item: &Json, param: &str) -> Result<String, SurfaceError> {
 /// history without its instructions, then the message it served.
 pub fn continued(history: &[Json], instructions: usize, served: &Json) -> Vec<Json> {
     let mut out: Vec<Json> = history.get(instructions..).unwrap_or_default().to_vec();
+    // Checked image parts go back to the `image_url` parts a request holds,
+    // naming the stored image: the next call checks them again.
+    for part in out
+        .iter_mut()
+        .filter_map(|m| m.get_mut("content").and_then(Json::as_array_mut))
+        .flatten()
+    {
+        if crate::render::placeholders::part_size(part).is_some() {
+            let url = part.get("image").cloned().unwrap_or(Json::Null);
+            *part = json!({"type": "image_url", "image_url": {"url": url}});
+        }
+    }
     out.push(served.clone());
     out
 }
