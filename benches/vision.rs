@@ -86,7 +86,9 @@ async fn sglang_mock(answer: Vec<u32>) -> String {
     };
     let app = axum::Router::new()
         .route("/generate", post(generate))
-        .route("/health", get(|| async { "ok" }));
+        .route("/health", get(|| async { "ok" }))
+        // A prompt's images come as data URLs: megabytes a request.
+        .layer(axum::extract::DefaultBodyLimit::disable());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .unwrap_or_else(|e| panic!("bind: {e}"));
@@ -155,11 +157,18 @@ fn messages(t: usize, shots: &[String]) -> Vec<Value> {
     m
 }
 
-/// One trajectory of `TURNS` calls; the time of each.
+/// One agent's trajectory of `TURNS` calls: a user ask with screenshot 0,
+/// then per turn the served tool call and its result, screenshot `t`. The
+/// time of each call.
 async fn run(client: &reqwest::Client, addr: &str, tid: &str, shots: &[String]) -> Vec<Duration> {
+    let tools = json!([{"type": "function", "function": {"name": "screenshot",
+        "description": "Take a screenshot", "parameters": {"type": "object", "properties": {}}}}]);
+    let mut m = vec![json!({"role": "user", "content": [
+        {"type": "text", "text": "Open the settings page and enable dark mode."},
+        {"type": "image_url", "image_url": {"url": shots[0]}}]})];
     let mut times = Vec::new();
     for t in 1..=TURNS {
-        let body = json!({"messages": messages(t, shots), "max_tokens": 16});
+        let body = json!({"messages": m, "tools": tools, "max_tokens": 64});
         let start = Instant::now();
         let resp = client
             .post(format!("{addr}/t/{tid}/v1/chat/completions"))
@@ -168,26 +177,27 @@ async fn run(client: &reqwest::Client, addr: &str, tid: &str, shots: &[String]) 
             .await
             .unwrap_or_else(|e| panic!("post: {e}"));
         let status = resp.status();
-        let text = resp.text().await.unwrap_or_default();
-        assert!(status.is_success(), "turn {t}: {status} {text}");
+        let answer: Value = resp.json().await.unwrap_or_default();
         times.push(start.elapsed());
+        assert!(status.is_success(), "turn {t}: {status} {answer}");
+        let message = answer["choices"][0]["message"].clone();
+        let id = message["tool_calls"][0]["id"].clone();
+        m.push(message);
+        if let Some(shot) = shots.get(t) {
+            m.push(json!({"role": "tool", "tool_call_id": id, "content": [
+                {"type": "text", "text": format!("step {t}")},
+                {"type": "image_url", "image_url": {"url": shot}}]}));
+        }
     }
     times
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
+fn file_mib(path: &std::path::Path) -> f64 {
+    std::fs::metadata(path).map_or(0.0, |m| m.len() as f64 / (1 << 20) as f64)
 }
 
-fn dir_bytes(dir: &std::path::Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|it| {
-            it.flatten()
-                .filter_map(|e| e.metadata().ok())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0)
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
 }
 
 #[tokio::main(flavor = "multi_thread")]
@@ -262,7 +272,8 @@ async fn main() {
         ..Default::default()
     })
     .unwrap_or_else(|e| panic!("qwen3: {e}"));
-    let mut answer = qwen.encode("Done.").unwrap_or_default();
+    let call = "<tool_call>\n{\"name\": \"screenshot\", \"arguments\": {}}\n</tool_call>";
+    let mut answer = qwen.encode(call).unwrap_or_default();
     answer.extend(qwen.token_to_id("<|im_end|>"));
     let backend = sglang_mock(answer).await;
     let client = reqwest::Client::new();
@@ -278,22 +289,28 @@ async fn main() {
         } else {
             shots.clone()
         };
-        let base = dir_bytes(db.path());
         let times = run(&client, &addr, "vision-1", &used).await;
         let per_turn: Vec<String> = times.iter().map(|d| format!("{:.1}", ms(*d))).collect();
         println!("{label}: call ms per turn [{}]", per_turn.join(", "));
         let distinct = if same { 1 } else { TURNS };
         let image_bytes: usize = pngs.iter().take(distinct).map(Vec::len).sum();
-        let stored = dir_bytes(db.path()).saturating_sub(base);
         println!(
-            "  store growth for the trajectory: {:.2} MiB ({distinct} distinct images: {:.2} MiB of PNG)",
-            stored as f64 / (1 << 20) as f64,
+            "  store for the trajectory: spans.db {:.2} MiB + WAL {:.2} MiB ({distinct} distinct \
+             images: {:.2} MiB of PNG)",
+            file_mib(&db.path().join("spans.db")),
+            file_mib(&db.path().join("spans.db-wal")),
             image_bytes as f64 / (1 << 20) as f64
         );
         if !same {
             // Export with images inline, of 10 such trajectories.
-            for i in 2..=10 {
-                run(&client, &addr, &format!("vision-{i}"), &used).await;
+            // Each its own screenshots, as agents' are.
+            let mut exported_png = pngs.iter().map(Vec::len).sum::<usize>();
+            for i in 2..=10u32 {
+                let own: Vec<Vec<u8>> =
+                    (0..TURNS as u32).map(|t| screenshot(i * 100 + t)).collect();
+                exported_png += own.iter().map(Vec::len).sum::<usize>();
+                let own: Vec<String> = own.iter().map(|p| data_url(p)).collect();
+                run(&client, &addr, &format!("vision-{i}"), &own).await;
             }
             let store = tito::store::open_with_options(&url, &Default::default())
                 .unwrap_or_else(|e| panic!("store: {e}"));
@@ -318,10 +335,13 @@ async fn main() {
                 .await
                 .unwrap_or_else(|e| panic!("join: {e}"));
                 println!(
-                    "  export {format:?} of 10 trajectories, images inline: {:.1} MiB in {:.0} ms = {:.0} MB/s",
+                    "  export {format:?} of 10 trajectories, images inline: {:.1} MiB ({:.1} MiB of \
+                     PNG) in {:.0} ms = {:.0} MB/s written, {:.0} MB/s of image bytes",
                     bytes as f64 / (1 << 20) as f64,
+                    exported_png as f64 / (1 << 20) as f64,
                     ms(took),
-                    bytes as f64 / took.as_secs_f64() / 1e6
+                    bytes as f64 / took.as_secs_f64() / 1e6,
+                    exported_png as f64 / took.as_secs_f64() / 1e6
                 );
             }
         }
