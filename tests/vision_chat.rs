@@ -249,12 +249,7 @@ async fn an_agent_with_an_image_in_its_prompt_and_one_in_a_tool_result_continues
         assert_eq!(stored.bytes.as_slice(), bytes.as_slice());
         assert_eq!(stored.mime, "image/png");
     }
-    let t = s
-        .store
-        .get_trajectory("vis-1")
-        .await
-        .expect("read")
-        .expect("trajectory");
+    let t = s.stored("vis-1").await;
     let names: Vec<Vec<String>> = t
         .calls
         .iter()
@@ -364,7 +359,7 @@ async fn bad_images_are_refused_before_anything_is_asked_or_recorded() {
                     .await;
             assert_eq!(resp.status(), 400, "case {i} stream {stream}");
             let err: Value = resp.json().await.expect("json");
-            let msg = err["error"]["message"].as_str().unwrap_or_default();
+            let msg = error_message(&err);
             assert!(msg.contains(cause), "case {i}: {msg}");
         }
         assert!(
@@ -387,13 +382,7 @@ async fn images_need_a_vision_model_and_an_sglang_backend() {
     let resp = g.post("/v1/chat/completions", body.clone()).await;
     assert_eq!(resp.status(), 400);
     let err: Value = resp.json().await.expect("json");
-    assert!(
-        err["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("text-only model"),
-        "{err}"
-    );
+    assert!(error_message(&err).contains("text-only model"), "{err}");
     assert_eq!(err["error"]["param"], "messages[0].content[0]");
 
     // A vision model behind vLLM: its token-in endpoint takes no images.
@@ -407,10 +396,7 @@ async fn images_need_a_vision_model_and_an_sglang_backend() {
     assert_eq!(resp.status(), 400);
     let err: Value = resp.json().await.expect("json");
     assert!(
-        err["error"]["message"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("need an SGLang backend"),
+        error_message(&err).contains("need an SGLang backend"),
         "{err}"
     );
     assert!(store.get_trajectory("v-1").await.expect("read").is_none());
@@ -454,12 +440,7 @@ async fn responses_and_messages_images_reach_sglang_as_image_data() {
         assert_eq!(sent["image_data"], json!([data_url(&img)]));
     }
     for tid in ["resp-1", "msg-1"] {
-        let t = s
-            .store
-            .get_trajectory(tid)
-            .await
-            .expect("read")
-            .expect("stored");
+        let t = s.stored(tid).await;
         assert_eq!(t.calls[0].images[0].sha256, sha(&img));
         let request = t.calls[0].request.to_string();
         assert!(
@@ -557,16 +538,8 @@ async fn an_exif_rotated_image_counts_as_it_shows() {
         "data:image/jpeg;base64,{}",
         base64::engine::general_purpose::STANDARD.encode(&jpeg)
     );
-    let body = json!({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": url}}]}]});
-    let resp = s.g.post("/t/exif-1/v1/chat/completions", body).await;
-    assert_eq!(resp.status(), 200);
-    let t = s
-        .store
-        .get_trajectory("exif-1")
-        .await
-        .expect("read")
-        .expect("stored");
+    assert_eq!(s.ask_image("exif-1", &url).await.status(), 200);
+    let t = s.stored("exif-1").await;
     let im = &t.calls[0].images[0];
     assert_eq!((im.width, im.height), (50, 200));
     // 50x200 resizes to 56x196: 4 patches across, 14 down.

@@ -66,16 +66,8 @@ async fn a_data_url_with_leading_whitespace_is_stored_by_reference() {
     let s = setup(answers(1), "").await;
     let img = png(20, 20, 32);
     let url = format!("  \n{}", data_url(&img));
-    let body = json!({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": url}}]}]});
-    let resp = s.g.post("/t/ws-vis/v1/chat/completions", body).await;
-    assert_eq!(resp.status(), 200);
-    let t = s
-        .store
-        .get_trajectory("ws-vis")
-        .await
-        .expect("read")
-        .expect("stored");
+    assert_eq!(s.ask_image("ws-vis", &url).await.status(), 200);
+    let t = s.stored("ws-vis").await;
     let request = t.calls[0].request.to_string();
     assert!(!request.contains("base64,"), "{request}");
     assert!(request.contains(&format!("sha256:{}", sha(&img))));
@@ -132,20 +124,14 @@ async fn token_counts_include_the_image_runs() {
 #[tokio::test]
 async fn the_replay_check_refuses_a_trajectory_with_images() {
     let s = setup(answers(1), "").await;
-    let body = json!({"messages": [{"role": "user", "content": [
-        {"type": "image_url", "image_url": {"url": data_url(&png(20, 20, 34))}}]}]});
-    assert_eq!(
-        s.g.post("/t/replay-vis/v1/chat/completions", body)
-            .await
-            .status(),
-        200
-    );
+    let url = data_url(&png(20, 20, 34));
+    assert_eq!(s.ask_image("replay-vis", &url).await.status(), 200);
     let resp =
         s.g.post("/v1/trajectories/replay-vis/verify", json!({}))
             .await;
     assert_eq!(resp.status(), 400);
     let err: Value = resp.json().await.expect("json");
-    let msg = err["error"]["message"].as_str().unwrap_or_default();
+    let msg = error_message(&err);
     assert!(msg.contains("has images"), "{msg}");
     assert_eq!(s.seen.lock().expect("lock").len(), 1, "no replay was asked");
 }

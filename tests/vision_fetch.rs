@@ -78,7 +78,7 @@ async fn refused(s: &Setup, tid: &str, url: &str, cause: &str) {
             .await;
     assert_eq!(resp.status(), 400, "{url}");
     let err: Value = resp.json().await.expect("json");
-    let msg = err["error"]["message"].as_str().unwrap_or_default();
+    let msg = error_message(&err);
     assert!(msg.contains(cause), "{url}: {msg}");
     assert!(
         s.store.get_trajectory(tid).await.expect("read").is_none(),

@@ -212,3 +212,28 @@ pub fn runs(ids: &[u32], pad: u32) -> Vec<usize> {
     }
     out
 }
+
+impl Setup {
+    /// Trajectory `tid` as stored.
+    pub async fn stored(&self, tid: &str) -> tito::store::Trajectory {
+        self.store
+            .get_trajectory(tid)
+            .await
+            .expect("read")
+            .unwrap_or_else(|| panic!("trajectory {tid} is stored"))
+    }
+
+    /// A chat call of `tid` whose one user message is the image at `url`.
+    pub async fn ask_image(&self, tid: &str, url: &str) -> reqwest::Response {
+        let body = json!({"messages": [{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": url}}]}]});
+        self.g
+            .post(&format!("/t/{tid}/v1/chat/completions"), body)
+            .await
+    }
+}
+
+/// The message of an OpenAI-shaped error body.
+pub fn error_message(err: &Value) -> &str {
+    err["error"]["message"].as_str().unwrap_or_default()
+}
