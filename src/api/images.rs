@@ -342,6 +342,7 @@ async fn stored(
         height: image.height,
         bytes: image.bytes,
         grid,
+        encoded: Default::default(),
     })
 }
 

@@ -67,7 +67,7 @@ pub struct SglangBody<'a> {
     /// then holds one `<|image_pad|>` per image, which SGLang's multimodal
     /// processor expands to the image's pad count itself.
     #[serde(skip_serializing_if = "Option::is_none")]
-    image_data: Option<Vec<String>>,
+    image_data: Option<Vec<&'a str>>,
     sampling_params: SglangSampling<'a>,
     stream: bool,
     rid: &'a str,

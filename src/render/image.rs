@@ -119,6 +119,9 @@ pub struct PromptImage {
     pub height: u32,
     pub bytes: std::sync::Arc<Vec<u8>>,
     pub grid: super::vision::ImageGrid,
+    /// Its `data:` URL, made on first use and shared by the image's clones:
+    /// an image the agent resends every turn is encoded for SGLang once.
+    pub encoded: std::sync::Arc<std::sync::OnceLock<String>>,
 }
 
 impl ImageData {
@@ -145,16 +148,19 @@ impl PromptImage {
             height,
             bytes: std::sync::Arc::new(data.bytes),
             grid,
+            encoded: Default::default(),
         }
     }
 
     /// The bytes as a base64 `data:` URL (what SGLang's `image_data` takes).
-    pub fn data_url(&self) -> String {
-        format!(
-            "data:{};base64,{}",
-            self.mime,
-            base64::engine::general_purpose::STANDARD.encode(self.bytes.as_slice())
-        )
+    pub fn data_url(&self) -> &str {
+        self.encoded.get_or_init(|| {
+            format!(
+                "data:{};base64,{}",
+                self.mime,
+                base64::engine::general_purpose::STANDARD.encode(self.bytes.as_slice())
+            )
+        })
     }
 }
 
