@@ -195,6 +195,16 @@ async fn backends_can_be_added_and_removed_at_runtime() {
     assert_eq!(r.status(), 400);
     let r = admin(
         &g,
+        reqwest::Method::POST,
+        "/admin/backends",
+        Some(json!({"url": c.url(), "kind": "sglang", "vllm_api": "generate", "name": "x"})),
+    )
+    .await;
+    assert_eq!(r.status(), 400);
+    let err: Value = r.json().await.expect("json");
+    assert_eq!(err["error"]["param"], "vllm_api", "{err}");
+    let r = admin(
+        &g,
         reqwest::Method::DELETE,
         &format!("/admin/backends/{id}"),
         None,

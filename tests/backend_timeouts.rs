@@ -302,6 +302,7 @@ async fn start_with(
         ca_file: ca.as_ref().map(|c| c.ca_file.clone()).unwrap_or_default(),
         api_key: Default::default(),
         admin_api_key: Default::default(),
+        vllm_api: Default::default(),
     };
     let backend: DynBackend = match kind {
         Kind::Vllm => Arc::new(VllmBackend::new(&cfg, &router).unwrap()),

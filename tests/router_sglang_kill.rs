@@ -117,6 +117,7 @@ async fn killed_sglang_backend_fails_over_and_comes_back() {
         ca_file: Default::default(),
         api_key: Default::default(),
         admin_api_key: Default::default(),
+        vllm_api: Default::default(),
     };
     let sg = Arc::new(SglangBackend::new(&sg_cfg, &cfg).unwrap());
     let sg_id = router.add_backend(sg, sg_cfg.url.clone()).unwrap();

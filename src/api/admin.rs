@@ -69,6 +69,8 @@ struct AddBackend {
     api_key: crate::config::Secret,
     #[serde(default)]
     admin_api_key: crate::config::Secret,
+    #[serde(default)]
+    vllm_api: crate::config::VllmApi,
 }
 
 async fn add_backend(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
@@ -93,7 +95,14 @@ async fn add_backend(State(state): State<AppState>, body: Bytes) -> Result<Respo
         ca_file: b.ca_file,
         api_key: b.api_key,
         admin_api_key: b.admin_api_key,
+        vllm_api: b.vllm_api,
     };
+    if cfg.vllm_api != crate::config::VllmApi::Completions && cfg.kind != BackendKind::Vllm {
+        return Err(ApiError::invalid(
+            "vllm_api",
+            "`vllm_api` applies to kind \"vllm\" only",
+        ));
+    }
     for (field, key) in [
         ("api_key", &cfg.api_key),
         ("admin_api_key", &cfg.admin_api_key),

@@ -18,7 +18,6 @@ use sha2::{Digest, Sha256};
 
 use super::AppState;
 use crate::backend::ImageInputs;
-use crate::config::BackendKind;
 use crate::error::ApiError;
 use crate::render::image::{parse_image_url, ImageLimits, PromptImage};
 use crate::render::placeholders::{image_part, IMAGE_REF_PREFIX};
@@ -355,16 +354,11 @@ pub(super) fn inputs(
     prompt: &[u32],
     images: Images,
 ) -> Result<ImageInputs, ApiError> {
-    if let Some(b) = state
-        .config
-        .backends
-        .iter()
-        .find(|b| b.kind != BackendKind::Sglang)
-    {
+    if let Some(b) = state.config.backends.iter().find(|b| !b.takes_images()) {
         return Err(ApiError::bad_request(format!(
-            "images need an SGLang backend: backend {} ({}) takes no images with token ids \
-             (vLLM's /v1/completions has no multimodal field; the bundled engine serves a \
-             text-only model)",
+            "images need an SGLang backend or a vLLM one with vllm_api = \"generate\": \
+             backend {} ({}) takes no images with token ids (vLLM's /v1/completions has no \
+             multimodal field; the bundled engine serves a text-only model)",
             crate::config::redact_url(&b.url),
             b.kind.as_str()
         )));

@@ -20,6 +20,7 @@ pub mod sglang;
 mod sglang_score;
 pub mod sse;
 pub mod vllm;
+mod vllm_generate;
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -460,6 +461,31 @@ impl Generation {
             GenEvent::Versions(_) | GenEvent::PromptDrift(_) => {}
         }
     }
+}
+
+/// A [`GenEvent::PromptDrift`] when the prompt a backend echoes (after
+/// expanding image placeholders itself) differs from the one tito records:
+/// the first differing position, cause `image_placeholder`.
+pub(crate) fn prompt_drift(expected: &[u32], echoed: &[u32]) -> Option<GenEvent> {
+    let common = expected
+        .iter()
+        .zip(echoed)
+        .take_while(|(a, b)| a == b)
+        .count();
+    if common == expected.len() && common == echoed.len() {
+        return None;
+    }
+    let around = |ids: &[u32]| ids[common..].iter().take(8).copied().collect::<Vec<_>>();
+    Some(GenEvent::PromptDrift(crate::store::Drift {
+        position: u32::try_from(common).unwrap_or(u32::MAX),
+        cause: "image_placeholder".into(),
+        details: serde_json::json!({
+            "recorded_len": expected.len(),
+            "backend_len": echoed.len(),
+            "recorded": around(expected),
+            "backend": around(echoed),
+        }),
+    }))
 }
 
 /// Builds one HTTP backend client (vLLM or SGLang).

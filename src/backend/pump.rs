@@ -451,6 +451,7 @@ mod tests {
             ca_file: Default::default(),
             api_key: Default::default(),
             admin_api_key: Default::default(),
+            vllm_api: Default::default(),
         };
         let http = HttpBackend::new(&cfg, &RouterConfig::default()).expect("client");
         let body = serde_json::json!({});

@@ -325,26 +325,7 @@ impl StreamState {
     fn check_prompt(&mut self, echoed: Option<Vec<u32>>) -> Option<GenEvent> {
         let echoed = echoed?;
         let expected = self.expected_prompt.take()?;
-        let common = expected
-            .iter()
-            .zip(&echoed)
-            .take_while(|(a, b)| a == b)
-            .count();
-        if common == expected.len() && common == echoed.len() {
-            return None;
-        }
-        let position = common;
-        let around = |ids: &[u32]| ids[position..].iter().take(8).copied().collect::<Vec<_>>();
-        Some(GenEvent::PromptDrift(crate::store::Drift {
-            position: u32::try_from(position).unwrap_or(u32::MAX),
-            cause: "image_placeholder".into(),
-            details: serde_json::json!({
-                "recorded_len": expected.len(),
-                "backend_len": echoed.len(),
-                "recorded": around(&expected),
-                "backend": around(&echoed),
-            }),
-        }))
+        super::prompt_drift(&expected, &echoed)
     }
 
     /// How many leading entries of this event were already emitted.

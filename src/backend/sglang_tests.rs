@@ -190,6 +190,7 @@ fn backend_at(url: &str) -> SglangBackend {
         ca_file: Default::default(),
         api_key: Default::default(),
         admin_api_key: Default::default(),
+        vllm_api: Default::default(),
     };
     SglangBackend::new(&cfg, &RouterConfig::default()).unwrap()
 }

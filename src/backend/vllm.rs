@@ -2,7 +2,10 @@
 //! `prompt` = token ids, `return_token_ids: true` and always `stream: true`;
 //! the chunks are read by the shared [`pump`](super::pump) through
 //! [`VllmDecoder`]. Logprobs are asked with `return_tokens_as_token_ids` so
-//! alternatives come back keyed by id, never by ambiguous token text.
+//! alternatives come back keyed by id, never by ambiguous token text. A
+//! backend with `vllm_api = "generate"` sends generations to
+//! `/inference/v1/generate` instead, the route that takes images
+//! ([`vllm_generate`](super::vllm_generate)).
 //!
 //! A chunk is `{"choices": [{"token_ids": [..], "logprobs": {"token_logprobs":
 //! [..], "top_logprobs": [{"token_id:ID": lp, ..}, ..]} | null,
@@ -32,11 +35,12 @@ use serde_json::{json, Value as Json};
 
 use super::http::HttpBackend;
 use super::pump::EventDecoder;
+use super::vllm_generate;
 use super::{
     AdminOp, Backend, BackendError, FinishReason, GenEvent, GenStream, GenerateRequest,
     PositionLogprob, ScoreRequest, SharedSampling, StructuredOutput, TokenLogprob, UpdateMode,
 };
-use crate::config::{BackendConfig, RouterConfig};
+use crate::config::{BackendConfig, RouterConfig, VllmApi};
 
 /// The body of one `/v1/completions` request ([`VllmBackend::request_body`]).
 #[derive(Serialize)]
@@ -69,7 +73,7 @@ pub struct VllmBody<'a> {
 /// vLLM's `structured_outputs`: `{"json_object": true}` or `{"json": SCHEMA}`.
 #[derive(Serialize)]
 #[serde(rename_all = "snake_case")]
-enum VllmStructured<'a> {
+pub(super) enum VllmStructured<'a> {
     JsonObject(bool),
     Json(&'a Json),
 }
@@ -77,6 +81,8 @@ enum VllmStructured<'a> {
 pub struct VllmBackend {
     http: HttpBackend,
     model: Option<String>,
+    /// The route generations go to (`[[backends]] vllm_api`).
+    api: VllmApi,
     /// What `GET /version` answered: `Some(true)` on vLLM 0.33+, which
     /// reports per-token weight versions (asked on every request from
     /// then on); `None` until it answered.
@@ -88,6 +94,7 @@ impl VllmBackend {
         Ok(VllmBackend {
             http: HttpBackend::new(cfg, router)?,
             model: (!cfg.model.is_empty()).then(|| cfg.model.clone()),
+            api: cfg.vllm_api,
             reports_versions: std::sync::OnceLock::new(),
         })
     }
@@ -373,7 +380,7 @@ impl<'de> Deserialize<'de> for TopLogprobs {
     }
 }
 
-fn finish_reason(s: Option<&str>) -> Option<FinishReason> {
+pub(super) fn finish_reason(s: Option<&str>) -> Option<FinishReason> {
     match s? {
         "stop" => Some(FinishReason::Stop),
         "length" => Some(FinishReason::Length),
@@ -382,7 +389,7 @@ fn finish_reason(s: Option<&str>) -> Option<FinishReason> {
 }
 
 /// A logprob as vLLM wrote it: -9999.0 (or below) is its -inf.
-fn from_vllm(v: impl Into<f64>) -> f32 {
+pub(super) fn from_vllm(v: impl Into<f64>) -> f32 {
     let v = v.into();
     if v <= -9999.0 {
         f32::NEG_INFINITY
@@ -541,11 +548,21 @@ impl Backend for VllmBackend {
     }
 
     async fn generate(&self, req: GenerateRequest) -> Result<GenStream, BackendError> {
+        if self.api == VllmApi::Generate {
+            let body = vllm_generate::body(&req, self.model.as_deref());
+            let decoder = vllm_generate::GenerateDecoder::new(self.name(), &req);
+            return self
+                .http
+                .generate(vllm_generate::PATH, &body, decoder)
+                .await;
+        }
         if req.images.is_some() {
             // /v1/completions takes token ids but no multimodal data.
             return Err(BackendError::Rejected {
                 backend: self.name().to_string(),
-                message: "vLLM's /v1/completions takes no images with token ids".into(),
+                message: "vLLM's /v1/completions takes no images with token ids: set \
+                          vllm_api = \"generate\" on this backend (vllm serve --enable-scale-out)"
+                    .into(),
             });
         }
         let body = self.request_body(&req);

@@ -21,6 +21,7 @@ fn backend() -> VllmBackend {
         ca_file: Default::default(),
         api_key: Default::default(),
         admin_api_key: Default::default(),
+        vllm_api: Default::default(),
     };
     VllmBackend::new(&cfg, &RouterConfig::default()).unwrap()
 }
@@ -463,6 +464,7 @@ async fn https_backends_open_with_a_tls_handshake() {
         ca_file: Default::default(),
         api_key: Default::default(),
         admin_api_key: Default::default(),
+        vllm_api: Default::default(),
     };
     let b = VllmBackend::new(&cfg, &RouterConfig::default()).unwrap();
     assert_eq!(b.name(), format!("https://***@{addr}"));

@@ -28,6 +28,7 @@ fn backend_urls_are_shown_without_credentials() {
         ca_file: Default::default(),
         api_key: Default::default(),
         admin_api_key: Default::default(),
+        vllm_api: Default::default(),
     };
     assert_eq!(b.display_name(), "http://***@h:1");
 }

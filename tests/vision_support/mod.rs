@@ -1,6 +1,7 @@
 //! Shared by the vision tests: images, a vision model directory (the Qwen3
 //! vocabulary with a Qwen2-VL preprocessor config and a Qwen-VL template),
-//! and an SGLang `/generate` mock that expands image pads as SGLang does.
+//! and SGLang `/generate` and vLLM `/inference/v1/generate` mocks that
+//! expand image pads as those servers do.
 
 #![allow(dead_code)]
 
@@ -80,27 +81,36 @@ pub fn vision() -> tito::render::vision::VisionConfig {
     }
 }
 
-/// What SGLang's multimodal processor does with `input_ids` and
-/// `image_data`: the i-th pad becomes the i-th image's pad run (plus
-/// `extra` pads on the first image, to play a processor that counts
+/// What SGLang's multimodal processor (`input_ids`, `image_data`) and
+/// vLLM's `/inference/v1/generate` (`token_ids`, `content_parts`) do with a
+/// prompt and its images: the i-th pad becomes the i-th image's pad run
+/// (plus `extra` pads on the first image, to play a processor that counts
 /// differently).
 pub fn expand(body: &Value, extra: usize) -> Vec<u32> {
     let pad = 151655;
-    let ids: Vec<u32> = serde_json::from_value(body["input_ids"].clone()).expect("ids");
+    let (ids, urls) = if body.get("token_ids").is_some() {
+        let urls: Vec<Value> = body["content_parts"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| p["url"].clone())
+            .collect();
+        (&body["token_ids"], urls)
+    } else {
+        let urls = body["image_data"].as_array().cloned().unwrap_or_default();
+        (&body["input_ids"], urls)
+    };
+    let ids: Vec<u32> = serde_json::from_value(ids.clone()).expect("ids");
     let limits = tito::render::image::ImageLimits::default();
-    let mut counts = body["image_data"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|u| {
-            let im = tito::render::image::parse_image_url(u.as_str().expect("url"), &limits)
-                .expect("image");
-            let (w, h) = im.oriented_size();
-            vision()
-                .image_grid(u64::from(h), u64::from(w))
-                .expect("grid")
-                .pad_count
-        });
+    let mut counts = urls.iter().map(|u| {
+        let im =
+            tito::render::image::parse_image_url(u.as_str().expect("url"), &limits).expect("image");
+        let (w, h) = im.oriented_size();
+        vision()
+            .image_grid(u64::from(h), u64::from(w))
+            .expect("grid")
+            .pad_count
+    });
     let mut first = true;
     let mut out = Vec::new();
     for id in ids {
@@ -112,6 +122,7 @@ pub fn expand(body: &Value, extra: usize) -> Vec<u32> {
         first = false;
         out.extend(std::iter::repeat_n(pad, n));
     }
+    assert!(counts.next().is_none(), "a pad for each image");
     out
 }
 
@@ -151,6 +162,57 @@ pub async fn sglang_mock_counting(script: Vec<Vec<u32>>, extra: usize) -> (Strin
     };
     let app = axum::Router::new()
         .route("/generate", post(generate))
+        .route("/health", get(|| async { "ok" }));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (format!("http://{addr}"), seen)
+}
+
+/// vLLM's `/inference/v1/generate` (`vllm serve --enable-scale-out`): each
+/// request logged, answered with the next scripted ids over two chunks
+/// (the first echoing the expanded prompt when `return_token_ids` is set,
+/// `extra` pads off on its first image), logprobs with ids when asked.
+pub async fn vllm_generate_mock(script: Vec<Vec<u32>>, extra: usize) -> (String, Seen) {
+    use axum::routing::{get, post};
+    let seen: Seen = Arc::default();
+    let log = seen.clone();
+    let script = Arc::new(Mutex::new(std::collections::VecDeque::from(script)));
+    let generate = move |axum::Json(body): axum::Json<Value>| {
+        let log = log.clone();
+        let script = script.clone();
+        async move {
+            let echo = (body["return_token_ids"] == json!(true)).then(|| expand(&body, extra));
+            let logprobs = body["sampling_params"]["logprobs"].is_number();
+            log.lock().expect("lock").push(body);
+            let answer = script.lock().expect("lock").pop_front().unwrap_or_default();
+            let (head, tail) = answer.split_at(answer.len() / 2);
+            let choice = |ids: &[u32], finish: Value| {
+                let content: Vec<Value> = ids
+                    .iter()
+                    .map(|id| json!({"token_id": id, "logprob": -0.5, "rank": 1,
+                                     "top_logprobs": [{"token_id": id, "logprob": -0.5, "rank": 1}]}))
+                    .collect();
+                json!({"index": 0, "token_ids": ids, "finish_reason": finish,
+                       "logprobs": if logprobs { json!({"content": content}) } else { Value::Null }})
+            };
+            let mut first = json!({"request_id": "r", "choices": [choice(head, Value::Null)]});
+            if let Some(ids) = echo {
+                first["prompt_token_ids"] = json!(ids);
+            }
+            let last = json!({"request_id": "r", "choices": [choice(tail, json!("stop"))]});
+            (
+                [("content-type", "text/event-stream")],
+                format!("data: {first}\n\ndata: {last}\n\ndata: [DONE]\n\n"),
+            )
+        }
+    };
+    let app = axum::Router::new()
+        .route("/inference/v1/generate", post(generate))
         .route("/health", get(|| async { "ok" }));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
