@@ -133,11 +133,13 @@ async def run_episode(client: AsyncClient, agent: Agent, *, group: str, task: di
                       sampling_params: dict[str, Any] | None = None,
                       data_source: str | None = None, index: int | None = None,
                       extra_info: dict[str, Any] | None = None,
-                      trajectory_id: str | None = None) -> Episode:
+                      trajectory_id: str | None = None,
+                      response_length: int | None = None) -> Episode:
     """Runs `agent` on a fresh trajectory of `group`, posts its reward (if
-    it returned one) and `finish`, and reads the trajectory back. When the
-    agent raises, the trajectory is left active (consumer groups never see
-    it) and the exception propagates."""
+    it returned one) and `finish`, and reads the trajectory back (its
+    samples cut to `response_length` when given). When the agent raises,
+    the trajectory is left active (consumer groups never see it) and the
+    exception propagates."""
     traj = await client.new_trajectory(group, trajectory_id=trajectory_id,
                                        data_source=data_source, index=index,
                                        extra_info=extra_info)
@@ -149,7 +151,7 @@ async def run_episode(client: AsyncClient, agent: Agent, *, group: str, task: di
     if reward is not None:
         await client.reward(traj.id, reward, extra=extra)
     await client.finish(traj.id)
-    samples = await client.samples(traj.id)
+    samples = await client.samples(traj.id, response_length=response_length)
     record = await client.trajectory(traj.id)
     return Episode(trajectory=traj, returned=returned, reward=reward, reward_extra=extra,
                    sample=samples[-1], num_samples=len(samples), record=record,

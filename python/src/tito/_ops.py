@@ -186,10 +186,13 @@ def lease_running(batch: Batch) -> bool:
     return batch.lease_expires_ms is None or batch.lease_expires_ms > time.time() * 1000
 
 
-def samples(tid: str, state: dict[str, Any]) -> Op[list[dict[str, Any]]]:
+def samples(tid: str, state: dict[str, Any],
+            response_length: int | None = None) -> Op[list[dict[str, Any]]]:
     """A trajectory's samples as the export writes them (`layout=trajectory`
-    rows of `trajectory=ID`, JSON columns parsed), by `sample`."""
-    params = export_params("trajectory", None, None, None, {"trajectory": tid})
+    rows of `trajectory=ID`, JSON columns parsed, cut to `response_length`
+    by the gateway, which never splits an image's placeholder run), by
+    `sample`."""
+    params = export_params("trajectory", None, response_length, None, {"trajectory": tid})
     table = yield from export(params, state)
     found: list[dict[str, Any]] = [row for row in rows(table) if row["trajectory_id"] == tid]
     if not found:

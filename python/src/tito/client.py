@@ -190,11 +190,12 @@ class Client(_Common):
     def group(self, group: str) -> dict[str, Any]:
         return self._run(_ops.get(f"/v1/groups/{group}"))
 
-    def samples(self, trajectory_id: str) -> list[dict[str, Any]]:
+    def samples(self, trajectory_id: str,
+                response_length: int | None = None) -> list[dict[str, Any]]:
         """The trajectory's samples as exported (`layout=trajectory`,
-        whatever its status); `NotFoundError` when there is no such
-        trajectory."""
-        return self._run(_ops.samples(trajectory_id, self._schema_state))
+        whatever its status, cut to `response_length` when given);
+        `NotFoundError` when there is no such trajectory."""
+        return self._run(_ops.samples(trajectory_id, self._schema_state, response_length))
 
     # export
 
@@ -388,8 +389,9 @@ class AsyncClient(_Common):
     async def group(self, group: str) -> dict[str, Any]:
         return await self._run(_ops.get(f"/v1/groups/{group}"))
 
-    async def samples(self, trajectory_id: str) -> list[dict[str, Any]]:
-        return await self._run(_ops.samples(trajectory_id, self._schema_state))
+    async def samples(self, trajectory_id: str,
+                      response_length: int | None = None) -> list[dict[str, Any]]:
+        return await self._run(_ops.samples(trajectory_id, self._schema_state, response_length))
 
     async def export(self, *, layout: str = "trajectory", prompt_length: int | None = None,
                      response_length: int | None = None, pad_id: int | None = None,

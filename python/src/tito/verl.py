@@ -31,6 +31,7 @@ from typing import Any
 from ._episode import (
     Agent,
     Episode,
+    EpisodeError,
     ensure_backends,
     http_url,
     load_agent,
@@ -95,6 +96,29 @@ def _rollout_length(config: Any, name: str) -> int | None:
         return None
 
 
+def _multi_modal_data(sample: dict[str, Any]) -> dict[str, Any]:
+    """verl's `multi_modal_data` of a sample: `{"images": [PIL images]}` in
+    placeholder order, as verl's tool agent loop builds it
+    (tool_agent_loop.py lines 190-200), or `{}` for a text sample. verl
+    recomputes `multi_modal_inputs` from these with its processor; each is
+    turned as its EXIF orientation says, the size tito's placeholder run was
+    counted from."""
+    images = sample.get("images") or []
+    if not images:
+        return {}
+    if any(b is None for b in images):
+        raise EpisodeError("the sample's image bytes are missing (exported with images=ref?)")
+    import io
+
+    from PIL import Image, ImageOps  # verl's own dependency, needed only with images
+
+    decoded = []
+    for b in images:
+        with Image.open(io.BytesIO(b)) as im:
+            decoded.append(ImageOps.exif_transpose(im))
+    return {"images": decoded}
+
+
 def agent_loop_output(episode: Episode, response_length: int | None = None) -> Any:
     """verl's `AgentLoopOutput` of a rollout: tito's sample, cut to
     `response_length` as verl's loops cut it, the agent's reward as
@@ -125,7 +149,7 @@ def agent_loop_output(episode: Episode, response_length: int | None = None) -> A
         response_ids=list(s["response_ids"][cut]),
         response_mask=list(s["response_mask"][cut]),
         response_logprobs=logprobs[cut] if logprobs is not None else None,
-        multi_modal_data={},  # the gateway serves text-only models
+        multi_modal_data=_multi_modal_data(s),
         reward_score=episode.reward,
         num_turns=int(s["num_turns"]),
         metrics=AgentLoopMetrics(),
@@ -197,7 +221,8 @@ class TitoAgentLoop(AgentLoopBase):  # type: ignore[misc]
                 task=dict(kwargs), sampling_params=sampling_params,
                 data_source=_opt_str(kwargs.get("data_source")),
                 index=int(index) if index is not None else None,
-                extra_info=dict(extra_info) if isinstance(extra_info, dict) else None)
+                extra_info=dict(extra_info) if isinstance(extra_info, dict) else None,
+                response_length=self.response_length)
         if self.prompt_length is not None and len(episode.sample["prompt_ids"]) > self.prompt_length:
             raise ValueError(
                 f"trajectory {episode.trajectory.id}: prompt of "
