@@ -106,6 +106,7 @@ async fn run_engine(
                 ..Default::default()
             },
             images: None,
+            adapter: None,
         };
         tasks.push(tokio::spawn(async move {
             let mut s = engine.generate(req).await.expect("accepted");
@@ -346,6 +347,7 @@ async fn generate(
         prompt_ids: Arc::new(prompt.to_vec()),
         params,
         images: None,
+        adapter: None,
     };
     let mut s = engine.generate(req).await.expect("accepted");
     let mut out = Vec::new();

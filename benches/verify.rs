@@ -291,6 +291,7 @@ async fn generate(engine: &EngineBackend, prompt: &[u32], max_tokens: u32) -> Ge
             ..Default::default()
         },
         images: None,
+        adapter: None,
     };
     let mut stream = engine.generate(req).await.expect("accepted");
     let mut g = Generation::default();

@@ -56,6 +56,17 @@ impl ApiError {
         Self::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
     }
 
+    /// 404 for `model`, naming the ids that are served.
+    pub fn model_not_found_among(model: &str, served: &[String]) -> Self {
+        ApiError {
+            message: format!(
+                "The model `{model}` does not exist. Served: {}.",
+                served.join(", ")
+            ),
+            ..Self::model_not_found(model)
+        }
+    }
+
     pub fn model_not_found(model: &str) -> Self {
         ApiError {
             param: Some("model".into()),

@@ -325,6 +325,7 @@ fn request() -> GenerateRequest {
             ..Default::default()
         },
         images: None,
+        adapter: None,
     }
 }
 

@@ -160,6 +160,7 @@ async fn a_json_schema_constrains_the_engines_output() {
         prompt_ids: std::sync::Arc::new(prompt),
         params: bad,
         images: None,
+        adapter: None,
     };
     use tito::backend::Backend;
     assert!(matches!(

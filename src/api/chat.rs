@@ -110,7 +110,7 @@ pub(super) fn chat_call(
 ) -> Result<ChatCall, ApiError> {
     let normalized =
         crate::trajectory::normalize::messages(&mut req.messages, state.renderer.content_format());
-    state.check_model(req.model.as_deref())?;
+    let adapter = state.check_model(req.model.as_deref())?;
     let named = super::named_trajectory_id(path.tid, headers, req.trajectory_id.as_deref())?;
     let tag = super::named_metadata(
         path.gid,
@@ -144,6 +144,7 @@ pub(super) fn chat_call(
         request_id,
         response_id: None,
         instructions: 0,
+        adapter,
     })
 }
 

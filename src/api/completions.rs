@@ -86,12 +86,12 @@ async fn handle(
 ) -> Result<Response, ApiError> {
     let handled = Instant::now();
     // Parse.
-    let (req, body_json, named, tag, params, max_tokens, n) =
+    let (req, body_json, named, tag, params, max_tokens, n, adapter) =
         tracing::info_span!(target: PHASE, "parse").in_scope(|| {
             let (req, body_json): (CompletionRequest, _) = parse_body(&body)?;
             req.check()?;
             super::unsupported::completions(&body_json)?;
-            state.check_model(req.model.as_deref())?;
+            let adapter = state.check_model(req.model.as_deref())?;
             let named =
                 super::named_trajectory_id(path.tid, headers, req.trajectory_id.as_deref())?;
             let tag = super::named_metadata(
@@ -104,7 +104,16 @@ async fn handle(
                 .sampling
                 .validate(req.logprobs, state.renderer.vocab_size())?;
             let n = req.sampling.n()?;
-            Ok::<_, ApiError>((req, Arc::new(body_json), named, tag, params, max_tokens, n))
+            Ok::<_, ApiError>((
+                req,
+                Arc::new(body_json),
+                named,
+                tag,
+                params,
+                max_tokens,
+                n,
+                adapter,
+            ))
         })?;
     let prompts =
         tracing::info_span!(target: PHASE, "render").in_scope(|| prompt_ids(&state, &req))?;
@@ -124,6 +133,7 @@ async fn handle(
     };
 
     // Prepare: one call per prompt.
+    let adapter = state.adapter_share(adapter.as_deref()).await?;
     let tid = super::trajectory_id(&state, named);
     state.trajectories.tag(&tid, &tag).await?;
     let started_at = crate::store::now_ms();
@@ -143,6 +153,7 @@ async fn handle(
                 response_id: None,
                 instructions: 0,
                 images: None,
+                adapter: adapter.clone(),
             },
             prepared,
             params: params.clone(),

@@ -83,6 +83,8 @@ pub struct AppParts {
     pub(crate) image_fetch: image_fetch::Fetch,
     /// Images checked lately (see [`images::Recent`]).
     pub(crate) recent_images: images::Recent,
+    /// The LoRA adapters served, by name.
+    pub adapters: Arc<crate::router::adapters::Adapters>,
 }
 
 impl FromRef<AppState> for StoreState {
@@ -203,6 +205,9 @@ impl AppState {
             started: unix_now(),
             image_fetch: image_fetch::Fetch::new(&config.model)?,
             recent_images: images::Recent::new(RECENT_IMAGE_BYTES),
+            adapters: Arc::new(crate::router::adapters::Adapters::from_config(
+                &config.model.adapters,
+            )),
             calls,
             auth: Arc::new(auth::Auth::from_config(&config)?),
             config: Arc::new(config),
@@ -270,10 +275,35 @@ impl AppState {
         Ok(())
     }
 
-    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+    /// The adapter a request's `model` names: `None` for the model itself
+    /// (or no `model`), 404 `model_not_found` naming the served ids for an
+    /// id that is neither.
+    fn check_model(&self, model: Option<&str>) -> Result<Option<String>, ApiError> {
         match model {
-            Some(m) if m != self.config.model.name => Err(ApiError::model_not_found(m)),
-            _ => Ok(()),
+            None => Ok(None),
+            Some(m) if m == self.config.model.name => Ok(None),
+            Some(m) if self.adapters.is_loaded(m) => Ok(Some(m.to_string())),
+            Some(m) => Err(ApiError::model_not_found_among(m, &self.served_ids())),
+        }
+    }
+
+    /// The ids `/v1/models` lists: the model, then its loaded adapters.
+    pub fn served_ids(&self) -> Vec<String> {
+        std::iter::once(self.config.model.name.clone())
+            .chain(self.adapters.names())
+            .collect()
+    }
+
+    /// A call's share of the adapter `name` (waiting while an operation
+    /// changes it), or 404 when it was unloaded meanwhile.
+    pub(crate) async fn adapter_share(
+        &self,
+        name: Option<&str>,
+    ) -> Result<Option<crate::router::adapters::AdapterUse>, ApiError> {
+        let Some(name) = name else { return Ok(None) };
+        match self.adapters.share(name).await {
+            Some(share) => Ok(Some(share)),
+            None => Err(ApiError::model_not_found_among(name, &self.served_ids())),
         }
     }
 }

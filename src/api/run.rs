@@ -48,6 +48,8 @@ pub(super) struct ChatCall {
     pub response_id: Option<String>,
     /// Leading messages from the request's own instructions.
     pub instructions: usize,
+    /// The LoRA adapter the request's `model` names (`None`: the model).
+    pub adapter: Option<String>,
 }
 
 /// How one surface answers a chat call.
@@ -86,6 +88,7 @@ pub(super) async fn run<S: Surface>(
     };
 
     // Prepare.
+    let adapter = state.adapter_share(call.adapter.as_deref()).await?;
     let images = super::images::take(&state, &mut call.req.messages, &mut call.received).await?;
     let tid = super::trajectory_id(&state, call.named.take());
     state.trajectories.tag(&tid, &call.tag).await?;
@@ -128,6 +131,7 @@ pub(super) async fn run<S: Surface>(
             response_id: call.response_id,
             instructions: call.instructions,
             images,
+            adapter,
         },
         prepared,
         params: call.params,

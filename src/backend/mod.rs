@@ -124,6 +124,8 @@ pub struct GenerateRequest {
     pub params: SamplingParams,
     /// The prompt's images; `None` for a text prompt.
     pub images: Option<ImageInputs>,
+    /// The LoRA adapter to generate with; `None`: the base model.
+    pub adapter: Option<Arc<str>>,
 }
 
 /// The images of a prompt whose ids hold one run of `pad_id` per image, in

@@ -68,6 +68,10 @@ pub struct SglangBody<'a> {
     /// processor expands to the image's pad count itself.
     #[serde(skip_serializing_if = "Option::is_none")]
     image_data: Option<Vec<&'a str>>,
+    /// The LoRA adapter by its name (`GenerateReqInput.lora_path` takes a
+    /// loaded adapter's name: `--lora-paths name=path`, `/load_lora_adapter`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lora_path: Option<&'a str>,
     sampling_params: SglangSampling<'a>,
     stream: bool,
     rid: &'a str,
@@ -125,6 +129,7 @@ impl SglangBackend {
         SglangBody {
             input_ids,
             image_data,
+            lora_path: req.adapter.as_deref(),
             sampling_params: SglangSampling {
                 max_new_tokens: p.max_tokens,
                 shared: SharedSampling::of(p),

@@ -210,6 +210,7 @@ fn request(logprobs: Option<u32>) -> GenerateRequest {
             ..Default::default()
         },
         images: None,
+        adapter: None,
     }
 }
 

@@ -128,7 +128,9 @@ impl VllmBackend {
             skip_special_tokens: false,
             spaces_between_special_tokens: false,
             request_id: &req.request_id,
-            model: self.model.as_deref(),
+            // An adapter is asked by its name as the model (vLLM's LoRA
+            // serving: `--lora-modules name=path`, `/v1/load_lora_adapter`).
+            model: req.adapter.as_deref().or(self.model.as_deref()),
             sampling: SharedSampling::of(p),
             seed: p.seed,
             structured_outputs: p.structured.as_ref().map(|s| match s {

@@ -117,7 +117,8 @@ pub fn body<'a>(req: &'a GenerateRequest, model: Option<&'a str>) -> GenerateBod
             skip_special_tokens: false,
             spaces_between_special_tokens: false,
         },
-        model,
+        // An adapter is asked by its name as the model, as on /v1/completions.
+        model: req.adapter.as_deref().or(model),
         stream: true,
         return_token_ids: req.images.is_some(),
         output_mode: "tokens",

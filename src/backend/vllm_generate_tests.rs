@@ -63,6 +63,7 @@ fn request(logprobs: Option<u32>, images: bool) -> GenerateRequest {
             ..Default::default()
         },
         images,
+        adapter: None,
     }
 }
 

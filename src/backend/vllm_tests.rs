@@ -39,6 +39,7 @@ fn request(logprobs: Option<u32>) -> GenerateRequest {
             ..Default::default()
         },
         images: None,
+        adapter: None,
     }
 }
 

@@ -416,6 +416,7 @@ impl Calls {
                     prompt_ids: plan.prepared.prompt_ids.clone(),
                     params,
                     images: plan.ctx.images.clone(),
+                    adapter: plan.ctx.adapter.as_ref().map(|a| a.name.clone()),
                 };
                 let tid = &plan.ctx.trajectory_id;
                 starts.push(async move {

@@ -84,6 +84,7 @@ pub(super) fn request(
         prompt_ids: Arc::new(prompt),
         params,
         images: plan.ctx.images.clone(),
+        adapter: plan.ctx.adapter.as_ref().map(|a| a.name.clone()),
     }
 }
 

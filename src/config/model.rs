@@ -42,6 +42,26 @@ pub struct ModelConfig {
     pub image_fetch_hosts: Vec<String>,
     /// Seconds one image fetch may take, connect to last byte.
     pub image_fetch_timeout_s: u64,
+    /// LoRA adapters of this model its backends serve (`[[model.adapters]]`),
+    /// each requested by its name as a model id.
+    pub adapters: Vec<AdapterConfig>,
+}
+
+/// `[[model.adapters]]`: a LoRA adapter of the model, served by the model's
+/// backends under `name` (vLLM `--lora-modules name=path`, SGLang
+/// `--lora-paths name=path`, or loaded at run time by `POST /admin/adapters`).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdapterConfig {
+    pub name: String,
+    /// Where the backends load it from (a path on their disk).
+    pub path: String,
+}
+
+/// Whether `name` can be a served model or adapter id: 1 to 256 bytes of
+/// printable ASCII without spaces.
+pub fn usable_model_id(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 256 && name.bytes().all(|b| b.is_ascii_graphic())
 }
 
 /// `[model] vision`.
@@ -97,6 +117,7 @@ impl Default for ModelConfig {
             image_fetch: false,
             image_fetch_hosts: Vec::new(),
             image_fetch_timeout_s: 10,
+            adapters: Vec::new(),
         }
     }
 }
@@ -167,6 +188,30 @@ impl ModelConfig {
                 &self.image_fetch_hosts,
                 "image_fetch = true needs the hosts images may come from",
             ));
+        }
+        let mut names = std::collections::HashSet::from([self.name.as_str()]);
+        for (i, a) in self.adapters.iter().enumerate() {
+            if !usable_model_id(&a.name) {
+                return Err(invalid(
+                    &format!("model.adapters[{i}].name"),
+                    &a.name,
+                    "must be 1 to 256 printable ASCII characters without spaces",
+                ));
+            }
+            if !names.insert(a.name.as_str()) {
+                return Err(invalid(
+                    &format!("model.adapters[{i}].name"),
+                    &a.name,
+                    "names the model or another adapter: each served id is unique",
+                ));
+            }
+            if a.path.trim().is_empty() {
+                return Err(invalid(
+                    &format!("model.adapters[{i}].path"),
+                    &a.path,
+                    "must name where the backends load the adapter from",
+                ));
+            }
         }
         if let Some(bad) = self.image_fetch_hosts.iter().find(|h| !is_host(h)) {
             return Err(invalid(

@@ -263,6 +263,11 @@ impl EngineBackend {
                 "the bundled engine serves a text-only model: it takes no images".into(),
             ));
         }
+        if let Some(a) = &req.adapter {
+            return Err(self.rejected(format!(
+                "the bundled engine serves no LoRA adapters (asked for `{a}`)"
+            )));
+        }
         // Room for at least one generated token.
         self.check_ids(
             &req.prompt_ids,
@@ -556,6 +561,7 @@ mod tests {
                 ..Default::default()
             },
             images: None,
+            adapter: None,
         };
         let mut stream = engine.generate(request).await.expect("accepted");
         let first = stream.next().await;

@@ -524,6 +524,7 @@ async fn completions(
         prompt_ids: prompt.clone(),
         params,
         images: None,
+        adapter: None,
     };
     let mut stream = start(&s, req).await?;
     if !b.stream {
@@ -684,6 +685,7 @@ async fn generate(State(s): State<Arc<EngineServer>>, body: Bytes) -> Result<Res
         prompt_ids: Arc::new(prompt),
         params,
         images: None,
+        adapter: None,
     };
     let mut stream = start(&s, req).await?;
     let want_lp = b.return_logprob;

@@ -13,6 +13,7 @@
 //! failure before the first token, `report_error` and route again with the
 //! failed id excluded), and reports how each stream ended ([`Route`]).
 
+pub mod adapters;
 pub mod admission;
 pub mod fleet;
 pub mod health;

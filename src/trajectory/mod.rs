@@ -163,6 +163,9 @@ pub struct CallContext {
     pub instructions: usize,
     /// The images of the prompt, in order; `None` for a text prompt.
     pub images: Option<crate::backend::ImageInputs>,
+    /// The LoRA adapter serving the call, held until it is recorded;
+    /// `None`: the model itself.
+    pub adapter: Option<crate::router::adapters::AdapterUse>,
 }
 
 pub struct Trajectories {

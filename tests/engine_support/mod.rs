@@ -53,6 +53,7 @@ pub fn request(prompt: &[u32], params: SamplingParams) -> GenerateRequest {
         prompt_ids: Arc::new(prompt.to_vec()),
         params,
         images: None,
+        adapter: None,
     }
 }
 

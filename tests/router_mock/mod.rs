@@ -177,6 +177,7 @@ pub async fn call(router: &Router, trajectory: &str, prompt: &[u32]) -> Result<O
             ..Default::default()
         },
         images: None,
+        adapter: None,
     };
     let started = start_sequence(router, trajectory, req)
         .await
