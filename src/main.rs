@@ -343,6 +343,10 @@ struct ExportArgs {
     /// Only rows at most this many versions behind the newest registered one.
     #[arg(long)]
     max_staleness: Option<u64>,
+    /// Each row carries its images' pixel values (a vision model's; see
+    /// docs/export.md).
+    #[arg(long)]
+    pixel_values: bool,
     /// The file to write.
     #[arg(long)]
     out: PathBuf,
@@ -362,6 +366,14 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     opts.response_length = a.response_length;
     opts.versions.min_version_seq = a.min_version_seq;
     opts.versions.max_staleness = a.max_staleness;
+    if a.pixel_values {
+        use tito::render::{pixel_values::PixelConfig, vision};
+        let family = vision::VisionFamily::parse(config.model.vision.as_str())
+            .ok_or_else(|| anyhow!("--pixel-values needs a vision model ([model] vision)"))?;
+        let dir = &config.model.tokenizer;
+        let grid = vision::VisionConfig::from_model_dir(family, dir)?;
+        opts.pixel_values = Some(PixelConfig::from_model_dir(grid, dir)?);
+    }
     opts.validate()?;
     opts.pad_id = match a.pad_id {
         Some(id) => id,

@@ -608,6 +608,7 @@ fn export_row(logprobs: Vec<Option<f32>>) -> ExportRow {
         replay_mean_abs_diff: None,
         verl: None,
         images: Vec::new(),
+        pixel_values: None,
     }
 }
 

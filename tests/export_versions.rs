@@ -285,6 +285,7 @@ async fn version_filters_leave_rows_out_and_count_them() {
 
 fn app(store: Arc<MemoryStore>) -> axum::Router {
     let state = StoreState {
+        pixel_values: Err("text-only".into()),
         store,
         decode: None,
         on_finish: None,

@@ -30,6 +30,7 @@ async fn app() -> Router {
     }
     store.finish("b").await.expect("finish");
     let state = StoreState {
+        pixel_values: Err("text-only".into()),
         store,
         decode: Some(Arc::new(|ids: &[u32]| {
             Some(ids.iter().map(|i| format!("<{i}>")).collect())
@@ -282,6 +283,7 @@ async fn export_writes_missing_logprobs_as_nulls() {
         store.append_call(c).await.expect("append");
     }
     let state = StoreState {
+        pixel_values: Err("text-only".into()),
         store,
         decode: None,
         on_finish: None,

@@ -585,3 +585,20 @@ async fn a_backend_that_expands_an_image_differently_is_recorded_as_drift() {
     assert_eq!(drift.position as usize, end);
     assert_eq!(drift.details["backend_len"], json!(prompt.len() + 1));
 }
+
+#[tokio::test]
+async fn pixel_values_need_a_vision_model() {
+    let g = common::start_gateway(common::config(&["http://127.0.0.1:9".into()], "")).await;
+    let resp = reqwest::get(g.url("/v1/export?pixel_values=true"))
+        .await
+        .expect("export");
+    assert_eq!(resp.status(), 400);
+    let err: Value = resp.json().await.expect("json");
+    assert_eq!(err["error"]["param"], "pixel_values");
+    assert!(error_message(&err).contains("vision model"), "{err}");
+    // Off (or absent) is the plain export.
+    let resp = reqwest::get(g.url("/v1/export?pixel_values=false"))
+        .await
+        .expect("export");
+    assert_eq!(resp.status(), 200);
+}

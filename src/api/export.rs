@@ -112,6 +112,9 @@ pub struct ExportParams {
     pub lease_s: Option<u64>,
     /// `inline` (default): image bytes in the rows; `ref`: hashes only.
     pub images: Option<String>,
+    /// `true`: each row carries its images' `pixel_values` (computed here
+    /// with the model's image processor config).
+    pub pixel_values: Option<bool>,
 }
 
 impl ExportParams {
@@ -219,6 +222,13 @@ async fn export(
     // Parse.
     let Query(p) = params?;
     let mut opts = p.options(st.pad_id)?;
+    if p.pixel_values == Some(true) {
+        let cfg = st
+            .pixel_values
+            .as_ref()
+            .map_err(|why| ApiError::invalid("pixel_values", why.as_str()))?;
+        opts.pixel_values = Some(cfg.clone());
+    }
     let filter = p.filter()?;
     if opts.versions.max_staleness.is_some() {
         opts.versions.newest = st.store.versions().await?.last().map(|v| v.seq);

@@ -178,6 +178,16 @@ impl AppState {
             pins.unpin(id);
         });
         let pad_id = renderer.pad_token_id().unwrap_or(0);
+        let pixel_values = match renderer.vision() {
+            None => {
+                Err("pixel_values=true needs a vision model ([model] vision is \"none\")".into())
+            }
+            Some(v) => crate::render::pixel_values::PixelConfig::from_model_dir(
+                *v,
+                &config.model.tokenizer,
+            )
+            .map_err(|e| format!("pixel_values=true: {e}")),
+        };
         let dec = renderer.clone();
         let decode: trajectories::DecodeFn =
             Arc::new(move |ids: &[u32]| dec.decode(ids, false).ok());
@@ -215,6 +225,7 @@ impl AppState {
             router,
             trajectories,
             store: StoreState {
+                pixel_values,
                 pad_id,
                 store,
                 decode: Some(decode),

@@ -37,6 +37,10 @@ pub struct StoreState {
     /// Called with the id after a trajectory is finished (the gateway drops
     /// it from its in-memory view so later calls are refused up front).
     pub on_finish: Option<FinishHook>,
+    /// The image processor config `GET /v1/export?pixel_values=true`
+    /// computes with, or why there is none (a text-only model, a config
+    /// whose output tito does not compute).
+    pub pixel_values: Result<crate::render::pixel_values::PixelConfig, String>,
 }
 
 /// `GET /v1/trajectories`, `GET /v1/trajectories/{id}`,

@@ -30,6 +30,10 @@ pub enum Cell<'a> {
     Json(Option<&'a serde_json::Value>),
     /// A row's images, read by [`ImageField`].
     Images(&'a [super::RowImage], ImageField),
+    /// Raw bytes or null (base64 in JSONL).
+    OptBytes(Option<&'a [u8]>),
+    /// A list of ints or null.
+    OptInts(Option<&'a [u32]>),
 }
 
 /// Which field of a row's images a column holds.
@@ -72,6 +76,10 @@ pub enum Kind {
     ListListI32,
     /// Optional UTF-8 JSON text.
     Json,
+    /// Optional binary (`pixel_values`).
+    OptBytes,
+    /// Optional list<int32> (`pixel_values_shape`).
+    OptListI32,
 }
 
 pub type Getter = for<'a> fn(&'a ExportRow) -> Cell<'a>;
@@ -119,6 +127,21 @@ fn images() -> Vec<ColumnDef> {
     ]
 }
 
+/// `?pixel_values=true`'s columns, after the image columns: in verl's terms
+/// `pixel_values` is `multi_modal_inputs["pixel_values"]` (the `[patches,
+/// dim]` f32 matrix, little-endian) and `pixel_values_shape` its shape.
+fn pixel_values() -> Vec<ColumnDef> {
+    use Kind::*;
+    vec![
+        col("pixel_values", OptBytes, |r| {
+            Cell::OptBytes(r.pixel_values.as_ref().map(|p| &p.bytes[..]))
+        }),
+        col("pixel_values_shape", OptListI32, |r| {
+            Cell::OptInts(r.pixel_values.as_ref().map(|p| &p.shape[..]))
+        }),
+    ]
+}
+
 /// Columns describing where a row came from, shared by every layout.
 fn provenance() -> Vec<ColumnDef> {
     use Kind::*;
@@ -152,8 +175,22 @@ fn provenance() -> Vec<ColumnDef> {
     ]
 }
 
+/// The columns of an export, in file order: the layout's, and the
+/// `pixel_values` ones when asked for.
+pub fn columns(opts: &super::ExportOptions) -> Vec<ColumnDef> {
+    let mut cols = layout_columns(opts.layout);
+    if opts.pixel_values.is_some() {
+        let at = cols
+            .iter()
+            .position(|c| c.name == "image_grid_thw")
+            .map_or(cols.len(), |i| i + 1);
+        cols.splice(at..at, pixel_values());
+    }
+    cols
+}
+
 /// The columns of a layout, in file order.
-pub fn columns(layout: Layout) -> Vec<ColumnDef> {
+fn layout_columns(layout: Layout) -> Vec<ColumnDef> {
     use Kind::*;
     let mut cols = Vec::new();
     if layout == Layout::Verl {

@@ -15,7 +15,7 @@ impl<W: Write> JsonlSink<W> {
     pub fn new(out: W, opts: &ExportOptions) -> Self {
         JsonlSink {
             out,
-            cols: columns(opts.layout),
+            cols: columns(opts),
         }
     }
 }
@@ -55,6 +55,23 @@ fn write_cell(out: &mut impl Write, cell: Cell<'_>) -> Result<(), ExportError> {
                 .collect();
             serde_json::to_writer(out, &values)?
         }
+        Cell::OptBytes(b) => match b {
+            Some(b) => {
+                out.write_all(b"\"")?;
+                {
+                    // Streamed: a row's pixel values can be tens of MB.
+                    let mut enc = base64::write::EncoderWriter::new(
+                        &mut *out,
+                        &base64::engine::general_purpose::STANDARD,
+                    );
+                    enc.write_all(b)?;
+                    enc.finish()?;
+                }
+                out.write_all(b"\"")?;
+            }
+            None => out.write_all(b"null")?,
+        },
+        Cell::OptInts(xs) => serde_json::to_writer(out, &xs)?,
     }
     Ok(())
 }

@@ -17,7 +17,7 @@ use std::io::Write;
 
 use serde::{Deserialize, Serialize};
 
-pub use rows::{version_cmp, ExportRow, RowImage, VerlColumns};
+pub use rows::{version_cmp, ExportRow, PixelValues, RowImage, VerlColumns};
 
 /// The export schema this build writes, sent as `X-Export-Schema-Version`
 /// by `GET /v1/export`. It changes when a column of any layout is removed,
@@ -125,6 +125,9 @@ pub struct ExportOptions {
     /// Whether image bytes go in the rows (`inline`) or only their hashes
     /// (`ref`: a trainer reads `GET /v1/images/{sha256}`).
     pub images: ImagesMode,
+    /// `?pixel_values=true`: each row's images' pixel values, computed with
+    /// this processor config (the model's).
+    pub pixel_values: Option<crate::render::pixel_values::PixelConfig>,
 }
 
 /// `?images=`: image bytes in each row, or by reference.
@@ -195,6 +198,7 @@ impl ExportOptions {
             row_group_values: 4 << 20,
             versions: VersionFilter::default(),
             images: ImagesMode::Inline,
+            pixel_values: None,
         }
     }
 
@@ -288,9 +292,17 @@ pub fn export<W: Write + Send>(
         rows::rows_of(&trajectory, opts, &mut stats, &mut rows)?;
         bytes.clear();
         for mut row in rows.drain(..) {
-            if opts.images == ImagesMode::Inline {
+            if opts.images == ImagesMode::Inline || opts.pixel_values.is_some() {
                 for im in &mut row.images {
                     im.bytes = Some(image_bytes(images, &mut bytes, &im.sha256)?);
+                }
+            }
+            if let Some(cfg) = &opts.pixel_values {
+                row.pixel_values = pixel_values(cfg, &row);
+            }
+            if opts.images == ImagesMode::Ref {
+                for im in &mut row.images {
+                    im.bytes = None;
                 }
             }
             sink.write_row(&row)?;
@@ -300,6 +312,49 @@ pub fn export<W: Write + Send>(
     }
     sink.finish()?;
     Ok(stats)
+}
+
+/// The pixel values of a row's images (their bytes read), concatenated;
+/// `None` for a row without images, or when one image has none (logged).
+/// An image listed twice is computed once.
+fn pixel_values(
+    cfg: &crate::render::pixel_values::PixelConfig,
+    row: &ExportRow,
+) -> Option<PixelValues> {
+    if row.images.is_empty() {
+        return None;
+    }
+    let mut out: Vec<u8> = Vec::new();
+    let mut done: std::collections::HashMap<&str, std::ops::Range<usize>> = Default::default();
+    let mut patches = 0usize;
+    for im in &row.images {
+        if let Some(r) = done.get(im.sha256.as_str()) {
+            out.extend_from_within(r.clone());
+            patches += (r.end - r.start) / (4 * cfg.dim());
+            continue;
+        }
+        let bytes = im.bytes.as_ref()?;
+        let thw = im.grid_thw.map(u64::from);
+        let p = match cfg.compute(bytes, &im.mime, thw) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(trajectory = %row.trajectory_id, sample = row.sample,
+                    image = %im.sha256, error = %e, "export: no pixel values for this row");
+                return None;
+            }
+        };
+        let start = out.len();
+        out.reserve(p.values.len() * 4);
+        for v in &p.values {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        patches += p.values.len() / p.dim.max(1);
+        done.insert(&im.sha256, start..out.len());
+    }
+    Some(PixelValues {
+        bytes: out,
+        shape: [u32::try_from(patches).ok()?, u32::try_from(cfg.dim()).ok()?],
+    })
 }
 
 /// The bytes of image `sha`, from `cache` or the store.

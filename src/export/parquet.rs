@@ -43,13 +43,15 @@ enum Buf {
     /// 1 empty inner list, 2 a value), repetition levels (0 a new row, 1 a
     /// new inner list, 2 the same inner list).
     ListListI32(Vec<i32>, Vec<i16>, Vec<i16>),
+    /// Optional list<int32>: definition level 0 null, 1 empty, 2 a value.
+    OptListI32(Vec<i32>, Vec<i16>, Vec<i16>),
 }
 
 impl Buf {
     fn of(kind: Kind) -> Buf {
         match kind {
             Kind::Str => Buf::Str(Vec::new()),
-            Kind::OptStr | Kind::Json => Buf::OptStr(Vec::new(), Vec::new()),
+            Kind::OptStr | Kind::Json | Kind::OptBytes => Buf::OptStr(Vec::new(), Vec::new()),
             Kind::I32 => Buf::I32(Vec::new()),
             Kind::OptI64 => Buf::OptI64(Vec::new(), Vec::new()),
             Kind::Bool => Buf::Bool(Vec::new()),
@@ -62,6 +64,7 @@ impl Buf {
                 Buf::ListOptStr(Vec::new(), Vec::new(), Vec::new())
             }
             Kind::ListListI32 => Buf::ListListI32(Vec::new(), Vec::new(), Vec::new()),
+            Kind::OptListI32 => Buf::OptListI32(Vec::new(), Vec::new(), Vec::new()),
         }
     }
 }
@@ -81,6 +84,10 @@ fn schema_text(cols: &[Column]) -> String {
         let line = match c.def.kind {
             Kind::Str => format!("REQUIRED BYTE_ARRAY {n} (UTF8);"),
             Kind::OptStr | Kind::Json => format!("OPTIONAL BYTE_ARRAY {n} (UTF8);"),
+            Kind::OptBytes => format!("OPTIONAL BYTE_ARRAY {n};"),
+            Kind::OptListI32 => format!(
+                "OPTIONAL group {n} (LIST) {{ REPEATED group list {{ REQUIRED INT32 element; }} }}"
+            ),
             Kind::I32 => format!("REQUIRED INT32 {n};"),
             Kind::OptI64 => format!("OPTIONAL INT64 {n};"),
             Kind::Bool => format!("REQUIRED BOOLEAN {n};"),
@@ -198,6 +205,34 @@ impl Column {
                 }
                 None => d.push(0),
             },
+            (Buf::OptStr(v, d), Cell::OptBytes(b)) => match b {
+                Some(b) => {
+                    v.push(ByteArray::from(b.to_vec()));
+                    d.push(1);
+                    // Counted as the f32 values they hold, so a row group
+                    // of pixel values stays within `row_group_values`.
+                    return b.len() / 4;
+                }
+                None => d.push(0),
+            },
+            (Buf::OptListI32(v, d, r), Cell::OptInts(xs)) => match xs {
+                None => {
+                    r.push(0);
+                    d.push(0);
+                }
+                Some(xs) => {
+                    if push_levels(d, r, xs.len()) {
+                        d.resize(d.len() + xs.len(), 2);
+                        v.extend(xs.iter().map(|&x| x as i32));
+                    } else {
+                        // An empty list: defined (1), unlike a null (0).
+                        if let Some(last) = d.last_mut() {
+                            *last = 1;
+                        }
+                    }
+                    return xs.len();
+                }
+            },
             (Buf::OptStr(v, d), Cell::Json(j)) => match j {
                 Some(j) => {
                     v.push(text(&j.to_string()));
@@ -277,7 +312,10 @@ impl Column {
                 v.clear();
                 d.clear();
             }
-            (Buf::ListListI32(v, d, r), ColumnWriter::Int32ColumnWriter(w)) => {
+            (
+                Buf::ListListI32(v, d, r) | Buf::OptListI32(v, d, r),
+                ColumnWriter::Int32ColumnWriter(w),
+            ) => {
                 w.write_batch(v, Some(d), Some(r))?;
                 v.clear();
                 d.clear();
@@ -345,7 +383,7 @@ pub struct ParquetSink<W: Write + Send> {
 
 impl<W: Write + Send> ParquetSink<W> {
     pub fn new(out: W, opts: &ExportOptions) -> Result<Self, ExportError> {
-        let cols: Vec<Column> = columns(opts.layout)
+        let cols: Vec<Column> = columns(opts)
             .into_iter()
             .map(|def| Column {
                 buf: Buf::of(def.kind),
@@ -370,6 +408,13 @@ impl<W: Write + Send> ParquetSink<W> {
                 }
                 Kind::ListOptStr => {
                     props = props.set_column_dictionary_enabled(element(), true);
+                }
+                // Min/max of megabytes of pixel values serve no reader either.
+                Kind::OptBytes => {
+                    props = props.set_column_statistics_enabled(
+                        ColumnPath::from(name),
+                        EnabledStatistics::None,
+                    );
                 }
                 // Min/max of token ids or logprobs serve no reader.
                 Kind::ListI32 | Kind::ListF32 | Kind::ListOptF32 => {

@@ -70,6 +70,18 @@ pub struct ExportRow {
     /// The images of the row's prompt and response, in the order of their
     /// placeholder runs.
     pub images: Vec<RowImage>,
+    /// With `pixel_values=true`: the images' patches, filled in by the
+    /// export driver (`None` until then, or when they cannot be computed).
+    pub pixel_values: Option<PixelValues>,
+}
+
+/// The `pixel_values` of a row's images, concatenated in order: a
+/// `[patches, dim]` f32 matrix as little-endian bytes.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixelValues {
+    pub bytes: Vec<u8>,
+    /// `[patches, dim]`.
+    pub shape: [u32; 2],
 }
 
 /// An image of a row: what the call recorded, and its bytes once read
@@ -266,6 +278,7 @@ pub fn rows_of(
             replay_mean_abs_diff: replay.and_then(|r| r.mean_abs_diff),
             verl: None,
             images: Vec::new(),
+            pixel_values: None,
         }
     };
     match opts.layout {

@@ -385,3 +385,44 @@ fn decode_image_checked(
         sha256,
     })
 }
+
+/// Stored image bytes decoded to 8-bit RGB as transformers' `load_image`
+/// gives them: EXIF orientation applied (`exif_transpose`), then Pillow's
+/// `convert("RGB")` (alpha dropped, grey repeated, palette looked up).
+/// Images of 16 bits a channel are refused: Pillow reads those into other
+/// modes than RGB8, so their bytes would not match.
+pub fn decode_rgb8(bytes: &[u8], mime: &str) -> Result<super::resample::Rgb8, ImageError> {
+    let mime = parse_mime(mime)?;
+    let undecodable = |e: ::image::ImageError| ImageError::Undecodable {
+        mime,
+        message: e.to_string(),
+    };
+    let mut reader = ImageReader::with_format(Cursor::new(bytes), mime.format());
+    reader.limits(Limits::default());
+    let mut decoder = reader.into_decoder().map_err(undecodable)?;
+    let orientation = decoder
+        .orientation()
+        .unwrap_or(::image::metadata::Orientation::NoTransforms);
+    let mut image = DynamicImage::from_decoder(decoder).map_err(undecodable)?;
+    image.apply_orientation(orientation);
+    let rgb = match image {
+        DynamicImage::ImageLuma8(_)
+        | DynamicImage::ImageLumaA8(_)
+        | DynamicImage::ImageRgb8(_)
+        | DynamicImage::ImageRgba8(_) => image.to_rgb8(),
+        other => {
+            return Err(ImageError::Undecodable {
+                mime,
+                message: format!(
+                    "{:?} pixels: only 8-bit images have pixel values",
+                    other.color()
+                ),
+            })
+        }
+    };
+    Ok(super::resample::Rgb8 {
+        width: rgb.width() as usize,
+        height: rgb.height() as usize,
+        data: rgb.into_raw(),
+    })
+}

@@ -10,7 +10,7 @@
 //! `merge_size x merge_size` block of patches is one pad token.
 //! Goldens: tests/fixtures/goldens/vision.json (scripts/gen_goldens_vision.py).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::{Map, Value as Json};
 
@@ -206,25 +206,8 @@ impl VisionConfig {
     /// transformers finds it: `processor_config.json`'s `image_processor`
     /// object if there is one, else `preprocessor_config.json`.
     pub fn from_model_dir(family: VisionFamily, dir: &Path) -> Result<Self, VisionConfigError> {
-        let nested = dir.join("processor_config.json");
-        if nested.is_file() {
-            let mut doc = read_json_object(&nested)?;
-            if let Some(inner) = doc.remove("image_processor") {
-                let Json::Object(inner) = inner else {
-                    return Err(invalid(&nested, "image_processor is not an object"));
-                };
-                return Self::from_json(family, &inner)
-                    .map_err(|message| invalid(&nested, &message));
-            }
-        }
-        let flat = dir.join("preprocessor_config.json");
-        if flat.is_file() {
-            let doc = read_json_object(&flat)?;
-            return Self::from_json(family, &doc).map_err(|message| invalid(&flat, &message));
-        }
-        Err(VisionConfigError::Missing {
-            dir: dir.display().to_string(),
-        })
+        let (path, doc) = processor_config(dir)?;
+        Self::from_json(family, &doc).map_err(|message| invalid(&path, &message))
     }
 
     /// An image processor dict, read as `Qwen2VLImageProcessor.__init__`
@@ -303,6 +286,30 @@ impl VisionConfig {
     }
 }
 
+/// A model directory's image processor dict and the file it came from:
+/// `processor_config.json`'s `image_processor` object if there is one, else
+/// `preprocessor_config.json` (transformers' order).
+pub fn processor_config(dir: &Path) -> Result<(PathBuf, Map<String, Json>), VisionConfigError> {
+    let nested = dir.join("processor_config.json");
+    if nested.is_file() {
+        let mut doc = read_json_object(&nested)?;
+        if let Some(inner) = doc.remove("image_processor") {
+            let Json::Object(inner) = inner else {
+                return Err(invalid(&nested, "image_processor is not an object"));
+            };
+            return Ok((nested, inner));
+        }
+    }
+    let flat = dir.join("preprocessor_config.json");
+    if flat.is_file() {
+        let doc = read_json_object(&flat)?;
+        return Ok((flat, doc));
+    }
+    Err(VisionConfigError::Missing {
+        dir: dir.display().to_string(),
+    })
+}
+
 fn read_json_object(path: &Path) -> Result<Map<String, Json>, VisionConfigError> {
     let text = std::fs::read_to_string(path).map_err(|e| VisionConfigError::Read {
         path: path.display().to_string(),
@@ -315,7 +322,7 @@ fn read_json_object(path: &Path) -> Result<Map<String, Json>, VisionConfigError>
     }
 }
 
-fn invalid(path: &Path, message: &str) -> VisionConfigError {
+pub(crate) fn invalid(path: &Path, message: &str) -> VisionConfigError {
     VisionConfigError::Invalid {
         path: path.display().to_string(),
         message: message.to_string(),
