@@ -30,6 +30,10 @@ pub fn routes() -> Router<AppState> {
         .route("/admin/weights/begin", post(weights_begin))
         .route("/admin/weights/cancel", post(weights_cancel))
         .route("/admin/weights/commit", post(weights_commit))
+        .route(
+            "/admin/adapters",
+            get(super::admin_adapters::list).post(super::admin_adapters::change),
+        )
 }
 
 async fn backends(State(state): State<AppState>) -> Json<Value> {
@@ -45,7 +49,7 @@ async fn backends(State(state): State<AppState>) -> Json<Value> {
     }))
 }
 
-fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+pub(super) fn parse_json<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     let v: Value = if body.is_empty() {
         json!({})
     } else {
@@ -149,7 +153,7 @@ async fn remove_backend(
 
 /// A fan-out's answer: 200 when every backend succeeded, else 502; each
 /// backend's outcome and state, and the fleet's weight version.
-fn report(state: &AppState, results: Vec<AdminResult>, extra: Value) -> Response {
+pub(super) fn report(state: &AppState, results: Vec<AdminResult>, extra: Value) -> Response {
     let ok = results.iter().all(|r| r.ok);
     let mut body = json!({
         "ok": ok,
@@ -171,7 +175,7 @@ fn report(state: &AppState, results: Vec<AdminResult>, extra: Value) -> Response
 
 /// Seconds fields every fan-out takes.
 #[derive(Deserialize, Default)]
-struct Timing {
+pub(super) struct Timing {
     /// Seconds to wait for in-flight calls before giving up (sleep and
     /// weight updates drain first).
     drain_timeout_s: Option<u64>,
@@ -181,12 +185,12 @@ struct Timing {
 }
 
 impl Timing {
-    fn drain(&self) -> Duration {
+    pub(super) fn drain(&self) -> Duration {
         self.drain_timeout_s
             .map_or(DEFAULT_DRAIN, Duration::from_secs)
     }
 
-    fn deadline(&self, state: &AppState) -> Duration {
+    pub(super) fn deadline(&self, state: &AppState) -> Duration {
         Duration::from_secs(
             self.timeout_s
                 .unwrap_or(state.config.router.admin_timeout_s)
@@ -450,7 +454,7 @@ async fn pause_for_update(
     }
 }
 
-fn check_version(v: &str) -> Result<(), ApiError> {
+pub(super) fn check_version(v: &str) -> Result<(), ApiError> {
     if v.trim().is_empty() || v.len() > 256 || v.chars().any(char::is_control) {
         return Err(ApiError::invalid(
             "version",

@@ -6,6 +6,7 @@
 //! templates or speak backend wire formats itself (see `render`, `backend`).
 
 mod admin;
+mod admin_adapters;
 mod around;
 pub mod auth;
 mod chat;
@@ -496,18 +497,32 @@ fn trajectory_header(tid: &str) -> HeaderMap {
     h
 }
 
-fn model_json(state: &AppState) -> serde_json::Value {
-    json!({
-        "id": state.config.model.name,
+/// One served id as `/v1/models` lists it; an adapter names its base model
+/// as `parent` (as vLLM lists its LoRA adapters).
+fn model_json(state: &AppState, id: &str) -> serde_json::Value {
+    let base = &state.config.model.name;
+    let mut m = json!({
+        "id": id,
         "object": "model",
         "created": state.started,
         "owned_by": "tito",
+        "root": base,
+        "parent": null,
         "max_model_len": state.max_model_len(),
-    })
+    });
+    if id != base {
+        m["parent"] = json!(base);
+    }
+    m
 }
 
 async fn models(State(state): State<AppState>) -> Json<serde_json::Value> {
-    Json(json!({"object": "list", "data": [model_json(&state)]}))
+    let data: Vec<_> = state
+        .served_ids()
+        .iter()
+        .map(|id| model_json(&state, id))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
 }
 
 /// `GET /v1/models/{model}`.
@@ -516,10 +531,11 @@ async fn model(
     axum::extract::Path(params): axum::extract::Path<std::collections::HashMap<String, String>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let id = params.get("model").map(String::as_str).unwrap_or_default();
-    if id != state.config.model.name {
-        return Err(ApiError::model_not_found(id));
+    let served = state.served_ids();
+    if !served.iter().any(|s| s == id) {
+        return Err(ApiError::model_not_found_among(id, &served));
     }
-    Ok(Json(model_json(&state)))
+    Ok(Json(model_json(&state, id)))
 }
 
 /// Liveness: the process answers.

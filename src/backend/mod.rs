@@ -348,6 +348,17 @@ pub enum AdminOp {
     /// A begun update is called off (another backend refused to begin):
     /// generate again, with the weights as they were.
     AbortWeightUpdate,
+    /// Serve the LoRA adapter at `path` (on the backend's disk) as `name`;
+    /// `replace`: it is served already, and its weights are replaced.
+    LoadAdapter {
+        name: String,
+        path: String,
+        replace: bool,
+    },
+    /// Stop serving the LoRA adapter `name`.
+    UnloadAdapter {
+        name: String,
+    },
 }
 
 /// What a weight update does with the generations in flight.
@@ -384,6 +395,8 @@ impl AdminOp {
             AdminOp::BeginWeightUpdate { .. } => "begin_weight_update",
             AdminOp::FinishWeightUpdate { .. } => "finish_weight_update",
             AdminOp::AbortWeightUpdate => "abort_weight_update",
+            AdminOp::LoadAdapter { .. } => "load_adapter",
+            AdminOp::UnloadAdapter { .. } => "unload_adapter",
         }
     }
 

@@ -643,6 +643,27 @@ impl Backend for SglangBackend {
 
     async fn admin(&self, op: &AdminOp) -> Result<String, BackendError> {
         match op {
+            // `LoadLoRAAdapterReqInput` / `UnloadLoRAAdapterReqInput`
+            // (`io_struct.py` lines 2516-2545, sglang 0.5.23), served at
+            // `/load_lora_adapter` and `/unload_lora_adapter`
+            // (`http_server.py` lines 1652-1683). A name is loaded once:
+            // replacing its weights is an unload, then a load.
+            AdminOp::LoadAdapter {
+                name,
+                path,
+                replace,
+            } => {
+                if *replace {
+                    self.post_admin("/unload_lora_adapter", json!({ "lora_name": name }))
+                        .await?;
+                }
+                let body = json!({"lora_name": name, "lora_path": path});
+                self.post_admin("/load_lora_adapter", body).await
+            }
+            AdminOp::UnloadAdapter { name } => {
+                self.post_admin("/unload_lora_adapter", json!({ "lora_name": name }))
+                    .await
+            }
             AdminOp::SleepCheck => self.sleep_check().await,
             AdminOp::KeepCheck => self.keep_check().await,
             // SGLang has one sleep depth: release weights and KV cache.

@@ -603,6 +603,22 @@ impl Backend for VllmBackend {
     /// transfer: 0.25+, with `--weight-transfer-config`).
     async fn admin(&self, op: &AdminOp) -> Result<String, BackendError> {
         match op {
+            // vLLM's runtime LoRA routes (`VLLM_ALLOW_RUNTIME_LORA_UPDATING`):
+            // `LoadLoRAAdapterRequest` / `UnloadLoRAAdapterRequest`,
+            // `vllm/entrypoints/serve/lora/protocol.py` lines 7-16.
+            AdminOp::LoadAdapter {
+                name,
+                path,
+                replace,
+            } => {
+                let body = json!({"lora_name": name, "lora_path": path, "load_inplace": replace});
+                self.post_admin("/v1/load_lora_adapter", Some(body)).await
+            }
+            AdminOp::UnloadAdapter { name } => {
+                let body = json!({ "lora_name": name });
+                self.post_admin("/v1/unload_lora_adapter", Some(body))
+                    .await
+            }
             AdminOp::SleepCheck => self.sleep_check().await,
             AdminOp::KeepCheck => match self.reports_versions().await? {
                 true => Ok("reports per-token weight versions (vLLM 0.33+)".into()),

@@ -459,6 +459,9 @@ impl Backend for EngineBackend {
                 ))
             }
             AdminOp::AbortWeightUpdate => return Ok("no weight update to call off".into()),
+            AdminOp::LoadAdapter { .. } | AdminOp::UnloadAdapter { .. } => {
+                return Err(self.rejected("the bundled engine serves no LoRA adapters".into()))
+            }
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         let stopped = || BackendError::Unreachable {

@@ -112,6 +112,10 @@ pub struct MockState {
     /// Every request's path and `Authorization` header, in arrival order
     /// (none when quiet).
     pub authorizations: Mutex<Vec<(String, Option<String>)>>,
+    /// LoRA adapters loaded: name → path.
+    pub loras: Mutex<std::collections::BTreeMap<String, String>>,
+    /// For each LoRA load, how many streams had been sent to their end.
+    pub lora_loads_after: Mutex<Vec<usize>>,
 }
 
 /// Records each request's path and `Authorization` header.
@@ -214,6 +218,8 @@ impl MockVllm {
             .route("/resume", post(admin))
             .route("/start_weight_update", post(admin))
             .route("/finish_weight_update", post(admin))
+            .route("/v1/load_lora_adapter", post(admin))
+            .route("/v1/unload_lora_adapter", post(admin))
             .route("/server_info", get(server_info))
             .layer(axum::middleware::from_fn_with_state(
                 state.clone(),
@@ -430,6 +436,41 @@ async fn admin(
             Json(json!({"results": [null]})).into_response()
         }
         "/reset_prefix_cache" => Json(json!({"success": true})).into_response(),
+        // vLLM's `_check_load_lora_adapter_request` /
+        // `_check_unload_lora_adapter_request`
+        // (`vllm/entrypoints/openai/models/serving.py` lines 251-298).
+        "/v1/load_lora_adapter" => {
+            let b = json_body.unwrap_or_default();
+            let (Some(name), Some(path)) = (b["lora_name"].as_str(), b["lora_path"].as_str())
+            else {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    "Both 'lora_name' and 'lora_path' must be provided.",
+                );
+            };
+            let mut loras = s.loras.lock().expect("lock");
+            if b["load_inplace"] != json!(true) && loras.contains_key(name) {
+                return refuse(
+                    StatusCode::BAD_REQUEST,
+                    &format!("The lora adapter '{name}' has already been loaded."),
+                );
+            }
+            loras.insert(name.to_string(), path.to_string());
+            let done = s.completed.lock().expect("lock").len();
+            s.lora_loads_after.lock().expect("lock").push(done);
+            format!("Success: LoRA adapter '{name}' added successfully.").into_response()
+        }
+        "/v1/unload_lora_adapter" => {
+            let b = json_body.unwrap_or_default();
+            let name = b["lora_name"].as_str().unwrap_or_default();
+            if s.loras.lock().expect("lock").remove(name).is_none() {
+                return refuse(
+                    StatusCode::NOT_FOUND,
+                    &format!("The lora adapter '{name}' cannot be found."),
+                );
+            }
+            format!("Success: LoRA adapter '{name}' removed successfully.").into_response()
+        }
         "/pause" => {
             if !mode_ok(&query) {
                 return refuse(StatusCode::BAD_REQUEST, "mode");
