@@ -2,6 +2,7 @@
 `tito serve` with `[model] vision = "qwen2_vl"` in front of an SGLang mock
 records calls whose prompts hold images of several sizes and formats (one
 below min_pixels, one 50:1, one shrunk far more in height than in width,
+three at and past the switch of Pillow's resize pass order,
 RGBA, greyscale and palette PNGs, a lossy WebP, a GIF; then JPEGs: a large
 one, an EXIF-rotated one, a greyscale one, a progressive one and 4:2:2 and
 4:4:4 ones), and the exported `pixel_values` (JSONL and Parquet,
@@ -26,7 +27,7 @@ import pytest
 from openai import OpenAI
 from PIL import Image
 from transformers.image_utils import load_image
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
 
 import harness
 from test_vision_agents import TEMPLATE, SglangMock
@@ -74,6 +75,10 @@ IMAGES = [
     ("tiny png, below min_pixels", "image/png", lambda: encode(picture(20, 15, 1), "PNG")),
     ("50:1 png", "image/png", lambda: encode(picture(600, 12, 2), "PNG")),
     ("tall png shrunk far more in height", "image/png", lambda: encode(picture(100, 3000, 3), "PNG")),
+    # Resize pass order (ORDER_CASES): exactly at Pillow's switch, one past it.
+    ("png at the pass-order switch", "image/png", lambda: encode(picture(285, 234, 15), "PNG")),
+    ("png one row past it", "image/png", lambda: encode(picture(285, 235, 16), "PNG")),
+    ("png whose width grows as its height shrinks", "image/png", lambda: encode(picture(266, 238, 17), "PNG")),
     ("rgba png", "image/png", lambda: encode(picture(90, 70, 6, "RGBA"), "PNG")),
     ("greyscale png", "image/png", lambda: encode(picture(64, 90, 7, "L"), "PNG")),
     ("palette png", "image/png", lambda: encode(picture(120, 80, 8, "P"), "PNG")),
@@ -89,6 +94,25 @@ JPEGS = [
     ("4:2:2 jpeg, odd size", "image/jpeg", lambda: encode(picture(301, 199, 12), "JPEG", subsampling=1)),
     ("4:4:4 jpeg", "image/jpeg", lambda: encode(picture(250, 180, 13), "JPEG", quality=95, subsampling=0)),
 ]
+
+
+# (width, height, seed, vertical pass first) of the pass-order images above:
+# Pillow (Resample.c, ImagingResampleInner) runs the vertical pass first when
+# the height loses rows and more than twice the columns the width loses.
+ORDER_CASES = [(100, 3000, 3, True), (285, 234, 15, False), (285, 235, 16, True), (266, 238, 17, True)]
+
+
+def test_pass_order_cases_tell_the_orders_apart():
+    """Pillow's own resize of each pass-order image is the order named, and
+    the other order gives other bytes, so the export test can tell them apart."""
+    for w, h, seed, vertical_first in ORDER_CASES:
+        rh, rw = smart_resize(h, w, 28, PREPROCESSOR["min_pixels"], PREPROCESSOR["max_pixels"])
+        im = picture(w, h, seed)
+        got = np.asarray(im.resize((rw, rh), Image.BICUBIC))
+        h_first = np.asarray(im.resize((rw, h), Image.BICUBIC).resize((rw, rh), Image.BICUBIC))
+        v_first = np.asarray(im.resize((w, rh), Image.BICUBIC).resize((rw, rh), Image.BICUBIC))
+        assert not np.array_equal(h_first, v_first), (w, h)
+        assert np.array_equal(got, v_first if vertical_first else h_first), (w, h)
 
 
 @pytest.fixture(scope="module")
