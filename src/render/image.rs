@@ -393,17 +393,32 @@ fn decode_image_checked(
 /// modes than RGB8, so their bytes would not match.
 pub fn decode_rgb8(bytes: &[u8], mime: &str) -> Result<super::resample::Rgb8, ImageError> {
     let mime = parse_mime(mime)?;
-    let undecodable = |e: ::image::ImageError| ImageError::Undecodable {
-        mime,
-        message: e.to_string(),
-    };
-    let mut reader = ImageReader::with_format(Cursor::new(bytes), mime.format());
-    reader.limits(Limits::default());
-    let mut decoder = reader.into_decoder().map_err(undecodable)?;
+    let mut decoder = pixel_decoder(bytes, mime)?;
     let orientation = decoder
         .orientation()
         .unwrap_or(::image::metadata::Orientation::NoTransforms);
-    let mut image = DynamicImage::from_decoder(decoder).map_err(undecodable)?;
+    let image = DynamicImage::from_decoder(decoder).map_err(|e| undecodable(mime, e))?;
+    oriented_rgb8(image, orientation, mime)
+}
+
+/// The EXIF orientation [`decode_rgb8`] applies, read from the headers.
+pub fn exif_orientation(
+    bytes: &[u8],
+    mime: ImageMime,
+) -> Result<::image::metadata::Orientation, ImageError> {
+    let mut decoder = pixel_decoder(bytes, mime)?;
+    Ok(decoder
+        .orientation()
+        .unwrap_or(::image::metadata::Orientation::NoTransforms))
+}
+
+/// `image` turned by `orientation`, then converted to RGB8 as
+/// [`decode_rgb8`] does (8-bit images only).
+pub fn oriented_rgb8(
+    mut image: DynamicImage,
+    orientation: ::image::metadata::Orientation,
+    mime: ImageMime,
+) -> Result<super::resample::Rgb8, ImageError> {
     image.apply_orientation(orientation);
     let rgb = match image {
         DynamicImage::ImageLuma8(_)
@@ -425,4 +440,17 @@ pub fn decode_rgb8(bytes: &[u8], mime: &str) -> Result<super::resample::Rgb8, Im
         height: rgb.height() as usize,
         data: rgb.into_raw(),
     })
+}
+
+fn pixel_decoder(bytes: &[u8], mime: ImageMime) -> Result<impl ImageDecoder + '_, ImageError> {
+    let mut reader = ImageReader::with_format(Cursor::new(bytes), mime.format());
+    reader.limits(Limits::default());
+    reader.into_decoder().map_err(|e| undecodable(mime, e))
+}
+
+fn undecodable(mime: ImageMime, e: ::image::ImageError) -> ImageError {
+    ImageError::Undecodable {
+        mime,
+        message: e.to_string(),
+    }
 }

@@ -4,7 +4,9 @@
 //! for a trainer that asks the export for them.
 //!
 //! The steps and their arithmetic: the image as `load_image` gives it
-//! ([`super::image::decode_rgb8`]); Pillow's bicubic resize to the
+//! ([`load_rgb8`]: JPEG through libjpeg-turbo's decoder as Pillow drives
+//! it, other formats through [`super::image::decode_rgb8`]); Pillow's
+//! bicubic resize to the
 //! [`smart_resize`](super::vision::smart_resize) size
 //! ([`super::resample`]); `rescale` (`u8 as f64 * rescale_factor`, then
 //! f32: image_transforms.py `rescale`); `normalize` (`(x - mean) / std` in
@@ -17,7 +19,7 @@ use std::path::Path;
 
 use serde_json::{Map, Value as Json};
 
-use super::image::ImageError;
+use super::image::{ImageError, ImageMime};
 use super::resample::{resize_bicubic, Rgb8};
 use super::vision::{processor_config, ImageGrid, ResizeError, VisionConfig, VisionConfigError};
 
@@ -130,7 +132,7 @@ impl PixelConfig {
         mime: &str,
         recorded: [u64; 3],
     ) -> Result<Patches, PixelError> {
-        let rgb = super::image::decode_rgb8(bytes, mime)?;
+        let rgb = load_rgb8(bytes, mime)?;
         let grid = self
             .vision
             .image_grid(rgb.height as u64, rgb.width as u64)?;
@@ -181,6 +183,72 @@ impl PixelConfig {
         }
         out
     }
+}
+
+/// An image as transformers' `load_image` gives it (RGB8, EXIF orientation
+/// applied). JPEG goes through libjpeg-turbo's decoder (mozjpeg's), the one
+/// Pillow links, so the pixels are Pillow's; other formats through
+/// [`super::image::decode_rgb8`].
+pub fn load_rgb8(bytes: &[u8], mime: &str) -> Result<Rgb8, ImageError> {
+    match ImageMime::parse(mime) {
+        Some(ImageMime::Jpeg) => jpeg_rgb8(bytes),
+        _ => super::image::decode_rgb8(bytes, mime),
+    }
+}
+
+/// A JPEG decoded as Pillow 13 decodes it (src/libImaging/JpegDecode.c):
+/// libjpeg's defaults (JDCT_ISLOW, fancy upsampling, block smoothing), one
+/// component read as L and three as RGB (JpegImagePlugin.py `SOF`); then
+/// the EXIF orientation and `convert("RGB")` as for other formats. Four
+/// components (CMYK, YCCK) are refused: Pillow converts those itself.
+fn jpeg_rgb8(bytes: &[u8]) -> Result<Rgb8, ImageError> {
+    let fail = |message: String| ImageError::Undecodable {
+        mime: ImageMime::Jpeg,
+        message,
+    };
+    // libjpeg reports errors by unwinding out of the decoder (mozjpeg's
+    // error manager): caught here, they become an error.
+    let decoded = std::panic::catch_unwind(|| -> Result<::image::DynamicImage, String> {
+        let io = |e: std::io::Error| e.to_string();
+        let mut d = mozjpeg::Decompress::new_mem(bytes).map_err(io)?;
+        let components = d.components().len();
+        d.dct_method(mozjpeg::DctMethod::IntegerSlow);
+        d.do_fancy_upsampling(true);
+        let mut started = match components {
+            1 => d.grayscale().map_err(io)?,
+            3 => d.rgb().map_err(io)?,
+            n => {
+                return Err(format!(
+                    "{n} components: only grey and RGB JPEGs have pixel values"
+                ))
+            }
+        };
+        let (w, h) = (started.width() as u32, started.height() as u32);
+        let data: Vec<u8> = started.read_scanlines().map_err(io)?;
+        started.finish().map_err(io)?;
+        let short = || format!("{w}x{h}: the decoder gave fewer lines");
+        Ok(if components == 1 {
+            ::image::GrayImage::from_raw(w, h, data)
+                .ok_or_else(short)?
+                .into()
+        } else {
+            ::image::RgbImage::from_raw(w, h, data)
+                .ok_or_else(short)?
+                .into()
+        })
+    });
+    let image = match decoded {
+        Ok(result) => result.map_err(fail)?,
+        Err(payload) => {
+            let message = payload
+                .downcast_ref::<String>()
+                .cloned()
+                .unwrap_or_else(|| "libjpeg error".to_string());
+            return Err(fail(message));
+        }
+    };
+    let orientation = super::image::exif_orientation(bytes, ImageMime::Jpeg)?;
+    super::image::oriented_rgb8(image, orientation, ImageMime::Jpeg)
 }
 
 /// A number for all three channels, or a list of three.
@@ -268,6 +336,49 @@ mod tests {
         assert_eq!(&row(12)[..4], &[400., 401., 500., 501.]);
         // The last value: channel 2, frame 1, pixel (7, 11).
         assert_eq!(out[out.len() - 1], 20711.);
+    }
+
+    /// A `w` x `h` JPEG of `color_space` made by libjpeg, from a gradient.
+    fn jpeg(color_space: mozjpeg::ColorSpace, w: usize, h: usize) -> Vec<u8> {
+        let mut c = mozjpeg::Compress::new(color_space);
+        c.set_size(w, h);
+        let n = c.components().len();
+        let data: Vec<u8> = (0..w * h * n).map(|i| (i * 7 % 251) as u8).collect();
+        let mut started = c.start_compress(Vec::new()).expect("start");
+        started.write_scanlines(&data).expect("write");
+        started.finish().expect("finish")
+    }
+
+    #[test]
+    fn jpegs_decode_through_libjpeg_to_rgb() {
+        let rgb =
+            load_rgb8(&jpeg(mozjpeg::ColorSpace::JCS_RGB, 37, 21), "image/jpeg").expect("rgb jpeg");
+        assert_eq!(
+            (rgb.width, rgb.height, rgb.data.len()),
+            (37, 21, 37 * 21 * 3)
+        );
+        // Grey is repeated into the three channels, as convert("RGB") does.
+        let grey = load_rgb8(&jpeg(mozjpeg::ColorSpace::JCS_GRAYSCALE, 9, 5), "image/jpg")
+            .expect("grey jpeg");
+        assert_eq!((grey.width, grey.height), (9, 5));
+        assert!(grey
+            .data
+            .chunks_exact(3)
+            .all(|p| p[0] == p[1] && p[1] == p[2]));
+    }
+
+    #[test]
+    fn cmyk_and_broken_jpegs_are_errors_not_panics() {
+        let cmyk = load_rgb8(&jpeg(mozjpeg::ColorSpace::JCS_CMYK, 8, 8), "image/jpeg");
+        assert!(
+            matches!(&cmyk, Err(ImageError::Undecodable { message, .. }) if message.contains("4 components")),
+            "{cmyk:?}"
+        );
+        let mut cut = jpeg(mozjpeg::ColorSpace::JCS_RGB, 16, 16);
+        cut.truncate(30);
+        for bad in [&b"\xff\xd8not a jpeg"[..], &cut, &[]] {
+            assert!(load_rgb8(bad, "image/jpeg").is_err());
+        }
     }
 
     #[test]

@@ -5,10 +5,8 @@
 //! point with 22 fractional bits (`PRECISION_BITS = 32 - 8 - 2`); each pass
 //! rounds and clips to u8. Written from that algorithm, not ported code.
 //!
-//! Pillow runs the horizontal pass first, except when the height shrinks by
-//! more than twice the pixels the width shrinks by (Pillow 13,
-//! python-pillow/Pillow#9549): the u8 rounding between the passes makes the
-//! order visible, so it is followed here too.
+//! The u8 rounding between the passes makes their order visible, so it is
+//! Pillow's ([`resize_bicubic`]).
 
 /// Fractional bits of the fixed-point weights.
 const PRECISION_BITS: u32 = 32 - 8 - 2;
@@ -132,24 +130,34 @@ fn vertical(src: &Rgb8, height: usize) -> Rgb8 {
 /// `src` resized to `width` x `height` as Pillow's bicubic resize does; the
 /// same size is a copy. Both sizes must be positive.
 pub fn resize_bicubic(src: &Rgb8, width: usize, height: usize) -> Rgb8 {
-    let (w_in, h_in) = (src.width as i64, src.height as i64);
-    let (w, h) = (width as i64, height as i64);
-    let vertical_first = h < h_in && h_in - h > 2 * (w_in - w);
     let mut out = std::borrow::Cow::Borrowed(src);
-    if vertical_first {
+    let horizontal_pass = width != src.width;
+    let vertical_pass = height != src.height;
+    if vertical_first(src.width, src.height, width, height) {
         out = std::borrow::Cow::Owned(vertical(&out, height));
-        if w != w_in {
+        if horizontal_pass {
             out = std::borrow::Cow::Owned(horizontal(&out, width));
         }
     } else {
-        if w != w_in {
+        if horizontal_pass {
             out = std::borrow::Cow::Owned(horizontal(&out, width));
         }
-        if h != h_in {
+        if vertical_pass {
             out = std::borrow::Cow::Owned(vertical(&out, height));
         }
     }
     out.into_owned()
+}
+
+/// Pillow 13.0.0's pass order (src/libImaging/Resample.c, lines 863-867 in
+/// `ImagingResampleInner`): the vertical pass first when the height loses
+/// rows and loses more than twice as many as the width loses columns (a
+/// width that grows loses a negative number); otherwise horizontal first.
+/// Each pass runs only when its size changes (lines 860-861).
+fn vertical_first(w_in: usize, h_in: usize, w: usize, h: usize) -> bool {
+    let lost_rows = h_in as i64 - h as i64;
+    let lost_columns = w_in as i64 - w as i64;
+    lost_rows > 0 && lost_rows > 2 * lost_columns
 }
 
 #[cfg(test)]
@@ -166,6 +174,45 @@ mod tests {
                 assert!(t.first + t.weights.len() <= i);
             }
         }
+    }
+
+    /// A noisy `w` x `h` image, so rounding between the passes shows.
+    fn noise(w: usize, h: usize) -> Rgb8 {
+        let mut x = 12345u32;
+        let data = (0..w * h * 3)
+            .map(|_| {
+                x = x.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                (x >> 16) as u8
+            })
+            .collect();
+        Rgb8 {
+            width: w,
+            height: h,
+            data,
+        }
+    }
+
+    #[test]
+    fn the_pass_order_switches_past_twice_the_lost_columns() {
+        // 285 -> 280 loses 5 columns; 234 -> 224 loses 10 rows, exactly
+        // twice: horizontal first. 235 -> 224 loses 11: vertical first.
+        for (h_in, vertical_wins) in [(234, false), (235, true)] {
+            let src = noise(285, h_in);
+            let h_first = vertical(&horizontal(&src, 280), 224);
+            let v_first = horizontal(&vertical(&src, 224), 280);
+            assert_ne!(
+                h_first, v_first,
+                "the orders must differ for the test to tell"
+            );
+            let want = if vertical_wins { v_first } else { h_first };
+            assert_eq!(resize_bicubic(&src, 280, 224), want, "height {h_in}");
+        }
+        // A height that grows never goes first; one that shrinks does when
+        // the width grows (it loses a negative number of columns).
+        assert!(!vertical_first(10, 10, 10, 20));
+        assert!(!vertical_first(10, 10, 5, 20));
+        assert!(vertical_first(10, 20, 30, 19));
+        assert!(vertical_first(100, 3000, 56, 2436));
     }
 
     #[test]

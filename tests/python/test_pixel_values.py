@@ -2,8 +2,10 @@
 `tito serve` with `[model] vision = "qwen2_vl"` in front of an SGLang mock
 records calls whose prompts hold images of several sizes and formats (one
 below min_pixels, one 50:1, one shrunk far more in height than in width,
-RGBA, greyscale and palette PNGs, a lossy WebP, a GIF; then a large JPEG, an
-EXIF-rotated JPEG and a greyscale one), and the exported `pixel_values` (JSONL and Parquet,
+three at and past the switch of Pillow's resize pass order,
+RGBA, greyscale and palette PNGs, a lossy WebP, a GIF; then JPEGs: a large
+one, an EXIF-rotated one, a greyscale one, a progressive one and 4:2:2 and
+4:4:4 ones), and the exported `pixel_values` (JSONL and Parquet,
 trajectory and verl layouts) must equal, bit for bit as float32, what
 `Qwen2VLImageProcessorPil` computes from the same bytes as `load_image`
 opens them, with the same preprocessor config; `image_grid_thw` must be the
@@ -25,7 +27,7 @@ import pytest
 from openai import OpenAI
 from PIL import Image
 from transformers.image_utils import load_image
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil, smart_resize
 
 import harness
 from test_vision_agents import TEMPLATE, SglangMock
@@ -73,6 +75,10 @@ IMAGES = [
     ("tiny png, below min_pixels", "image/png", lambda: encode(picture(20, 15, 1), "PNG")),
     ("50:1 png", "image/png", lambda: encode(picture(600, 12, 2), "PNG")),
     ("tall png shrunk far more in height", "image/png", lambda: encode(picture(100, 3000, 3), "PNG")),
+    # Resize pass order (ORDER_CASES): exactly at Pillow's switch, one past it.
+    ("png at the pass-order switch", "image/png", lambda: encode(picture(285, 234, 15), "PNG")),
+    ("png one row past it", "image/png", lambda: encode(picture(285, 235, 16), "PNG")),
+    ("png whose width grows as its height shrinks", "image/png", lambda: encode(picture(266, 238, 17), "PNG")),
     ("rgba png", "image/png", lambda: encode(picture(90, 70, 6, "RGBA"), "PNG")),
     ("greyscale png", "image/png", lambda: encode(picture(64, 90, 7, "L"), "PNG")),
     ("palette png", "image/png", lambda: encode(picture(120, 80, 8, "P"), "PNG")),
@@ -83,7 +89,30 @@ JPEGS = [
     ("large jpeg", "image/jpeg", lambda: encode(picture(1000, 700, 4), "JPEG", quality=85)),
     ("exif-rotated jpeg", "image/jpeg", exif_rotated_jpeg),
     ("greyscale jpeg, not resized", "image/jpeg", lambda: encode(picture(280, 224, 4, "L"), "JPEG")),
+    ("progressive 4:2:0 jpeg, odd size", "image/jpeg",
+     lambda: encode(picture(333, 251, 11), "JPEG", quality=75, progressive=True)),
+    ("4:2:2 jpeg, odd size", "image/jpeg", lambda: encode(picture(301, 199, 12), "JPEG", subsampling=1)),
+    ("4:4:4 jpeg", "image/jpeg", lambda: encode(picture(250, 180, 13), "JPEG", quality=95, subsampling=0)),
 ]
+
+
+# (width, height, seed, vertical pass first) of the pass-order images above:
+# Pillow (Resample.c, ImagingResampleInner) runs the vertical pass first when
+# the height loses rows and more than twice the columns the width loses.
+ORDER_CASES = [(100, 3000, 3, True), (285, 234, 15, False), (285, 235, 16, True), (266, 238, 17, True)]
+
+
+def test_pass_order_cases_tell_the_orders_apart():
+    """Pillow's own resize of each pass-order image is the order named, and
+    the other order gives other bytes, so the export test can tell them apart."""
+    for w, h, seed, vertical_first in ORDER_CASES:
+        rh, rw = smart_resize(h, w, 28, PREPROCESSOR["min_pixels"], PREPROCESSOR["max_pixels"])
+        im = picture(w, h, seed)
+        got = np.asarray(im.resize((rw, rh), Image.BICUBIC))
+        h_first = np.asarray(im.resize((rw, h), Image.BICUBIC).resize((rw, rh), Image.BICUBIC))
+        v_first = np.asarray(im.resize((w, rh), Image.BICUBIC).resize((rw, rh), Image.BICUBIC))
+        assert not np.array_equal(h_first, v_first), (w, h)
+        assert np.array_equal(got, v_first if vertical_first else h_first), (w, h)
 
 
 @pytest.fixture(scope="module")
@@ -129,7 +158,7 @@ def mismatches(got, want, grids, names):
 def gateway(model_dir):
     tok = harness.qwen3_tokenizer()
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
-    mock = SglangMock([harness.pieces(tok, ["Some ", "pictures."]) + [im_end]] * 2)
+    mock = SglangMock([harness.pieces(tok, ["Some ", "pictures."]) + [im_end]] * 3)
     extra = f'chat_template = "{TEMPLATE}"\nvision = "qwen2_vl"\nmax_model_len = 16384'
     proc, addr = harness.start_tito(model_dir, f"http://{mock.addr}", model_extra=extra, kind="sglang")
     yield addr
@@ -187,3 +216,16 @@ def test_png_webp_and_gif_pixel_values_are_transformers_own(gateway):
 
 def test_jpeg_pixel_values_are_transformers_own(gateway):
     check(gateway, "pix-jpeg", JPEGS)
+
+
+def test_cmyk_jpeg_has_no_pixel_values(gateway):
+    """Pillow converts CMYK itself; the export gives null, not other values."""
+    cmyk = encode(picture(64, 48, 14).convert("CMYK"), "JPEG")
+    parts = [{"type": "text", "text": "Describe this."},
+             {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64," + base64.b64encode(cmyk).decode()}}]
+    client = OpenAI(base_url=f"http://{gateway}/t/pix-cmyk/v1", api_key="unused")
+    reply = client.chat.completions.create(model="test-model", messages=[{"role": "user", "content": parts}])
+    assert reply.choices[0].message.content == "Some pictures."
+    row = json.loads(get(f"http://{gateway}/v1/export?trajectory=pix-cmyk&pixel_values=true"))
+    assert row["pixel_values"] is None and row["pixel_values_shape"] is None
+    assert row["image_grid_thw"] == [[1, 4, 4]]
