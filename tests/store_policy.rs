@@ -2,7 +2,8 @@
 //! the span store, on every implementation (memory, SQLite, PostgreSQL):
 //! read back exactly by `get_trajectory`, `latest_calls` and the export
 //! scan; kept by a reopened SQLite file; `None` for calls of a SQLite file
-//! from before the store kept it; and refused when malformed.
+//! from before the store kept it; null in a call's JSON when unset; and
+//! refused when malformed.
 
 mod store_support;
 
@@ -207,4 +208,26 @@ async fn a_malformed_policy_is_refused() {
         let t = store.get_trajectory("t-ok").await.expect("get");
         assert_eq!(t.expect("stored").calls, [ok], "{name}");
     }
+}
+
+/// As `GET /v1/trajectories/{id}` shows calls: both fields on every call,
+/// null where unset; and a call serialized before they existed reads back
+/// with both `None`.
+#[test]
+fn the_policy_in_a_calls_json_is_null_when_unset_and_optional_on_input() {
+    let shown = serde_json::to_value(planner_and_coder("t")).expect("json");
+    assert_eq!(shown[0]["model"], "planner");
+    assert_eq!(shown[0]["adapter"], serde_json::Value::Null);
+    assert_eq!(shown[1]["model"], "base");
+    assert_eq!(shown[1]["adapter"], "coder-lora");
+    let unset = shown[2].as_object().expect("object");
+    assert_eq!(unset.get("model"), Some(&serde_json::Value::Null));
+    assert_eq!(unset.get("adapter"), Some(&serde_json::Value::Null));
+
+    let mut old = shown[1].clone();
+    let map = old.as_object_mut().expect("object");
+    map.remove("model");
+    map.remove("adapter");
+    let read: CallRecord = serde_json::from_value(old).expect("an old record reads");
+    assert_eq!((read.model, read.adapter), (None, None));
 }
