@@ -96,6 +96,8 @@ fn call(traj: &str, i: u32, small: bool) -> CallRecord {
         response_id: None,
         versions: Vec::new(),
         images: Vec::new(),
+        model: None,
+        adapter: None,
     }
 }
 

@@ -50,6 +50,8 @@ fn call(traj: &str, i: u32, delta: u32, sampled: u32) -> CallRecord {
         response_id: None,
         versions: Vec::new(),
         images: Vec::new(),
+        model: None,
+        adapter: None,
     }
 }
 

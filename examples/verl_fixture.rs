@@ -41,6 +41,8 @@ fn call(traj: &str, i: u32, parent: Option<u32>, delta: Vec<u32>, sampled: Vec<u
         response_id: None,
         versions: Vec::new(),
         images: Vec::new(),
+        model: None,
+        adapter: None,
     }
 }
 

@@ -268,15 +268,17 @@ async fn a_sqlite_file_from_before_images_gains_them_on_open() {
         assert_eq!(has_images, 0, "schema 14 has no images table");
     }
     {
-        // Written by a store, then the version set back: a file a tito of
-        // schema 14 wrote holds exactly these rows.
+        // Written by a store, then the version set back (the columns of
+        // later migrations dropped too): a file a tito of schema 14 wrote
+        // holds exactly these rows.
         let store = tito::store::open(&url).expect("open");
         store.append_call(old.clone()).await.expect("append");
     }
     {
         let conn = rusqlite::Connection::open(&path).expect("raw open");
         conn.execute_batch(
-            "DROP TABLE images; ALTER TABLE calls DROP COLUMN images; PRAGMA user_version = 14;",
+            "ALTER TABLE calls DROP COLUMN model; ALTER TABLE calls DROP COLUMN adapter; \
+             DROP TABLE images; ALTER TABLE calls DROP COLUMN images; PRAGMA user_version = 14;",
         )
         .expect("back to schema 14");
     }

@@ -376,6 +376,7 @@ pub(crate) fn validate_call(call: &CallRecord) -> Result<(), StoreError> {
         validate_response_id(id)
             .map_err(|e| StoreError::Invalid(format!("call {}: {e}", call.call_index)))?;
     }
+    validate_policy(call)?;
     if let Some(p) = call.parent_call {
         if p >= call.call_index {
             return Err(StoreError::Invalid(format!(
@@ -453,6 +454,38 @@ fn validate_versions(call: &CallRecord) -> Result<(), StoreError> {
             ));
         }
         previous = Some(span.start);
+    }
+    Ok(())
+}
+
+/// [`CallRecord::model`] and [`CallRecord::adapter`]: each, when set, 1 to
+/// [`CallRecord::MAX_POLICY_NAME`] bytes without control characters; an
+/// adapter only with the model it adapts.
+fn validate_policy(call: &CallRecord) -> Result<(), StoreError> {
+    let fields = [("model", &call.model), ("adapter", &call.adapter)];
+    for (field, value) in fields {
+        let Some(name) = value else { continue };
+        if name.is_empty() || name.len() > CallRecord::MAX_POLICY_NAME {
+            return Err(StoreError::Invalid(format!(
+                "call {}: {field} has 1 to {} bytes, not {}",
+                call.call_index,
+                CallRecord::MAX_POLICY_NAME,
+                name.len()
+            )));
+        }
+        if name.chars().any(char::is_control) {
+            return Err(StoreError::Invalid(format!(
+                "call {}: {field} `{}` has a control character",
+                call.call_index,
+                name.escape_debug()
+            )));
+        }
+    }
+    if call.adapter.is_some() && call.model.is_none() {
+        return Err(StoreError::Invalid(format!(
+            "call {}: adapter set without model",
+            call.call_index
+        )));
     }
     Ok(())
 }

@@ -123,6 +123,15 @@ pub struct CallRecord {
     /// ([`crate::store::SpanStore::put_images`]). Empty for a text prompt.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub images: Vec<CallImage>,
+    /// The policy that served the call: the served model's name (`[model]
+    /// name`); `None` for calls recorded before the store kept it.
+    #[serde(default)]
+    pub model: Option<String>,
+    /// The LoRA adapter of [`CallRecord::model`] that served the call;
+    /// `None` for the base model (and for calls recorded before the store
+    /// kept it). Set only with `model`.
+    #[serde(default)]
+    pub adapter: Option<String>,
 }
 
 /// An image of a call's prompt, by reference to its stored bytes.
@@ -198,6 +207,9 @@ impl CallRecord {
 
     /// Longest [`CallRecord::response_id`] the store takes.
     pub const MAX_RESPONSE_ID: usize = 128;
+
+    /// Longest [`CallRecord::model`] and [`CallRecord::adapter`], in bytes.
+    pub const MAX_POLICY_NAME: usize = 256;
 
     /// The call as the export scans give it out ([`Bodies::Skip`]): every
     /// field but `request` and `response`, which are `null`.

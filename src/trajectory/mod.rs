@@ -537,6 +537,8 @@ impl Trajectories {
                     choice.versions.clone()
                 },
                 images: images.clone(),
+                model: None,
+                adapter: None,
             };
             match self.store.append_call(record).await {
                 Ok(()) => {}

@@ -44,6 +44,8 @@ pub fn call(
         response_id: None,
         versions: Vec::new(),
         images: Vec::new(),
+        model: None,
+        adapter: None,
     }
 }
 

@@ -26,23 +26,24 @@ const APPEND_SQL: &str =
        started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
        response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
        template_sha256, reward, truncated, normalized, request_of, message_refs, api, \
-       response_id, versions, images) \
+       response_id, versions, images, model, adapter) \
      SELECT t.seq, $2::BIGINT, $3::BIGINT, $4::BIGINT, $5::TEXT, $6::BIGINT, $7::BIGINT, \
        $8::BYTEA, $9::BYTEA, $10::BYTEA, $11::TEXT, $12::TEXT, $13::TEXT, $14::TEXT, $15::TEXT, \
        $16::TEXT, $17::TEXT, $18::TEXT, $19::TEXT, $20::FLOAT8, $21::BOOLEAN, $22::TEXT, \
-       $23::BIGINT, $24::BYTEA, $25::TEXT, $26::TEXT, $27::TEXT, $28::TEXT FROM t \
+       $23::BIGINT, $24::BYTEA, $25::TEXT, $26::TEXT, $27::TEXT, $28::TEXT, $29::TEXT, \
+       $30::TEXT FROM t \
      WHERE t.status = 0 AND ($4::BIGINT IS NULL OR EXISTS \
        (SELECT 1 FROM calls p WHERE p.traj = t.seq AND p.call_index = $4::BIGINT)) \
      RETURNING traj), \
      msgs AS (INSERT INTO request_messages (traj, sha256, body) \
-       SELECT ins.traj, m.d, m.b FROM ins, unnest($32::BYTEA[], $33::TEXT[]) AS m(d, b) \
+       SELECT ins.traj, m.d, m.b FROM ins, unnest($34::BYTEA[], $35::TEXT[]) AS m(d, b) \
        ON CONFLICT DO NOTHING), \
      resp AS (INSERT INTO responses (response_id, traj, call_index) \
        SELECT $26::TEXT, ins.traj, $2::BIGINT FROM ins WHERE $26::TEXT IS NOT NULL), \
-     up AS (UPDATE trajectories SET updated_at = GREATEST(updated_at, $29::BIGINT), \
+     up AS (UPDATE trajectories SET updated_at = GREATEST(updated_at, $31::BIGINT), \
        num_calls = num_calls + 1, next_call_index = GREATEST(next_call_index, $2::BIGINT + 1), \
        next_sample_index = GREATEST(next_sample_index, $3::BIGINT + 1), \
-       num_tokens = num_tokens + $30::BIGINT, drift_count = drift_count + $31::BIGINT \
+       num_tokens = num_tokens + $32::BIGINT, drift_count = drift_count + $33::BIGINT \
      WHERE seq IN (SELECT traj FROM ins) RETURNING seq) \
      SELECT t.status, EXISTS (SELECT 1 FROM up) AS stored FROM t";
 
@@ -80,6 +81,9 @@ pub(super) struct AppendParams {
     pub versions: Option<String>,
     /// The call's image references, JSON; `None` when it has none.
     pub images: Option<String>,
+    /// The policy that served the call: model name, LoRA adapter.
+    pub model: Option<String>,
+    pub adapter: Option<String>,
     /// Those messages, digests and texts, for `request_messages`.
     pub message_digests: Vec<Vec<u8>>,
     pub message_bodies: Vec<String>,
@@ -132,6 +136,8 @@ impl AppendParams {
                 .transpose()
                 .map_err(|e| StoreError::Invalid(e.to_string()))?,
             images: images_text(&call.images)?,
+            model: call.model.clone(),
+            adapter: call.adapter.clone(),
             message_digests: messages.iter().map(|m| m.1.to_vec()).collect(),
             message_bodies: messages.into_iter().map(|m| m.0).collect(),
             now,
@@ -140,9 +146,9 @@ impl AppendParams {
         })
     }
 
-    /// The `calls` columns after `traj`, in table order: `$2`..`$28` of
+    /// The `calls` columns after `traj`, in table order: `$2`..`$30` of
     /// [`APPEND_SQL`], and the bulk `COPY`'s columns after its first.
-    pub(super) fn columns(&self) -> [&(dyn ToSql + Sync); 27] {
+    pub(super) fn columns(&self) -> [&(dyn ToSql + Sync); 29] {
         [
             &self.call_index,
             &self.sample_index,
@@ -171,12 +177,14 @@ impl AppendParams {
             &self.response_id,
             &self.versions,
             &self.images,
+            &self.model,
+            &self.adapter,
         ]
     }
 
-    /// `$1`..`$33` of [`APPEND_SQL`].
+    /// `$1`..`$35` of [`APPEND_SQL`].
     fn values(&self) -> Vec<&(dyn ToSql + Sync)> {
-        let mut v: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(33);
+        let mut v: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(35);
         v.push(&self.id);
         v.extend(self.columns());
         v.push(&self.now);
@@ -290,4 +298,51 @@ fn missing_parent(call: &CallRecord) -> StoreError {
         "call {} of `{}`: parent {:?} is not stored",
         call.call_index, call.trajectory_id, call.parent_call
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::bulk::tests::{call, database_at, jobs};
+    use super::super::rows::{load, Key};
+    use super::super::writer;
+    use crate::store::{Bodies, CallRecord};
+
+    /// `n` calls of `traj` in a chain, each served by a policy in turn: the
+    /// base model, an adapter of it, none recorded.
+    fn served(traj: &str, n: u32) -> Vec<CallRecord> {
+        (0..n)
+            .map(|i| {
+                let mut c = call(traj, i, i.checked_sub(1));
+                match i % 3 {
+                    0 => c.model = Some("planner".into()),
+                    1 => (c.model, c.adapter) = (Some("base".into()), Some("coder-lora".into())),
+                    _ => {}
+                }
+                c
+            })
+            .collect()
+    }
+
+    /// The policy goes in by the pipelined append (a short run) and by
+    /// `COPY` (a long one: `commit_all` fails rather than fall back), and
+    /// reads back as it went in.
+    #[tokio::test]
+    async fn a_calls_policy_goes_in_by_either_path() {
+        let (_, mut conn) = database_at().await;
+        let short = served("short", 3);
+        let long = served("long", 12);
+        for run in [&short, &long] {
+            let out = writer::commit_all(&mut conn, &jobs(run.clone()))
+                .await
+                .expect("the run commits whole");
+            assert!(out.iter().all(Result::is_ok), "{out:?}");
+        }
+        for (id, want) in [("short", &short), ("long", &long)] {
+            let t = load(&mut conn, Key::Id(id), Bodies::Read)
+                .await
+                .expect("load")
+                .expect("stored");
+            assert_eq!(&t.calls, want, "{id}");
+        }
+    }
 }

@@ -46,7 +46,7 @@ const COPY_CALLS: &str = "COPY calls (traj, call_index, sample_index, parent_cal
      started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
      response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
      template_sha256, reward, truncated, normalized, request_of, message_refs, api, response_id, \
-     versions, images) FROM STDIN (FORMAT binary)";
+     versions, images, model, adapter) FROM STDIN (FORMAT binary)";
 
 /// The messages the run's bodies keep apart (see the writer's `APPEND_SQL`).
 const MESSAGES_MANY: &str = "INSERT INTO request_messages (traj, sha256, body) \
@@ -57,7 +57,7 @@ const MESSAGES_MANY: &str = "INSERT INTO request_messages (traj, sha256, body) \
 const RESPONSES_MANY: &str = "INSERT INTO responses (response_id, traj, call_index) \
      SELECT * FROM unnest($1::TEXT[], $2::BIGINT[], $3::BIGINT[])";
 
-const COPY_TYPES: [Type; 28] = [
+const COPY_TYPES: [Type; 30] = [
     Type::INT8,
     Type::INT8,
     Type::INT8,
@@ -82,6 +82,8 @@ const COPY_TYPES: [Type; 28] = [
     Type::TEXT,
     Type::INT8,
     Type::BYTEA,
+    Type::TEXT,
+    Type::TEXT,
     Type::TEXT,
     Type::TEXT,
     Type::TEXT,
@@ -298,6 +300,8 @@ pub(super) mod tests {
                     seq: Some(u64::from(start) + 1),
                 })
                 .collect(),
+            model: None,
+            adapter: None,
         }
     }
 

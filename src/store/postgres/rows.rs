@@ -97,7 +97,7 @@ fn call_cols(bodies: Bodies) -> &'static str {
                 "call_index, sample_index, parent_call, backend, started_at, finished_at, \
                  prompt_delta_ids, sampled_ids, logprobs, finish_reason, drift, parse_outcome, \
                  moved_from, weight_version, tokenizer_sha256, template_sha256, reward, \
-                 truncated, normalized, request_of, api, response_id, versions, images, ",
+                 truncated, normalized, request_of, api, response_id, versions, images, model, adapter, ",
                 $bodies
             )
         };
@@ -146,6 +146,8 @@ fn call_from_row(row: &Row, trajectory_id: &str, bodies: Bodies) -> Result<CallR
         response_id: row.try_get("response_id")?,
         versions: json_opt_col(row, "versions")?.unwrap_or_default(),
         images: json_opt_col(row, "images")?.unwrap_or_default(),
+        model: row.try_get("model")?,
+        adapter: row.try_get("adapter")?,
     })
 }
 

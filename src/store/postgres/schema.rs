@@ -6,8 +6,8 @@
 //!
 //! The layout follows the SQLite schema (`store::sqlite::schema`; version 1
 //! here is its version 8, version 2 its 9 and 10, version 4 its 11, version 5
-//! its 13, version 6 its 14, version 7 its 15): every integer is
-//! `BIGINT`, token ids and logprobs are `BYTEA` in the
+//! its 13, version 6 its 14, version 7 its 15, version 8 its 16): every
+//! integer is `BIGINT`, token ids and logprobs are `BYTEA` in the
 //! [`crate::store::codec`] layout, and JSON is `TEXT`, not `JSONB`, so a
 //! stored request keeps its key order byte for byte.
 
@@ -179,6 +179,13 @@ const MIGRATIONS: &[&str] = &[
         height BIGINT NOT NULL,
         bytes BYTEA NOT NULL
     );
+    "#,
+    // 8: SQLite's migration 16: the policy that served a call, its model's
+    // name and LoRA adapter (NULL: the base model; both NULL for calls
+    // stored before).
+    r#"
+    ALTER TABLE calls ADD COLUMN model TEXT;
+    ALTER TABLE calls ADD COLUMN adapter TEXT;
     "#,
 ];
 
@@ -423,6 +430,64 @@ mod tests {
             op: crate::store::group_commit::Op::PutImages(vec![image]),
             ack: Some(ack),
         });
+        let out = super::super::writer::commit_batch(&mut conn, &mut jobs).await;
+        assert!(out.iter().all(Result::is_ok), "{out:?}");
+        let t = load(&mut conn, super::super::rows::Key::Id("old"), Bodies::Read)
+            .await
+            .expect("load")
+            .expect("kept");
+        assert_eq!(t.calls[1], new);
+    }
+
+    /// A database at version 7 with a call: migration 8 adds `model` and
+    /// `adapter`, the old call reads back with both `None`, a new one
+    /// keeps its policy.
+    #[tokio::test]
+    async fn migration_8_reads_old_calls_without_a_policy() {
+        let (_, mut conn) = super::super::test_database().await;
+        for sql in &MIGRATIONS[..7] {
+            conn.client.batch_execute(sql).await.expect("v7");
+        }
+        let old = super::super::bulk::tests::call("old", 0, None);
+        conn.client
+            .batch_execute(
+                "CREATE TABLE tito_schema (version BIGINT NOT NULL); \
+                 INSERT INTO tito_schema VALUES (7); \
+                 INSERT INTO trajectories (id, status, created_at, updated_at, num_calls, \
+                   next_call_index, next_sample_index, lseq) VALUES ('old', 0, 1, 1, 1, 1, 1, 1)",
+            )
+            .await
+            .expect("a version 7 database");
+        // Call 0 as a version 7 writer stored it: every column but the policy.
+        let p = super::super::append::AppendParams::of(&old, 1).expect("params");
+        let cols = p.columns();
+        let stmt = "INSERT INTO calls (traj, call_index, sample_index, parent_call, backend, \
+             started_at, finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, \
+             request, response, drift, parse_outcome, moved_from, weight_version, \
+             tokenizer_sha256, template_sha256, reward, truncated, normalized, request_of, \
+             message_refs, api, response_id, versions, images) SELECT seq, $1, $2, $3, $4, $5, \
+             $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, \
+             $23, $24, $25, $26, $27 FROM trajectories";
+        conn.client
+            .execute(stmt, &cols[..27])
+            .await
+            .expect("a version 7 call");
+        assert_eq!(migrate(&conn).await.expect("migrates"), SCHEMA_VERSION);
+        let load = super::super::rows::load;
+        let t = load(&mut conn, super::super::rows::Key::Id("old"), Bodies::Read)
+            .await
+            .expect("load")
+            .expect("kept");
+        assert_eq!(
+            (t.calls[0].model.as_deref(), t.calls[0].adapter.as_deref()),
+            (None, None)
+        );
+        assert_eq!(t.calls, [old]);
+
+        let mut new = super::super::bulk::tests::call("old", 1, Some(0));
+        new.model = Some("base".into());
+        new.adapter = Some("coder-lora".into());
+        let mut jobs = super::super::bulk::tests::jobs(vec![new.clone()]);
         let out = super::super::writer::commit_batch(&mut conn, &mut jobs).await;
         assert!(out.iter().all(Result::is_ok), "{out:?}");
         let t = load(&mut conn, super::super::rows::Key::Id("old"), Bodies::Read)

@@ -126,7 +126,7 @@ macro_rules! call_cols {
             $response,
             ", drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
              template_sha256, reward, truncated, normalized, request_of, api, response_id, \
-             versions, images, ",
+             versions, images, model, adapter, ",
             $refs
         )
     };
@@ -188,8 +188,10 @@ fn call_from_row(
         response_id: row.get(23)?,
         versions: json_opt_col(row, 24)?.unwrap_or_default(),
         images: json_opt_col(row, 25)?.unwrap_or_default(),
+        model: row.get(26)?,
+        adapter: row.get(27)?,
     };
-    Ok((call, row.get(26)?))
+    Ok((call, row.get(28)?))
 }
 
 pub(crate) fn meta_by_id(

@@ -243,6 +243,12 @@ const MIGRATIONS: &[&str] = &[
         bytes BLOB NOT NULL
     );
     "#,
+    // 16: the policy that served a call: the served model's name and its
+    // LoRA adapter (NULL: the base model). Both NULL for calls stored before.
+    r#"
+    ALTER TABLE calls ADD COLUMN model TEXT;
+    ALTER TABLE calls ADD COLUMN adapter TEXT;
+    "#,
 ];
 
 /// The schema version this build writes.

@@ -486,9 +486,9 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
              finished_at, prompt_delta_ids, sampled_ids, logprobs, finish_reason, request, \
              response, drift, parse_outcome, moved_from, weight_version, tokenizer_sha256, \
              template_sha256, reward, truncated, normalized, request_of, message_refs, \
-             call_key, api, response_id, versions, images) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, \
-             ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, \
-             ?25, ?26, ?27, ?28, ?29)",
+             call_key, api, response_id, versions, images, model, adapter) VALUES (?1, ?2, ?3, \
+             ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, \
+             ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)",
         )?
         .execute(params![
             seq,
@@ -521,6 +521,8 @@ fn append(conn: &Connection, call: &CallRecord, now: i64) -> Result<(), StoreErr
             call.response_id,
             versions_text(call)?,
             images_text(&call.images)?,
+            call.model,
+            call.adapter,
         ]);
     match inserted {
         Ok(_) => {}

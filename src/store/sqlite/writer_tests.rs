@@ -42,6 +42,8 @@ fn call(traj: &str, index: u32, parent: Option<u32>) -> CallRecord {
         response_id: None,
         versions: Vec::new(),
         images: Vec::new(),
+        model: None,
+        adapter: None,
     }
 }
 
