@@ -347,6 +347,13 @@ struct ExportArgs {
     /// docs/export.md).
     #[arg(long)]
     pixel_values: bool,
+    /// Only this model's rows; alone, its own calls (no adapter). The mask
+    /// is 1 only on the tokens the chosen policy sampled.
+    #[arg(long)]
+    model: Option<String>,
+    /// Only this LoRA adapter's rows.
+    #[arg(long)]
+    adapter: Option<String>,
     /// The file to write.
     #[arg(long)]
     out: PathBuf,
@@ -366,6 +373,12 @@ fn run_export(a: ExportArgs) -> anyhow::Result<()> {
     opts.response_length = a.response_length;
     opts.versions.min_version_seq = a.min_version_seq;
     opts.versions.max_staleness = a.max_staleness;
+    if a.model.is_some() || a.adapter.is_some() {
+        opts.policy = Some(tito::store::Policy {
+            model: a.model,
+            adapter: a.adapter,
+        });
+    }
     if a.pixel_values {
         use tito::render::{pixel_values::PixelConfig, vision};
         let family = vision::VisionFamily::parse(config.model.vision.as_str())

@@ -261,7 +261,9 @@ async fn jsonl_lines_have_the_design_columns() {
             "truncated",
             "incomplete",
             "replay_max_abs_diff",
-            "replay_mean_abs_diff"
+            "replay_mean_abs_diff",
+            "model",
+            "adapter"
         ]
     );
 }
@@ -609,6 +611,8 @@ fn export_row(logprobs: Vec<Option<f32>>) -> ExportRow {
         verl: None,
         images: Vec::new(),
         pixel_values: None,
+        model: None,
+        adapter: None,
     }
 }
 

@@ -153,6 +153,7 @@ async fn handle(
                 response_id: None,
                 instructions: 0,
                 images: None,
+                model: Some(state.model_name.clone()),
                 adapter: adapter.clone(),
             },
             prepared,

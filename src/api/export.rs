@@ -115,6 +115,11 @@ pub struct ExportParams {
     /// `true`: each row carries its images' `pixel_values` (computed here
     /// with the model's image processor config).
     pub pixel_values: Option<bool>,
+    /// Only this model's rows (with `adapter`: that adapter's; alone: the
+    /// model's own calls, without adapter).
+    pub model: Option<String>,
+    /// Only this LoRA adapter's rows.
+    pub adapter: Option<String>,
 }
 
 impl ExportParams {
@@ -146,6 +151,12 @@ impl ExportParams {
         opts.pad_id = self.pad_id.unwrap_or(default_pad);
         opts.versions.min_version_seq = count_param("min_version_seq", &self.min_version_seq)?;
         opts.versions.max_staleness = count_param("max_staleness", &self.max_staleness)?;
+        if self.model.is_some() || self.adapter.is_some() {
+            opts.policy = Some(crate::store::Policy {
+                model: self.model.clone(),
+                adapter: self.adapter.clone(),
+            });
+        }
         opts.validate().map_err(|e| match e {
             ExportError::Param { param, message } => ApiError::invalid(param, message),
             e => ApiError::bad_request(e.to_string()),

@@ -87,6 +87,8 @@ pub struct AppParts {
     pub(crate) recent_images: images::Recent,
     /// The LoRA adapters served, by name.
     pub adapters: Arc<crate::router::adapters::Adapters>,
+    /// `[model] name`, shared by every call's record.
+    pub model_name: Arc<str>,
 }
 
 impl FromRef<AppState> for StoreState {
@@ -215,6 +217,7 @@ impl AppState {
         ));
         Ok(AppState(Arc::new(AppParts {
             started: unix_now(),
+            model_name: Arc::from(config.model.name.as_str()),
             image_fetch: image_fetch::Fetch::new(&config.model)?,
             recent_images: images::Recent::new(RECENT_IMAGE_BYTES),
             adapters: Arc::new(crate::router::adapters::Adapters::from_config(

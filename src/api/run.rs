@@ -131,6 +131,7 @@ pub(super) async fn run<S: Surface>(
             response_id: call.response_id,
             instructions: call.instructions,
             images,
+            model: Some(state.model_name.clone()),
             adapter,
         },
         prepared,

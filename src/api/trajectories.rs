@@ -252,6 +252,8 @@ async fn show(
                 "num_turns": built.num_turns,
                 "finish_reason": built.finish_reason,
                 "truncated": built.truncated,
+                "model": built.model,
+                "adapter": built.adapter,
             }));
         }
         let drift: Vec<Value> = traj

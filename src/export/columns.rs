@@ -172,6 +172,8 @@ fn provenance() -> Vec<ColumnDef> {
         col("replay_mean_abs_diff", OptF64, |r| {
             Cell::OptF64(r.replay_mean_abs_diff)
         }),
+        col("model", OptStr, |r| Cell::OptStr(r.model.as_deref())),
+        col("adapter", OptStr, |r| Cell::OptStr(r.adapter.as_deref())),
     ]
 }
 

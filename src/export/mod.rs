@@ -128,6 +128,9 @@ pub struct ExportOptions {
     /// `?pixel_values=true`: each row's images' pixel values, computed with
     /// this processor config (the model's).
     pub pixel_values: Option<crate::render::pixel_values::PixelConfig>,
+    /// `?model=` / `?adapter=`: only this policy's rows, its mask 1 only on
+    /// the tokens it sampled.
+    pub policy: Option<crate::store::Policy>,
 }
 
 /// `?images=`: image bytes in each row, or by reference.
@@ -199,6 +202,7 @@ impl ExportOptions {
             versions: VersionFilter::default(),
             images: ImagesMode::Inline,
             pixel_values: None,
+            policy: None,
         }
     }
 
@@ -230,6 +234,19 @@ impl ExportOptions {
                     )
                 }
                 _ => {}
+            }
+        }
+        if let Some(p) = &self.policy {
+            let names = [("model", &p.model), ("adapter", &p.adapter)];
+            for (name, value) in names {
+                let Some(v) = value else { continue };
+                let max = crate::store::CallRecord::MAX_POLICY_NAME;
+                if v.is_empty() || v.len() > max || v.chars().any(char::is_control) {
+                    return param(
+                        name,
+                        format!("{name} must be a served id of 1 to {max} bytes without control characters"),
+                    );
+                }
             }
         }
         if self.row_group_rows == 0 || self.row_group_values == 0 {

@@ -14,7 +14,9 @@
 use std::cmp::Ordering;
 
 use super::{ExportError, ExportOptions, ExportStats, Layout};
-use crate::store::{find_call, full_prompt_ids, path_to, samples, CallRecord, Trajectory};
+use crate::store::{
+    find_call, full_prompt_ids, path_to, samples, samples_for, CallRecord, Trajectory,
+};
 
 /// One exported row, before it is encoded (the same values go to JSONL and
 /// Parquet, under the column names of [`super::columns`]).
@@ -73,6 +75,10 @@ pub struct ExportRow {
     /// With `pixel_values=true`: the images' patches, filled in by the
     /// export driver (`None` until then, or when they cannot be computed).
     pub pixel_values: Option<PixelValues>,
+    /// The policy whose tokens the mask marks (see
+    /// [`crate::store::Sample::model`]); `adapter: None` is the model itself.
+    pub model: Option<String>,
+    pub adapter: Option<String>,
 }
 
 /// The `pixel_values` of a row's images, concatenated in order: a
@@ -279,11 +285,17 @@ pub fn rows_of(
             verl: None,
             images: Vec::new(),
             pixel_values: None,
+            model: None,
+            adapter: None,
         }
     };
     match opts.layout {
         Layout::Trajectory | Layout::Verl => {
-            for s in samples(trajectory)? {
+            let samples = match &opts.policy {
+                None => samples(trajectory)?,
+                Some(p) => samples_for(trajectory, p)?,
+            };
+            for s in samples {
                 let (weight_versions, call_offsets) = staleness(&trajectory.calls, &s.calls, false);
                 let (min_weight_version, max_weight_version) = min_max(&weight_versions);
                 let (min_version, max_version) = seq_range(&s.response_versions);
@@ -313,13 +325,19 @@ pub fn rows_of(
                     template_sha256: s.template_sha256,
                     finish_reason: s.finish_reason,
                     truncated: s.truncated,
+                    model: s.model,
+                    adapter: s.adapter,
                     ..base(s.trajectory_id, s.sample)
                 };
                 push(row, opts, stats, out);
             }
         }
         Layout::PerCall => {
-            for call in &trajectory.calls {
+            let calls = trajectory
+                .calls
+                .iter()
+                .filter(|c| opts.policy.as_ref().is_none_or(|p| p.served(c)));
+            for call in calls {
                 let n = call.sampled_ids.len();
                 let path = path_to(&trajectory.calls, call.call_index)?;
                 let (weight_versions, call_offsets) = staleness(&trajectory.calls, &path, true);
@@ -350,6 +368,8 @@ pub fn rows_of(
                     // A replay checks whole samples, not calls.
                     replay_max_abs_diff: None,
                     replay_mean_abs_diff: None,
+                    model: call.model.clone(),
+                    adapter: call.adapter.clone(),
                     ..base(meta.id.clone(), call.sample_index)
                 };
                 push(row, opts, stats, out);

@@ -42,8 +42,8 @@ use axum::http::StatusCode;
 pub use memory::MemoryStore;
 pub use postgres::PgStore;
 pub use sample::{
-    build_sample, find_call, full_prompt_ids, path_to, request_of, sample_leaves, samples,
-    segments, Sample, Segment, SegmentKind,
+    build_sample, build_sample_for, find_call, full_prompt_ids, path_to, request_of, sample_leaves,
+    samples, samples_for, segments, Policy, Sample, Segment, SegmentKind,
 };
 pub use sqlite::SqliteStore;
 pub(crate) use types::Bodies;

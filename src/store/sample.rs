@@ -55,6 +55,33 @@ pub struct Sample {
     pub template_sha256: String,
     pub finish_reason: String,
     pub truncated: bool,
+    /// The policy whose tokens the mask marks: the one asked for, else the
+    /// one every call of the path shares; `None` when they differ or a call
+    /// has none recorded (see [`Policy`]).
+    pub model: Option<String>,
+    pub adapter: Option<String>,
+}
+
+/// A policy of a trajectory's calls: a served model (`adapter: None`, the
+/// base model itself) or one of its LoRA adapters. `model: None` matches
+/// an adapter of any model.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Policy {
+    pub model: Option<String>,
+    pub adapter: Option<String>,
+}
+
+impl Policy {
+    /// Whether `call` was served by this policy. A call recorded without
+    /// its model matches no policy.
+    pub fn served(&self, call: &CallRecord) -> bool {
+        let model_ok = match (&self.model, &call.model) {
+            (_, None) => false,
+            (None, Some(_)) => true,
+            (Some(want), Some(m)) => want == m,
+        };
+        model_ok && self.adapter == call.adapter
+    }
 }
 
 /// Finds a call by index in calls sorted by `call_index`.
@@ -157,6 +184,35 @@ pub fn segments(calls: &[CallRecord], leaf: u32) -> Result<Vec<Segment>, StoreEr
 pub fn build_sample(trajectory: &Trajectory, sample: u32, leaf: u32) -> Result<Sample, StoreError> {
     let calls = &trajectory.calls;
     let path = path_to(calls, leaf)?;
+    let built = build_path(trajectory, sample, path, None)?;
+    // Without a policy every path gives a sample.
+    built.ok_or_else(|| broken(calls, leaf))
+}
+
+/// Builds the sample whose path ends at call `leaf` as `policy` sees it:
+/// the mask is 1 only on the tokens its own calls sampled; the tokens
+/// other policies sampled are observations (mask 0, no logprob, no
+/// version). `None` when no call of the path is the policy's.
+pub fn build_sample_for(
+    trajectory: &Trajectory,
+    sample: u32,
+    leaf: u32,
+    policy: &Policy,
+) -> Result<Option<Sample>, StoreError> {
+    let path = path_to(&trajectory.calls, leaf)?;
+    build_path(trajectory, sample, path, Some(policy))
+}
+
+fn build_path(
+    trajectory: &Trajectory,
+    sample: u32,
+    path: Vec<u32>,
+    policy: Option<&Policy>,
+) -> Result<Option<Sample>, StoreError> {
+    let calls = &trajectory.calls;
+    let leaf = path.last().copied().unwrap_or_default();
+    let mut own = 0usize;
+    let mut own_model = None;
     let mut prompt_ids = Vec::new();
     let mut response_ids = Vec::new();
     let mut response_mask = Vec::new();
@@ -175,16 +231,34 @@ pub fn build_sample(trajectory: &Trajectory, sample: u32, leaf: u32) -> Result<S
             response_versions.resize(response_ids.len(), None);
         }
         response_ids.extend_from_slice(&call.sampled_ids);
-        response_mask.resize(response_ids.len(), 1);
-        response_logprobs.extend_from_slice(&call.logprobs);
-        // Defensive: logprobs are checked on append, keep alignment anyway.
+        if policy.is_none_or(|p| p.served(call)) {
+            if own == 0 {
+                own_model = call.model.clone();
+            }
+            own += 1;
+            response_mask.resize(response_ids.len(), 1);
+            response_logprobs.extend_from_slice(&call.logprobs);
+            response_versions.extend(call.sampled_versions());
+        }
+        // Another policy's tokens (and, defensively, logprobs the append
+        // check would have refused) are observations here.
+        response_mask.resize(response_ids.len(), 0);
         response_logprobs.resize(response_ids.len(), None);
-        response_versions.extend(call.sampled_versions());
+        response_versions.resize(response_ids.len(), None);
         truncated |= call.truncated;
         last = Some(call);
     }
     let last = last.ok_or_else(|| broken(calls, leaf))?;
-    Ok(Sample {
+    if own == 0 {
+        return Ok(None);
+    }
+    let (model, adapter) = match policy {
+        Some(p) => (own_model, p.adapter.clone()),
+        None => shared_policy(calls, &path),
+    };
+    Ok(Some(Sample {
+        model,
+        adapter,
         trajectory_id: trajectory.meta.id.clone(),
         sample,
         num_turns: path.len() as u32,
@@ -200,7 +274,23 @@ pub fn build_sample(trajectory: &Trajectory, sample: u32, leaf: u32) -> Result<S
         template_sha256: last.template_sha256.clone(),
         finish_reason: last.finish_reason.clone(),
         truncated,
-    })
+    }))
+}
+
+/// The `(model, adapter)` every call of `path` shares; both `None` when
+/// they differ or one has no model recorded.
+fn shared_policy(calls: &[CallRecord], path: &[u32]) -> (Option<String>, Option<String>) {
+    let mut policies = path
+        .iter()
+        .filter_map(|&i| find_call(calls, i))
+        .map(|c| (c.model.as_ref(), c.adapter.as_ref()));
+    let Some(first) = policies.next() else {
+        return (None, None);
+    };
+    match first.0.is_some() && policies.all(|p| p == first) {
+        true => (first.0.cloned(), first.1.cloned()),
+        false => (None, None),
+    }
 }
 
 /// All samples of a trajectory, ordered by sample index.
@@ -209,6 +299,16 @@ pub fn samples(trajectory: &Trajectory) -> Result<Vec<Sample>, StoreError> {
         .into_iter()
         .map(|(s, leaf)| build_sample(trajectory, s, leaf))
         .collect()
+}
+
+/// The samples of a trajectory as `policy` sees them (see
+/// [`build_sample_for`]): those with at least one of its calls.
+pub fn samples_for(trajectory: &Trajectory, policy: &Policy) -> Result<Vec<Sample>, StoreError> {
+    let mut out = Vec::new();
+    for (s, leaf) in sample_leaves(&trajectory.calls) {
+        out.extend(build_sample_for(trajectory, s, leaf, policy)?);
+    }
+    Ok(out)
 }
 
 impl Trajectory {

@@ -163,6 +163,9 @@ pub struct CallContext {
     pub instructions: usize,
     /// The images of the prompt, in order; `None` for a text prompt.
     pub images: Option<crate::backend::ImageInputs>,
+    /// The served model's name (`[model] name`): the policy the call's
+    /// record names, with `adapter`.
+    pub model: Option<Arc<str>>,
     /// The LoRA adapter serving the call, held until it is recorded;
     /// `None`: the model itself.
     pub adapter: Option<crate::router::adapters::AdapterUse>,
@@ -537,8 +540,12 @@ impl Trajectories {
                     choice.versions.clone()
                 },
                 images: images.clone(),
-                model: None,
-                adapter: None,
+                model: ctx.model.as_deref().map(str::to_string),
+                adapter: ctx
+                    .adapter
+                    .as_ref()
+                    .filter(|_| ctx.model.is_some())
+                    .map(|a| a.name.to_string()),
             };
             match self.store.append_call(record).await {
                 Ok(()) => {}

@@ -24,6 +24,7 @@ pub fn context(tid: &str, request: Json, messages: Option<Vec<Json>>) -> CallCon
         response_id: None,
         instructions: 0,
         images: None,
+        model: None,
         adapter: None,
     }
 }

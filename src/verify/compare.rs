@@ -228,6 +228,8 @@ mod tests {
             template_sha256: String::new(),
             finish_reason: "stop".into(),
             truncated: false,
+            model: None,
+            adapter: None,
         }
     }
 
