@@ -176,6 +176,19 @@ async fn each_policys_export_masks_exactly_its_own_sampled_tokens() {
     // A policy that served nothing here has no rows.
     let none = g.export_jsonl("trajectory=duo&adapter=judge").await;
     assert!(none.is_empty(), "{none:?}");
+
+    // The metrics count each policy's calls and sampled tokens (this is the
+    // only test of the binary that makes calls).
+    let text = g.get_text("/metrics").await;
+    for (policy, turns) in [(MODEL, [&turns[0], &turns[2]]), (CODER, [&turns[1], &turns[3]])] {
+        let tokens: usize = turns.iter().map(|t| t.len()).sum();
+        for line in [
+            format!("tito_policy_calls_total{{policy=\"{policy}\"}} 2"),
+            format!("tito_policy_sampled_tokens_total{{policy=\"{policy}\"}} {tokens}"),
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line} in:\n{text}");
+        }
+    }
 }
 
 #[tokio::test]

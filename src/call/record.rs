@@ -49,7 +49,15 @@ pub(super) async fn record_plan(
         "prompt"
     };
     crate::metrics::tokens(kind, delta);
-    crate::metrics::tokens("sampled", results.iter().map(|r| r.ids.len()).sum());
+    let sampled = results.iter().map(|r| r.ids.len()).sum();
+    crate::metrics::tokens("sampled", sampled);
+    let policy = match &plan.ctx.adapter {
+        Some(a) => Some(&*a.name),
+        None => plan.ctx.model.as_deref(),
+    };
+    if let Some(policy) = policy {
+        crate::metrics::policy_call(policy, sampled);
+    }
     for r in results {
         let ends = r.versions.iter().skip(1).map(|v| v.start as usize);
         let ends = ends.chain(std::iter::once(r.ids.len()));

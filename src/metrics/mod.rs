@@ -65,11 +65,21 @@ pub const UPDATE_PAUSE: &str = "tito_update_pause_seconds";
 pub const VERSION_TOKENS: &str = "tito_sampled_tokens_by_version_total";
 pub const ENGINE_QUEUED: &str = "tito_engine_queued_requests";
 pub const SSE_SEND_TIMEOUTS: &str = "tito_sse_send_timeouts_total";
+pub const POLICY_CALLS: &str = "tito_policy_calls_total";
+pub const POLICY_TOKENS: &str = "tito_policy_sampled_tokens_total";
 
 /// `# HELP` text of every series, given to the recorder once.
 fn describe() {
     use Unit::{Count, Seconds};
-    let counters: [(&'static str, &'static str); 28] = [
+    let counters: [(&'static str, &'static str); 30] = [
+        (
+            POLICY_CALLS,
+            "Calls recorded, by the policy (served model or LoRA adapter id) that served them",
+        ),
+        (
+            POLICY_TOKENS,
+            "Sampled tokens recorded, by the policy (served model or LoRA adapter id) that sampled them",
+        ),
         (
             CALLS_INTERRUPTED,
             "Generations stopped by a weight update, by update mode (abort)",
@@ -431,6 +441,13 @@ pub fn update_pause(mode: &'static str, d: Duration) {
 pub fn version_tokens(version: Option<&str>, n: usize) {
     let v = version.unwrap_or("initial").to_string();
     counter!(VERSION_TOKENS, "version" => v).increment(n as u64);
+}
+
+/// A recorded call of `policy` (the served id a request names: the model or
+/// one of its adapters) that sampled `sampled` tokens.
+pub fn policy_call(policy: &str, sampled: usize) {
+    counter!(POLICY_CALLS, "policy" => policy.to_string()).increment(1);
+    counter!(POLICY_TOKENS, "policy" => policy.to_string()).increment(sampled as u64);
 }
 
 pub fn drift(cause: &str) {
