@@ -86,12 +86,19 @@ export function describe(tok) {
     `call ${d.call}`,
     `api ${d.api || "—"}`,
     `backend ${d.backend || "—"}`,
+    `policy ${d.policy || "—"}`,
     `weights ${d.weights || "initial"}${d.version ? ` (#${d.version})` : ""}`,
     `position ${d.pos}`,
   ];
   if (d.drift) parts.push(`drift: ${d.drift}`);
   if (d.replay) parts.push(`replay: ${d.replay}`);
   return parts.join(" · ");
+}
+
+// The served id of the policy that served `call`: its LoRA adapter, else
+// its model (null for a call recorded without one).
+export function policyOf(call) {
+  return call?.adapter ?? call?.model ?? null;
 }
 
 // The weights that sampled token `k` of `call`: the last of its version
@@ -167,10 +174,11 @@ export function tokenStream(sample, calls, drifts, texts) {
     const call = calls.get(seg.call);
     if (seg.call !== lastCall) {
       lastCall = seg.call;
+      const policy = policyOf(call);
       frag.append(el("span", {
-        class: "boundary", role: "separator", dataset: { call: seg.call, api: call?.api ?? "" },
-        text: `call ${seg.call}${call?.api ? ` · ${call.api}` : ""} · ${call?.backend ?? "?"}${call?.weight_version ? ` · weights ${call.weight_version}` : ""}`,
-      }));
+        class: "boundary", role: "separator", dataset: { call: seg.call, api: call?.api ?? "", policy: policy ?? "" },
+        text: `call ${seg.call}${call?.api ? ` · ${call.api}` : ""} · ${call?.backend ?? "?"}${call?.weight_version ? ` · weights ${call.weight_version}` : ""} `,
+      }, policy ? el("span", { class: `policy-chip${call.adapter ? " adapter" : ""}`, text: policy }) : null));
     }
     const label = seg.kind === "sampled" ? toolCallLabel(call)
       : seg.kind === "observation" ? observationLabel(call) : null;
@@ -210,7 +218,7 @@ export function tokenStream(sample, calls, drifts, texts) {
         class: `tok ${sampled ? "sampled" : seg.kind} ${sampled ? heat(lp) : ""}${verClass}${chClass}${ds ? " drift" : ""}${r ? " replay-diff" : ""}`,
         dataset: {
           mask: sampled ? 1 : 0, tokenId: id, logprob: lp ?? "", pos, call: seg.call, kind: seg.kind,
-          api: call?.api ?? "", backend: call?.backend ?? "",
+          api: call?.api ?? "", backend: call?.backend ?? "", policy: policyOf(call) ?? "",
           weights: (sampled ? ver?.version : null) ?? call?.weight_version ?? "",
           version: ver?.seq ?? "",
           text: texts[id] ?? "", drift: ds?.map((d) => d.cause).join(", "), replay: r ? `recorded ${r.recorded}, replayed ${r.replayed}` : undefined,

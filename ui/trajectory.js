@@ -1,7 +1,7 @@
 // /ui/trajectories/{id}: metadata, reward, drift records, replay checks and,
 // per sample, the token view (or the message view).
 import { api, AuthError, el, show, fmtReward, fmtTime, NotFound } from "./app.js";
-import { tokenStream, messageView, describe } from "./tokens.js";
+import { tokenStream, messageView, describe, policyOf } from "./tokens.js";
 
 async function decodeAll(t) {
   const ids = new Set();
@@ -127,11 +127,13 @@ function sampleSection(t, s, calls, texts) {
     toggle.setAttribute("aria-pressed", String(toMessages));
   });
   const sampled = s.response_mask.filter((m) => m === 1).length;
+  const policies = [...new Set(s.calls.map((c) => policyOf(calls.get(c))).filter((p) => p))];
   return el("section", { class: "sample", dataset: { sample: s.sample } },
     el("h2", {}, `Sample ${s.sample} `, toggle),
     dl([
       ["reward", fmtReward(s.reward), { class: "reward", dataset: { reward: s.reward ?? "" } }],
       ["turns", s.num_turns], ["calls", s.calls.join(", ")],
+      ["policies", policies.length ? policies.join(", ") : null, { class: "policies" }],
       ["tokens", `${s.prompt_ids.length} prompt + ${s.response_ids.length} response (${sampled} sampled)`],
       ["finish reason", s.finish_reason], ["truncated", s.truncated ? "yes" : "no"],
       ["drift", drifts.length ? drifts.map((d) => `call ${d.call} at ${d.position}: ${d.cause}`).join("; ") : "none"],

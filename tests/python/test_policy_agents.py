@@ -35,6 +35,41 @@ def export(addr, query):
         return [json.loads(line) for line in r.read().decode().splitlines()]
 
 
+def check_viewer(addr, whole, offsets, script):
+    """The viewer names each call's policy on its boundary and on each of
+    its tokens."""
+    exe = harness.chromium_path()
+    if exe is None:
+        pytest.fail("missing chromium: run scripts/setup-system.sh")
+    browser = harness.Browser(exe)
+    try:
+        browser.size(1280, 900)
+        browser.goto(f"http://{addr}/ui/trajectories/duo")
+        browser.wait_for("document.querySelectorAll('.sample .tok').length > 0")
+        dom = browser.eval(
+            """(() => ({
+              chips: [...document.querySelectorAll('.sample .boundary .policy-chip')]
+                .map(c => [c.textContent, c.classList.contains('adapter')]),
+              policies: [...document.querySelectorAll('.sample span.tok')].map(t => t.dataset.policy),
+              masks: [...document.querySelectorAll('.sample span.tok')].map(t => Number(t.dataset.mask)),
+              listed: document.querySelector('.sample dd.policies').textContent,
+              title: document.querySelector('.sample span.tok.sampled').title,
+            }))()"""
+        )
+    finally:
+        browser.close()
+    assert dom["chips"] == [[MODEL, False], [CODER, True], [MODEL, False], [CODER, True]]
+    assert dom["listed"] == f"{MODEL}, {CODER}"
+    assert f"policy {MODEL}" in dom["title"]
+    # Each sampled token names the policy that sampled it.
+    prompt = len(whole["prompt_ids"])
+    sampled = [p for p, m in zip(dom["policies"], dom["masks"]) if m == 1]
+    want = [speaker for (speaker, _), ids in zip(TURNS, script) for _ in ids]
+    assert sampled == want
+    assert len(dom["policies"]) == prompt + len(whole["response_ids"])
+    assert offsets[0] == 0
+
+
 def test_planner_and_coder_each_export_their_own_actions():
     if not (TOKENIZER / "tokenizer.json").exists():
         pytest.fail("missing .cache/tokenizers/qwen3: run scripts/fetch-tokenizers.sh")
@@ -93,6 +128,8 @@ def test_planner_and_coder_each_export_their_own_actions():
             export(addr, "model=")
         assert bad.value.code == 400
         assert json.load(bad.value)["error"]["param"] == "model"
+
+        check_viewer(addr, whole, offsets, script)
     finally:
         for p in (gw, mock):
             p.terminate()
