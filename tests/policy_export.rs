@@ -115,12 +115,19 @@ async fn each_policys_export_masks_exactly_its_own_sampled_tokens() {
     assert_eq!(all.len(), 1, "one sample");
     let all = &all[0];
     assert_eq!(all["num_turns"], 4);
-    assert_eq!((&all["model"], &all["adapter"]), (&Value::Null, &Value::Null));
+    assert_eq!(
+        (&all["model"], &all["adapter"]),
+        (&Value::Null, &Value::Null)
+    );
 
     for (query, own, adapter) in [
         (format!("model={MODEL}"), MODEL, Value::Null),
         (format!("adapter={CODER}"), CODER, json!(CODER)),
-        (format!("model={MODEL}&adapter={CODER}"), CODER, json!(CODER)),
+        (
+            format!("model={MODEL}&adapter={CODER}"),
+            CODER,
+            json!(CODER),
+        ),
     ] {
         let rows = g.export_jsonl(&format!("trajectory=duo&{query}")).await;
         assert_eq!(rows.len(), 1, "{query}");
@@ -180,13 +187,19 @@ async fn each_policys_export_masks_exactly_its_own_sampled_tokens() {
     // The metrics count each policy's calls and sampled tokens (this is the
     // only test of the binary that makes calls).
     let text = g.get_text("/metrics").await;
-    for (policy, turns) in [(MODEL, [&turns[0], &turns[2]]), (CODER, [&turns[1], &turns[3]])] {
+    for (policy, turns) in [
+        (MODEL, [&turns[0], &turns[2]]),
+        (CODER, [&turns[1], &turns[3]]),
+    ] {
         let tokens: usize = turns.iter().map(|t| t.len()).sum();
         for line in [
             format!("tito_policy_calls_total{{policy=\"{policy}\"}} 2"),
             format!("tito_policy_sampled_tokens_total{{policy=\"{policy}\"}} {tokens}"),
         ] {
-            assert!(text.lines().any(|l| l == line), "missing {line} in:\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line} in:\n{text}"
+            );
         }
     }
 }
