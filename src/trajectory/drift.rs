@@ -27,7 +27,7 @@ pub struct Served {
     pub tool_calls: bool,
 }
 
-pub const CAUSES: [&str; 8] = [
+pub const CAUSES: [&str; 9] = [
     "bpe_retokenization",
     "tool_call_rerender",
     "reasoning_stripped",
@@ -35,6 +35,7 @@ pub const CAUSES: [&str; 8] = [
     "bos",
     "client_edit",
     "context_change",
+    "other_policy",
     "other",
 ];
 

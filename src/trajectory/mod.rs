@@ -92,6 +92,9 @@ struct TrajState {
     created_at: Option<i64>,
     /// Images this view put in the store (each is put once per view).
     stored_images: HashSet<String>,
+    /// Calls of the trajectory made by a model that tokenizes differently:
+    /// in the store, not in this view.
+    other_policy_calls: u32,
 }
 
 impl TrajState {
@@ -179,6 +182,9 @@ pub struct Trajectories {
     hot: Mutex<hot::HotMap>,
     /// The template switches the other surfaces may set.
     switches: Switches,
+    /// Models with other tokenizers or templates write to the same
+    /// trajectories ([`Trajectories::with_other_families`]).
+    other_families: bool,
 }
 
 /// Store reloads one commit may do after finding its call slot taken.
@@ -198,7 +204,25 @@ impl Trajectories {
             switches,
             hot: Mutex::new(hot::HotMap::new(config.hot_bytes)),
             config,
+            other_families: false,
         }
+    }
+
+    /// A view beside views of models that tokenize differently: it skips
+    /// their calls (they continue only each other) and checks the store
+    /// for calls they added before each call, as a replica checks a shared
+    /// store.
+    pub fn with_other_families(mut self, on: bool) -> Self {
+        self.other_families = on;
+        self
+    }
+
+    /// Whether `rec` was made by a model this view's renderer does not
+    /// tokenize for.
+    fn other_policy(&self, rec: &CallRecord) -> bool {
+        self.other_families
+            && (rec.tokenizer_sha256 != self.renderer.tokenizer_sha256()
+                || rec.template_sha256 != self.renderer.template_sha256())
     }
 
     pub fn store(&self) -> &DynStore {
@@ -303,7 +327,8 @@ impl Trajectories {
             let mut st = state.lock().await;
             // Only the first try: a retry after a failed first call asks.
             let unseen = std::mem::take(&mut st.named_here) && st.next_call == 0;
-            if st.loaded && !unseen && self.store.shared() && self.refresh(tid, &mut st).await? {
+            let shared = self.store.shared() || self.other_families;
+            if st.loaded && !unseen && shared && self.refresh(tid, &mut st).await? {
                 crate::metrics::hot_stale_reloads(1);
                 self.resized(tid, &st);
             }

@@ -97,8 +97,13 @@ impl Trajectories {
         let (calls, served, created_at) = {
             let mut st = state.lock().await;
             let created_at = *st.created_at.get_or_insert_with(crate::store::now_ms);
-            (st.calls.clone(), st.served.clone(), created_at)
+            (
+                st.calls.clone(),
+                st.served.clone(),
+                (created_at, st.other_policy_calls),
+            )
         };
+        let (created_at, others) = created_at;
         let served = |c: u32| served.get(&c).copied().unwrap_or_default();
         // Harmony's system message names a date: the trajectory's first
         // day unless the request gives one, so every turn renders alike.
@@ -113,7 +118,7 @@ impl Trajectories {
         let render = tracing::info_span!(target: PHASE, "render");
         let mut prepared = render.in_scope(|| {
             run_render_work(render_bytes(input.messages, input.tools), || {
-                self.prepare_chat_sync(&calls, &served, input)
+                self.prepare_chat_sync(&calls, &served, input, others)
             })
         })?;
         drop(render);
@@ -126,6 +131,7 @@ impl Trajectories {
         calls: &[Arc<HotCall>],
         served: &dyn Fn(u32) -> Served,
         input: ChatInput<'_>,
+        others: u32,
     ) -> Result<Prepared, TrajectoryError> {
         let context = RenderContext {
             tools: input.tools,
@@ -134,7 +140,8 @@ impl Trajectories {
         };
         let hashes = prefix_hashes(input.messages);
         let context = context.hash();
-        let mut prepared = self.prepare_chat_hashed(calls, served, input, &hashes, context)?;
+        let mut prepared =
+            self.prepare_chat_hashed(calls, served, input, &hashes, context, others)?;
         prepared.messages_hash = hashes.last().copied().unwrap_or(0);
         prepared.context = context;
         Ok(prepared)
@@ -147,6 +154,7 @@ impl Trajectories {
         input: ChatInput<'_>,
         hashes: &[u64],
         context: ContextHash,
+        others: u32,
     ) -> Result<Prepared, TrajectoryError> {
         let messages = input.messages;
         let mut best: Option<(&Arc<HotCall>, usize)> = None;
@@ -197,6 +205,16 @@ impl Trajectories {
                         "changed": c.context.changed(context),
                         "reason": "the history continues this call, rendered with other tools or template kwargs; new sample started"}),
                 }),
+                // The turns before this one were sampled by a model that
+                // tokenizes differently: its ids cannot be this prompt's.
+                (None, None) if others > 0 && messages.iter().any(|m| m["role"] == "assistant") => {
+                    Some(Drift {
+                        position: 0,
+                        cause: "other_policy".into(),
+                        details: json!({"other_policy_calls": others,
+                            "reason": "earlier calls of this trajectory were served by a model with another tokenizer or template; this call's history is rendered fresh as a new sample"}),
+                    })
+                }
                 (None, None) => None,
             };
             return Ok(self.root(ids, fresh_text, drift));

@@ -59,7 +59,7 @@ impl Trajectories {
             0 => Vec::new(), // only finished meanwhile
             n => self.store.latest_calls(tid, n).await?,
         };
-        if !continues_view(st, &calls, meta) {
+        if !continues_view(st, &calls, meta, |c| self.other_policy(c)) {
             return self.reload(tid, st).await;
         }
         set_meta(st, meta);
@@ -89,6 +89,10 @@ impl Trajectories {
         let mut translated: HashMap<u32, (Json, usize)> = HashMap::new();
         let mut conversations: HashMap<String, Vec<Json>> = HashMap::new();
         for i in 0..calls.len() {
+            if self.other_policy(&calls[i]) {
+                st.other_policy_calls += 1;
+                continue;
+            }
             let api = calls[i].api.as_deref().and_then(Api::from_name);
             let messages = match calls[i].request_of {
                 Some(first) => bodies.get(&first).cloned().flatten(),
@@ -273,7 +277,13 @@ fn held(st: &TrajState, index: u32) -> Option<&Arc<HotCall>> {
 /// Whether `calls` are exactly the calls the view lacks to reach `meta`:
 /// the next indices in order, each built on a call the view holds or on
 /// one of them, each request body found among them.
-fn continues_view(st: &TrajState, calls: &[CallRecord], meta: &TrajectoryMeta) -> bool {
+/// (Calls of another policy, which the view skips, are not asked about.)
+fn continues_view(
+    st: &TrajState,
+    calls: &[CallRecord],
+    meta: &TrajectoryMeta,
+    other_policy: impl Fn(&CallRecord) -> bool,
+) -> bool {
     let first = st.next_call;
     let indices_follow = calls
         .iter()
@@ -282,6 +292,9 @@ fn continues_view(st: &TrajState, calls: &[CallRecord], meta: &TrajectoryMeta) -
     indices_follow
         && first as usize + calls.len() == meta.next_call_index as usize
         && calls.iter().all(|c| {
+            if other_policy(c) {
+                return true;
+            }
             let parent_known = c
                 .parent_call
                 .is_none_or(|p| p < c.call_index && (p >= first || held(st, p).is_some()));
