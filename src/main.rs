@@ -283,16 +283,28 @@ fn check_config(path: &std::path::Path, insecure_open: bool) -> anyhow::Result<(
     config.insecure_open = insecure_open;
     let auth = tito::api::auth::Auth::from_config(&config)?;
     tito::api::auth::check_exposure(&config, &auth)?;
-    let renderer = tito::render::Renderer::load(&config.model)
-        .map_err(|e| anyhow::anyhow!("model.tokenizer: {e}"))?;
+    let mut served = Vec::new();
+    for (i, view) in config.served().iter().enumerate() {
+        let key = match config.models_form() {
+            tito::config::ModelsForm::Single => "model.tokenizer".to_string(),
+            tito::config::ModelsForm::List => format!("models[{i}].tokenizer"),
+        };
+        let renderer =
+            tito::render::Renderer::load(&view.model).map_err(|e| anyhow::anyhow!("{key}: {e}"))?;
+        served.push(format!(
+            "model {} with a {}-token vocabulary, {} backend(s)",
+            view.model.name,
+            renderer.vocab_size(),
+            view.backends.len(),
+        ));
+    }
     println!(
-        "{}: ok (listen {}, model {} with a {}-token vocabulary, {} backend(s), store {})",
+        "{}: ok (listen {}, {}, store {}; {} form)",
         path.display(),
         config.server.listen,
-        config.model.name,
-        renderer.vocab_size(),
-        config.backends.len(),
+        served.join(", "),
         tito::config::redact_store_url(&config.store.url),
+        config.models_form().as_str(),
     );
     Ok(())
 }

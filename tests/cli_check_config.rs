@@ -55,3 +55,33 @@ fn a_good_config_passes_and_each_refusal_names_its_cause() {
     assert_eq!(code, 1, "{out}");
     assert!(out.contains("model.tokenizer"), "{out}");
 }
+
+#[test]
+fn the_check_says_which_models_form_is_used() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".cache/tokenizers");
+    let (qwen, llama) = (dir.join("qwen3"), dir.join("llama3_1"));
+    let (code, out) = check(&config("", &qwen.display().to_string()));
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("; [model] form)"), "{out}");
+
+    let list = format!(
+        "[[models]]\nname = \"planner\"\ntokenizer = \"{}\"\n\
+         [[models.backends]]\nurl = \"http://127.0.0.1:9\"\nkind = \"vllm\"\n\
+         [[models]]\nname = \"coder\"\ntokenizer = \"{}\"\n\
+         [[models.backends]]\nurl = \"http://127.0.0.1:10\"\nkind = \"vllm\"\n",
+        qwen.display(),
+        llama.display()
+    );
+    let (code, out) = check(&list);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("model planner with a ") && out.contains("model coder with a "),
+        "{out}"
+    );
+    assert!(out.contains("; [[models]] form)"), "{out}");
+
+    // A second model's tokenizer that does not load is named by its entry.
+    let (code, out) = check(&list.replace(&llama.display().to_string(), "/nonexistent/tok"));
+    assert_eq!(code, 1, "{out}");
+    assert!(out.contains("models[1].tokenizer"), "{out}");
+}

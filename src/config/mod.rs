@@ -8,10 +8,12 @@
 
 mod backend;
 mod model;
+mod models;
 mod redact;
 
 pub use backend::{BackendConfig, BackendKind, VllmApi};
 pub use model::{usable_model_id, AdapterConfig, ModelConfig, VisionName, TOOL_PARSERS};
+pub use models::{BackendRef, ModelsForm};
 
 pub use redact::{redact_store_url, redact_url, redacted_token, usable_token, Secret};
 
@@ -58,6 +60,11 @@ pub struct Config {
     pub model: ModelConfig,
     #[serde(default)]
     pub backends: Vec<BackendConfig>,
+    /// `[[models]]`: several served models (see [`Config::served`]); empty
+    /// in the one-model form. Once loaded, `model` and `backends` are the
+    /// first entry's.
+    #[serde(default)]
+    pub models: Vec<ModelConfig>,
     #[serde(default)]
     pub engine: EngineConfig,
     #[serde(default)]
@@ -442,10 +449,13 @@ impl Config {
     }
 
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
-        let config: Config = toml::from_str(text).map_err(|e| ConfigError::Parse {
+        let parse_error = |e: toml::de::Error| ConfigError::Parse {
             path: PathBuf::from("<string>"),
             message: redact::toml_error(text, &e),
-        })?;
+        };
+        let mut config: Config = toml::from_str(text).map_err(parse_error)?;
+        let table: toml::Table = toml::from_str(text).map_err(parse_error)?;
+        models::resolve(&mut config, table.contains_key("model"))?;
         config.validate()?;
         Ok(config)
     }
@@ -511,6 +521,7 @@ impl Config {
                 "a token is 8 to 4096 printable ASCII characters without spaces",
             ));
         }
+        self.validate_models()?;
         self.model.validate()?;
         backend::validate(&self.backends)?;
         if !self.model.adapters.is_empty() {

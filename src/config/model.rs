@@ -45,6 +45,9 @@ pub struct ModelConfig {
     /// LoRA adapters of this model its backends serve (`[[model.adapters]]`),
     /// each requested by its name as a model id.
     pub adapters: Vec<AdapterConfig>,
+    /// `[[models]]` only: the model's backends (`[[models.backends]]`
+    /// tables, or names of `[[backends]]` entries).
+    pub backends: Vec<super::BackendRef>,
 }
 
 /// `[[model.adapters]]`: a LoRA adapter of the model, served by the model's
@@ -118,6 +121,7 @@ impl Default for ModelConfig {
             image_fetch_hosts: Vec::new(),
             image_fetch_timeout_s: 10,
             adapters: Vec::new(),
+            backends: Vec::new(),
         }
     }
 }
