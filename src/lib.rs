@@ -40,6 +40,9 @@
 //!     stand-alone `tito engine` server; cargo feature `engine` (default on).
 //! 17. [`api`]: axum routes (OpenAI, trajectories, admin, metrics); one
 //!     straight async function per request: parse → prepare → run → respond.
+//!     `api::gateway` holds the served models (`[[models]]`), each with its
+//!     own renderer, backends and router, and picks one by a request's
+//!     `model`.
 
 pub mod api;
 pub mod backend;

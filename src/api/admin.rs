@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
+use axum::extract::{Path, Query};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -14,13 +14,13 @@ use axum::{Json, Router};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::AppState;
+use super::{AdminModel, AppState};
 use crate::backend::{AdminOp, UpdateMode};
 use crate::config::{BackendConfig, BackendKind};
 use crate::error::ApiError;
 use crate::router::{AdminResult, BackendId, Pause};
 
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<super::Gateway> {
     Router::new()
         .route("/admin/backends", get(backends).post(add_backend))
         .route("/admin/backends/{id}", delete(remove_backend))
@@ -36,7 +36,7 @@ pub fn routes() -> Router<AppState> {
         )
 }
 
-async fn backends(State(state): State<AppState>) -> Json<Value> {
+async fn backends(AdminModel(state): AdminModel) -> Json<Value> {
     let c = state.router.counters();
     Json(json!({
         "policy": state.router.policy_name(),
@@ -77,7 +77,7 @@ struct AddBackend {
     vllm_api: crate::config::VllmApi,
 }
 
-async fn add_backend(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn add_backend(AdminModel(state): AdminModel, body: Bytes) -> Result<Response, ApiError> {
     let b: AddBackend = parse_json(&body)?;
     if b.kind == BackendKind::Engine && b.url == "engine" {
         return Err(ApiError::invalid(
@@ -136,7 +136,7 @@ async fn add_backend(State(state): State<AppState>, body: Bytes) -> Result<Respo
 }
 
 async fn remove_backend(
-    State(state): State<AppState>,
+    AdminModel(state): AdminModel,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let id: BackendId = match id.parse::<u64>() {
@@ -309,7 +309,7 @@ struct SleepParams {
 /// every backend to sleep; admission stays paused until `wake_up`. A
 /// backend that failed or did not answer is named with its state.
 async fn sleep(
-    State(state): State<AppState>,
+    AdminModel(state): AdminModel,
     q: Result<Query<SleepParams>, axum::extract::rejection::QueryRejection>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
@@ -348,7 +348,7 @@ async fn sleep(
 /// Wakes every backend up, then ends the sleep's pause (always: a backend
 /// that did not wake stays out of rotation and is named). Refused during a
 /// two-step weight update, whose pause only its commit ends.
-async fn wake_up(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn wake_up(AdminModel(state): AdminModel, body: Bytes) -> Result<Response, ApiError> {
     let timing: Timing = parse_json(&body)?;
     one_at_a_time(&state, move |state| async move {
         not_updating(&state)?;
@@ -490,7 +490,8 @@ async fn commit_version(state: &AppState, version: &str) -> Result<u64, ApiError
 /// answer is named and kept out of rotation. The fleet's version changes
 /// only when every backend took the update. Refused during a two-step
 /// update.
-async fn weights(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn weights(AdminModel(state): AdminModel, body: Bytes) -> Result<Response, ApiError> {
+    state.check_weights_model()?;
     let w: Weights = parse_json(&body)?;
     check_version(&w.version)?;
     let mode = update_mode(w.mode.as_deref())?;
@@ -556,7 +557,8 @@ async fn update_weights(
 /// a backend fails, the others are told the update ended without new
 /// weights and the pause ends: nothing to push. Refused while an update is
 /// already begun (a retried `begin`).
-async fn weights_begin(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn weights_begin(AdminModel(state): AdminModel, body: Bytes) -> Result<Response, ApiError> {
+    state.check_weights_model()?;
     let b: Begin = parse_json(&body)?;
     let mode = update_mode(b.mode.as_deref())?;
     one_at_a_time(&state, move |state| begin_update(state, b.timing, mode)).await
@@ -626,7 +628,8 @@ struct Commit {
 
 /// Two steps, last: tells every backend the update is done, tags each that
 /// answered with `version`, and ends the update's pause whatever happened.
-async fn weights_commit(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn weights_commit(AdminModel(state): AdminModel, body: Bytes) -> Result<Response, ApiError> {
+    state.check_weights_model()?;
     let c: Commit = parse_json(&body)?;
     check_version(&c.version)?;
     one_at_a_time(&state, move |state| commit_update(state, c)).await
@@ -670,7 +673,8 @@ async fn commit_update(state: AppState, c: Commit) -> Result<Response, ApiError>
 /// backend's weights. Tells every backend the update ended without new
 /// weights, puts back the weight version recorded before `begin` and ends
 /// the pause; interrupted calls go on with the weights they had.
-async fn weights_cancel(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn weights_cancel(AdminModel(state): AdminModel, body: Bytes) -> Result<Response, ApiError> {
+    state.check_weights_model()?;
     let t: Timing = parse_json(&body)?;
     one_at_a_time(&state, move |state| cancel_update(state, t)).await
 }

@@ -7,14 +7,13 @@
 //! other adapters go on. Each adapter carries its own weight version.
 
 use axum::body::Bytes;
-use axum::extract::State;
 use axum::response::Response;
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::admin::{check_version, parse_json, report, Timing};
-use super::AppState;
+use super::{AdminModel, AppState};
 use crate::backend::AdminOp;
 use crate::error::ApiError;
 
@@ -35,7 +34,7 @@ struct Change {
     timing: Timing,
 }
 
-pub(super) async fn list(State(state): State<AppState>) -> Json<Value> {
+pub(super) async fn list(AdminModel(state): AdminModel) -> Json<Value> {
     let adapters: Vec<Value> = state
         .adapters
         .all()
@@ -50,7 +49,7 @@ pub(super) async fn list(State(state): State<AppState>) -> Json<Value> {
 }
 
 pub(super) async fn change(
-    State(state): State<AppState>,
+    AdminModel(state): AdminModel,
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let c: Change = parse_json(&body)?;
@@ -59,6 +58,17 @@ pub(super) async fn change(
             "name",
             "`name` must be 1 to 256 printable ASCII characters without spaces, other than \
              the model's own name",
+        ));
+    }
+    let own = state.adapters.all().iter().any(|a| *a.name == c.name);
+    if !own && state.served_ids().contains(&c.name) {
+        return Err(ApiError::invalid(
+            "name",
+            format!(
+                "`{}` is served by another model: an adapter's changes go to its base model \
+                 (POST /admin/adapters?model=BASE)",
+                c.name
+            ),
         ));
     }
     match c.mode.as_deref() {

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
-use axum::extract::{RawPathParams, State};
+use axum::extract::RawPathParams;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::ser::{SerializeMap, Serializer};
@@ -18,7 +18,7 @@ use super::request::{parse_body, ChatRequest};
 use super::run::{self, ChatCall, Surface};
 use super::sse::{usage, Chunks};
 use super::stream::{Deltas, Encoder, Out};
-use super::{new_id, AppState};
+use super::{new_id, AppState, Picked};
 use crate::call::{Answer, ChoiceEvent, ParseSetup};
 use crate::error::ApiError;
 use crate::metrics::PHASE;
@@ -28,10 +28,9 @@ use crate::surface::Api;
 const ROUTE: &str = "/v1/chat/completions";
 
 pub async fn chat_completions(
-    State(state): State<AppState>,
     path: RawPathParams,
     headers: HeaderMap,
-    body: Bytes,
+    Picked(state, body): Picked,
 ) -> Response {
     let ids = super::PathIds::of(&path);
     match handle(state, ids, &headers, body).await {
@@ -41,13 +40,15 @@ pub async fn chat_completions(
 }
 
 /// What the client wants in its response (independent of what is recorded).
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Shape {
     logprobs: bool,
     token_ids: bool,
     usage_chunk: bool,
     /// The request used the deprecated `functions`: answer `function_call`.
     legacy_functions: bool,
+    /// The id it is answered as (the model or an adapter).
+    model: String,
 }
 
 /// Parses and checks a chat request into the call the shared run makes.
@@ -75,11 +76,12 @@ fn parse(
         _ => &[],
     };
     super::unsupported::chat(&received, honoured)?;
-    let shape = Shape {
+    let mut shape = Shape {
         logprobs: req.logprobs_k()?.is_some(),
         token_ids: req.return_token_ids,
         usage_chunk: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
         legacy_functions,
+        model: String::new(),
     };
     let call = chat_call(
         state,
@@ -91,6 +93,7 @@ fn parse(
         Api::Chat,
         new_id("chatcmpl"),
     )?;
+    shape.model = state.served_id(call.adapter.as_deref());
     Ok((call, shape))
 }
 
@@ -178,7 +181,7 @@ impl Surface for ChatSurface {
     }
 
     fn body(&self, state: &AppState, answer: &Answer) -> Result<Response, ApiError> {
-        Ok(axum::Json(response_body(state, answer, self.shape)).into_response())
+        Ok(axum::Json(response_body(state, answer, &self.shape)).into_response())
     }
 
     fn stream(
@@ -188,7 +191,13 @@ impl Surface for ChatSurface {
         parsing: Option<Arc<ParseSetup>>,
         forced: bool,
     ) -> ChatEncoder {
-        let chunks = Chunks::new(state, "chat.completion.chunk", created, self.shape);
+        let chunks = Chunks::new(
+            state,
+            "chat.completion.chunk",
+            created,
+            &self.shape.model,
+            self.shape.clone(),
+        );
         ChatEncoder::new(chunks, parsing, forced)
     }
 }
@@ -251,7 +260,7 @@ impl Serialize for Message<'_> {
     }
 }
 
-fn response_body<'a>(state: &'a AppState, answer: &'a Answer, shape: Shape) -> Completion<'a> {
+fn response_body<'a>(state: &'a AppState, answer: &'a Answer, shape: &'a Shape) -> Completion<'a> {
     let choices = answer
         .choices
         .iter()
@@ -283,7 +292,7 @@ fn response_body<'a>(state: &'a AppState, answer: &'a Answer, shape: Shape) -> C
         id: &answer.request_id,
         object: "chat.completion",
         created: answer.created,
-        model: &state.config.model.name,
+        model: &shape.model,
         system_fingerprint: state.system_fingerprint(),
         choices,
         usage: usage(answer.prompt_tokens(), answer.completion_tokens()),

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
-use axum::extract::{RawPathParams, State};
+use axum::extract::RawPathParams;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value as Json};
@@ -15,7 +15,7 @@ use super::logprobs::completion_logprobs;
 use super::request::{parse_body, CompletionRequest, PromptSpec};
 use super::sse::{sse_response, usage, Chunks};
 use super::stream::{self, Encoder, Out};
-use super::{new_id, unix_now, AppState};
+use super::{new_id, unix_now, AppState, Picked};
 use crate::call::replies::Claim;
 use crate::call::{Answer, ChoiceEvent, Output, PlanRequest};
 use crate::error::ApiError;
@@ -25,10 +25,9 @@ use crate::trajectory::CallContext;
 const ROUTE: &str = "/v1/completions";
 
 pub async fn completions(
-    State(state): State<AppState>,
     path: RawPathParams,
     headers: HeaderMap,
-    body: Bytes,
+    Picked(state, body): Picked,
 ) -> Response {
     let ids = super::PathIds::of(&path);
     match handle(state, ids, &headers, body).await {
@@ -122,6 +121,7 @@ async fn handle(
         logprobs: req.logprobs.is_some(),
         token_ids: req.return_token_ids,
         usage_chunk: req.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        model: state.served_id(adapter.as_deref()),
     };
     let owner = match state
         .calls
@@ -174,14 +174,15 @@ async fn handle(
     // Respond.
     let headers = super::trajectory_header(&tid);
     if req.stream {
-        let chunks = Chunks::new(&state, "text_completion", unix_now(), shape);
+        let model = shape.model.clone();
+        let chunks = Chunks::new(&state, "text_completion", unix_now(), &model, shape);
         let encoder = CompletionEncoder::new(chunks);
         return Ok(sse_response(&state, headers, move |tx| {
             stream::run(running, encoder, ROUTE, tid, tx)
         }));
     }
     let answer = running.finish().await?;
-    let body = response_body(&state, &answer, shape);
+    let body = response_body(&state, &answer, &shape);
     crate::metrics::gateway_overhead(
         "completions",
         handled.elapsed().saturating_sub(answer.generated_in),
@@ -190,28 +191,31 @@ async fn handle(
 }
 
 /// What the client wants in its response (independent of what is recorded).
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Shape {
     logprobs: bool,
     token_ids: bool,
     usage_chunk: bool,
+    /// The id the client asked for: the model's name or an adapter's.
+    model: String,
 }
 
 /// A recorded answer, given again (an SDK retry or a repeated key).
 fn replay(state: &AppState, answer: Arc<Answer>, stream: bool, shape: Shape) -> Response {
     let headers = super::trajectory_header(&answer.trajectory_id);
     if !stream {
-        let body = response_body(state, &answer, shape);
+        let body = response_body(state, &answer, &shape);
         return (headers, axum::Json(body)).into_response();
     }
-    let chunks = Chunks::new(state, "text_completion", answer.created, shape);
+    let model = shape.model.clone();
+    let chunks = Chunks::new(state, "text_completion", answer.created, &model, shape);
     let encoder = CompletionEncoder::new(chunks);
     sse_response(state, headers, move |tx| {
         stream::replay(answer, encoder, tx)
     })
 }
 
-fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
+fn response_body(state: &AppState, answer: &Answer, shape: &Shape) -> Json {
     let n = answer.n.max(1) as usize;
     let choices: Vec<Json> = answer
         .choices
@@ -240,7 +244,7 @@ fn response_body(state: &AppState, answer: &Answer, shape: Shape) -> Json {
         "id": answer.request_id,
         "object": "text_completion",
         "created": answer.created,
-        "model": state.config.model.name,
+        "model": shape.model,
         "system_fingerprint": state.system_fingerprint(),
         "choices": choices,
         "usage": usage(answer.prompt_tokens(), answer.completion_tokens()),

@@ -9,8 +9,9 @@ use axum::response::{IntoResponse, Response};
 use crate::metrics::{BackendGauges, RouterCounters};
 use crate::router::{CircuitState, Router};
 
-pub async fn render(State(router): State<Arc<Router>>) -> Response {
-    let snapshot = router.snapshot();
+/// Over every served model's router.
+pub async fn render(State(routers): State<Arc<Vec<Arc<Router>>>>) -> Response {
+    let snapshot: Vec<_> = routers.iter().flat_map(|r| r.snapshot()).collect();
     let backends: Vec<BackendGauges<'_>> = snapshot
         .iter()
         .map(|b| {
@@ -25,13 +26,18 @@ pub async fn render(State(router): State<Arc<Router>>) -> Response {
             }
         })
         .collect();
-    let c = router.counters();
-    let counters = RouterCounters {
-        sticky_hits: c.sticky_hits,
-        sticky_misses: c.sticky_misses,
-        sticky_evictions: c.sticky_evictions,
-        moves: c.moves,
+    let mut counters = RouterCounters {
+        sticky_hits: 0,
+        sticky_misses: 0,
+        sticky_evictions: 0,
+        moves: 0,
     };
+    for c in routers.iter().map(|r| r.counters()) {
+        counters.sticky_hits += c.sticky_hits;
+        counters.sticky_misses += c.sticky_misses;
+        counters.sticky_evictions += c.sticky_evictions;
+        counters.moves += c.moves;
+    }
     (
         [("content-type", "text/plain; version=0.0.4")],
         crate::metrics::render(&backends, &counters),

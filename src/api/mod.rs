@@ -13,6 +13,7 @@ mod chat;
 mod completions;
 mod count;
 pub mod export;
+pub mod gateway;
 mod image_fetch;
 mod images;
 mod logprobs;
@@ -24,6 +25,7 @@ pub mod request;
 pub mod request_id;
 mod responses;
 mod run;
+mod serve;
 mod sse;
 mod stream;
 pub mod trajectories;
@@ -31,9 +33,7 @@ pub mod ui;
 mod unsupported;
 mod verify;
 
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::extract::{DefaultBodyLimit, FromRef, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
@@ -51,6 +51,8 @@ use crate::router::Router;
 use crate::store::{DynStore, TrajectoryMetadata};
 use crate::trajectory::Trajectories;
 
+pub use gateway::{AdminModel, Gateway, Picked};
+pub use serve::{build_backends, serve};
 pub use trajectories::StoreState;
 
 /// Context window used when neither the config nor the model files say.
@@ -89,6 +91,8 @@ pub struct AppParts {
     pub adapters: Arc<crate::router::adapters::Adapters>,
     /// `[model] name`, shared by every call's record.
     pub model_name: Arc<str>,
+    /// The other models served beside this one.
+    pub peers: gateway::Peers,
 }
 
 impl FromRef<AppState> for StoreState {
@@ -162,6 +166,23 @@ impl AppState {
         backends: Vec<DynBackend>,
         store: DynStore,
     ) -> anyhow::Result<AppState> {
+        let trajectories = Arc::new(Trajectories::new(
+            store.clone(),
+            renderer.clone(),
+            config.trajectory.clone(),
+        ));
+        AppState::build(config, renderer, backends, store, trajectories)
+    }
+
+    /// State of one served model over `trajectories` (shared by the
+    /// models that tokenize alike, see [`Gateway`]).
+    fn build(
+        config: Config,
+        renderer: Arc<Renderer>,
+        backends: Vec<DynBackend>,
+        store: DynStore,
+        trajectories: Arc<Trajectories>,
+    ) -> anyhow::Result<AppState> {
         // A backend that knows its context (the in-process engine) bounds
         // the window: a prompt it cannot hold is refused here, naming both
         // numbers, and the room left for output is counted against it.
@@ -171,11 +192,6 @@ impl AppState {
         for (b, cfg) in backends.into_iter().zip(&config.backends) {
             router.add_backend(b, cfg.url.clone())?;
         }
-        let trajectories = Arc::new(Trajectories::new(
-            store.clone(),
-            renderer.clone(),
-            config.trajectory.clone(),
-        ));
         let (traj, pins) = (trajectories.clone(), router.clone());
         let forget: trajectories::FinishHook = Arc::new(move |id: &str| {
             traj.forget(id);
@@ -217,6 +233,7 @@ impl AppState {
         ));
         Ok(AppState(Arc::new(AppParts {
             started: unix_now(),
+            peers: gateway::Peers::default(),
             model_name: Arc::from(config.model.name.as_str()),
             image_fetch: image_fetch::Fetch::new(&config.model)?,
             recent_images: images::Recent::new(RECENT_IMAGE_BYTES),
@@ -474,30 +491,46 @@ async fn health() -> &'static str {
     "ok"
 }
 
-/// Readiness: a backend can take calls and the store commits. 503 with the
-/// reasons otherwise, so a load balancer stops sending traffic.
-async fn ready(State(state): State<AppState>) -> Response {
-    let backends = state.router.snapshot();
-    let healthy = backends
+/// Readiness: each served model has a backend that can take calls, and the
+/// store commits. 503 with the reasons otherwise, so a load balancer stops
+/// sending traffic. With several models the body lists each one's counts.
+async fn ready(State(gateway): State<Gateway>) -> Response {
+    let counts: Vec<(&str, usize, usize)> = gateway
+        .models()
         .iter()
-        .filter(|b| b.healthy && !b.sleeping && b.weights_error.is_none())
-        .count();
-    let store = state.store.store.writable().await;
-    let ok = healthy > 0 && store.is_ok();
+        .map(|m| {
+            let backends = m.router.snapshot();
+            let healthy = backends
+                .iter()
+                .filter(|b| b.healthy && !b.sleeping && b.weights_error.is_none())
+                .count();
+            (&*m.model_name, backends.len(), healthy)
+        })
+        .collect();
+    let store = gateway.primary().store.store.writable().await;
+    let ok = counts.iter().all(|c| c.2 > 0) && store.is_ok();
     let status = if ok {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE
     };
-    let body = json!({
+    let mut body = json!({
         "ready": ok,
-        "backends": backends.len(),
-        "backends_ready": healthy,
+        "backends": counts.iter().map(|c| c.1).sum::<usize>(),
+        "backends_ready": counts.iter().map(|c| c.2).sum::<usize>(),
         "store": match &store {
             Ok(()) => "writable".to_string(),
             Err(e) => e.to_string(),
         },
     });
+    if counts.len() > 1 {
+        body["models"] = counts
+            .iter()
+            .map(|(name, all, healthy)| {
+                json!({"model": name, "backends": all, "backends_ready": healthy})
+            })
+            .collect();
+    }
     (status, Json(body)).into_response()
 }
 
@@ -565,7 +598,7 @@ async fn limit_concurrency(
     Response::from_parts(parts, axum::body::Body::from_stream(held))
 }
 
-fn v1_routes() -> axum::Router<AppState> {
+fn v1_routes() -> axum::Router<Gateway> {
     axum::Router::new()
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/completions", post(completions::completions))
@@ -575,8 +608,11 @@ fn v1_routes() -> axum::Router<AppState> {
         .merge(messages::routes())
 }
 
-pub fn build_app(state: AppState) -> axum::Router {
+/// The app over `models` (an [`AppState`] is a one-model gateway).
+pub fn build_app(models: impl Into<Gateway>) -> axum::Router {
     crate::metrics::init();
+    let gateway: Gateway = models.into();
+    let state = gateway.primary().clone();
     let limit = state.config.server.max_body_bytes;
     let role = |r: auth::Role| {
         axum::middleware::from_fn_with_state((state.auth.clone(), r), auth::require)
@@ -601,7 +637,13 @@ pub fn build_app(state: AppState) -> axum::Router {
     let metrics = axum::Router::new()
         .route("/metrics", get(metrics::render))
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state.router.clone());
+        .with_state(Arc::new(
+            gateway
+                .models()
+                .iter()
+                .map(|m| m.router.clone())
+                .collect::<Vec<_>>(),
+        ));
     axum::Router::new()
         .merge(openai)
         .merge(trainer)
@@ -612,136 +654,16 @@ pub fn build_app(state: AppState) -> axum::Router {
         .route("/ready", get(ready))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(state)
+        .with_state(gateway)
         .merge(metrics)
         .layer(axum::middleware::from_fn_with_state(limit, around::around))
         .layer(DefaultBodyLimit::max(limit))
-}
-
-/// Builds the configured `[[backends]]`, in order: HTTP clients, and the
-/// bundled engine started in-process for `url = "engine"`. Done at start-up,
-/// here, so that `backend` knows nothing of `engine`.
-pub fn build_backends(config: &Config) -> anyhow::Result<Vec<DynBackend>> {
-    config
-        .backends
-        .iter()
-        .map(|b| match b.kind {
-            crate::config::BackendKind::Engine if b.url == "engine" => start_engine(config, b),
-            _ => crate::backend::build_backend(b, &config.router),
-        })
-        .collect()
-}
-
-#[cfg(feature = "engine")]
-fn start_engine(config: &Config, b: &crate::config::BackendConfig) -> anyhow::Result<DynBackend> {
-    Ok(crate::engine::EngineBackend::start_named(
-        &config.engine,
-        &b.display_name(),
-    )?)
-}
-
-/// Unreachable after config validation, which refuses `url = "engine"` in
-/// a build without the engine; kept as a second guard.
-#[cfg(not(feature = "engine"))]
-fn start_engine(_: &Config, _: &crate::config::BackendConfig) -> anyhow::Result<DynBackend> {
-    anyhow::bail!("{}", crate::config::ENGINE_NOT_BUILT)
-}
-
-pub async fn serve(
-    config: Config,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> anyhow::Result<()> {
-    // Before anything is loaded or bound: an exposed gateway without tokens
-    // does not start.
-    auth::check_exposure(&config, &auth::Auth::from_config(&config)?)?;
-    if !config.server.admin_token.is_empty() {
-        tracing::warn!(
-            "server.admin_token is deprecated and will be removed: move it to [auth] admin_tokens"
-        );
-    }
-    let renderer = Renderer::load(&config.model)?;
-    let backends = build_backends(&config)?;
-    if backends.is_empty() {
-        tracing::warn!(
-            "no [[backends]] configured: calls answer 503 and /ready is 503 until POST /admin/backends adds one"
-        );
-    }
-    // Opening a SQLite store creates and migrates its file: blocking work,
-    // kept off the runtime's threads.
-    let options = crate::store::StoreOptions::from(&config.store);
-    let url = config.store.url.clone();
-    let store =
-        tokio::task::spawn_blocking(move || crate::store::open_with_options(&url, &options))
-            .await??;
-    let listener = tokio::net::TcpListener::bind(&config.server.listen).await?;
-    tracing::info!(addr = %listener.local_addr()?, model = %config.model.name, "tito listening");
-    let ack = config.store.ack;
-    let marked = store.begin_run(ack).await?;
-    if marked > 0 {
-        tracing::warn!(
-            marked,
-            "the previous run used store.ack = \"queued\" and did not end \
-            cleanly: its active trajectories are marked incomplete"
-        );
-    }
-    let state = AppState::new(config, renderer, backends, store)?;
-    state.restore().await?;
-    let health = state.router.start_health_checks();
-    let drain = Duration::from_secs(state.config.server.drain_timeout_s);
-    // The drain deadline, set when the signal arrives.
-    let (stopping, mut deadline) = tokio::sync::watch::channel(None);
-    let running = state.calls.clone();
-    let max_connections = state.config.server.max_connections;
-    let app = build_app(state.clone());
-    let server = crate::server::serve(listener, max_connections, app, async move {
-        shutdown.await;
-        tracing::info!(
-            drain_timeout_s = drain.as_secs(),
-            in_flight = running.running(),
-            "shutting down: finishing calls in flight"
-        );
-        stopping.send_replace(Some(tokio::time::Instant::now() + drain));
-    });
-    // On the signal the server stops accepting; connections with calls in
-    // flight are served to their end, until the deadline.
-    let drained = tokio::select! {
-        () = server => true,
-        () = async {
-            let at = match deadline.wait_for(Option::is_some).await {
-                Ok(at) => *at,
-                Err(_) => None,
-            };
-            match at {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending::<()>().await,
-            }
-        } => false,
-    };
-    // Calls whose client left may still be recording: wait for them too,
-    // until the same deadline.
-    let at = (*deadline.borrow()).unwrap_or_else(tokio::time::Instant::now);
-    let left = at.saturating_duration_since(tokio::time::Instant::now());
-    if !state.calls.wait_idle(left).await || !drained {
-        tracing::warn!(
-            in_flight = state.calls.running(),
-            "drain timeout (server.drain_timeout_s) reached: exiting with calls in flight; \
-             they are not recorded"
-        );
-    }
-    health.stop().await;
-    // Dropping the last handle on a SQLite store waits for its writer to
-    // commit what is still queued: blocking, so off the runtime's threads.
-    let store = state.store.store.clone();
-    drop(state);
-    let _ = tokio::task::spawn_blocking(move || drop(store)).await;
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use crate::store::now_ms;
 
-    /// A gateway-named trajectory id carries the time it was made, first, so
     #[test]
     fn ids_of_only_dots_are_refused() {
         for bad in ["", ".", "..", "...", "a/b", "a b"] {
@@ -758,6 +680,7 @@ mod tests {
         }
     }
 
+    /// A gateway-named trajectory id carries the time it was made, first, so
     /// ids sort in time order; it is an id a client may name too.
     #[test]
     fn trajectory_ids_lead_with_their_time() {

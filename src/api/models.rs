@@ -1,11 +1,11 @@
-//! The served ids: the model and its LoRA adapters. `GET /v1/models`,
+//! The served ids: the models and their LoRA adapters. `GET /v1/models`,
 //! `GET /v1/models/{model}`, and which adapter a request's `model` names.
 
 use axum::extract::State;
 use axum::Json;
 use serde_json::json;
 
-use super::AppState;
+use super::{AppState, Gateway};
 use crate::error::ApiError;
 
 impl AppState {
@@ -21,11 +21,19 @@ impl AppState {
         }
     }
 
-    /// The ids `/v1/models` lists: the model, then its loaded adapters.
+    /// The id a call is answered as: its adapter, else the model.
+    pub(crate) fn served_id(&self, adapter: Option<&str>) -> String {
+        adapter.unwrap_or(&self.config.model.name).to_string()
+    }
+
+    /// The ids `/v1/models` lists: each served model, then its loaded
+    /// adapters.
     pub fn served_ids(&self) -> Vec<String> {
-        std::iter::once(self.config.model.name.clone())
-            .chain(self.adapters.names())
-            .collect()
+        self.peers.ids().unwrap_or_else(|| {
+            std::iter::once(self.config.model.name.clone())
+                .chain(self.adapters.names())
+                .collect()
+        })
     }
 
     /// A call's share of the adapter `name` (waiting while an operation
@@ -61,24 +69,23 @@ fn model_json(state: &AppState, id: &str) -> serde_json::Value {
     m
 }
 
-pub(super) async fn list(State(state): State<AppState>) -> Json<serde_json::Value> {
-    let data: Vec<_> = state
+pub(super) async fn list(State(g): State<Gateway>) -> Json<serde_json::Value> {
+    let data: Vec<_> = g
         .served_ids()
         .iter()
-        .map(|id| model_json(&state, id))
+        .filter_map(|id| Some(model_json(g.by_id(id)?, id)))
         .collect();
     Json(json!({"object": "list", "data": data}))
 }
 
 /// `GET /v1/models/{model}`.
 pub(super) async fn one(
-    State(state): State<AppState>,
+    State(g): State<Gateway>,
     axum::extract::Path(params): axum::extract::Path<std::collections::HashMap<String, String>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let id = params.get("model").map(String::as_str).unwrap_or_default();
-    let served = state.served_ids();
-    if !served.iter().any(|s| s == id) {
-        return Err(ApiError::model_not_found_among(id, &served));
+    match g.by_id(id) {
+        Some(state) => Ok(Json(model_json(state, id))),
+        None => Err(ApiError::model_not_found_among(id, &g.served_ids())),
     }
-    Ok(Json(model_json(&state, id)))
 }

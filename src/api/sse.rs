@@ -87,11 +87,12 @@ pub struct ChunkHead {
 }
 
 impl ChunkHead {
-    pub fn new(state: &super::AppState, object: &'static str, created: u64) -> Self {
+    /// `model`: the id the request was served as (the model or an adapter).
+    pub fn new(state: &super::AppState, object: &'static str, created: u64, model: &str) -> Self {
         ChunkHead {
             object,
             created,
-            model: state.config.model.name.clone(),
+            model: model.to_string(),
             fingerprint: state.system_fingerprint(),
         }
     }
@@ -139,9 +140,15 @@ pub struct Chunks<S> {
 }
 
 impl<S> Chunks<S> {
-    pub fn new(state: &super::AppState, object: &'static str, created: u64, shape: S) -> Self {
+    pub fn new(
+        state: &super::AppState,
+        object: &'static str,
+        created: u64,
+        model: &str,
+        shape: S,
+    ) -> Self {
         Chunks {
-            head: ChunkHead::new(state, object, created),
+            head: ChunkHead::new(state, object, created, model),
             shape,
             renderer: state.renderer.clone(),
         }

@@ -62,7 +62,7 @@ const CSP: &str = "default-src 'self'; script-src 'self'; style-src 'self'; \
 pub const MAX_DECODE_IDS: usize = 65_536;
 
 /// The page shell and its assets: open to all (they carry no data).
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<super::Gateway> {
     Router::new()
         .route("/ui", get(page))
         .route("/ui/", get(page))
@@ -71,7 +71,7 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// What the page reads besides `/v1/trajectories*`: behind the trainer role.
-pub fn trainer_routes() -> Router<AppState> {
+pub fn trainer_routes() -> Router<super::Gateway> {
     Router::new().route("/ui/api/decode", post(decode))
 }
 

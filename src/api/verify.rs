@@ -25,7 +25,7 @@ use super::AppState;
 use crate::error::ApiError;
 use crate::verify::{sample_json, Options, Report, VerifyError};
 
-pub fn routes() -> Router<AppState> {
+pub fn routes() -> Router<super::Gateway> {
     Router::new().route("/v1/trajectories/{id}/verify", post(verify))
 }
 

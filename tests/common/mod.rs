@@ -177,6 +177,38 @@ async fn start_gateway_state(
     (g, app_state)
 }
 
+/// Starts the gateway on every model of `config` (`[[models]]`), each
+/// with the tokenizer its table names; the harness's `renderer` is the
+/// first model's.
+pub async fn start_models(config: Config, store: tito::store::DynStore) -> Gateway {
+    let mut built = Vec::new();
+    for view in config.served() {
+        let renderer = Renderer::load(&view.model).expect("tokenizer loads");
+        let backends = tito::api::build_backends(&view).expect("backends");
+        built.push((renderer, backends));
+    }
+    let renderer = built[0].0.clone();
+    let gateway = tito::api::Gateway::new(&config, built, store).expect("gateway");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        tito::server::serve(
+            listener,
+            tito::config::DEFAULT_MAX_CONNECTIONS,
+            build_app(gateway),
+            std::future::pending(),
+        )
+        .await;
+    });
+    Gateway {
+        addr,
+        renderer,
+        client: reqwest::Client::new(),
+    }
+}
+
 /// Reads an SSE response into its `data:` payloads.
 pub async fn sse_events(resp: reqwest::Response) -> Vec<String> {
     let text = resp.text().await.expect("body");

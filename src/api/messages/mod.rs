@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use axum::body::Bytes;
-use axum::extract::{RawPathParams, State};
+use axum::extract::RawPathParams;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -18,7 +18,7 @@ use serde_json::{json, Value as Json};
 
 use super::request::{parse_json, parse_value, ChatRequest};
 use super::run::{self, Surface};
-use super::AppState;
+use super::{AppState, Picked};
 use crate::call::assemble::StopReason;
 use crate::call::{Answer, ParseSetup};
 use crate::error::ApiError;
@@ -33,7 +33,7 @@ const ROUTE: &str = "/v1/messages";
 /// The routes whose errors are in Anthropic's shape.
 pub const ROUTES: [&str; 2] = ["/v1/messages", "/v1/messages/count_tokens"];
 
-pub fn routes() -> axum::Router<AppState> {
+pub fn routes() -> axum::Router<crate::api::Gateway> {
     axum::Router::new()
         .route("/v1/messages", post(create))
         .route("/v1/messages/count_tokens", post(count_tokens))
@@ -61,10 +61,9 @@ fn received_with_headers(mut received: Json, headers: &HeaderMap) -> Json {
 }
 
 pub async fn create(
-    State(state): State<AppState>,
     path: RawPathParams,
     headers: HeaderMap,
-    body: Bytes,
+    Picked(state, body): Picked,
 ) -> Result<Response, ApiError> {
     let handled = Instant::now();
     let ids = super::PathIds::of(&path);
@@ -103,7 +102,7 @@ fn parse(
         new_message_id(),
     )?;
     let surface = MessagesSurface {
-        model: state.config.model.name.clone(),
+        model: state.served_id(call.adapter.as_deref()),
         stop_sequences: Arc::new(translated.stop_sequences),
         token_ids,
     };
@@ -175,7 +174,7 @@ impl Surface for MessagesSurface {
 
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": N}`, the prompt the
 /// request renders to with the served model's template.
-async fn count_tokens(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn count_tokens(Picked(state, body): Picked) -> Result<Response, ApiError> {
     let mut received = parse_json(&body)?;
     // The count needs no `max_tokens`; the translation does.
     if let Some(obj) = received.as_object_mut() {

@@ -24,7 +24,7 @@ use serde_json::{json, Value as Json};
 
 use super::request::{parse_json, parse_value, ChatRequest};
 use super::run::{self, Surface};
-use super::AppState;
+use super::{AppState, Picked};
 use crate::call::{Answer, ParseSetup};
 use crate::error::ApiError;
 use crate::metrics::PHASE;
@@ -38,7 +38,7 @@ mod events;
 const ROUTE: &str = "/v1/responses";
 
 /// The Responses routes, under `/v1` (and each trajectory path prefix).
-pub fn routes() -> axum::Router<AppState> {
+pub fn routes() -> axum::Router<crate::api::Gateway> {
     axum::Router::new()
         .route("/v1/responses", post(create))
         .route("/v1/responses/input_tokens", post(input_tokens))
@@ -47,10 +47,9 @@ pub fn routes() -> axum::Router<AppState> {
 }
 
 pub async fn create(
-    State(state): State<AppState>,
     path: RawPathParams,
     headers: HeaderMap,
-    body: Bytes,
+    Picked(state, body): Picked,
 ) -> Result<Response, ApiError> {
     let handled = Instant::now();
     let ids = super::PathIds::of(&path);
@@ -140,7 +139,7 @@ async fn parse(
     call.instructions = translated.instructions;
     let surface = ResponsesSurface {
         request: Arc::new(received),
-        model: state.config.model.name.clone(),
+        model: state.served_id(call.adapter.as_deref()),
         shape,
     };
     Ok((call, surface))
@@ -504,7 +503,7 @@ async fn input_items(
 /// `POST /v1/responses/input_tokens`: the prompt tokens the request would
 /// render to with the served model's template, as a new conversation or
 /// continuing its `previous_response_id`.
-async fn input_tokens(State(state): State<AppState>, body: Bytes) -> Result<Response, ApiError> {
+async fn input_tokens(Picked(state, body): Picked) -> Result<Response, ApiError> {
     let received = parse_json(&body)?;
     let previous = match received.get("previous_response_id") {
         Some(Json::String(id)) => Some(previous(&state, id).await?),
