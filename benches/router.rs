@@ -7,6 +7,10 @@
 //!   - evicting: random ids from 80k over a 20k map (about 1 hit in 4; each
 //!     miss evicts);
 //!   - sticky_hit: random ids from 20k, all pinned (100k map).
+//! - policies/{1,8,64}: a call on one of N served policies (the model and
+//!   N - 1 LoRA adapters, picked in turn): the adapter looked up and its
+//!   share taken (`Adapters::is_loaded` + `share`), then a sticky hit, and
+//!   both dropped.
 //!
 //! Run: `cargo bench --bench router`
 
@@ -144,5 +148,44 @@ fn contended(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench, contended);
+/// Per-call cost of the policy a request names, with `n` served ids.
+fn policies(c: &mut Criterion) {
+    use tito::config::AdapterConfig;
+    use tito::router::adapters::Adapters;
+    let prompt: Vec<u32> = (0..2048).collect();
+    let r = router(PolicyKind::LeastRequests);
+    let ids: Vec<String> = (0..10_000).map(|i| format!("traj-{i}")).collect();
+    for id in &ids {
+        drop(r.route(id, &prompt, &[]).unwrap());
+    }
+    let mut g = c.benchmark_group("route/policies");
+    for n in [1usize, 8, 64] {
+        let adapters: Vec<AdapterConfig> = (1..n)
+            .map(|i| AdapterConfig {
+                name: format!("lora-{i}"),
+                path: format!("/loras/{i}"),
+            })
+            .collect();
+        let registry = Adapters::from_config(&adapters);
+        // The model itself (no adapter) is one of the n served ids.
+        let served: Vec<Option<String>> = std::iter::once(None)
+            .chain(adapters.iter().map(|a| Some(a.name.clone())))
+            .collect();
+        let mut i = 0usize;
+        g.bench_function(n.to_string(), |b| {
+            b.iter(|| {
+                i = (i + 7919) % ids.len();
+                let share = served[i % served.len()].as_deref().map(|name| {
+                    assert!(registry.is_loaded(name));
+                    futures::executor::block_on(registry.share(name)).unwrap()
+                });
+                drop(r.route(&ids[i], &prompt, &[]).unwrap());
+                drop(share);
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench, contended, policies);
 criterion_main!(benches);
