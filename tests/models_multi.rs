@@ -7,8 +7,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use common::mock_vllm::{MockVllm, Scripted};
 use common::{start_models, Gateway};
 use serde_json::{json, Value};
@@ -23,15 +21,7 @@ const DUO_QWEN: &str = "duo-qwen";
 const DUO_LLAMA: &str = "duo-llama";
 
 fn tokenizer(name: &str) -> String {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join(".cache/tokenizers")
-        .join(name);
-    assert!(
-        dir.join("tokenizer.json").is_file(),
-        "{} is missing: run scripts/fetch-tokenizers.sh",
-        dir.display()
-    );
-    dir.display().to_string()
+    common::tokenizer_dir(name).display().to_string()
 }
 
 /// Qwen3 with an inline backend and an adapter; Llama 3.1 on a named

@@ -82,10 +82,9 @@ impl Gateway {
     }
 }
 
-/// A real tokenizer fetched by scripts/fetch-tokenizers.sh
-/// (`.cache/tokenizers/{name}`), with a shipped or file `template` (empty:
-/// the tokenizer's own).
-pub fn real_renderer(name: &str, template: &str) -> Arc<Renderer> {
+/// The directory of a tokenizer fetched by scripts/fetch-tokenizers.sh
+/// (`.cache/tokenizers/{name}`).
+pub fn tokenizer_dir(name: &str) -> std::path::PathBuf {
     let dir = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join(".cache/tokenizers")
         .join(name);
@@ -94,6 +93,14 @@ pub fn real_renderer(name: &str, template: &str) -> Arc<Renderer> {
         "{} is missing: run scripts/fetch-tokenizers.sh",
         dir.display()
     );
+    dir
+}
+
+/// A real tokenizer fetched by scripts/fetch-tokenizers.sh
+/// (`.cache/tokenizers/{name}`), with a shipped or file `template` (empty:
+/// the tokenizer's own).
+pub fn real_renderer(name: &str, template: &str) -> Arc<Renderer> {
+    let dir = tokenizer_dir(name);
     let model = tito::config::ModelConfig {
         tokenizer: dir,
         chat_template: std::path::PathBuf::from(template),
@@ -156,19 +163,7 @@ async fn start_gateway_state(
     let state = AppState::new(config, renderer.clone(), backends, store).expect("state");
     state.restore().await.expect("restore");
     let app_state = state.clone();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        tito::server::serve(
-            listener,
-            tito::config::DEFAULT_MAX_CONNECTIONS,
-            build_app(state),
-            std::future::pending(),
-        )
-        .await;
-    });
+    let addr = serve_app(build_app(state)).await;
     let g = Gateway {
         addr,
         renderer,
@@ -189,24 +184,27 @@ pub async fn start_models(config: Config, store: tito::store::DynStore) -> Gatew
     }
     let renderer = built[0].0.clone();
     let gateway = tito::api::Gateway::new(&config, built, store).expect("gateway");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move {
-        tito::server::serve(
-            listener,
-            tito::config::DEFAULT_MAX_CONNECTIONS,
-            build_app(gateway),
-            std::future::pending(),
-        )
-        .await;
-    });
+    let addr = serve_app(build_app(gateway)).await;
     Gateway {
         addr,
         renderer,
         client: reqwest::Client::new(),
     }
+}
+
+/// Serves `app` on a free loopback port until the test ends.
+async fn serve_app(app: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(tito::server::serve(
+        listener,
+        tito::config::DEFAULT_MAX_CONNECTIONS,
+        app,
+        std::future::pending(),
+    ));
+    addr
 }
 
 /// Reads an SSE response into its `data:` payloads.
