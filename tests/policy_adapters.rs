@@ -3,7 +3,9 @@
 //! `model`, SGLang as `lora_path`); an unknown id is a 404 naming the served
 //! ids; `/admin/adapters` loads, replaces and unloads an adapter on the
 //! vLLM mock with vLLM's request shapes, draining the adapter's calls in
-//! flight first (none is lost); the config refuses bad adapter tables.
+//! flight first or (`mode: "abort"`) stopping them and continuing them
+//! from what they sampled (none is lost); the config refuses bad adapter
+//! tables.
 
 mod common;
 mod vision_support;
@@ -208,7 +210,7 @@ async fn admin_adapters_loads_replaces_and_unloads_with_vllms_shapes() {
     for (body, param) in [
         (json!({"name": "x"}), "path"),
         (json!({"name": "test-model", "path": "/p"}), "name"),
-        (json!({"name": "x", "path": "/p", "mode": "abort"}), "mode"),
+        (json!({"name": "x", "path": "/p", "mode": "keep"}), "mode"),
         (
             json!({"name": "x", "path": "/p", "action": "swap"}),
             "action",
@@ -293,6 +295,173 @@ async fn replacing_an_adapter_drains_its_calls_in_flight_and_loses_none() {
         .unwrap_or_else(|| panic!("calls: {t}"));
     assert_eq!(calls.len(), 1, "{t}");
     assert_eq!(calls[0]["finish_reason"], "stop", "{t}");
+}
+
+/// The text of the `data:` chat chunks in `body`.
+fn chunk_text(body: &str) -> String {
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter_map(|v| {
+            v["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(str::to_string)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn replacing_an_adapter_in_abort_mode_continues_its_calls_from_what_they_sampled() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(adapters_config(&[mock.url()])).await;
+    let text = "one two three four five";
+    let mut ids = g.renderer.encode(text).expect("encodes");
+    ids.push(IM_END);
+    let seam = 2;
+    let mut held = Scripted::ids(ids.clone());
+    held.hold_after = Some(seam);
+    mock.push(held);
+    let mut stream = g
+        .post(
+            "/t/ab-1/v1/chat/completions",
+            json!({"model": "coder", "messages": [{"role": "user", "content": "hi"}],
+                   "stream": true}),
+        )
+        .await;
+    // Read until the client has the first `seam` tokens: the gateway holds
+    // exactly those when the change begins.
+    let first = g.renderer.decode(&ids[..seam], true).expect("decodes");
+    let mut body = String::new();
+    while chunk_text(&body) != first {
+        let chunk = stream.chunk().await.expect("read").expect("a chunk");
+        body.push_str(std::str::from_utf8(&chunk).expect("utf-8"));
+    }
+    mock.wait_held(1).await;
+    // The continuation's answer: what the held stream had left.
+    mock.push(Scripted::ids(ids[seam..].to_vec()));
+
+    // The replace does not wait for the call (the held stream is never
+    // released): the gateway stops it and continues it on the new weights.
+    let change = admin(
+        &g,
+        json!({"name": "coder", "path": "/loras/c2", "version": "c-2", "mode": "abort"}),
+    );
+    // A bound on a change that should not wait at all (one that waited for
+    // the held stream would never end).
+    let r = tokio::time::timeout(std::time::Duration::from_secs(60), change)
+        .await
+        .expect("the change did not wait for the adapter's call");
+    assert_eq!(r.status(), 200);
+    let report: Value = r.json().await.expect("json");
+    assert_eq!(report["mode"], "abort");
+    assert_eq!(report["adapter"]["version"], "c-2");
+    while let Some(chunk) = stream.chunk().await.expect("read") {
+        body.push_str(std::str::from_utf8(&chunk).expect("utf-8"));
+    }
+    assert_eq!(
+        chunk_text(&body),
+        text,
+        "one answer across the change: {body}"
+    );
+    assert!(body.contains("\"finish_reason\":\"stop\""), "{body}");
+
+    // The continuation came after the load, on the adapter, with the
+    // prompt and exactly the ids sampled before the change.
+    let log = mock.log();
+    let load = log
+        .iter()
+        .position(|l| l.contains("/loras/c2"))
+        .expect("a load");
+    let generations: Vec<usize> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, l)| l.starts_with("/v1/completions"))
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(
+        generations.len(),
+        2,
+        "one request, one continuation: {log:?}"
+    );
+    assert!(generations[0] < load && load < generations[1], "{log:?}");
+    let requests = mock.requests();
+    let prompt_of = |v: &Value| -> Vec<u32> {
+        serde_json::from_value(v["prompt"].clone()).expect("prompt ids")
+    };
+    let prompt = prompt_of(&requests[0]);
+    let mut continued = prompt.clone();
+    continued.extend_from_slice(&ids[..seam]);
+    assert_eq!(prompt_of(&requests[1]), continued);
+    assert_eq!(requests[1]["model"], "coder");
+
+    // One call in the store, every sampled id verbatim.
+    let t: Value = g
+        .client
+        .get(g.url("/v1/trajectories/ab-1"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    let calls = t["calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("calls: {t}"));
+    assert_eq!(calls.len(), 1, "{t}");
+    assert_eq!(calls[0]["finish_reason"], "stop", "{t}");
+    let sampled: Vec<u32> = serde_json::from_value(calls[0]["sampled_ids"].clone()).expect("ids");
+    assert_eq!(sampled, ids);
+    assert_eq!(calls[0]["adapter"], "coder");
+}
+
+#[tokio::test]
+async fn unloading_an_adapter_in_abort_mode_ends_its_calls_with_a_clear_404() {
+    let mock = MockVllm::start(Scripted::default()).await;
+    let g = start_gateway(adapters_config(&[mock.url()])).await;
+    // Loaded through the gateway, so the mock has it to unload.
+    let r = admin(&g, json!({"name": "coder", "path": "/loras/coder"})).await;
+    assert_eq!(r.status(), 200);
+    let mut held = reply(&g, "never finished");
+    held.hold_after = Some(1);
+    mock.push(held);
+    let call = {
+        let (client, url) = (g.client.clone(), g.url("/t/ab-2/v1/chat/completions"));
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .json(&json!({"model": "coder",
+                              "messages": [{"role": "user", "content": "hi"}]}))
+                .send()
+                .await
+                .expect("send")
+        })
+    };
+    mock.wait_held(1).await;
+    let r = admin(
+        &g,
+        json!({"name": "coder", "action": "unload", "mode": "abort"}),
+    )
+    .await;
+    assert_eq!(r.status(), 200);
+    let resp = call.await.expect("task");
+    assert_eq!(resp.status(), 404);
+    let err: Value = resp.json().await.expect("json");
+    assert_eq!(err["error"]["code"], "model_not_found");
+    let msg = err["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("`coder` was unloaded"), "{msg}");
+    let t = g
+        .client
+        .get(g.url("/v1/trajectories/ab-2"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await;
+    let calls = match t {
+        Ok(r) if r.status() == 200 => r.json::<Value>().await.expect("json")["calls"].clone(),
+        _ => json!([]),
+    };
+    assert_eq!(calls, json!([]), "nothing recorded");
 }
 
 #[test]

@@ -2,9 +2,11 @@
 //! fleet serves, loaded, replaced and unloaded on every backend in
 //! rotation. A change takes the adapter's gate whole
 //! ([`crate::router::adapters`]): it waits (`mode: "wait"`, up to
-//! `drain_timeout_s`) for the adapter's calls in flight to be recorded,
-//! and the adapter's new calls wait for it; calls of the base model and of
-//! other adapters go on. Each adapter carries its own weight version.
+//! `drain_timeout_s`) for the adapter's calls in flight to be recorded, or
+//! (`mode: "abort"`) stops their generations, which continue from what they
+//! sampled once the change is done; the adapter's new calls wait for it,
+//! and calls of the base model and of other adapters go on. Each adapter
+//! carries its own weight version.
 
 use axum::body::Bytes;
 use axum::response::Response;
@@ -28,7 +30,8 @@ struct Change {
     path: Option<String>,
     /// The label of the adapter's weights (default: `path`).
     version: Option<String>,
-    /// `wait` (the default). The adapter's calls are drained, never cut.
+    /// `wait` (the default: the adapter's calls in flight finish first) or
+    /// `abort` (they stop now and continue after the change).
     mode: Option<String>,
     #[serde(flatten)]
     timing: Timing,
@@ -71,18 +74,16 @@ pub(super) async fn change(
             ),
         ));
     }
-    match c.mode.as_deref() {
-        None | Some("wait") => {}
+    let abort = match c.mode.as_deref() {
+        None | Some("wait") => false,
+        Some("abort") => true,
         Some(m) => {
             return Err(ApiError::invalid(
                 "mode",
-                format!(
-                    "mode `{m}` is not taken for adapters: an adapter's calls in flight are \
-                     drained before it changes (`wait`)"
-                ),
+                format!("unknown mode `{m}` for an adapter change: expected `wait` or `abort`"),
             ))
         }
-    }
+    };
     let load = match c.action.as_deref() {
         None | Some("load") => true,
         Some("unload") => false,
@@ -114,7 +115,7 @@ pub(super) async fn change(
     }
     // In a task of its own: a client that leaves does not cut the change
     // half-way with the gate held.
-    let task = tokio::spawn(run(state, c.name, path, version, c.timing));
+    let task = tokio::spawn(run(state, c.name, path, version, abort, c.timing));
     task.await
         .map_err(|e| ApiError::internal(format!("adapter change ended abnormally: {e}")))?
 }
@@ -124,8 +125,11 @@ async fn run(
     name: String,
     path: String,
     version: Option<String>,
+    abort: bool,
     timing: Timing,
 ) -> Result<Response, ApiError> {
+    // Held to the end: the aborted calls and new ones wait until it drops.
+    let _mark = abort.then(|| state.adapters.abort(&name)).flatten();
     let lock = tokio::time::timeout(timing.drain(), state.adapters.lock(&name, &path))
         .await
         .map_err(|_| {
@@ -160,12 +164,13 @@ async fn run(
     if !after.loaded {
         state.adapters.forget_unloaded(&name);
     }
-    tracing::info!(adapter = %name, ok, loaded = after.loaded, version = ?after.version,
-        "adapter change");
+    tracing::info!(adapter = %name, ok, abort, loaded = after.loaded,
+        version = ?after.version, "adapter change");
     Ok(report(
         &state,
         results,
-        json!({"adapter": {"name": name, "path": after.path, "version": after.version,
+        json!({"mode": if abort { "abort" } else { "wait" },
+               "adapter": {"name": name, "path": after.path, "version": after.version,
                            "loaded": after.loaded}}),
     ))
 }

@@ -453,6 +453,9 @@ impl Calls {
             .map(|p| p.prepared.prompt_ids.clone())
             .collect();
         let n = plans.first().map_or(1, |p| p.n);
+        // Every plan of a request is on the same policy.
+        let adapter = plans.first().and_then(|p| p.ctx.adapter.clone());
+        let adapter_seen = adapter.as_ref().map_or(0, |a| a.admitted_at());
         let pump = Pump {
             calls: self.clone(),
             request_id: request_id.clone(),
@@ -465,6 +468,8 @@ impl Calls {
             interruptions,
             reported: Vec::new(),
             resumed: 0,
+            adapter,
+            adapter_seen,
         };
         // In the request's span: its log lines carry the request id.
         let pump = self
@@ -498,12 +503,18 @@ struct Pump {
     reported: Vec<u32>,
     /// Continuations started so far (numbers their request ids).
     resumed: u32,
+    /// The LoRA adapter's share, and the count of adapter aborts this call
+    /// has answered (see [`crate::router::adapters`]).
+    adapter: Option<crate::router::adapters::AdapterUse>,
+    adapter_seen: u64,
 }
 
 /// What the pump's wait ended with.
 enum Next {
     Event(Option<(u32, Result<GenEvent, BackendError>)>),
     Resumed(Option<(u32, Result<Started, ApiError>)>),
+    /// A change of the call's adapter in `abort` mode began.
+    AdapterAborted,
 }
 
 impl Pump {
@@ -516,6 +527,9 @@ impl Pump {
                 biased;
                 ev = streams.next(), if !streams.is_empty() => Next::Event(ev),
                 r = resumes.next(), if !resumes.is_empty() => Next::Resumed(r),
+                () = resume::adapter_aborted(self.adapter.as_ref(), self.adapter_seen) => {
+                    Next::AdapterAborted
+                }
                 // The reader left before the last token: dropping the
                 // streams cancels the backends; nothing is recorded.
                 () = self.tx.closed() => return,
@@ -530,6 +544,13 @@ impl Pump {
                 Next::Resumed(Some((_, Err(e)))) => {
                     let _ = self.tx.send(CallEvent::Done(Err(e))).await;
                     return;
+                }
+                Next::AdapterAborted => {
+                    if let Err(e) = self.adapter_cut(&mut streams, &mut resumes) {
+                        let _ = self.tx.send(CallEvent::Done(Err(e))).await;
+                        return;
+                    }
+                    continue;
                 }
             };
             if let Ok(GenEvent::Versions(spans)) = &ev {
@@ -676,6 +697,7 @@ impl Pump {
             plan.ctx.trajectory_id.clone(),
             index,
             req,
+            self.adapter.clone().map(|a| (a, self.adapter_seen)),
         ))
     }
 

@@ -1,4 +1,6 @@
-//! Continuing a choice that a weight update interrupted (`abort` mode).
+//! Continuing a choice that a weight update interrupted (`abort` mode), or
+//! a change of its LoRA adapter in `abort` mode (the gateway then stops the
+//! generation itself and the continuation waits for the change).
 //!
 //! The backend stopped the generation after some tokens; the choice keeps
 //! them with their logprobs (from the old weights) and goes on with a new
@@ -22,11 +24,14 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use tokio_stream::StreamMap;
+
 use super::assemble::ChoiceAssembly;
 use super::start::{start_sequence, Started};
 use super::CallPlan;
-use crate::backend::{GenerateRequest, ServerSpan};
+use crate::backend::{GenStream, GenerateRequest, ServerSpan};
 use crate::error::ApiError;
+use crate::router::adapters::AdapterUse;
 use crate::router::Router;
 use crate::store::VersionSpan;
 
@@ -49,8 +54,9 @@ pub(super) fn how(plan: &CallPlan, streamed: bool) -> Result<Continue, ApiError>
         (None, _) => Ok(Continue::Extend),
         (Some(_), false) => Ok(Continue::Restart),
         (Some(_), true) => Err(ApiError::overloaded(
-            "a weight update interrupted this streamed call; a call under an output \
-             constraint (response_format) cannot continue across it: retry the call",
+            "an update in abort mode (of the weights or of the call's adapter) interrupted \
+             this streamed call; a call under an output constraint (response_format) cannot \
+             continue across it: retry the call",
         )),
     }
 }
@@ -88,14 +94,31 @@ pub(super) fn request(
     }
 }
 
-/// Routes and starts `req` for the trajectory, waiting for admission.
+/// Routes and starts `req` for the trajectory, waiting for admission. A
+/// call on an adapter first takes its share again when an abort of the
+/// adapter made it give the share back (`adapter`: the share and the aborts
+/// answered), and fails when the abort unloaded it.
 pub(super) fn start(
     router: Arc<Router>,
     trajectory_id: String,
     index: u32,
     req: GenerateRequest,
+    adapter: Option<(AdapterUse, u64)>,
 ) -> Resume {
-    Box::pin(async move { (index, start_sequence(&router, &trajectory_id, req).await) })
+    Box::pin(async move {
+        if let Some((a, seen)) = adapter {
+            if !a.renew(seen).await {
+                let e = ApiError::not_found(format!(
+                    "the adapter `{}` was unloaded while this call ran; nothing was recorded",
+                    a.name
+                ))
+                .with_param("model")
+                .with_code("model_not_found");
+                return (index, Err(e));
+            }
+        }
+        (index, start_sequence(&router, &trajectory_id, req).await)
+    })
 }
 
 /// Notes on the choice where its tokens now come from: a new span when the
@@ -156,4 +179,40 @@ pub(super) fn first_span(started: &Started) -> Vec<VersionSpan> {
         version: started.weight_version.clone(),
         seq: started.weight_seq,
     }]
+}
+
+/// Returns once a change in `abort` mode begins on the call's adapter after
+/// the `seen`-th; never for a call on no adapter.
+pub(super) async fn adapter_aborted(adapter: Option<&AdapterUse>, seen: u64) {
+    match adapter {
+        Some(a) => a.aborted_since(seen).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl super::Pump {
+    /// A change of the call's adapter in `abort` mode began: stops every
+    /// generation on it and gives the share back, so the change goes on;
+    /// each unfinished choice continues once the change settles.
+    pub(super) fn adapter_cut(
+        &mut self,
+        streams: &mut StreamMap<u32, GenStream>,
+        resumes: &mut futures::stream::FuturesUnordered<Resume>,
+    ) -> Result<(), ApiError> {
+        streams.clear();
+        resumes.clear();
+        if let Some(a) = &self.adapter {
+            self.adapter_seen = a.aborts();
+            a.release();
+        }
+        let open: Vec<u32> = (0..self.choices.len())
+            .filter(|&i| self.choices.get(i).is_some_and(|c| !c.done()))
+            .filter_map(|i| u32::try_from(i).ok())
+            .collect();
+        for index in open {
+            crate::metrics::call_interrupted("adapter_abort");
+            resumes.push(self.resume(index)?);
+        }
+        Ok(())
+    }
 }

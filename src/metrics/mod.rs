@@ -82,7 +82,7 @@ fn describe() {
         ),
         (
             CALLS_INTERRUPTED,
-            "Generations stopped by a weight update, by update mode (abort)",
+            "Generations stopped by an update in abort mode: of the weights (abort) or of the call's LoRA adapter (adapter_abort)",
         ),
         (
             CALLS_RESUMED,
