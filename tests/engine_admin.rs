@@ -38,10 +38,11 @@ async fn gateway() -> (Gateway, Arc<EngineBackend>) {
     let config = Config::from_toml(&text).expect("config");
     let renderer = Renderer::load(&config.model).expect("GGUF renderer");
     let cfg = config.engine.clone();
-    let engine = tokio::task::spawn_blocking(move || EngineBackend::start_named(&cfg, "engine"))
-        .await
-        .expect("join")
-        .expect("engine starts");
+    let engine =
+        tokio::task::spawn_blocking(move || EngineBackend::start_named(&cfg, "engine", &[]))
+            .await
+            .expect("join")
+            .expect("engine starts");
     let backends: Vec<DynBackend> = vec![engine.clone()];
     let store = tito::store::open("memory://").expect("store");
     let state = AppState::new(config, renderer.clone(), backends, store).expect("state");

@@ -29,6 +29,7 @@ fn start_engine(config: &Config, b: &crate::config::BackendConfig) -> anyhow::Re
     Ok(crate::engine::EngineBackend::start_named(
         &config.engine,
         &b.display_name(),
+        &config.model.adapters,
     )?)
 }
 

@@ -524,22 +524,6 @@ impl Config {
         self.validate_models()?;
         self.model.validate()?;
         backend::validate(&self.backends)?;
-        if !self.model.adapters.is_empty() {
-            if let Some(i) = self
-                .backends
-                .iter()
-                .position(|b| b.kind == BackendKind::Engine)
-            {
-                return Err(invalid(
-                    "model.adapters",
-                    &self.model.adapters[0].name,
-                    &format!(
-                        "backend backends[{i}] is the bundled engine, which serves no LoRA \
-                         adapters: serve them from vLLM or SGLang"
-                    ),
-                ));
-            }
-        }
         let mut names: Vec<String> = self.backends.iter().map(|b| b.display_name()).collect();
         names.sort_unstable();
         if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {

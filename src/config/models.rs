@@ -240,18 +240,6 @@ impl Config {
                     ));
                 }
             }
-            if !model.adapters.is_empty() {
-                if let Some(b) = backends.iter().position(|b| b.kind == BackendKind::Engine) {
-                    return Err(invalid(
-                        &format!("models[{m}].adapters"),
-                        &model.adapters[0].name,
-                        &format!(
-                            "backend models[{m}].backends[{b}] is the bundled engine, which \
-                             serves no LoRA adapters: serve them from vLLM or SGLang"
-                        ),
-                    ));
-                }
-            }
         }
         Ok(())
     }

@@ -32,6 +32,9 @@ const MAX_KEPT: u32 = 64;
 
 struct Kept {
     id: i32,
+    /// The weights its cells were computed with (0: the model alone, else
+    /// a LoRA adapter's load): only a prompt of the same weights reuses them.
+    weights: u64,
     /// The tokens whose cells are in the cache (positions `0..len`).
     tokens: Vec<u32>,
 }
@@ -110,18 +113,24 @@ impl Cells {
     }
 
     /// The longest cached prefix of `prompt` (at most all but its last
-    /// token, whose logits must be computed), among kept sequences and the
-    /// fed tokens of `running` ones.
+    /// token, whose logits must be computed), among kept sequences of the
+    /// same `weights` and the fed tokens of `running` ones (the caller's
+    /// sequences of those weights).
     pub(crate) fn find_prefix<'a>(
         &'a self,
         prompt: &[u32],
+        weights: u64,
         running: impl Iterator<Item = (i32, &'a [u32])>,
     ) -> Option<Prefix> {
         if !self.reuse || prompt.len() < 2 {
             return None;
         }
         let cap = prompt.len() - 1;
-        let kept = self.kept.iter().map(|k| (k.id, k.tokens.as_slice()));
+        let kept = self
+            .kept
+            .iter()
+            .filter(|k| k.weights == weights)
+            .map(|k| (k.id, k.tokens.as_slice()));
         kept.chain(running)
             .map(|(id, toks)| Prefix {
                 source: id,
@@ -148,9 +157,9 @@ impl Cells {
         }
     }
 
-    /// A sequence left the batch with `tokens` in its cells: keep them for
-    /// reuse, or let them go.
-    pub(crate) fn finish(&mut self, ctx: &mut Context<'_>, id: i32, tokens: &[u32]) {
+    /// A sequence left the batch with `tokens` in its cells, computed with
+    /// `weights`: keep them for reuse, or let them go.
+    pub(crate) fn finish(&mut self, ctx: &mut Context<'_>, id: i32, tokens: &[u32], weights: u64) {
         if !self.reuse || self.max_kept == 0 || tokens.is_empty() {
             self.discard(ctx, id);
             return;
@@ -158,6 +167,7 @@ impl Cells {
         self.kept_tokens += tokens.len();
         self.kept.push_back(Kept {
             id,
+            weights,
             tokens: tokens.to_vec(),
         });
         while self.kept.len() > self.max_kept {
@@ -235,29 +245,39 @@ mod tests {
         let mut c = Cells::new(4, true, false);
         c.kept.push_back(Kept {
             id: 7,
+            weights: 0,
             tokens: vec![1, 2, 3],
         });
         c.kept.push_back(Kept {
             id: 8,
+            weights: 0,
             tokens: vec![1, 2, 3, 4, 5],
         });
         let p = c
-            .find_prefix(&[1, 2, 3, 4, 9], std::iter::empty())
+            .find_prefix(&[1, 2, 3, 4, 9], 0, std::iter::empty())
             .expect("hit");
         assert_eq!((p.source, p.len), (8, 4));
         let p = c
-            .find_prefix(&[1, 2, 3, 4, 5], std::iter::empty())
+            .find_prefix(&[1, 2, 3, 4, 5], 0, std::iter::empty())
             .expect("hit");
         assert_eq!((p.source, p.len), (8, 4), "all but the last prompt token");
         let running = [1u32, 2, 3, 4, 5, 6];
         let p = c
-            .find_prefix(&[1, 2, 3, 4, 5, 6, 7], std::iter::once((2, &running[..])))
+            .find_prefix(
+                &[1, 2, 3, 4, 5, 6, 7],
+                0,
+                std::iter::once((2, &running[..])),
+            )
             .expect("hit");
         assert_eq!((p.source, p.len), (2, 6));
-        assert!(c.find_prefix(&[9, 9], std::iter::empty()).is_none());
+        assert!(c.find_prefix(&[9, 9], 0, std::iter::empty()).is_none());
+        // Cells of other weights (an adapter) are not reused.
+        assert!(c
+            .find_prefix(&[1, 2, 3, 4, 9], 5, std::iter::empty())
+            .is_none());
         c.reuse = false;
         assert!(c
-            .find_prefix(&[1, 2, 3, 4, 9], std::iter::empty())
+            .find_prefix(&[1, 2, 3, 4, 9], 0, std::iter::empty())
             .is_none());
     }
 }

@@ -1,7 +1,9 @@
-//! The engine thread's life: loading the model, creating the llama.cpp
-//! context, and the admin operations that change them: sleep (level 1 frees
-//! the KV cache, level 2 unloads the model too), wake-up, and loading new
-//! weights from a GGUF file.
+//! The engine thread's life: loading the model and its LoRA adapters,
+//! creating the llama.cpp context, and the admin operations that change
+//! them: sleep (level 1 frees the KV cache, level 2 unloads the model too),
+//! wake-up, loading new weights from a GGUF file, and loading, replacing or
+//! unloading an adapter (a LoRA GGUF of the model). Adapters belong to the
+//! loaded model: new weights or a wake-up from level 2 load them again.
 //!
 //! Owns: the model and context lifetimes, the asleep state, and validating
 //! new weights (the file exists, its tokenizer is the loaded one's, and it
@@ -13,14 +15,15 @@
 //! passed every check; on any failure the old weights keep serving.
 
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::Receiver;
 use std::sync::Arc;
 
 use llama_cpp_2::llama_backend::LlamaBackend;
 
-use super::ffi::{Context, ContextParams, Model};
-use super::worker::{Ack, Control, Exit, Msg, Shared, Worker};
+use super::ffi::{Context, ContextParams, Lora, Model};
+use super::worker::{Ack, Control, Exit, Loras, Msg, Shared, Worker};
 use super::{EngineError, EngineInfo, EngineSettings};
 use crate::backend::BackendError;
 
@@ -32,6 +35,10 @@ struct Engine {
     model: Option<Arc<Model>>,
     /// The GGUF file the weights come from (loaded, or to load on wake-up).
     path: PathBuf,
+    /// The LoRA adapters served, by name: their GGUF files, and each one
+    /// loaded for `model` (empty while the model is unloaded).
+    adapters: std::collections::BTreeMap<String, PathBuf>,
+    loras: Loras,
     /// sha256 of the `tokenizer.*` metadata of the first model: new weights
     /// must have the same (the gateway tokenizes for these weights).
     tokenizer_sha256: Result<String, String>,
@@ -70,6 +77,9 @@ fn start(settings: EngineSettings, shared: Arc<Shared>) -> Result<Engine, Engine
     let backend = super::llama_backend()?;
     let model =
         load_model(backend, &settings.model, settings.gpu_layers).map_err(EngineError::Load)?;
+    let adapters: std::collections::BTreeMap<String, PathBuf> =
+        settings.adapters.iter().cloned().collect();
+    let loras = load_loras(&model, &adapters).map_err(EngineError::Load)?;
     let n_ctx_train = model.n_ctx_train().max(1);
     let n_ctx = if settings.n_ctx == 0 {
         n_ctx_train.min(8192)
@@ -90,6 +100,8 @@ fn start(settings: EngineSettings, shared: Arc<Shared>) -> Result<Engine, Engine
         tokenizer_sha256: tokenizer_sha256(&settings.model),
         path: settings.model.clone(),
         model: Some(model),
+        adapters,
+        loras,
         asleep: None,
         info,
         settings,
@@ -99,6 +111,21 @@ fn start(settings: EngineSettings, shared: Arc<Shared>) -> Result<Engine, Engine
 
 fn load_model(backend: &LlamaBackend, path: &Path, gpu_layers: u32) -> Result<Arc<Model>, String> {
     Model::load(backend, path, gpu_layers).map(Arc::new)
+}
+
+/// Loads every adapter of `adapters` for `model`.
+fn load_loras(
+    model: &Arc<Model>,
+    adapters: &std::collections::BTreeMap<String, PathBuf>,
+) -> Result<Loras, String> {
+    adapters
+        .iter()
+        .map(|(name, path)| {
+            Lora::load(model, path)
+                .map(|l| (name.clone(), Rc::new(l)))
+                .map_err(|e| format!("LoRA adapter `{name}`: {e}"))
+        })
+        .collect()
 }
 
 fn tokenizer_sha256(path: &Path) -> Result<String, String> {
@@ -162,7 +189,7 @@ fn serve(
                             }
                             None => {}
                         }
-                        Some(worker.run(&mut ctx, rx, model))
+                        Some(worker.run(&mut ctx, rx, model, &engine.loras))
                     }
                     Err(e) => {
                         match waiter.take() {
@@ -209,6 +236,8 @@ impl Engine {
         self.shared.asleep.store(true, Ordering::SeqCst);
         let level = self.asleep.map_or(level, |l| l.max(level));
         if level >= 2 {
+            // The adapters hold the model: both go.
+            self.loras.clear();
             self.model = None;
         }
         self.asleep = Some(level);
@@ -237,10 +266,16 @@ impl Engine {
                     return None;
                 }
                 if self.model.is_none() {
-                    match load_model(self.backend, &self.path, self.settings.gpu_layers) {
-                        Ok(m) => self.model = Some(m),
+                    let loaded = load_model(self.backend, &self.path, self.settings.gpu_layers)
+                        .map_err(|e| format!("cannot load the model again: {e}"))
+                        .and_then(|m| load_loras(&m, &self.adapters).map(|l| (m, l)));
+                    match loaded {
+                        Ok((m, l)) => {
+                            self.model = Some(m);
+                            self.loras = l;
+                        }
                         Err(e) => {
-                            let _ = ack.send(Err(format!("cannot load the model again: {e}")));
+                            let _ = ack.send(Err(e));
                             return None;
                         }
                     }
@@ -261,7 +296,52 @@ impl Engine {
                 let _ = ack.send(answer);
                 None
             }
+            Control::LoadAdapter {
+                name: adapter,
+                path,
+            } => {
+                let answer = self.load_adapter(&adapter, &path);
+                match &answer {
+                    Ok(_) => tracing::info!(engine = %name, adapter, path = %path.display(),
+                        "engine LoRA adapter loaded"),
+                    Err(e) => tracing::error!(engine = %name, adapter, error = %e,
+                        "engine LoRA adapter not loaded"),
+                }
+                let _ = ack.send(answer);
+                None
+            }
+            Control::UnloadAdapter { name: adapter } => {
+                let answer = match self.adapters.remove(&adapter) {
+                    Some(_) => {
+                        self.loras.remove(&adapter);
+                        tracing::info!(engine = %name, adapter, "engine LoRA adapter unloaded");
+                        Ok(format!("LoRA adapter `{adapter}` unloaded"))
+                    }
+                    None => Err(format!("the engine serves no LoRA adapter `{adapter}`")),
+                };
+                let _ = ack.send(answer);
+                None
+            }
         }
+    }
+
+    /// Serves the LoRA GGUF at `path` as `name`, in place of a served one
+    /// of that name only once it loaded. Asleep at level 2 (no model), the
+    /// file is loaded at the wake-up.
+    fn load_adapter(&mut self, name: &str, path: &Path) -> Result<String, String> {
+        let shown = path.display();
+        if !path.is_file() {
+            return Err(format!(
+                "cannot load LoRA adapter `{name}`: {shown} is not a file"
+            ));
+        }
+        if let Some(model) = &self.model {
+            let lora = Lora::load(model, path)
+                .map_err(|e| format!("cannot load LoRA adapter `{name}`: {e}"))?;
+            self.loras.insert(name.to_string(), Rc::new(lora));
+        }
+        self.adapters.insert(name.to_string(), path.to_path_buf());
+        Ok(format!("LoRA adapter `{name}` loaded from {shown}"))
     }
 
     /// Loads and checks the weights at `path`; swaps them in only when every
@@ -298,13 +378,19 @@ impl Engine {
                 self.info.max_seq_len
             ));
         }
+        // The adapters are loaded again for the new weights; one that does
+        // not load leaves the old weights serving.
+        let loras = load_loras(&model, &self.adapters)
+            .map_err(|e| format!("cannot load weights from {shown}: {e}"))?;
         self.path = path.to_path_buf();
         // Asleep at level 2, the model stays unloaded until the wake-up.
-        self.model = if self.asleep.is_some_and(|l| l >= 2) {
-            None
+        if self.asleep.is_some_and(|l| l >= 2) {
+            self.model = None;
+            self.loras.clear();
         } else {
-            Some(model)
-        };
+            self.model = Some(model);
+            self.loras = loras;
+        }
         Ok(format!("weights loaded from {shown}"))
     }
 }

@@ -87,6 +87,8 @@ pub(crate) struct EngineSettings {
     batch_invariant: bool,
     /// Prefix reuse of cached KV cells ([`cells`]).
     kv_reuse: bool,
+    /// The LoRA adapters served from the start: name and GGUF path.
+    adapters: Vec<(String, PathBuf)>,
 }
 
 impl EngineSettings {
@@ -134,6 +136,7 @@ impl EngineSettings {
             logprobs_mode: cfg.logprobs_mode,
             batch_invariant: cfg.batch_invariant,
             kv_reuse: cfg.kv_reuse,
+            adapters: Vec::new(),
         })
     }
 }
@@ -185,12 +188,21 @@ impl EngineBackend {
     /// Loads the model on a new engine thread and waits until it is ready.
     /// Blocks for the model load (about a second for the default model).
     pub fn start(cfg: &EngineConfig) -> Result<Arc<EngineBackend>, EngineError> {
-        Self::start_named(cfg, "engine")
+        Self::start_named(cfg, "engine", &[])
     }
 
-    /// [`EngineBackend::start`] with the name used in logs and errors.
-    pub fn start_named(cfg: &EngineConfig, name: &str) -> Result<Arc<EngineBackend>, EngineError> {
-        let settings = EngineSettings::from_config(cfg, name)?;
+    /// [`EngineBackend::start`] with the name used in logs and errors, and
+    /// the LoRA adapters (GGUF files) it serves from the start.
+    pub fn start_named(
+        cfg: &EngineConfig,
+        name: &str,
+        adapters: &[crate::config::AdapterConfig],
+    ) -> Result<Arc<EngineBackend>, EngineError> {
+        let mut settings = EngineSettings::from_config(cfg, name)?;
+        settings.adapters = adapters
+            .iter()
+            .map(|a| (a.name.clone(), PathBuf::from(&a.path)))
+            .collect();
         let shared = Arc::new(worker::Shared {
             queued: AtomicUsize::new(0),
             alive: AtomicBool::new(true),
@@ -262,11 +274,6 @@ impl EngineBackend {
             return Err(self.rejected(
                 "the bundled engine serves a text-only model: it takes no images".into(),
             ));
-        }
-        if let Some(a) = &req.adapter {
-            return Err(self.rejected(format!(
-                "the bundled engine serves no LoRA adapters (asked for `{a}`)"
-            )));
         }
         // Room for at least one generated token.
         self.check_ids(
@@ -341,6 +348,7 @@ impl EngineBackend {
                 ..Default::default()
             },
             grammar: None,
+            adapter: None,
             tx: worker::Reply::Score(tx),
         })?;
         rx.recv().await.unwrap_or_else(|| {
@@ -387,6 +395,7 @@ impl Backend for EngineBackend {
             prompt: req.prompt_ids.to_vec(),
             params: req.params,
             grammar,
+            adapter: req.adapter,
             tx: worker::Reply::Generate(tx),
         })?;
         Ok(UnboundedReceiverStream::new(rx).boxed())
@@ -459,8 +468,14 @@ impl Backend for EngineBackend {
                 ))
             }
             AdminOp::AbortWeightUpdate => return Ok("no weight update to call off".into()),
-            AdminOp::LoadAdapter { .. } | AdminOp::UnloadAdapter { .. } => {
-                return Err(self.rejected("the bundled engine serves no LoRA adapters".into()))
+            // Replacing a served adapter loads the file again: llama.cpp
+            // has no in-place update of an adapter's weights.
+            AdminOp::LoadAdapter { name, path, .. } => worker::Control::LoadAdapter {
+                name: name.clone(),
+                path: PathBuf::from(path),
+            },
+            AdminOp::UnloadAdapter { name } => {
+                worker::Control::UnloadAdapter { name: name.clone() }
             }
         };
         let (tx, rx) = tokio::sync::oneshot::channel();

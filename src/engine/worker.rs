@@ -37,7 +37,7 @@ use std::time::Duration;
 use tokio::sync::mpsc::UnboundedSender;
 
 use super::cells::Cells;
-use super::ffi::{Batch, Context, Grammar, Model};
+use super::ffi::{Batch, Context, Grammar, Lora, Model};
 use super::sampler::Sampler;
 use super::score::PositionScore;
 use super::step_sample;
@@ -47,6 +47,8 @@ use crate::backend::{BackendError, GenEvent, SamplingParams};
 mod step;
 
 pub(crate) type EventTx = UnboundedSender<Result<GenEvent, BackendError>>;
+/// The LoRA adapters the engine serves, by name.
+pub(crate) type Loras = std::collections::BTreeMap<String, std::rc::Rc<Lora>>;
 /// Every position's score of a scoring job (position 0: `None`), sent once.
 pub(crate) type ScoreTx = UnboundedSender<Result<Vec<Option<PositionScore>>, BackendError>>;
 
@@ -94,6 +96,8 @@ pub(crate) struct Job {
     pub params: SamplingParams,
     /// GBNF grammar constraining the output (from a JSON schema).
     pub grammar: Option<String>,
+    /// The LoRA adapter to generate with, by name; `None`: the model alone.
+    pub adapter: Option<Arc<str>>,
     pub tx: Reply,
 }
 
@@ -117,6 +121,15 @@ pub(crate) enum Control {
     /// loaded ones.
     Reload {
         path: PathBuf,
+    },
+    /// Serve the LoRA GGUF at `path` as adapter `name` (new weights for a
+    /// served name).
+    LoadAdapter {
+        name: String,
+        path: PathBuf,
+    },
+    UnloadAdapter {
+        name: String,
     },
 }
 
@@ -189,6 +202,8 @@ struct Seq {
     sampler: Sampler,
     /// llama.cpp's grammar sampler, used only to mask the logits row.
     grammar: Option<Grammar>,
+    /// The LoRA adapter its tokens are computed with.
+    lora: Option<std::rc::Rc<Lora>>,
     tx: Reply,
     /// A scoring job's results so far, by position (empty otherwise).
     scores: Vec<Option<PositionScore>>,
@@ -201,6 +216,12 @@ impl Seq {
 
     fn scoring(&self) -> bool {
         matches!(self.tx, Reply::Score(_))
+    }
+
+    /// Which weights its cells were computed with: 0 for the model alone,
+    /// else its adapter's load.
+    fn weights(&self) -> u64 {
+        self.lora.as_ref().map_or(0, |l| l.key)
     }
 }
 
@@ -220,6 +241,9 @@ pub(crate) struct Worker {
     score_rows: Vec<(usize, usize, i32)>,
     /// The threads a step's rows are sampled on (`settings.threads`).
     sampling: step_sample::Sampling,
+    /// Steps taken: which adapter's sequences the next step runs, when
+    /// the running ones use several ([`Worker::step`]).
+    turn: usize,
 }
 
 impl Worker {
@@ -241,6 +265,7 @@ impl Worker {
             rows: Vec::new(),
             score_rows: Vec::new(),
             sampling,
+            turn: 0,
         }
     }
 
@@ -252,6 +277,7 @@ impl Worker {
         ctx: &mut Context<'_>,
         rx: &Receiver<Msg>,
         model: &Arc<Model>,
+        loras: &Loras,
     ) -> Exit {
         let mut open = true;
         let mut control: Option<(Control, Ack)> = None;
@@ -270,13 +296,13 @@ impl Worker {
                     return Exit::Closed;
                 }
                 match rx.recv() {
-                    Ok(msg) => self.receive(msg, model, &mut control),
+                    Ok(msg) => self.receive(msg, model, loras, &mut control),
                     Err(_) => return Exit::Closed,
                 }
             }
             while open && control.is_none() {
                 match rx.try_recv() {
-                    Ok(msg) => self.receive(msg, model, &mut control),
+                    Ok(msg) => self.receive(msg, model, loras, &mut control),
                     Err(TryRecvError::Empty) => break,
                     Err(TryRecvError::Disconnected) => open = false,
                 }
@@ -324,14 +350,34 @@ impl Worker {
         }
     }
 
-    fn receive(&mut self, msg: Msg, model: &Arc<Model>, control: &mut Option<(Control, Ack)>) {
+    fn receive(
+        &mut self,
+        msg: Msg,
+        model: &Arc<Model>,
+        loras: &Loras,
+        control: &mut Option<(Control, Ack)>,
+    ) {
         match msg {
-            Msg::Job(job) => self.enqueue(job, model),
+            Msg::Job(job) => self.enqueue(job, model, loras),
             Msg::Control(c, ack) => *control = Some((c, ack)),
         }
     }
 
-    fn enqueue(&mut self, job: Job, model: &Arc<Model>) {
+    fn enqueue(&mut self, job: Job, model: &Arc<Model>, loras: &Loras) {
+        let lora = match job.adapter.as_deref() {
+            None => None,
+            Some(name) => match loras.get(name) {
+                Some(l) => Some(l.clone()),
+                None => {
+                    self.shared.queued.fetch_sub(1, Ordering::SeqCst);
+                    job.tx.fail(BackendError::Rejected {
+                        backend: self.settings.name.clone(),
+                        message: format!("the engine serves no LoRA adapter `{name}`"),
+                    });
+                    return;
+                }
+            },
+        };
         let grammar = match job.grammar.as_deref() {
             Some(g) => match Grammar::new(model, g, "root") {
                 Ok(s) => Some(s),
@@ -354,6 +400,7 @@ impl Worker {
         self.waiting.push_back(Seq {
             scores,
             grammar,
+            lora,
             slot: -1,
             prompt_len: job.prompt.len(),
             tokens: job.prompt,
@@ -415,7 +462,8 @@ impl Worker {
     /// A sequence left the batch: its cells are kept for reuse or let go.
     fn release(&mut self, ctx: &mut Context<'_>, seq: &Seq) {
         if seq.slot >= 0 {
-            self.cells.finish(ctx, seq.slot, &seq.tokens[..seq.fed]);
+            self.cells
+                .finish(ctx, seq.slot, &seq.tokens[..seq.fed], seq.weights());
         }
     }
 
@@ -431,8 +479,15 @@ impl Worker {
                 // Every row of a scoring job must be computed for its logits.
                 None
             } else {
-                let running = self.running.iter().map(|s| (s.slot, &s.tokens[..s.fed]));
-                self.cells.find_prefix(&front.tokens, running)
+                // Cells are shared only between sequences of the same
+                // weights (the model alone, or one load of an adapter).
+                let weights = front.weights();
+                let running = self
+                    .running
+                    .iter()
+                    .filter(|s| s.weights() == weights)
+                    .map(|s| (s.slot, &s.tokens[..s.fed]));
+                self.cells.find_prefix(&front.tokens, weights, running)
             };
             let reused = prefix.as_ref().map_or(0, |p| p.len);
             // Cells the running set needs to finish feeding what it already

@@ -148,3 +148,15 @@ pub fn other_vocabulary(src: &Path, dst: &Path) {
     b[at] ^= 0x01;
     std::fs::write(dst, b).expect("write the copy");
 }
+
+/// The dimensions (ggml `ne`) of each tensor of `src` whose name ends with
+/// `suffix`, by name.
+pub fn tensor_dims(src: &Path, suffix: &str) -> Vec<(String, Vec<u64>)> {
+    let b = std::fs::read(src).expect("read the model");
+    layout(&b)
+        .tensors
+        .into_iter()
+        .filter(|t| t.0.ends_with(suffix))
+        .map(|t| (t.0, t.2))
+        .collect()
+}

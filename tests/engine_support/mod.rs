@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod gguf_edit;
+pub mod lora_gguf;
 
 use std::path::PathBuf;
 use std::sync::Arc;

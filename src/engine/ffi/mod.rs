@@ -18,6 +18,7 @@
 
 pub(crate) mod backends;
 mod grammar;
+mod lora;
 
 use std::alloc::{handle_alloc_error, Layout};
 use std::ffi::CString;
@@ -29,6 +30,7 @@ use llama_cpp_2::llama_backend::LlamaBackend;
 use llama_cpp_sys_2 as sys;
 
 pub(crate) use grammar::Grammar;
+pub(crate) use lora::Lora;
 
 /// Loaded weights (`llama_model`).
 pub(crate) struct Model {
@@ -115,6 +117,9 @@ pub(crate) struct Context<'m> {
     ptr: NonNull<sys::llama_context>,
     /// Logits per row.
     n_vocab: usize,
+    /// The LoRA adapter its decodes apply ([`Context::set_lora`]), kept
+    /// alive while it is set.
+    lora: Option<std::rc::Rc<Lora>>,
     _model: PhantomData<&'m Model>,
 }
 
@@ -141,6 +146,7 @@ impl<'m> Context<'m> {
         Ok(Context {
             ptr,
             n_vocab: model.n_vocab() as usize,
+            lora: None,
             _model: PhantomData,
         })
     }

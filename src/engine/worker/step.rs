@@ -3,6 +3,10 @@
 //! scoring jobs, sample every row that ends its sequence's feed, send each
 //! token and stop what is done. Counts the step's time in parts
 //! ([`super::EngineStats`]).
+//!
+//! llama.cpp applies a LoRA adapter to a whole decode, so one step runs the
+//! sequences of one set of weights: the model alone or one adapter. When
+//! the running sequences use several, the steps take them in turn.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -15,18 +19,42 @@ use super::{nanos, Reply, Worker};
 use crate::backend::{BackendError, FinishReason, GenEvent, TokenLogprob};
 
 impl Worker {
-    /// Plans `(running index, tokens to feed)` for this step: every sequence
-    /// with one token left (decode) first, then prompt chunks, oldest first,
-    /// up to `prefill_chunk` prompt tokens in all.
-    fn plan(&self) -> Vec<(usize, usize)> {
+    /// The weights this step runs (see the module doc): the next in turn
+    /// among those the running sequences use, in order of first use.
+    fn weights_in_turn(&mut self) -> (u64, Option<std::rc::Rc<super::Lora>>) {
+        let mut seen: Vec<(u64, Option<&std::rc::Rc<super::Lora>>)> = Vec::new();
+        for s in &self.running {
+            if !seen.iter().any(|(w, _)| *w == s.weights()) {
+                seen.push((s.weights(), s.lora.as_ref()));
+            }
+        }
+        if seen.len() < 2 {
+            let first = self.running.first();
+            return (
+                first.map_or(0, |s| s.weights()),
+                first.and_then(|s| s.lora.clone()),
+            );
+        }
+        let (w, lora) = seen[self.turn % seen.len()];
+        let lora = lora.cloned();
+        self.turn = self.turn.wrapping_add(1);
+        (w, lora)
+    }
+
+    /// Plans `(running index, tokens to feed)` for this step among the
+    /// sequences of `weights`: every one with one token left (decode)
+    /// first, then prompt chunks, oldest first, up to `prefill_chunk`
+    /// prompt tokens in all.
+    fn plan(&self, weights: u64) -> Vec<(usize, usize)> {
         let mut plan = Vec::with_capacity(self.running.len());
-        for (i, s) in self.running.iter().enumerate() {
+        let mine = |s: &&super::Seq| s.weights() == weights;
+        for (i, s) in self.running.iter().enumerate().filter(|(_, s)| mine(s)) {
             if s.tokens.len() - s.fed == 1 {
                 plan.push((i, 1));
             }
         }
         let mut budget = self.settings.prefill_chunk as usize;
-        for (i, s) in self.running.iter().enumerate() {
+        for (i, s) in self.running.iter().enumerate().filter(|(_, s)| mine(s)) {
             let left = s.tokens.len() - s.fed;
             if left > 1 && budget > 0 {
                 let take = left.min(budget);
@@ -40,7 +68,8 @@ impl Worker {
     pub(super) fn step(&mut self, ctx: &mut Context<'_>) {
         let started = Instant::now();
         let n_ctx = self.info.n_ctx as usize;
-        let mut plan = self.plan();
+        let (weights, lora) = self.weights_in_turn();
+        let mut plan = self.plan(weights);
         loop {
             let planned: usize = plan.iter().map(|p| p.1).sum();
             let running = self.running_cells();
@@ -56,7 +85,12 @@ impl Worker {
             } else if !self.preempt_newest(ctx) {
                 break;
             }
-            plan = self.plan();
+            plan = self.plan(weights);
+        }
+        if plan.is_empty() {
+            // Preemption took the last sequence of these weights: the next
+            // step runs others.
+            return;
         }
         self.batch.clear();
         self.rows.clear();
@@ -83,6 +117,7 @@ impl Worker {
                 prefilled += take as u64;
             }
         }
+        ctx.set_lora(lora.as_ref());
         let decoding = Instant::now();
         match ctx.decode(&self.batch) {
             Ok(()) => {
