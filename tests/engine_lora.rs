@@ -3,9 +3,13 @@
 //! as the model alone; a non-zero one changes the numbers. Sequences of the
 //! model and of adapters batched together answer bitwise as each alone, and
 //! cached cells are reused only under the weights that computed them.
-//! Adapters are loaded, replaced and unloaded through the admin operations.
+//! Adapters are loaded, replaced and unloaded through the admin operations,
+//! and through the gateway: `[[model.adapters]]` on an engine backend are
+//! listed, picked by a request's `model`, recorded, and changed by
+//! `POST /admin/adapters`.
 #![cfg(feature = "engine")]
 
+mod common;
 mod engine_support;
 
 use std::path::PathBuf;
@@ -15,6 +19,7 @@ use std::sync::Arc;
 use engine_support::lora_gguf::write_lora;
 use engine_support::{assert_bitwise_same, config, encode, greedy, model_path};
 use futures::StreamExt;
+use serde_json::{json, Value};
 use tito::backend::{AdminOp, Backend, BackendError, GenerateRequest, Generation};
 use tito::config::AdapterConfig;
 use tito::engine::EngineBackend;
@@ -208,4 +213,109 @@ async fn adapters_are_loaded_replaced_and_unloaded_by_admin_operations() {
         .await
         .is_err());
     drop(list);
+}
+
+const TOKEN: &str = "s3cret-admin";
+
+/// A greedy chat call on `model` for trajectory `tid`: status and body.
+async fn chat(g: &common::Gateway, tid: &str, model: &str) -> (u16, Value) {
+    let r = g
+        .post(
+            &format!("/t/{tid}/v1/chat/completions"),
+            json!({"model": model, "messages": [{"role": "user", "content": "Name a river."}],
+                   "max_tokens": 6, "temperature": 0, "logprobs": true}),
+        )
+        .await;
+    (r.status().as_u16(), r.json().await.expect("json"))
+}
+
+fn first_logprob(v: &Value) -> f64 {
+    v["choices"][0]["logprobs"]["content"][0]["logprob"]
+        .as_f64()
+        .unwrap_or_else(|| panic!("a logprob: {v}"))
+}
+
+async fn admin(g: &common::Gateway, body: Value) -> (u16, Value) {
+    let r = g
+        .client
+        .post(g.url("/admin/adapters"))
+        .bearer_auth(TOKEN)
+        .json(&body)
+        .send()
+        .await
+        .expect("admin");
+    (r.status().as_u16(), r.json().await.expect("json"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_serves_engine_adapters_by_name_and_changes_them_at_run_time() {
+    let (dir, _) = adapters();
+    let m = model_path();
+    let file = |n: &str| dir.path().join(format!("{n}.gguf")).display().to_string();
+    let text = format!(
+        "[server]\nadmin_token = \"{TOKEN}\"\n\
+         [model]\nname = \"smol\"\ntokenizer = \"{m}\"\n\
+         [[model.adapters]]\nname = \"bump\"\npath = \"{bump}\"\n\
+         [[backends]]\nurl = \"engine\"\nkind = \"engine\"\n\
+         [engine]\nmodel = \"{m}\"\nmax_batch = 2\nn_ctx = 2048\nthreads = 2\n\
+         [store]\nurl = \"memory://\"\n",
+        m = m.display(),
+        bump = file("bump"),
+    );
+    let config = tito::Config::from_toml(&text).expect("config");
+    let store = tito::store::open("memory://").expect("store");
+    let g = common::start_models(config, store).await;
+
+    let models: Value = g.get_json("/v1/models").await;
+    let ids: Vec<&str> = models["data"]
+        .as_array()
+        .expect("data")
+        .iter()
+        .filter_map(|m| m["id"].as_str())
+        .collect();
+    assert_eq!(ids, ["smol", "bump"]);
+    let (status, base) = chat(&g, "e-1", "smol").await;
+    assert_eq!(status, 200, "{base}");
+    let (status, bump) = chat(&g, "e-2", "bump").await;
+    assert_eq!(status, 200, "{bump}");
+    assert_eq!(bump["model"], "bump");
+    assert_ne!(
+        first_logprob(&bump),
+        first_logprob(&base),
+        "the adapter's numbers"
+    );
+    let t: Value = g
+        .client
+        .get(g.url("/v1/trajectories/e-2"))
+        .bearer_auth(TOKEN)
+        .send()
+        .await
+        .expect("get")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(t["calls"][0]["adapter"], "bump", "{t}");
+
+    // Loaded at run time from a file on the engine's disk.
+    let (status, report) = admin(&g, json!({"name": "other", "path": file("other")})).await;
+    assert_eq!(status, 200, "{report}");
+    let (status, other) = chat(&g, "e-3", "other").await;
+    assert_eq!(status, 200, "{other}");
+    assert_ne!(first_logprob(&other), first_logprob(&bump));
+    // Replaced by the zero adapter: the model's own numbers.
+    let (status, report) = admin(&g, json!({"name": "bump", "path": file("zero")})).await;
+    assert_eq!(status, 200, "{report}");
+    let (_, zeroed) = chat(&g, "e-4", "bump").await;
+    assert_eq!(first_logprob(&zeroed), first_logprob(&base));
+    // A file that is not an adapter: 502 naming the engine, nothing changes.
+    let (status, report) =
+        admin(&g, json!({"name": "bump", "path": m.display().to_string()})).await;
+    assert_eq!(status, 502, "{report}");
+    let (_, still) = chat(&g, "e-5", "bump").await;
+    assert_eq!(first_logprob(&still), first_logprob(&base));
+    let (status, _) = admin(&g, json!({"name": "bump", "action": "unload"})).await;
+    assert_eq!(status, 200);
+    let (status, gone) = chat(&g, "e-6", "bump").await;
+    assert_eq!(status, 404, "{gone}");
+    assert_eq!(gone["error"]["code"], "model_not_found");
 }
