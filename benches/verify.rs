@@ -314,6 +314,7 @@ async fn engine_overhead(engine: &EngineBackend, len: usize, reps: usize) {
             .prompt_logprobs(ScoreRequest {
                 request_id: "bench".into(),
                 ids,
+                adapter: None,
             })
             .await
             .expect("scores");
@@ -352,6 +353,7 @@ async fn engine_deltas(engine: &EngineBackend) {
             .prompt_logprobs(ScoreRequest {
                 request_id: "bench".into(),
                 ids: Arc::new(ids),
+                adapter: None,
             })
             .await
             .expect("scores");

@@ -514,12 +514,22 @@ async fn run_verify(a: VerifyArgs) -> anyhow::Result<()> {
     // Opening a SQLite store migrates its file: off the runtime's threads.
     let url = config.store.url.clone();
     let store = tokio::task::spawn_blocking(move || open_persisted_store(&url, "verify")).await??;
-    let cfg = config.clone();
-    let backends = tokio::task::spawn_blocking(move || tito::api::build_backends(&cfg)).await??;
-    let router = tito::router::Router::new(&config.router);
-    for (b, c) in backends.into_iter().zip(&config.backends) {
-        router.add_backend(b, c.url.clone())?;
+    // A router per served model: each policy is replayed on its own.
+    let mut routers = Vec::new();
+    for view in config.served() {
+        let v = view.clone();
+        let backends = tokio::task::spawn_blocking(move || tito::api::build_backends(&v)).await??;
+        let router = tito::router::Router::new(&view.router);
+        for (b, c) in backends.into_iter().zip(&view.backends) {
+            router.add_backend(b, c.url.clone())?;
+        }
+        routers.push((view.model.name.clone(), router));
     }
+    let scope = tito::verify::Scope {
+        served: routers.iter().map(|(m, r)| (m.as_str(), &**r)).collect(),
+        primary: true,
+        whole: true,
+    };
     let ids = match a.trajectory {
         Some(id) => vec![id],
         None => {
@@ -550,7 +560,7 @@ async fn run_verify(a: VerifyArgs) -> anyhow::Result<()> {
     )?);
     let mut summary = Summary::default();
     for id in &ids {
-        match tito::verify::verify_trajectory(&router, &store, id, &opts).await {
+        match tito::verify::verify_trajectory(&scope, &store, id, &opts).await {
             Ok(report) => {
                 for c in &report.samples {
                     let mut line = sample_json(c);

@@ -335,6 +335,8 @@ async fn replay_checks_are_kept_per_sample_and_replaced() {
             mean_abs_diff: Some(max / 2.0),
             argmax_mismatch_share: None,
         }],
+        model: None,
+        adapter: None,
     };
     {
         let store = tito::store::open(&url).expect("open");

@@ -143,6 +143,7 @@ async fn the_engine_server_answers_both_prompt_logprob_forms_with_the_engine_num
     let req = || ScoreRequest {
         request_id: "verify-t".into(),
         ids: Arc::new(ids.clone()),
+        adapter: None,
     };
     let local = engine.prompt_logprobs(req()).await.expect("in-process");
     // The greedy continuation's tokens: their replayed ranks and logprobs
@@ -221,6 +222,7 @@ async fn the_engine_server_answers_both_prompt_logprob_forms_with_the_engine_num
         .prompt_logprobs(ScoreRequest {
             request_id: "long".into(),
             ids: Arc::new(too_long),
+            adapter: None,
         })
         .await
         .expect_err("too long");

@@ -256,11 +256,12 @@ async fn too_long_samples_are_refused_before_any_backend_call() {
     router
         .add_backend(backends[0].clone(), mock.url())
         .expect("add");
+    let scope = tito::verify::Scope::single("test-model", &router);
     let opts = tito::verify::Options {
         max_len: Some(len - 1),
         ..Default::default()
     };
-    let err = tito::verify::verify_trajectory(&router, &store, "v-long", &opts)
+    let err = tito::verify::verify_trajectory(&scope, &store, "v-long", &opts)
         .await
         .expect_err("too long");
     assert!(
@@ -276,7 +277,7 @@ async fn too_long_samples_are_refused_before_any_backend_call() {
         max_len: Some(len),
         ..Default::default()
     };
-    let report = tito::verify::verify_trajectory(&router, &store, "v-long", &opts)
+    let report = tito::verify::verify_trajectory(&scope, &store, "v-long", &opts)
         .await
         .expect("fits exactly");
     assert_eq!(report.samples[0].replay.max_abs_diff, Some(0.0));
@@ -306,7 +307,8 @@ async fn the_sampled_background_mode_checks_a_finished_trajectory_once() {
         .add_backend(backends[0].clone(), mock.url())
         .expect("add");
     let opts = tito::verify::Options::default();
-    let bg = tito::verify::background::Background::new(router, store.clone(), opts, 1.0);
+    let served = (std::sync::Arc::from("test-model"), router, true);
+    let bg = tito::verify::background::Background::new(served, store.clone(), opts, 1.0);
     assert!(bg.check("v-bg").await.expect("no error").is_none());
     assert!(bg.check("unknown").await.expect("no error").is_none());
 }

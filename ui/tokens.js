@@ -156,8 +156,10 @@ export function tokenStream(sample, calls, drifts, texts) {
     driftAt.set(at, [...(driftAt.get(at) || []), d]);
   }
   const replayAt = new Map();
-  for (const p of sample.replay?.positions || []) {
-    replayAt.set(sample.prompt_ids.length + p.position, p);
+  for (const r of sample.replays || (sample.replay ? [sample.replay] : [])) {
+    for (const p of r.positions || []) {
+      replayAt.set(sample.prompt_ids.length + p.position, p);
+    }
   }
   const driftMark = (d) => el("span", {
     class: "drift-mark", role: "note", title: JSON.stringify(d.details ?? {}),

@@ -47,6 +47,7 @@ function replaySummary(r) {
   return el("section", { class: "replay" },
     el("h3", { text: "Replay check" }),
     dl([
+      ["policy", r.adapter ?? r.model ?? null],
       ["backend", r.backend], ["checked", fmtTime(r.checked_at)], ["compared", r.compared],
       ["max |Δ|", r.max_abs_diff], ["mean |Δ|", r.mean_abs_diff], ["threshold", r.threshold],
       ["argmax mismatch", r.argmax_mismatch_share],
@@ -138,7 +139,7 @@ function sampleSection(t, s, calls, texts) {
       ["finish reason", s.finish_reason], ["truncated", s.truncated ? "yes" : "no"],
       ["drift", drifts.length ? drifts.map((d) => `call ${d.call} at ${d.position}: ${d.cause}`).join("; ") : "none"],
     ]),
-    replaySummary(s.replay),
+    ...(s.replays || (s.replay ? [s.replay] : [])).map(replaySummary),
     stream, inspector, messages);
 }
 

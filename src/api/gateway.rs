@@ -83,7 +83,8 @@ impl Gateway {
             k.len()
         };
         let mut models = Vec::with_capacity(views.len());
-        for (view, (renderer, backends)) in views.into_iter().zip(built.drain(..)) {
+        for (i, (view, (renderer, backends))) in views.into_iter().zip(built.drain(..)).enumerate()
+        {
             let key = family(&renderer);
             let shared = families
                 .iter()
@@ -105,6 +106,7 @@ impl Gateway {
                 backends,
                 store.clone(),
                 trajectories,
+                i == 0,
             )?);
         }
         Ok(Gateway::of(models))

@@ -171,17 +171,19 @@ impl AppState {
             renderer.clone(),
             config.trajectory.clone(),
         ));
-        AppState::build(config, renderer, backends, store, trajectories)
+        AppState::build(config, renderer, backends, store, trajectories, true)
     }
 
     /// State of one served model over `trajectories` (shared by the
-    /// models that tokenize alike, see [`Gateway`]).
+    /// models that tokenize alike, see [`Gateway`]); `primary`: the
+    /// gateway's first model.
     fn build(
         config: Config,
         renderer: Arc<Renderer>,
         backends: Vec<DynBackend>,
         store: DynStore,
         trajectories: Arc<Trajectories>,
+        primary: bool,
     ) -> anyhow::Result<AppState> {
         // A backend that knows its context (the in-process engine) bounds
         // the window: a prompt it cannot hold is refused here, naming both
@@ -219,7 +221,11 @@ impl AppState {
         let on_finish = crate::verify::background::finish_hook(
             forget,
             &config.verify,
-            router.clone(),
+            (
+                Arc::from(config.model.name.as_str()),
+                router.clone(),
+                primary,
+            ),
             store.clone(),
             max_model_len as usize,
         );

@@ -238,10 +238,17 @@ async fn show(
                     ids: s.ids,
                 })
                 .collect();
-            let replay = traj.replays.iter().find(|r| r.sample == built.sample);
+            // One check per policy of the sample (each compares that
+            // policy's tokens); `replay`: the first.
+            let replays: Vec<_> = traj
+                .replays
+                .iter()
+                .filter(|r| r.sample == built.sample)
+                .collect();
             samples.push(json!({
                 "sample": built.sample,
-                "replay": replay,
+                "replay": replays.first(),
+                "replays": replays,
                 "calls": built.calls,
                 "segments": segs,
                 "prompt_ids": built.prompt_ids,

@@ -37,14 +37,25 @@ struct VerifyBody {
 }
 
 async fn verify(
-    State(state): State<AppState>,
+    State(g): State<super::Gateway>,
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Json<Value>, ApiError> {
     super::check_id("trajectory", "id", &id)?;
     let body = parse(&body)?;
-    let opts = prepare(&state, body)?;
-    let report = crate::verify::verify_trajectory(&state.router, &state.store.store, &id, &opts)
+    let state = g.primary();
+    let opts = prepare(state, body)?;
+    // Every served model: each policy of the trajectory on its own.
+    let scope = crate::verify::Scope {
+        served: g
+            .models()
+            .iter()
+            .map(|m| (&*m.model_name, &*m.router))
+            .collect(),
+        primary: true,
+        whole: true,
+    };
+    let report = crate::verify::verify_trajectory(&scope, &state.store.store, &id, &opts)
         .await
         .map_err(api_error)?;
     Ok(Json(respond(&report, opts.threshold)))
@@ -102,7 +113,9 @@ fn api_error(e: VerifyError) -> ApiError {
             r.into()
         }
         e @ VerifyError::UnknownBackend(_) => ApiError::invalid("backend", e.to_string()),
-        e @ VerifyError::Images(_) => ApiError::bad_request(e.to_string()),
+        e @ (VerifyError::Images(_) | VerifyError::NotServed { .. }) => {
+            ApiError::bad_request(e.to_string())
+        }
         e @ VerifyError::TooLong { .. } => {
             ApiError::bad_request(e.to_string()).with_code("context_length_exceeded")
         }

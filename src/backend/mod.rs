@@ -297,6 +297,8 @@ pub struct ScoreRequest {
     pub request_id: String,
     /// The full sequence: prompt ids followed by response ids.
     pub ids: Arc<Vec<u32>>,
+    /// The LoRA adapter to score with; `None`: the base model.
+    pub adapter: Option<Arc<str>>,
 }
 
 /// What a backend says about one position `i` of a scored sequence: the

@@ -159,7 +159,7 @@ impl SglangBackend {
     /// input token from position 0, and the top-1 alternative per position
     /// (the argmax). Not streamed.
     pub fn score_body(&self, req: &ScoreRequest) -> Json {
-        json!({
+        let mut body = json!({
             "input_ids": &*req.ids,
             "sampling_params": {"max_new_tokens": 0, "temperature": 0.0},
             "return_logprob": true,
@@ -167,7 +167,12 @@ impl SglangBackend {
             "top_logprobs_num": 1,
             "stream": false,
             "rid": req.request_id,
-        })
+        });
+        // An adapter's samples are scored with the adapter, as generated.
+        if let (Some(a), Some(obj)) = (&req.adapter, body.as_object_mut()) {
+            obj.insert("lora_path".into(), json!(&**a));
+        }
+        body
     }
 
     async fn post_admin(&self, path: &str, body: Json) -> Result<String, BackendError> {

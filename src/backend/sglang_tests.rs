@@ -627,6 +627,7 @@ fn score_body_asks_for_input_logprobs_and_no_new_token() {
     let req = ScoreRequest {
         request_id: "verify-1".into(),
         ids: Arc::new(vec![4, 5]),
+        adapter: None,
     };
     let body = backend_at("http://127.0.0.1:1").score_body(&req);
     assert_eq!(body["input_ids"], json!([4, 5]));

@@ -157,7 +157,10 @@ impl VllmBackend {
             "prompt_logprobs": 1,
             "request_id": req.request_id,
         });
-        if let (Some(m), Some(obj)) = (&self.model, body.as_object_mut()) {
+        // An adapter's samples are scored with the adapter, named as the
+        // model as on generation.
+        let model = req.adapter.as_deref().or(self.model.as_deref());
+        if let (Some(m), Some(obj)) = (model, body.as_object_mut()) {
             obj.insert("model".into(), json!(m));
         }
         body

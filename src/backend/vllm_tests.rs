@@ -348,6 +348,7 @@ fn score_request(ids: Vec<u32>) -> ScoreRequest {
     ScoreRequest {
         request_id: "verify-1".into(),
         ids: Arc::new(ids),
+        adapter: None,
     }
 }
 

@@ -334,6 +334,15 @@ impl EngineBackend {
     /// `ids[..i]` (see [`score`]); position 0 is `None`. Batched with other
     /// requests like a prompt; dropping the future cancels it.
     pub async fn score(&self, ids: Vec<u32>) -> Result<Vec<Option<PositionScore>>, BackendError> {
+        self.score_with(ids, None).await
+    }
+
+    /// [`EngineBackend::score`] with the LoRA adapter `adapter` applied.
+    pub async fn score_with(
+        &self,
+        ids: Vec<u32>,
+        adapter: Option<Arc<str>>,
+    ) -> Result<Vec<Option<PositionScore>>, BackendError> {
         self.check_ids(&ids, self.info.max_seq_len as usize)?;
         if ids.len() < 2 {
             return Ok(vec![None; ids.len()]);
@@ -348,7 +357,7 @@ impl EngineBackend {
                 ..Default::default()
             },
             grammar: None,
-            adapter: None,
+            adapter,
             tx: worker::Reply::Score(tx),
         })?;
         rx.recv().await.unwrap_or_else(|| {
@@ -405,7 +414,7 @@ impl Backend for EngineBackend {
         &self,
         req: ScoreRequest,
     ) -> Result<Vec<PositionLogprob>, BackendError> {
-        let scores = self.score(req.ids.to_vec()).await?;
+        let scores = self.score_with(req.ids.to_vec(), req.adapter).await?;
         Ok(scores
             .into_iter()
             .map(|s| PositionLogprob {

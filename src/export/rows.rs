@@ -242,6 +242,41 @@ fn seq_range(versions: &[Option<u64>]) -> (Option<u64>, Option<u64>) {
     (known().min(), known().max())
 }
 
+/// The replay check's max and mean |Δ| over what row `s` marks: the check
+/// of its policy, else (a row of several policies, or checks stored without
+/// one) every check of the sample, the mean weighted by compared tokens.
+fn replay_numbers(
+    replays: &[crate::store::SampleReplay],
+    s: &crate::store::Sample,
+) -> (Option<f64>, Option<f64>) {
+    let of_sample = || replays.iter().filter(|r| r.sample == s.sample);
+    let own: Vec<_> = of_sample()
+        .filter(|r| r.model.is_some() && r.model == s.model && r.adapter == s.adapter)
+        .collect();
+    let checks: Vec<_> = if !own.is_empty() {
+        own
+    } else if s.model.is_none() || of_sample().all(|r| r.model.is_none()) {
+        of_sample().collect()
+    } else {
+        Vec::new()
+    };
+    let max = checks
+        .iter()
+        .filter_map(|r| r.max_abs_diff)
+        .reduce(f64::max);
+    let compared: u32 = checks
+        .iter()
+        .filter(|r| r.mean_abs_diff.is_some())
+        .map(|r| r.compared)
+        .sum();
+    let sum: f64 = checks
+        .iter()
+        .filter_map(|r| Some(r.mean_abs_diff? * f64::from(r.compared)))
+        .sum();
+    let mean = (compared > 0).then(|| sum / f64::from(compared));
+    (max, mean)
+}
+
 /// Appends the rows of `trajectory` for the layout to `out`.
 pub fn rows_of(
     trajectory: &Trajectory,
@@ -250,44 +285,41 @@ pub fn rows_of(
     out: &mut Vec<ExportRow>,
 ) -> Result<(), ExportError> {
     let meta = &trajectory.meta;
-    let base = |trajectory_id: String, sample: u32| {
-        let replay = trajectory.replays.iter().find(|r| r.sample == sample);
-        ExportRow {
-            trajectory_id,
-            sample,
-            call: None,
-            prompt_ids: Vec::new(),
-            response_ids: Vec::new(),
-            response_mask: Vec::new(),
-            response_logprobs: Vec::new(),
-            response_versions: Vec::new(),
-            reward: None,
-            reward_extra_info: meta.reward_extra.clone(),
-            num_turns: 0,
-            weight_version: None,
-            weight_versions: Vec::new(),
-            call_offsets: Vec::new(),
-            min_weight_version: None,
-            max_weight_version: None,
-            min_version: None,
-            max_version: None,
-            group: meta.metadata.group.clone(),
-            data_source: meta.metadata.data_source.clone(),
-            index: meta.metadata.index,
-            extra_info: meta.metadata.extra_info.clone(),
-            tokenizer_sha256: String::new(),
-            template_sha256: String::new(),
-            finish_reason: String::new(),
-            truncated: false,
-            incomplete: meta.incomplete,
-            replay_max_abs_diff: replay.and_then(|r| r.max_abs_diff),
-            replay_mean_abs_diff: replay.and_then(|r| r.mean_abs_diff),
-            verl: None,
-            images: Vec::new(),
-            pixel_values: None,
-            model: None,
-            adapter: None,
-        }
+    let base = |trajectory_id: String, sample: u32| ExportRow {
+        trajectory_id,
+        sample,
+        call: None,
+        prompt_ids: Vec::new(),
+        response_ids: Vec::new(),
+        response_mask: Vec::new(),
+        response_logprobs: Vec::new(),
+        response_versions: Vec::new(),
+        reward: None,
+        reward_extra_info: meta.reward_extra.clone(),
+        num_turns: 0,
+        weight_version: None,
+        weight_versions: Vec::new(),
+        call_offsets: Vec::new(),
+        min_weight_version: None,
+        max_weight_version: None,
+        min_version: None,
+        max_version: None,
+        group: meta.metadata.group.clone(),
+        data_source: meta.metadata.data_source.clone(),
+        index: meta.metadata.index,
+        extra_info: meta.metadata.extra_info.clone(),
+        tokenizer_sha256: String::new(),
+        template_sha256: String::new(),
+        finish_reason: String::new(),
+        truncated: false,
+        incomplete: meta.incomplete,
+        replay_max_abs_diff: None,
+        replay_mean_abs_diff: None,
+        verl: None,
+        images: Vec::new(),
+        pixel_values: None,
+        model: None,
+        adapter: None,
     };
     match opts.layout {
         Layout::Trajectory | Layout::Verl => {
@@ -296,6 +328,8 @@ pub fn rows_of(
                 Some(p) => samples_for(trajectory, p)?,
             };
             for s in samples {
+                let (replay_max_abs_diff, replay_mean_abs_diff) =
+                    replay_numbers(&trajectory.replays, &s);
                 let (weight_versions, call_offsets) = staleness(&trajectory.calls, &s.calls, false);
                 let (min_weight_version, max_weight_version) = min_max(&weight_versions);
                 let (min_version, max_version) = seq_range(&s.response_versions);
@@ -325,6 +359,8 @@ pub fn rows_of(
                     template_sha256: s.template_sha256,
                     finish_reason: s.finish_reason,
                     truncated: s.truncated,
+                    replay_max_abs_diff,
+                    replay_mean_abs_diff,
                     model: s.model,
                     adapter: s.adapter,
                     ..base(s.trajectory_id, s.sample)

@@ -298,7 +298,7 @@ impl SpanStore for MemoryStore {
         let mut inner = self.lock();
         let traj = inner.get_mut(trajectory_id)?;
         for r in replays {
-            traj.replays.retain(|old| old.sample != r.sample);
+            traj.replays.retain(|old| !old.same_check(&r));
             traj.replays.push(r);
         }
         traj.replays.sort_by_key(|r| r.sample);

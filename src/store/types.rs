@@ -375,10 +375,23 @@ pub struct SampleReplay {
     /// nothing was compared (and for checks stored before it was kept).
     #[serde(default)]
     pub by_version: Vec<VersionReplay>,
+    /// The policy the check replayed the sample as (its tokens of that
+    /// policy were compared, on its weights): the served model and the
+    /// LoRA adapter; `None` for a check of calls recorded without one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adapter: Option<String>,
 }
 
 impl SampleReplay {
     pub const MAX_POSITIONS: usize = 256;
+
+    /// Whether `other` is a check of the same sample as the same policy,
+    /// which a new check replaces.
+    pub fn same_check(&self, other: &SampleReplay) -> bool {
+        self.sample == other.sample && self.model == other.model && self.adapter == other.adapter
+    }
 }
 
 /// A replay check's numbers over the tokens one weight version sampled.

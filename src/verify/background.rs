@@ -16,7 +16,7 @@ use std::sync::Arc;
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 
-use super::{verify_loaded, Options, Report, VerifyError};
+use super::{verify_loaded, Options, Report, Scope, VerifyError};
 use crate::router::Router;
 use crate::store::DynStore;
 
@@ -41,22 +41,27 @@ pub fn is_sampled(id: &str, fraction: f64) -> bool {
     x < fraction
 }
 
-/// The finish hook of a gateway: `inner`, then the background check that
-/// `[verify] fraction` asks for (`inner` alone when it is 0).
+/// The finish hook of one served model of a gateway: `inner`, then the
+/// background check that `[verify] fraction` asks for (`inner` alone when
+/// it is 0) of the trajectory's calls of that model (`model`, on `router`;
+/// `primary`: the gateway's first model, which also checks calls recorded
+/// without a policy).
 pub fn finish_hook(
     inner: FinishHook,
     cfg: &crate::config::VerifyConfig,
-    router: Arc<Router>,
+    served: (Arc<str>, Arc<Router>, bool),
     store: DynStore,
     max_len: usize,
 ) -> FinishHook {
     let opts = Options::from_config(cfg, Some(max_len));
-    Background::new(router, store, opts, cfg.fraction).hook(inner)
+    Background::new(served, store, opts, cfg.fraction).hook(inner)
 }
 
 /// The background checker of one gateway.
 pub struct Background {
+    model: Arc<str>,
     router: Arc<Router>,
+    primary: bool,
     store: DynStore,
     opts: Options,
     fraction: f64,
@@ -64,9 +69,19 @@ pub struct Background {
 }
 
 impl Background {
-    pub fn new(router: Arc<Router>, store: DynStore, opts: Options, fraction: f64) -> Arc<Self> {
+    /// The checker of `served`: a model's name, its router, and whether it
+    /// is the gateway's first model.
+    pub fn new(
+        served: (Arc<str>, Arc<Router>, bool),
+        store: DynStore,
+        opts: Options,
+        fraction: f64,
+    ) -> Arc<Self> {
+        let (model, router, primary) = served;
         Arc::new(Background {
+            model,
             router,
+            primary,
             store,
             opts,
             fraction,
@@ -121,12 +136,22 @@ impl Background {
         };
         // A trajectory with images cannot be replayed (VerifyError::Images):
         // the sampled share skips it.
-        if !traj.replays.is_empty() || traj.calls.iter().any(|c| !c.images.is_empty()) {
+        let mine = |m: &Option<String>| match m {
+            Some(m) => **m == *self.model,
+            None => self.primary,
+        };
+        if traj.replays.iter().any(|r| mine(&r.model))
+            || traj.calls.iter().any(|c| !c.images.is_empty())
+        {
             return Ok(None);
         }
-        verify_loaded(&self.router, &self.store, traj, &self.opts)
-            .await
-            .map(Some)
+        let scope = Scope {
+            served: vec![(&*self.model, &*self.router)],
+            primary: self.primary,
+            whole: false,
+        };
+        let report = verify_loaded(&scope, &self.store, traj, &self.opts).await?;
+        Ok((!report.samples.is_empty()).then_some(report))
     }
 }
 

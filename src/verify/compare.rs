@@ -197,6 +197,8 @@ pub fn compare(
         positions: above,
         argmax_mismatch_share: all.argmax_mismatch_share(),
         by_version: by_version(&tallies, labels),
+        model: sample.model.clone(),
+        adapter: sample.adapter.clone(),
     };
     Comparison {
         replay,

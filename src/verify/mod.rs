@@ -22,6 +22,11 @@
 //! `tito verify --backend`), else where the router sends a call of that
 //! trajectory: its pinned backend while the pin lasts, so a sample is
 //! replayed where it was generated.
+//!
+//! Which weights: each policy's own ([`Scope`]). A trajectory whose calls
+//! were served by several policies (models, LoRA adapters) is checked once
+//! per policy, on its model's backends with its adapter, comparing only the
+//! tokens that policy sampled; each result names the policy.
 
 pub mod background;
 pub mod compare;
@@ -34,7 +39,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::backend::{BackendError, DynBackend, ScoreRequest};
 use crate::router::{RouteError, Router};
-use crate::store::{DynStore, Sample, StoreError, Trajectory, VersionReplay};
+use crate::store::{DynStore, Policy, Sample, StoreError, Trajectory, VersionReplay};
 
 pub use compare::{by_version, compare, has_comparable, sequence, Comparison, Tally};
 pub use output::{sample_json, Summary};
@@ -105,6 +110,11 @@ pub enum VerifyError {
     Images(String),
     #[error("replay task failed: {0}")]
     Task(String),
+    #[error(
+        "trajectory `{trajectory}` has calls of model `{model}`, which this gateway does not \
+         serve: their samples cannot be replayed on their weights"
+    )]
+    NotServed { trajectory: String, model: String },
 }
 
 /// What one check of a trajectory found, per sample in sample order.
@@ -127,9 +137,34 @@ fn version_labels(traj: &Trajectory) -> BTreeMap<u64, String> {
         .collect()
 }
 
+/// The served models a check replays samples on.
+pub struct Scope<'a> {
+    /// Each model's name and router. Each policy (a model, or one of its
+    /// LoRA adapters) is replayed on its model's router, the adapter
+    /// applied, and only its own sampled tokens are compared.
+    pub served: Vec<(&'a str, &'a Router)>,
+    /// The first of `served` is the gateway's first model: it also checks
+    /// calls recorded without a policy.
+    pub primary: bool,
+    /// `served` is every model of the gateway: a policy of a model it does
+    /// not serve is an error (else it is left to that model's check).
+    pub whole: bool,
+}
+
+impl<'a> Scope<'a> {
+    /// One model alone, the gateway's only one.
+    pub fn single(model: &'a str, router: &'a Router) -> Self {
+        Scope {
+            served: vec![(model, router)],
+            primary: true,
+            whole: true,
+        }
+    }
+}
+
 /// Loads trajectory `id` and checks it ([`verify_loaded`]).
 pub async fn verify_trajectory(
-    router: &Router,
+    scope: &Scope<'_>,
     store: &DynStore,
     id: &str,
     opts: &Options,
@@ -138,13 +173,74 @@ pub async fn verify_trajectory(
         .get_trajectory(id)
         .await?
         .ok_or_else(|| StoreError::NotFound(id.to_string()))?;
-    verify_loaded(router, store, traj, opts).await
+    verify_loaded(scope, store, traj, opts).await
 }
 
-/// Replays every sample of `traj`, stores the results with the trajectory
-/// (replacing earlier checks of the same samples) and returns them.
+/// The samples of one policy, to replay on `served[model]` with `adapter`.
+struct Group {
+    model: usize,
+    adapter: Option<Arc<str>>,
+    samples: Vec<Sample>,
+}
+
+/// The policies of `traj`'s calls in `scope`, each with its samples as it
+/// sees them ([`crate::store::samples_for`]); calls recorded without a
+/// policy form one group of the primary model, as the samples are.
+fn groups(
+    scope_models: &[String],
+    primary: bool,
+    whole: bool,
+    traj: &Trajectory,
+) -> Result<Vec<Group>, VerifyError> {
+    if traj.calls.iter().all(|c| c.model.is_none()) {
+        if !primary {
+            return Ok(Vec::new());
+        }
+        let samples = crate::store::samples(traj)?;
+        return Ok(vec![Group {
+            model: 0,
+            adapter: None,
+            samples,
+        }]);
+    }
+    let mut policies: Vec<Policy> = Vec::new();
+    for c in &traj.calls {
+        let Some(model) = &c.model else { continue };
+        let p = Policy {
+            model: Some(model.clone()),
+            adapter: c.adapter.clone(),
+        };
+        if !policies.contains(&p) {
+            policies.push(p);
+        }
+    }
+    let mut out = Vec::new();
+    for p in policies {
+        let name = p.model.as_deref().unwrap_or_default();
+        let Some(model) = scope_models.iter().position(|m| m == name) else {
+            if whole {
+                return Err(VerifyError::NotServed {
+                    trajectory: traj.meta.id.clone(),
+                    model: name.to_string(),
+                });
+            }
+            continue;
+        };
+        let samples = crate::store::samples_for(traj, &p)?;
+        out.push(Group {
+            model,
+            adapter: p.adapter.as_deref().map(Arc::from),
+            samples,
+        });
+    }
+    Ok(out)
+}
+
+/// Replays every sample of `traj` as each of its policies in `scope` sees
+/// it, stores the results with the trajectory (replacing earlier checks of
+/// the same samples and policies) and returns them.
 pub async fn verify_loaded(
-    router: &Router,
+    scope: &Scope<'_>,
     store: &DynStore,
     traj: Trajectory,
     opts: &Options,
@@ -156,44 +252,73 @@ pub async fn verify_loaded(
     // Where the trajectory was generated last (where it was pinned).
     let home = traj.calls.last().map(|c| c.backend.clone());
     let labels = Arc::new(version_labels(&traj));
+    let names: Vec<String> = scope.served.iter().map(|(m, _)| m.to_string()).collect();
+    let (primary, whole) = (scope.primary, scope.whole);
     // Sample reconstruction copies every id of the trajectory: off the runtime.
-    let samples = tokio::task::spawn_blocking(move || crate::store::samples(&traj))
+    let groups = tokio::task::spawn_blocking(move || groups(&names, primary, whole, &traj))
         .await
         .map_err(|e| VerifyError::Task(e.to_string()))??;
-    check_lengths(&id, &samples, opts.max_len)?;
-    let first = samples.iter().find(|s| has_comparable(s));
-    let (backend, route) = match first {
-        None => (None, None),
-        Some(s) => {
-            let named = opts.backend.as_deref();
-            let (b, r) = choose(router, named, home.as_deref(), &sequence(s)).await?;
-            (Some(b), r)
-        }
-    };
-    let name = backend.as_ref().map(|b| b.name().to_string());
-    let result = replay_samples(backend, &id, samples, opts.threshold, labels.clone()).await;
-    if let Some(r) = &route {
-        match &result {
-            Ok(_) => router.report_success(r.id),
-            Err(e) => router.report_error(r.id, e),
+    for g in &groups {
+        check_lengths(&id, &g.samples, opts.max_len)?;
+    }
+    // A backend named serves one model: that model's policies replay on
+    // it, the others where their router sends.
+    let named = opts.backend.as_deref();
+    let has = |r: &Router, n: &str| r.slots().iter().any(|s| &*s.name == n);
+    if let Some(n) = named {
+        if !scope.served.iter().any(|(_, r)| has(r, n)) {
+            return Err(VerifyError::UnknownBackend(n.to_string()));
         }
     }
-    drop(route);
-    let comparisons = result?;
+    let mut comparisons = Vec::new();
+    let mut backend_name = None;
+    for g in groups {
+        let Some((_, router)) = scope.served.get(g.model) else {
+            continue;
+        };
+        let first = g.samples.iter().find(|s| has_comparable(s));
+        let (backend, route) = match first {
+            None => (None, None),
+            Some(s) => {
+                let named = named.filter(|n| has(router, n));
+                let (b, r) = choose(router, named, home.as_deref(), &sequence(s)).await?;
+                (Some(b), r)
+            }
+        };
+        if let Some(b) = &backend {
+            backend_name.get_or_insert_with(|| b.name().to_string());
+        }
+        let result = replay_samples(
+            backend,
+            &id,
+            g.samples,
+            opts.threshold,
+            labels.clone(),
+            g.adapter,
+        )
+        .await;
+        if let Some(r) = &route {
+            match &result {
+                Ok(_) => router.report_success(r.id),
+                Err(e) => router.report_error(r.id, e),
+            }
+        }
+        drop(route);
+        comparisons.extend(result?);
+    }
     store
         .set_replays(&id, comparisons.iter().map(|c| c.replay.clone()).collect())
         .await?;
-    let label = name.as_deref().unwrap_or("none");
     let mut totals: BTreeMap<Option<u64>, Tally> = BTreeMap::new();
     for c in &comparisons {
-        crate::metrics::replay_sample(label, &c.abs_diffs);
+        crate::metrics::replay_sample(&c.replay.backend, &c.abs_diffs);
         for (seq, t) in &c.tallies {
             totals.entry(*seq).or_default().merge(t);
         }
     }
     Ok(Report {
         trajectory_id: id,
-        backend: name,
+        backend: backend_name,
         samples: comparisons,
         by_version: by_version(&totals, &labels),
     })
@@ -250,10 +375,19 @@ pub async fn replay_samples(
     samples: Vec<Sample>,
     threshold: f64,
     labels: Arc<BTreeMap<u64, String>>,
+    adapter: Option<Arc<str>>,
 ) -> Result<Vec<Comparison>, BackendError> {
     let tid: Arc<str> = Arc::from(trajectory_id);
     futures::stream::iter(samples)
-        .map(|s| replay_one(backend.clone(), tid.clone(), s, threshold, labels.clone()))
+        .map(|s| {
+            let (b, t, l, a) = (
+                backend.clone(),
+                tid.clone(),
+                labels.clone(),
+                adapter.clone(),
+            );
+            replay_one(b, t, s, threshold, l, a)
+        })
         .buffered(SAMPLE_CONCURRENCY)
         .try_collect()
         .await
@@ -265,6 +399,7 @@ async fn replay_one(
     sample: Sample,
     threshold: f64,
     labels: Arc<BTreeMap<u64, String>>,
+    adapter: Option<Arc<str>>,
 ) -> Result<Comparison, BackendError> {
     let name = backend.as_ref().map_or("", |b| b.name());
     let Some(b) = backend.as_ref().filter(|_| has_comparable(&sample)) else {
@@ -280,6 +415,7 @@ async fn replay_one(
     let req = ScoreRequest {
         request_id: format!("verify-{trajectory_id}-{}", sample.sample),
         ids: Arc::new(sequence(&sample)),
+        adapter,
     };
     let replayed = b.prompt_logprobs(req).await?;
     Ok(compare(

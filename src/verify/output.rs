@@ -89,6 +89,8 @@ mod tests {
                 positions: Vec::new(),
                 argmax_mismatch_share: share,
                 by_version: Vec::new(),
+                model: None,
+                adapter: None,
             },
             above_threshold: 1,
             abs_diffs: Vec::new(),

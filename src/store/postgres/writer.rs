@@ -452,7 +452,7 @@ async fn set_metadata(
 async fn set_replays(conn: &mut Conn, id: &str, new: &[SampleReplay]) -> Result<(), StoreError> {
     let seq = locked(conn, id).await?;
     let mut all = replays_of(conn, seq).await?;
-    all.retain(|old| new.iter().all(|r| r.sample != old.sample));
+    all.retain(|old| new.iter().all(|r| !r.same_check(old)));
     all.extend_from_slice(new);
     all.sort_by_key(|r| r.sample);
     let text = serde_json::to_string(&all).map_err(|e| StoreError::Invalid(e.to_string()))?;

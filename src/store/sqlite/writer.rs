@@ -625,7 +625,7 @@ fn set_metadata(
 fn set_replays(conn: &Connection, id: &str, new: &[SampleReplay]) -> Result<(), StoreError> {
     let seq = existing(conn, id)?;
     let mut all = replays_of(conn, seq)?;
-    all.retain(|old| new.iter().all(|r| r.sample != old.sample));
+    all.retain(|old| new.iter().all(|r| !r.same_check(old)));
     all.extend_from_slice(new);
     all.sort_by_key(|r| r.sample);
     let text = serde_json::to_string(&all).map_err(|e| StoreError::Invalid(e.to_string()))?;
