@@ -284,6 +284,23 @@ async fn one_trajectory_two_tokenizers_keeps_each_models_samples_exact() {
     assert_eq!(of(1, "drift")["cause"], "other_policy", "{}", calls[1]);
     assert_ne!(of(0, "sample_index"), of(1, "sample_index"));
 
+    // The viewer's text of each sampled segment is in its own model's
+    // tokenizer.
+    let said: Vec<String> = t["samples"]
+        .as_array()
+        .expect("samples")
+        .iter()
+        .flat_map(|s| s["segments"].as_array().cloned().unwrap_or_default())
+        .filter(|seg| seg["kind"] == "sampled")
+        .filter_map(|seg| seg["text"].as_str().map(str::to_string))
+        .collect();
+    for (_, text) in TURNS {
+        assert!(
+            said.iter().any(|s| s.contains(text)),
+            "{text:?} in {said:?}"
+        );
+    }
+
     // Each model's export: one sample, its own calls, mask 1 exactly on its
     // sampled ids; the other model's turns are in its prompt as text.
     for (model, own) in [(DUO_QWEN, [0, 2]), (DUO_LLAMA, [1, 3])] {

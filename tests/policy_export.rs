@@ -2,70 +2,14 @@
 //! its LoRA adapter take turns in one conversation. Every call records the
 //! policy that served it; `?model=` / `?adapter=` export each policy's rows
 //! with the mask 1 exactly on the tokens that policy sampled (the other's
-//! are observations), every sampled id kept verbatim in both. The replay
-//! check replays each policy's tokens on its own weights: the planner's on
-//! the base model, the coder's with its adapter.
+//! are observations), every sampled id kept verbatim in both.
 
 mod common;
 
 use common::mock_vllm::{MockVllm, Scripted};
-use common::{config, start_gateway, Gateway};
+use common::start_gateway;
+use common::two_policies::{converse, two_policies, CODER, MODEL, TURNS};
 use serde_json::{json, Value};
-use tito::render::testing::IM_END;
-
-const MODEL: &str = "test-model";
-const CODER: &str = "coder";
-
-fn two_policies(urls: &[String]) -> tito::Config {
-    config(
-        urls,
-        &format!("[[model.adapters]]\nname = \"{CODER}\"\npath = \"/loras/coder\"\n"),
-    )
-}
-
-/// The ids the mock samples for `text` (ending the turn).
-fn sampled(g: &Gateway, text: &str) -> Vec<u32> {
-    let mut ids = g.renderer.encode(text).expect("encodes");
-    ids.push(IM_END);
-    ids
-}
-
-/// Who speaks each turn, and what.
-const TURNS: [(&str, &str); 4] = [
-    (MODEL, "Plan: write add(a, b)."),
-    (CODER, "def add(a, b): return a + b"),
-    (MODEL, "Plan: test it."),
-    (CODER, "assert add(1, 2) == 3"),
-];
-
-/// Runs the four turns on trajectory `tid`; returns each turn's sampled ids.
-async fn converse(g: &Gateway, mock: &MockVllm, tid: &str) -> Vec<Vec<u32>> {
-    let mut messages = vec![json!({"role": "user", "content": "Write and test add."})];
-    let mut out = Vec::new();
-    for (model, text) in TURNS {
-        let ids = sampled(g, text);
-        mock.push(Scripted::ids(ids.clone()));
-        let r = g
-            .post(
-                &format!("/t/{tid}/v1/chat/completions"),
-                json!({"model": model, "messages": messages}),
-            )
-            .await;
-        assert_eq!(r.status(), 200, "turn of {model}");
-        let sent = mock.last_request();
-        match model {
-            CODER => assert_eq!(sent["model"], CODER),
-            _ => assert!(sent.get("model").is_none(), "the base model"),
-        }
-        let body: Value = r.json().await.expect("json");
-        let content = body["choices"][0]["message"]["content"].clone();
-        assert_eq!(content, text);
-        messages.push(json!({"role": "assistant", "content": content}));
-        messages.push(json!({"role": "user", "content": "next"}));
-        out.push(ids);
-    }
-    out
-}
 
 /// The mask a policy's export must have: 1 on its own turns' ids, 0 on the
 /// other's and on everything between turns.
@@ -221,67 +165,4 @@ async fn a_malformed_policy_filter_is_refused_by_its_name() {
         let err: Value = r.json().await.expect("json");
         assert_eq!(err["error"]["param"], param, "{query}");
     }
-}
-
-#[tokio::test]
-async fn the_replay_check_replays_each_policys_tokens_on_its_own_weights() {
-    let mock = MockVllm::start(Scripted::default()).await;
-    let g = start_gateway(two_policies(&[mock.url()])).await;
-    let turns = converse(&g, &mock, "v-pol").await;
-    // The replay of the coder's first token is off by 0.5 nats.
-    let row = &g.export_jsonl("trajectory=v-pol").await[0];
-    let first_coder = row["prompt_ids"].as_array().expect("ids").len()
-        + row["call_offsets"][1].as_u64().expect("offset") as usize;
-    mock.shift_replay(first_coder, 0.5);
-    let r = g.post("/v1/trajectories/v-pol/verify", json!({})).await;
-    assert_eq!(r.status(), 200);
-    let report: Value = r.json().await.expect("json");
-    // One scoring pass per policy: the coder's names its adapter.
-    let scored: Vec<Value> = mock
-        .requests()
-        .into_iter()
-        .filter(|r| !r["prompt_logprobs"].is_null())
-        .collect();
-    assert_eq!(scored.len(), 2, "{scored:?}");
-    assert!(scored.iter().any(|r| r.get("model").is_none()));
-    assert!(scored.iter().any(|r| r["model"] == CODER));
-    let own = |who: &str| -> u64 {
-        TURNS
-            .iter()
-            .zip(&turns)
-            .filter(|((speaker, _), _)| *speaker == who)
-            .map(|(_, ids)| ids.len() as u64)
-            .sum()
-    };
-    let samples = report["samples"].as_array().expect("samples");
-    assert_eq!(samples.len(), 2, "{report}");
-    for s in samples {
-        assert_eq!(s["model"], MODEL, "{s}");
-        let who = s["adapter"].as_str().unwrap_or(MODEL);
-        // Exactly the policy's own sampled tokens are compared.
-        assert_eq!(s["compared"], own(who), "{s}");
-        let max = s["max_abs_diff"].as_f64().expect("max");
-        let want = if who == CODER { 0.5 } else { 0.0 };
-        assert!((max - want).abs() < 1e-3, "{s}");
-    }
-    assert!(samples.iter().any(|s| s["adapter"] == CODER));
-    assert!(samples.iter().any(|s| s.get("adapter").is_none()));
-    // Both are stored with the trajectory; a second check replaces them.
-    let again = g.post("/v1/trajectories/v-pol/verify", json!({})).await;
-    assert_eq!(again.status(), 200);
-    let t = g.get_json("/v1/trajectories/v-pol").await;
-    let replays = t["samples"][0]["replays"].as_array().expect("replays");
-    assert_eq!(replays.len(), 2, "{t}");
-    // Each policy's export carries its own check; the whole sample's, all.
-    let replay_max = |query: &'static str| {
-        let g = &g;
-        async move {
-            let rows = g.export_jsonl(&format!("trajectory=v-pol&{query}")).await;
-            rows[0]["replay_max_abs_diff"].as_f64().expect("a number")
-        }
-    };
-    assert_eq!(replay_max("model=test-model").await, 0.0);
-    assert!((replay_max("adapter=coder").await - 0.5).abs() < 1e-3);
-    assert!((replay_max("model=test-model&adapter=coder").await - 0.5).abs() < 1e-3);
-    assert!((replay_max("layout=trajectory").await - 0.5).abs() < 1e-3);
 }

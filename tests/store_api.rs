@@ -32,7 +32,7 @@ async fn app() -> Router {
     let state = StoreState {
         pixel_values: Err("text-only".into()),
         store,
-        decode: Some(Arc::new(|ids: &[u32]| {
+        decode: Some(Arc::new(|_: Option<&str>, ids: &[u32]| {
             Some(ids.iter().map(|i| format!("<{i}>")).collect())
         })),
         on_finish: None,

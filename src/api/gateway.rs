@@ -126,6 +126,18 @@ impl Gateway {
             .collect();
         let mut store = models[0].store.clone();
         if models.len() > 1 {
+            // Text in the tokenizer of the model that made the ids.
+            let decoders: Vec<(Arc<str>, _)> = models
+                .iter()
+                .filter_map(|m| Some((m.model_name.clone(), m.store.decode.clone()?)))
+                .collect();
+            store.decode = Some(Arc::new(move |model: Option<&str>, ids: &[u32]| {
+                let d = match model {
+                    Some(m) => decoders.iter().find(|(n, _)| **n == *m),
+                    None => decoders.first(),
+                };
+                d.and_then(|(_, d)| d(None, ids))
+            }));
             store.on_finish = Some(Arc::new(move |id: &str| {
                 for h in &hooks {
                     h(id);

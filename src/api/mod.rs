@@ -212,7 +212,7 @@ impl AppState {
         };
         let dec = renderer.clone();
         let decode: trajectories::DecodeFn =
-            Arc::new(move |ids: &[u32]| dec.decode(ids, false).ok());
+            Arc::new(move |_: Option<&str>, ids: &[u32]| dec.decode(ids, false).ok());
         let max_model_len = match config.model.max_model_len {
             0 => renderer.max_model_len().unwrap_or(DEFAULT_MAX_MODEL_LEN),
             n => n,

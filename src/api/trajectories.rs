@@ -20,7 +20,8 @@ use crate::store::{
 };
 
 /// Turns token ids into text for segment display; `None` on failure.
-pub type DecodeFn = Arc<dyn Fn(&[u32]) -> Option<String> + Send + Sync>;
+/// Decodes ids with the tokenizer of the model named (`None`: the first).
+pub type DecodeFn = Arc<dyn Fn(Option<&str>, &[u32]) -> Option<String> + Send + Sync>;
 
 /// Called with a trajectory id once it is finished.
 pub type FinishHook = Arc<dyn Fn(&str) + Send + Sync>;
@@ -232,7 +233,11 @@ async fn show(
             let segs: Vec<SegmentView> = segments(&traj.calls, leaf)?
                 .into_iter()
                 .map(|s| SegmentView {
-                    text: decode.as_ref().and_then(|d| d(&s.ids)),
+                    // Each call's ids in its own model's tokenizer.
+                    text: decode.as_ref().and_then(|d| {
+                        let model = traj.call(s.call).and_then(|c| c.model.as_deref());
+                        d(model, &s.ids)
+                    }),
                     kind: s.kind,
                     call: s.call,
                     ids: s.ids,

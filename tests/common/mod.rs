@@ -5,6 +5,7 @@
 pub mod mock_vllm;
 pub mod process;
 pub mod tls;
+pub mod two_policies;
 pub mod versioned;
 pub mod watched_store;
 
