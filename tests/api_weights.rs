@@ -30,15 +30,7 @@ async fn post_admin(g: &Gateway, path: &str, body: Value) -> (u16, Value) {
 }
 
 async fn get_admin(g: &Gateway, path: &str) -> Value {
-    g.client
-        .get(g.url(path))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json")
+    g.get_json_as(path, TOKEN).await
 }
 
 fn mock_reply() -> Scripted {

@@ -284,16 +284,7 @@ async fn the_gateway_serves_engine_adapters_by_name_and_changes_them_at_run_time
         first_logprob(&base),
         "the adapter's numbers"
     );
-    let t: Value = g
-        .client
-        .get(g.url("/v1/trajectories/e-2"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let t = g.get_json_as("/v1/trajectories/e-2", TOKEN).await;
     assert_eq!(t["calls"][0]["adapter"], "bump", "{t}");
 
     // Loaded at run time from a file on the engine's disk.

@@ -166,16 +166,7 @@ async fn admin_adapters_loads_replaces_and_unloads_with_vllms_shapes() {
         last.contains("\"load_inplace\":true") && last.contains("/loras/p2"),
         "{last}"
     );
-    let listed: Value = g
-        .client
-        .get(g.url("/admin/adapters"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("list")
-        .json()
-        .await
-        .expect("json");
+    let listed = g.get_json_as("/admin/adapters", TOKEN).await;
     let planner = listed["adapters"]
         .as_array()
         .expect("list")
@@ -280,16 +271,7 @@ async fn replacing_an_adapter_drains_its_calls_in_flight_and_loses_none() {
     // the drained one's) had ended.
     assert_eq!(*mock.state.lora_loads_after.lock().expect("lock"), [2]);
     // The drained call is recorded whole.
-    let t: Value = g
-        .client
-        .get(g.url("/v1/trajectories/d-1"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let t = g.get_json_as("/v1/trajectories/d-1", TOKEN).await;
     let calls = t["calls"]
         .as_array()
         .unwrap_or_else(|| panic!("calls: {t}"));
@@ -396,16 +378,7 @@ async fn replacing_an_adapter_in_abort_mode_continues_its_calls_from_what_they_s
     assert_eq!(requests[1]["model"], "coder");
 
     // One call in the store, every sampled id verbatim.
-    let t: Value = g
-        .client
-        .get(g.url("/v1/trajectories/ab-1"))
-        .bearer_auth(TOKEN)
-        .send()
-        .await
-        .expect("get")
-        .json()
-        .await
-        .expect("json");
+    let t = g.get_json_as("/v1/trajectories/ab-1", TOKEN).await;
     let calls = t["calls"]
         .as_array()
         .unwrap_or_else(|| panic!("calls: {t}"));

@@ -73,6 +73,19 @@ impl Gateway {
         serde_json::from_str(&self.get_text(path).await).expect("JSON body")
     }
 
+    /// `GET path` as the bearer of `token`, as JSON.
+    pub async fn get_json_as(&self, path: &str, token: &str) -> serde_json::Value {
+        self.client
+            .get(self.url(path))
+            .bearer_auth(token)
+            .send()
+            .await
+            .expect("get")
+            .json()
+            .await
+            .expect("JSON body")
+    }
+
     /// `GET /v1/export?format=jsonl&{query}`, one JSON value per row.
     pub async fn export_jsonl(&self, query: &str) -> Vec<serde_json::Value> {
         self.get_text(&format!("/v1/export?format=jsonl&{query}"))
